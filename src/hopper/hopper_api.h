@@ -1,0 +1,18 @@
+// src/hopper/hopper_api.h — host entry points of the Hopper (sm_90a) kernels. Compiled only when
+// FA4_WITH_CUDA. Params pointers are device memory (cu_seqlens etc. included).
+#pragma once
+
+#include <string>
+
+#include "fa4/detail/params.h"
+
+namespace fa4::hopper {
+
+/// The single selector: returns "" and the kernel name if a kernel exists for p on the current
+/// device, else a message saying what is supported. forward() runs exactly what this picks.
+std::string forward_support(const detail::FwdParams& p, std::string* kernel_name);
+
+/// Enqueues the forward on p.device.stream. Precondition: forward_support(p) == "".
+void forward(const detail::FwdParams& p);
+
+}  // namespace fa4::hopper
