@@ -1,0 +1,164 @@
+// src/common/api.cpp — fa4::forward / fa4::backward / fa4::forward_support.
+//
+// Each entry point is: validate (common/validate.cpp: user arguments -> FwdParams/BwdParams, all
+// errors thrown before anything is written) -> select (ONE function, below, that both answers
+// "is it supported?" and decides which implementation runs) -> return early on an empty problem
+// -> run. forward_support() runs the same two steps and reports instead of running, so it can
+// never disagree with forward().
+#include <string>
+
+#include "common/validate.h"
+#include "cpu/cpu_attention.h"
+#include "fa4/attention.h"
+
+#if FA4_WITH_CUDA
+#include "hopper/hopper_api.h"
+#endif
+
+namespace fa4 {
+namespace {
+
+enum class Impl { kCpuFlash, kCpuReference, kHopper };
+enum class Direction { kForward, kBackward };
+
+struct Selection {
+  ErrorCode code = ErrorCode::kOk;  ///< kOk: `impl` runs; else `error` is the message to throw
+  std::string error;
+  Impl impl = Impl::kCpuFlash;
+  std::string kernel;  ///< name of what runs (reported by forward_support)
+};
+
+const char* backend_name(Backend b) {
+  switch (b) {
+    case Backend::kAuto: return "kAuto";
+    case Backend::kCpu: return "kCpu";
+    case Backend::kCpuReference: return "kCpuReference";
+    case Backend::kCuda: return "kCuda";
+  }
+  return "unknown";
+}
+
+Selection reject(ErrorCode code, const char* fn, const std::string& msg) {
+  Selection s;
+  s.code = code;
+  s.error = std::string(fn) + ": " + msg;
+  return s;
+}
+
+Selection accept(Impl impl, std::string kernel) {
+  Selection s;
+  s.impl = impl;
+  s.kernel = std::move(kernel);
+  return s;
+}
+
+/// THE selector. `p` is validated. Never throws for an unsupported configuration: it returns the
+/// message, so forward_support can report exactly what forward would throw.
+Selection select(const detail::FwdParams& p, Backend backend, Direction dir, const char* fn) {
+  const bool fwd = dir == Direction::kForward;
+  switch (backend) {
+    case Backend::kAuto: case Backend::kCpu: case Backend::kCpuReference: case Backend::kCuda:
+      break;
+    default:
+      return reject(ErrorCode::kInvalidArgument, fn,
+                    "options.backend = " + std::to_string(static_cast<int>(backend)) +
+                        " is not a fa4::Backend value");
+  }
+  const bool cuda = p.device.type == DeviceType::kCUDA;
+
+  if (!cuda) {
+    switch (backend) {
+      case Backend::kAuto:
+      case Backend::kCpu:
+        return accept(Impl::kCpuFlash, fwd ? "cpu::flash_forward" : "cpu::flash_backward");
+      case Backend::kCpuReference:
+        return accept(Impl::kCpuReference,
+                      fwd ? "cpu::reference_forward" : "cpu::reference_backward");
+      case Backend::kCuda:
+        return reject(ErrorCode::kInvalidArgument, fn,
+                      "options.backend = kCuda needs CUDA tensors, but q is on the cpu");
+    }
+  }
+
+  // CUDA tensors.
+  if (backend == Backend::kCpu || backend == Backend::kCpuReference)
+    return reject(ErrorCode::kInvalidArgument, fn,
+                  std::string("options.backend = ") + backend_name(backend) +
+                      " needs CPU tensors, but q is on cuda:" + std::to_string(p.device.index));
+#if FA4_WITH_CUDA
+  if (!fwd)
+    return reject(ErrorCode::kUnsupported, fn,
+                  "the CUDA backward is not implemented yet; run the backward on CPU tensors");
+  std::string kernel;
+  const std::string why = hopper::forward_support(p, &kernel);
+  if (!why.empty()) return reject(ErrorCode::kUnsupported, fn, why);
+  return accept(Impl::kHopper, kernel);
+#else
+  return reject(ErrorCode::kNoDevice, fn,
+                "q is a CUDA tensor but fa4 was built without CUDA (configure with FA4_CUDA=ON)");
+#endif
+}
+
+void throw_if_rejected(const Selection& s) {
+  if (s.code != ErrorCode::kOk) throw Error(s.code, s.error);
+}
+
+}  // namespace
+
+void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+             const TensorView& lse, const AttentionOptions& options) {
+  constexpr const char* kFn = "fa4::forward";
+  const detail::FwdParams p = detail::make_fwd_params(q, k, v, out, lse, options, kFn);
+  const Selection s = select(p, options.backend, Direction::kForward, kFn);
+  throw_if_rejected(s);
+  if (detail::is_empty_problem(p)) return;  // nothing to read or write (case C28)
+  switch (s.impl) {
+    case Impl::kCpuFlash: cpu::flash_forward(p); return;
+    case Impl::kCpuReference: cpu::reference_forward(p); return;
+    case Impl::kHopper:
+#if FA4_WITH_CUDA
+      hopper::forward(p);
+      return;
+#else
+      break;
+#endif
+  }
+  throw Error(ErrorCode::kInternal, std::string(kFn) + ": selector picked no implementation");
+}
+
+void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
+              const TensorView& v, const TensorView& out, const TensorView& lse,
+              const TensorView& dq, const TensorView& dk, const TensorView& dv,
+              const BackwardOptions& options, const std::optional<TensorView>& dsink) {
+  constexpr const char* kFn = "fa4::backward";
+  const detail::BwdParams p =
+      detail::make_bwd_params(dout, q, k, v, out, lse, dq, dk, dv, options, dsink, kFn);
+  const Selection s = select(p, options.backend, Direction::kBackward, kFn);
+  throw_if_rejected(s);
+  if (detail::is_empty_problem(p)) return;  // documented: nothing read or written (case C28)
+  switch (s.impl) {
+    case Impl::kCpuFlash: cpu::flash_backward(p); return;
+    case Impl::kCpuReference: cpu::reference_backward(p); return;
+    case Impl::kHopper: break;  // the selector never picks it for backward
+  }
+  throw Error(ErrorCode::kInternal, std::string(kFn) + ": selector picked no implementation");
+}
+
+std::string forward_support(const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& out, const TensorView& lse,
+                            const AttentionOptions& options, std::string* kernel_name) {
+  // Same function name as forward(): the answer is the message forward() would throw.
+  constexpr const char* kFn = "fa4::forward";
+  if (kernel_name) kernel_name->clear();
+  try {
+    const detail::FwdParams p = detail::make_fwd_params(q, k, v, out, lse, options, kFn);
+    const Selection s = select(p, options.backend, Direction::kForward, kFn);
+    if (s.code != ErrorCode::kOk) return s.error;
+    if (kernel_name) *kernel_name = s.kernel;
+    return "";
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
+}  // namespace fa4

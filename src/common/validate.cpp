@@ -1,0 +1,526 @@
+// src/common/validate.cpp — user arguments -> FwdParams / BwdParams (see validate.h).
+//
+// Order of checks: each view on its own (ndim, extents, strides, data), then the layout mode
+// (batched / varlen), ranks, dtypes, devices, the contiguous head dim, every shape relation through
+// one table of named dims, the per-dim rules (heads, head dims), the options, the auxiliary
+// tensors (sink, cu_seqlens, seqused_k), and last the CONTENTS of cu_seqlens / seqused_k, because
+// indices that disagree with the tensor sizes would read or write out of bounds (case C35).
+// Nothing is written anywhere; the caller runs an implementation only after this returns.
+#include "common/validate.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#if FA4_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace fa4::detail {
+namespace {
+
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+constexpr double kLog2e = 1.4426950408889634;
+
+/// Builds messages "<fn>: <parts...>" and throws them.
+class Checker {
+ public:
+  explicit Checker(const char* fn) : fn_(fn ? fn : "fa4") {}
+
+  template <class... A>
+  [[noreturn]] void fail(ErrorCode code, const A&... parts) const {
+    std::ostringstream s;
+    s << fn_ << ": ";
+    (s << ... << parts);
+    throw Error(code, s.str());
+  }
+  template <class... A>
+  [[noreturn]] void invalid(const A&... parts) const {
+    fail(ErrorCode::kInvalidArgument, parts...);
+  }
+
+ private:
+  const char* fn_;
+};
+
+/// One checked tensor: its user-facing name and its view with size-1 strides normalised.
+struct Named {
+  const char* name;
+  TensorView t;
+};
+
+/// Checks what a view must satisfy whatever its role, and returns it with the strides of size-0/1
+/// dims replaced by the row-major value implied by the inner dims: such strides never move the
+/// address (case C20: a transpose leaves odd strides on size-1 dims), and the replacement keeps
+/// kernels that build TMA descriptors from the strides away from meaningless values.
+TensorView check_view(const Checker& c, const TensorView& t, const char* name) {
+  if (t.ndim < 0 || t.ndim > TensorView::kMaxDims)
+    c.invalid(name, ".ndim = ", t.ndim, " must be in [0, ", TensorView::kMaxDims, "]");
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] < 0) c.invalid(name, ".shape[", d, "] = ", t.shape[d], " must be >= 0");
+    if (t.shape[d] > 1 && t.stride[d] < 0)
+      c.invalid(name, ".stride[", d, "] = ", t.stride[d], " is negative; negative strides are not "
+                "supported");
+  }
+  if (t.data == nullptr && t.numel() > 0)
+    c.invalid(name, ".data is null but ", name, " has shape ", t.shape_string());
+  if (t.device.type != DeviceType::kCPU && t.device.type != DeviceType::kCUDA)
+    c.invalid(name, ".device.type = ", static_cast<int>(t.device.type), " is not kCPU or kCUDA");
+  if (t.device.type == DeviceType::kCUDA && t.device.index < 0)
+    c.invalid(name, ".device.index = ", t.device.index, " must be >= 0");
+  TensorView n = t;
+  int64_t inner = 1;  // row-major stride of dim d given the normalised inner dims
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    if (n.shape[d] <= 1) n.stride[d] = inner;
+    inner = n.stride[d] * (n.shape[d] > 1 ? n.shape[d] : 1);
+  }
+  return n;
+}
+
+void check_dtype_is(const Checker& c, const Named& x, DType want, const char* why) {
+  if (x.t.dtype != want)
+    c.invalid(x.name, ".dtype = ", dtype_name(x.t.dtype), " must be ", dtype_name(want), " (",
+              why, ")");
+}
+
+void check_same_device(const Checker& c, const Named& x, const Named& ref) {
+  if (!(x.t.device == ref.t.device)) {
+    auto where = [](const Device& d) {
+      return d.type == DeviceType::kCPU ? std::string("cpu") : "cuda:" + std::to_string(d.index);
+    };
+    c.invalid(x.name, " is on ", where(x.t.device), " but ", ref.name, " is on ",
+              where(ref.t.device), "; all tensors of one call must be on the same device");
+  }
+}
+
+void check_ndim(const Checker& c, const Named& x, int want, const char* layout) {
+  if (x.t.ndim != want)
+    c.invalid(x.name, ".ndim = ", x.t.ndim, " (shape ", x.t.shape_string(), ") must be ", want,
+              ": ", layout);
+}
+
+/// Implementations index the last dim (head dim, or a 1-D tensor) with unit stride.
+void check_last_contiguous(const Checker& c, const Named& x) {
+  const int d = x.t.ndim - 1;
+  if (d >= 0 && x.t.shape[d] > 1 && x.t.stride[d] != 1)
+    c.invalid(x.name, ".stride[", d, "] = ", x.t.stride[d], " must be 1: the last dim of ",
+              x.name, " must be contiguous");
+}
+
+/// The named dims of a call (batch, seqlen_q, num_heads, headdim, ...): the first tensor that has
+/// a dim defines it; every later one must agree. One table = one wording for every shape error.
+class DimTable {
+ public:
+  explicit DimTable(const Checker& c) : c_(c) {}
+
+  void visit(const Named& x, std::initializer_list<const char*> names) {
+    int d = 0;
+    for (const char* dim : names) {
+      const Entry* e = find(dim);
+      if (e == nullptr) {
+        entries_.push_back({dim, x.t.shape[d], std::string(x.name) + ".shape[" +
+                                                   std::to_string(d) + "]"});
+      } else if (e->value != x.t.shape[d]) {
+        c_.invalid(x.name, ".shape[", d, "] (", dim, ") = ", x.t.shape[d], " must equal ",
+                   e->source, " = ", e->value);
+      }
+      ++d;
+    }
+  }
+  int64_t get(const char* dim) const { return find(dim)->value; }
+  const std::string& source(const char* dim) const { return find(dim)->source; }
+
+ private:
+  struct Entry {
+    const char* name;
+    int64_t value;
+    std::string source;
+  };
+  const Entry* find(const char* dim) const {
+    for (const Entry& e : entries_)
+      if (std::strcmp(e.name, dim) == 0) return &e;
+    return nullptr;
+  }
+  const Checker& c_;
+  std::vector<Entry> entries_;
+};
+
+int32_t to_int32(const Checker& c, const DimTable& dims, const char* dim) {
+  const int64_t v = dims.get(dim);
+  if (v > kInt32Max)
+    c.fail(ErrorCode::kUnsupported, dims.source(dim), " (", dim, ") = ", v,
+           " exceeds the int32 limit ", kInt32Max);
+  return static_cast<int32_t>(v);
+}
+
+/// Copies a 1-D int32 tensor to the host. CUDA tensors are read with cudaMemcpyAsync on their own
+/// stream + cudaStreamSynchronize, so the read is ordered after the caller's earlier work on that
+/// stream (which typically produced cu_seqlens). This is a host sync per varlen CUDA call.
+std::vector<int32_t> read_int32_host(const Checker& c, const Named& x) {
+  const int64_t n = x.t.shape[0];
+  std::vector<int32_t> h(static_cast<size_t>(n));
+  if (n == 0) return h;
+  if (!x.t.is_cuda()) {
+    std::memcpy(h.data(), x.t.data, static_cast<size_t>(n) * sizeof(int32_t));  // stride 1 checked
+    return h;
+  }
+#if FA4_WITH_CUDA
+  int prev = 0;
+  cudaError_t err = cudaGetDevice(&prev);
+  if (err == cudaSuccess) err = cudaSetDevice(x.t.device.index);
+  if (err == cudaSuccess) {
+    auto stream = static_cast<cudaStream_t>(x.t.device.stream);
+    err = cudaMemcpyAsync(h.data(), x.t.data, static_cast<size_t>(n) * sizeof(int32_t),
+                          cudaMemcpyDeviceToHost, stream);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+    cudaSetDevice(prev);
+  }
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear a non-sticky error so it does not surface in a later call
+    c.fail(ErrorCode::kCudaError, "copying ", x.name, " to the host for validation failed: ",
+           cudaGetErrorString(err));
+  }
+  return h;
+#else
+  c.fail(ErrorCode::kNoDevice, x.name, " is a CUDA tensor but fa4 was built without CUDA");
+#endif
+}
+
+/// cu_seqlens contents: starts at 0, non-decreasing, each length <= max_seqlen, ends within the
+/// packed tensor. Returns the per-sequence lengths.
+std::vector<int64_t> check_cu_seqlens(const Checker& c, const std::vector<int32_t>& cu,
+                                      const char* name, int64_t total, const char* total_src,
+                                      int32_t max_seqlen, const char* max_name) {
+  if (cu[0] != 0) c.invalid(name, "[0] = ", cu[0], " must be 0");
+  std::vector<int64_t> len(cu.size() - 1);
+  for (size_t b = 0; b + 1 < cu.size(); ++b) {
+    const int64_t l = int64_t(cu[b + 1]) - cu[b];
+    if (l < 0)
+      c.invalid(name, "[", b + 1, "] = ", cu[b + 1], " < ", name, "[", b, "] = ", cu[b],
+                ": cu_seqlens must be non-decreasing");
+    if (l > max_seqlen)
+      c.invalid("sequence ", b, " has length ", name, "[", b + 1, "] - ", name, "[", b, "] = ", l,
+                " > options.", max_name, " = ", max_seqlen);
+    len[b] = l;
+  }
+  if (cu.back() > total)
+    c.invalid(name, "[", cu.size() - 1, "] = ", cu.back(), " exceeds ", total_src, " = ", total,
+              ": cu_seqlens must stay within the packed rows");
+  return len;
+}
+
+}  // namespace
+
+FwdParams make_fwd_params(const TensorView& q_in, const TensorView& k_in, const TensorView& v_in,
+                          const TensorView& out_in, const TensorView& lse_in,
+                          const AttentionOptions& o, const char* fn) {
+  const Checker c(fn);
+  const Named q{"q", check_view(c, q_in, "q")};
+  const Named k{"k", check_view(c, k_in, "k")};
+  const Named v{"v", check_view(c, v_in, "v")};
+  const Named out{"out", check_view(c, out_in, "out")};
+  const Named lse{"lse", check_view(c, lse_in, "lse")};
+
+  // ---- layout mode and ranks ----
+  if (o.cu_seqlens_q.has_value() != o.cu_seqlens_k.has_value())
+    c.invalid("options.", o.cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q",
+              " is missing: varlen needs both cu_seqlens_q and cu_seqlens_k, or neither");
+  const bool varlen = o.cu_seqlens_q.has_value();
+  if (varlen) {
+    check_ndim(c, q, 3, "varlen q is (total_q, num_heads, headdim)");
+    check_ndim(c, k, 3, "varlen k is (total_k, num_heads_kv, headdim)");
+    check_ndim(c, v, 3, "varlen v is (total_k, num_heads_kv, headdim_v)");
+    check_ndim(c, out, 3, "varlen out is (total_q, num_heads, headdim_v)");
+    check_ndim(c, lse, 2, "varlen lse is (num_heads, total_q)");
+  } else {
+    check_ndim(c, q, 4, "q is (batch, seqlen_q, num_heads, headdim); pass cu_seqlens for varlen");
+    check_ndim(c, k, 4, "k is (batch, seqlen_k, num_heads_kv, headdim)");
+    check_ndim(c, v, 4, "v is (batch, seqlen_k, num_heads_kv, headdim_v)");
+    check_ndim(c, out, 4, "out is (batch, seqlen_q, num_heads, headdim_v)");
+    check_ndim(c, lse, 3, "lse is (batch, num_heads, seqlen_q)");
+  }
+
+  // ---- dtypes ----
+  if (q.t.dtype == DType::kFP8E4M3)
+    c.fail(ErrorCode::kUnsupported, "q.dtype = fp8_e4m3 is reserved and not supported yet; use "
+           "bf16, fp16 or fp32");
+  if (q.t.dtype != DType::kBF16 && q.t.dtype != DType::kFP16 && q.t.dtype != DType::kFP32)
+    c.invalid("q.dtype = ", dtype_name(q.t.dtype), " must be bf16, fp16 or fp32");
+  for (const Named* x : {&k, &v, &out})
+    if (x->t.dtype != q.t.dtype)
+      c.invalid(x->name, ".dtype = ", dtype_name(x->t.dtype), " must equal q.dtype = ",
+                dtype_name(q.t.dtype));
+  check_dtype_is(c, lse, DType::kFP32, "lse is always fp32");
+
+  // ---- devices and the contiguous head dim ----
+  for (const Named* x : {&k, &v, &out, &lse}) check_same_device(c, *x, q);
+  for (const Named* x : {&q, &k, &v, &out}) check_last_contiguous(c, *x);
+
+  // ---- shape relations ----
+  DimTable dims(c);
+  if (varlen) {
+    dims.visit(q, {"total_q", "num_heads", "headdim"});
+    dims.visit(k, {"total_k", "num_heads_kv", "headdim"});
+    dims.visit(v, {"total_k", "num_heads_kv", "headdim_v"});
+    dims.visit(out, {"total_q", "num_heads", "headdim_v"});
+    dims.visit(lse, {"num_heads", "total_q"});
+  } else {
+    dims.visit(q, {"batch", "seqlen_q", "num_heads", "headdim"});
+    dims.visit(k, {"batch", "seqlen_k", "num_heads_kv", "headdim"});
+    dims.visit(v, {"batch", "seqlen_k", "num_heads_kv", "headdim_v"});
+    dims.visit(out, {"batch", "seqlen_q", "num_heads", "headdim_v"});
+    dims.visit(lse, {"batch", "num_heads", "seqlen_q"});
+  }
+
+  // ---- heads and head dims (case C21, C28, C34) ----
+  const int32_t num_heads = to_int32(c, dims, "num_heads");
+  const int32_t num_heads_kv = to_int32(c, dims, "num_heads_kv");
+  if (num_heads_kv <= 0) c.invalid(dims.source("num_heads_kv"), " (num_heads_kv) = 0 must be >= 1");
+  if (num_heads <= 0) c.invalid(dims.source("num_heads"), " (num_heads) = 0 must be >= 1");
+  if (num_heads % num_heads_kv != 0)
+    c.invalid("num_heads = ", num_heads, " (q.shape) must be a multiple of num_heads_kv = ",
+              num_heads_kv, " (k.shape): query head h uses kv head h / (num_heads / num_heads_kv)");
+  for (const char* hd : {"headdim", "headdim_v"}) {
+    const int64_t d = dims.get(hd);
+    if (d < 1) c.invalid(dims.source(hd), " (", hd, ") = ", d, " must be >= 1");
+    if (d > kMaxHeadDim)
+      c.fail(ErrorCode::kUnsupported, dims.source(hd), " (", hd, ") = ", d,
+             " is not supported; the maximum is ", kMaxHeadDim);
+  }
+
+  FwdParams p;
+  p.dtype = q.t.dtype;
+  p.device = q.t.device;
+  p.num_heads = num_heads;
+  p.num_heads_kv = num_heads_kv;
+  p.headdim = static_cast<int32_t>(dims.get("headdim"));
+  p.headdim_v = static_cast<int32_t>(dims.get("headdim_v"));
+  p.is_varlen = varlen;
+
+  // ---- options ----
+  if (o.softmax_scale.has_value()) {
+    const float s = *o.softmax_scale;
+    if (!std::isfinite(s) || !(s > 0.0f))
+      c.invalid("options.softmax_scale = ", s, " must be finite and > 0");
+    p.softmax_scale = s;
+  } else {
+    // Case C32: the default uses the real head dim of q/k, never headdim_v or a padded value.
+    p.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.headdim)));
+  }
+  p.softmax_scale_log2 = static_cast<float>(static_cast<double>(p.softmax_scale) * kLog2e);
+  if (!std::isfinite(o.softcap) || !(o.softcap >= 0.0f))
+    c.invalid("options.softcap = ", o.softcap, " must be finite and >= 0 (0 = off)");
+  p.softcap = o.softcap;
+
+  // Case C08: -1 is the only "unbounded" sentinel; any other negative value would be read as an
+  // empty band, so it is rejected rather than interpreted.
+  if (o.window_size_left < -1)
+    c.invalid("options.window_size_left = ", o.window_size_left,
+              " must be -1 (unbounded) or >= 0");
+  if (o.window_size_right < -1)
+    c.invalid("options.window_size_right = ", o.window_size_right,
+              " must be -1 (unbounded) or >= 0");
+  if (o.causal && o.window_size_right != -1 && o.window_size_right != 0)
+    c.invalid("options.causal with options.window_size_right = ", o.window_size_right,
+              ": causal means window_size_right = 0; pass -1 or 0, or drop causal");
+  p.causal = o.causal;
+  p.mask.window_left = o.window_size_left;
+  p.mask.window_right = o.causal ? 0 : o.window_size_right;
+
+  if (!std::isfinite(o.rescale_threshold) || o.rescale_threshold < 0.0f ||
+      o.rescale_threshold > kMaxRescaleThreshold)
+    c.invalid("options.rescale_threshold = ", o.rescale_threshold, " must be in [0, ",
+              kMaxRescaleThreshold, "] (log2 units; 0 = always rescale)");
+  p.rescale_threshold = o.rescale_threshold;
+
+  if (o.exp2_emulation_fraction.has_value()) {
+    const float f = *o.exp2_emulation_fraction;
+    const float scaled = f * static_cast<float>(kExp2FractionDenominator);  // exact for k/16
+    if (!std::isfinite(f) || f < 0.0f || f > 1.0f || scaled != std::floor(scaled))
+      c.invalid("options.exp2_emulation_fraction = ", f, " must be a multiple of 1/",
+                kExp2FractionDenominator, " in [0, 1]");
+    p.exp2_fraction_given = true;
+    p.exp2_split = Exp2Split{kExp2FractionDenominator, static_cast<int32_t>(scaled)};
+  }
+
+  // ---- sink ----
+  if (o.sink.has_value()) {
+    const Named sink{"sink", check_view(c, *o.sink, "sink")};
+    check_ndim(c, sink, 1, "sink is (num_heads,)");
+    check_dtype_is(c, sink, DType::kFP32, "sink is always fp32");
+    check_same_device(c, sink, q);
+    check_last_contiguous(c, sink);
+    dims.visit(sink, {"num_heads"});
+    p.sink = static_cast<const float*>(sink.t.data);
+  }
+
+  // ---- sequence structure ----
+  if (!varlen) {
+    if (o.seqused_k.has_value())
+      c.invalid("options.seqused_k is only supported with varlen (cu_seqlens_q/k)");
+    struct MaxSeqlen { int32_t given; const char* name; const char* dim; };
+    for (const MaxSeqlen& m : {MaxSeqlen{o.max_seqlen_q, "max_seqlen_q", "seqlen_q"},
+                               MaxSeqlen{o.max_seqlen_k, "max_seqlen_k", "seqlen_k"}})
+      if (m.given != 0 && m.given != dims.get(m.dim))
+        c.invalid("options.", m.name, " = ", m.given, " is only used with varlen; leave it 0 (or ",
+                  "equal to ", dims.source(m.dim), " = ", dims.get(m.dim), ")");
+    p.batch = to_int32(c, dims, "batch");
+    p.seqlen_q = to_int32(c, dims, "seqlen_q");
+    p.seqlen_k = to_int32(c, dims, "seqlen_k");
+    p.total_q = int64_t(p.batch) * p.seqlen_q;
+    p.total_k = int64_t(p.batch) * p.seqlen_k;
+    p.q_stride = {q.t.stride[0], q.t.stride[1], q.t.stride[2]};
+    p.k_stride = {k.t.stride[0], k.t.stride[1], k.t.stride[2]};
+    p.v_stride = {v.t.stride[0], v.t.stride[1], v.t.stride[2]};
+    p.out_stride = {out.t.stride[0], out.t.stride[1], out.t.stride[2]};
+    p.lse_batch_stride = lse.t.stride[0];
+    p.lse_head_stride = lse.t.stride[1];
+    p.lse_row_stride = lse.t.stride[2];
+  } else {
+    const Named cu_q{"cu_seqlens_q", check_view(c, *o.cu_seqlens_q, "cu_seqlens_q")};
+    const Named cu_k{"cu_seqlens_k", check_view(c, *o.cu_seqlens_k, "cu_seqlens_k")};
+    for (const Named* x : {&cu_q, &cu_k}) {
+      check_ndim(c, *x, 1, "cu_seqlens are (batch + 1,)");
+      check_dtype_is(c, *x, DType::kInt32, "cu_seqlens are int32");
+      check_same_device(c, *x, q);
+      check_last_contiguous(c, *x);
+    }
+    if (cu_q.t.shape[0] < 1)
+      c.invalid("cu_seqlens_q.shape[0] = 0 must be >= 1 (it holds batch + 1 offsets)");
+    if (cu_k.t.shape[0] != cu_q.t.shape[0])
+      c.invalid("cu_seqlens_k.shape[0] = ", cu_k.t.shape[0], " must equal cu_seqlens_q.shape[0] = ",
+                cu_q.t.shape[0], " (batch + 1)");
+    if (cu_q.t.shape[0] - 1 > kInt32Max)
+      c.fail(ErrorCode::kUnsupported, "cu_seqlens_q.shape[0] - 1 (batch) exceeds the int32 limit");
+    p.batch = static_cast<int32_t>(cu_q.t.shape[0] - 1);
+    std::optional<Named> used;
+    if (o.seqused_k.has_value()) {
+      used = Named{"seqused_k", check_view(c, *o.seqused_k, "seqused_k")};
+      check_ndim(c, *used, 1, "seqused_k is (batch,)");
+      check_dtype_is(c, *used, DType::kInt32, "seqused_k is int32");
+      check_same_device(c, *used, q);
+      check_last_contiguous(c, *used);
+      if (used->t.shape[0] != p.batch)
+        c.invalid("seqused_k.shape[0] = ", used->t.shape[0], " must equal batch = ", p.batch,
+                  " (cu_seqlens_q.shape[0] - 1)");
+    }
+    if (p.batch > 0 && o.max_seqlen_q <= 0)
+      c.invalid("options.max_seqlen_q = ", o.max_seqlen_q, " must be > 0 for varlen with batch ",
+                p.batch);
+    if (p.batch > 0 && o.max_seqlen_k <= 0)
+      c.invalid("options.max_seqlen_k = ", o.max_seqlen_k, " must be > 0 for varlen with batch ",
+                p.batch);
+    if (o.max_seqlen_q < 0 || o.max_seqlen_k < 0)
+      c.invalid("options.max_seqlen_q / max_seqlen_k must be >= 0");
+
+    // Contents (case C35): every offset the implementations will follow is checked here.
+    const std::vector<int32_t> hq = read_int32_host(c, cu_q);
+    const std::vector<int32_t> hk = read_int32_host(c, cu_k);
+    check_cu_seqlens(c, hq, "cu_seqlens_q", dims.get("total_q"), "q.shape[0] (total_q)",
+                     o.max_seqlen_q, "max_seqlen_q");
+    const std::vector<int64_t> len_k =
+        check_cu_seqlens(c, hk, "cu_seqlens_k", dims.get("total_k"), "k.shape[0] (total_k)",
+                         o.max_seqlen_k, "max_seqlen_k");
+    if (used) {
+      const std::vector<int32_t> hu = read_int32_host(c, *used);
+      for (size_t b = 0; b < hu.size(); ++b)
+        if (hu[b] < 0 || hu[b] > len_k[b])
+          c.invalid("seqused_k[", b, "] = ", hu[b], " must be in [0, ", len_k[b],
+                    "] (the length of key sequence ", b, " from cu_seqlens_k)");
+      p.seqused_k = static_cast<const int32_t*>(used->t.data);
+    }
+    p.cu_seqlens_q = static_cast<const int32_t*>(cu_q.t.data);
+    p.cu_seqlens_k = static_cast<const int32_t*>(cu_k.t.data);
+    p.seqlen_q = o.max_seqlen_q;
+    p.seqlen_k = o.max_seqlen_k;
+    p.total_q = dims.get("total_q");
+    p.total_k = dims.get("total_k");
+    p.q_stride = {0, q.t.stride[0], q.t.stride[1]};
+    p.k_stride = {0, k.t.stride[0], k.t.stride[1]};
+    p.v_stride = {0, v.t.stride[0], v.t.stride[1]};
+    p.out_stride = {0, out.t.stride[0], out.t.stride[1]};
+    p.lse_batch_stride = 0;
+    p.lse_head_stride = lse.t.stride[0];
+    p.lse_row_stride = lse.t.stride[1];
+  }
+
+  p.q = q.t.data;
+  p.k = k.t.data;
+  p.v = v.t.data;
+  p.out = out.t.data;
+  p.lse = static_cast<float*>(lse.t.data);
+  return p;
+}
+
+BwdParams make_bwd_params(const TensorView& dout_in, const TensorView& q_in,
+                          const TensorView& k_in, const TensorView& v_in,
+                          const TensorView& out_in, const TensorView& lse_in,
+                          const TensorView& dq_in, const TensorView& dk_in,
+                          const TensorView& dv_in, const BackwardOptions& o,
+                          const std::optional<TensorView>& dsink_in, const char* fn) {
+  const Checker c(fn);
+  BwdParams p;
+  static_cast<FwdParams&>(p) = make_fwd_params(q_in, k_in, v_in, out_in, lse_in, o, fn);
+
+  const Named dout{"dout", check_view(c, dout_in, "dout")};
+  const Named dq{"dq", check_view(c, dq_in, "dq")};
+  const Named dk{"dk", check_view(c, dk_in, "dk")};
+  const Named dv{"dv", check_view(c, dv_in, "dv")};
+  // Each gradient has the layout of its primal tensor (dout: of out).
+  const struct { const Named* grad; const TensorView* like; const char* like_name; } pairs[] = {
+      {&dout, &out_in, "out"}, {&dq, &q_in, "q"}, {&dk, &k_in, "k"}, {&dv, &v_in, "v"}};
+  for (const auto& [g, like, like_name] : pairs) {
+    if (g->t.ndim != like->ndim)
+      c.invalid(g->name, ".ndim = ", g->t.ndim, " (shape ", g->t.shape_string(), ") must equal ",
+                like_name, ".ndim = ", like->ndim);
+    if (g->t.dtype != p.dtype)
+      c.invalid(g->name, ".dtype = ", dtype_name(g->t.dtype), " must equal q.dtype = ",
+                dtype_name(p.dtype));
+    check_same_device(c, *g, Named{"q", q_in});
+    check_last_contiguous(c, *g);
+    for (int d = 0; d < like->ndim; ++d)
+      if (g->t.shape[d] != like->shape[d])
+        c.invalid(g->name, ".shape[", d, "] = ", g->t.shape[d], " must equal ", like_name,
+                  ".shape[", d, "] = ", like->shape[d], " (", g->name, " has the layout of ",
+                  like_name, ")");
+  }
+
+  if (o.sink.has_value() != dsink_in.has_value())
+    c.invalid(o.sink ? "dsink is missing: options.sink is set, so backward needs dsink "
+                       "(fp32, (num_heads,))"
+                     : "dsink is given but options.sink is not set");
+  if (dsink_in.has_value()) {
+    const Named dsink{"dsink", check_view(c, *dsink_in, "dsink")};
+    check_ndim(c, dsink, 1, "dsink is (num_heads,)");
+    check_dtype_is(c, dsink, DType::kFP32, "dsink is always fp32");
+    check_same_device(c, dsink, Named{"q", q_in});
+    check_last_contiguous(c, dsink);
+    if (dsink.t.shape[0] != p.num_heads)
+      c.invalid("dsink.shape[0] = ", dsink.t.shape[0], " must equal num_heads = ", p.num_heads);
+    p.dsink = static_cast<float*>(dsink.t.data);
+  }
+
+  auto rows = [&](const TensorView& t) -> RowStrides {
+    return p.is_varlen ? RowStrides{0, t.stride[0], t.stride[1]}
+                       : RowStrides{t.stride[0], t.stride[1], t.stride[2]};
+  };
+  p.dout = dout.t.data;
+  p.dq = dq.t.data;
+  p.dk = dk.t.data;
+  p.dv = dv.t.data;
+  p.dout_stride = rows(dout.t);
+  p.dq_stride = rows(dq.t);
+  p.dk_stride = rows(dk.t);
+  p.dv_stride = rows(dv.t);
+  p.deterministic = o.deterministic;
+  return p;
+}
+
+bool is_empty_problem(const FwdParams& p) {
+  return p.batch == 0 || p.total_q == 0 || p.num_heads == 0;
+}
+
+}  // namespace fa4::detail

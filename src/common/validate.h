@@ -1,0 +1,46 @@
+// src/common/validate.h — the ONE step from user arguments to FwdParams / BwdParams.
+//
+// Every rule documented in include/fa4/attention.h is checked here, before any implementation
+// runs, so bad input never writes a byte (fused-attention cases C20, C21, C28, C32, C34, C35).
+// Violations throw fa4::Error whose message starts with `fn` and names the tensor and the rule,
+// e.g. "fa4::forward: k.shape[3] (headdim) = 72 must equal q.shape[3] = 64".
+//
+// Device-resident cu_seqlens_q/k and seqused_k are copied to the host to check their contents
+// (cudaMemcpyAsync on the tensors' stream followed by cudaStreamSynchronize): a host sync per call
+// with varlen CUDA tensors, the price of never reading or writing out of bounds (case C35).
+#pragma once
+
+#include <optional>
+
+#include "fa4/attention.h"
+#include "fa4/detail/params.h"
+
+namespace fa4::detail {
+
+/// Largest head dim (of q/k and of v) any implementation accepts. The CPU implementations handle
+/// every value in [1, kMaxHeadDim]; the GPU selector narrows this further.
+inline constexpr int32_t kMaxHeadDim = 256;
+/// Upper bound of options.rescale_threshold (log2 units): P <= 2^tau must fit 16-bit inputs.
+inline constexpr float kMaxRescaleThreshold = 8.0f;
+/// options.exp2_emulation_fraction must be a multiple of 1/kExp2FractionDenominator.
+inline constexpr int32_t kExp2FractionDenominator = 16;
+
+/// Validates forward arguments and resolves defaults (softmax_scale, causal -> window right = 0,
+/// exp2 split). `fn` prefixes every message ("fa4::forward"). Throws fa4::Error.
+FwdParams make_fwd_params(const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& out, const TensorView& lse,
+                          const AttentionOptions& options, const char* fn);
+
+/// Validates backward arguments: everything make_fwd_params checks (out and lse are the forward's
+/// outputs), plus dout (layout and dtype of out), dq/dk/dv (of q/k/v), and dsink (fp32
+/// (num_heads,), required iff options.sink). Throws fa4::Error.
+BwdParams make_bwd_params(const TensorView& dout, const TensorView& q, const TensorView& k,
+                          const TensorView& v, const TensorView& out, const TensorView& lse,
+                          const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                          const BackwardOptions& options, const std::optional<TensorView>& dsink,
+                          const char* fn);
+
+/// True when there is nothing to compute or write (batch == 0, seqlen_q == 0, total_q == 0, ...).
+bool is_empty_problem(const FwdParams& p);
+
+}  // namespace fa4::detail
