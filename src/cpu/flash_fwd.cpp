@@ -1,0 +1,173 @@
+// src/cpu/flash_fwd.cpp — the FlashAttention-4 forward algorithm on the CPU, float32 accumulation.
+//
+// Source: FlashAttention-4 (arXiv 2603.05451) Sec. 3 — online softmax in the log2 domain with
+//   * LAZY RESCALING: the running row max m is only raised when a tile's max exceeds it by more than
+//     tau = p.rescale_threshold (log2 units). While m is stale, P = 2^(s*mult - m*mult) may reach
+//     2^tau, which fp32 (and bf16/fp16 for tau <= 8) hold exactly enough; the row sum l and the
+//     output accumulator use the SAME stale m, so the final out = acc / l is exact. tau = 0 gives
+//     the classic always-rescale online softmax. When m is raised, acc and l are multiplied by
+//     2^((m_old - m_new) * mult).
+//   * SOFTWARE exp2: for key column c of a tile (c relative to the tile start), P uses the FMA
+//     polynomial fa4::exp2_emulated when Exp2Split::uses_emulation(c), otherwise std::exp2 (the
+//     "hardware" unit). The split is p.exp2_split if the caller gave a fraction, else
+//     kCpuDefaultExp2Split. Key tiles start at multiples of kCpuTileN, as on the GPU.
+//
+// Per (batch, head, tile of kCpuTileM queries), key tiles of kCpuTileN:
+//   s = q.k (fp32; softcap: s = softcap*tanh(scale q.k / softcap)), masked pairs s = -inf
+//   x = s*mult - m*mult (one fma), mult = scale*log2e (log2e with softcap), P = exp2(x)
+//   l += sum_j P (fp32 values), acc += round(P) V
+// ROUNDING OF P: for bf16/fp16 inputs P is rounded to the input dtype before the P.V product, as
+// the GPU does when it feeds P to the tensor cores; the row sum l uses the unrounded fp32 P (as the
+// GPU's fp32 row sum does). fp32 inputs keep fp32 P.
+// Finalisation: out = acc / l, lse = (m*mult + log2 l) * ln2 (natural log). The sink joins only
+// the denominator: l' = l * 2^(m*mult - M) + 2^(sink*log2e - M), M = max(m*mult, sink*log2e), so
+// neither term can overflow. A row with no visible key (l == 0): out 0, lse -inf (or the sink).
+// Key tiles wholly outside the rows' visible_key_range are skipped; within a tile the per-element
+// key_visible predicate decides (fa4/detail/mask.h).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cpu/cpu_attention.h"
+#include "cpu/flash_tile.h"
+#include "fa4/exp2.h"
+
+namespace fa4::cpu {
+namespace {
+
+using tile::kNegInf;
+
+/// Per-thread float32 scratch for one query tile.
+struct FwdScratch {
+  std::vector<float> q, kt, v, s, acc, m, l;
+  std::vector<uint8_t> vis;
+  explicit FwdScratch(const detail::FwdParams& p)
+      : q(size_t(kCpuTileM) * p.headdim),
+        kt(size_t(p.headdim) * kCpuTileN),
+        v(size_t(kCpuTileN) * p.headdim_v),
+        s(size_t(kCpuTileM) * kCpuTileN),
+        acc(size_t(kCpuTileM) * p.headdim_v),
+        m(kCpuTileM),
+        l(kCpuTileM),
+        vis(size_t(kCpuTileM) * kCpuTileN) {}
+};
+
+/// One score tile folded into the running (m, l, acc) of each row.
+void accumulate_tile(const detail::FwdParams& p, Exp2Split split, int64_t rows, int64_t cols,
+                     FwdScratch& t) {
+  const int64_t dv = p.headdim_v;
+  const float mult = tile::score_mult(p);
+  const bool round_p = p.dtype != DType::kFP32;
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* srow = t.s.data() + i * kCpuTileN;
+    const uint8_t* vrow = t.vis.data() + i * kCpuTileN;
+    float* acc = t.acc.data() + i * dv;
+    // Tile max over the visible scores (-inf for masked ones; a NaN is skipped by the comparison
+    // here but still reaches P below, so data NaN propagates — case C03b).
+    float mt = kNegInf;
+    for (int64_t j = 0; j < cols; ++j) mt = srow[j] > mt ? srow[j] : mt;
+    float& m = t.m[i];
+    // Lazy rescaling: raise m only if the new max exceeds it by more than tau (log2 units).
+    if (mt > m && (m == kNegInf || (mt - m) * mult > p.rescale_threshold)) {
+      if (m != kNegInf) {
+        const float f = std::exp2((m - mt) * mult);
+        t.l[i] *= f;
+        for (int64_t e = 0; e < dv; ++e) acc[e] *= f;
+      }
+      m = mt;
+    }
+    // m still -inf: every visible score so far is NaN or -inf; subtracting 0 keeps NaN as NaN and
+    // -inf as P = 0, never inf - inf.
+    const float m_scaled = m == kNegInf ? 0.0f : m * mult;
+    float rowsum = 0.0f;
+    for (int64_t j = 0; j < cols; ++j) {
+      if (!vrow[j]) continue;  // masked: P is exactly 0 and the V row is not read
+      const float x = std::fma(srow[j], mult, -m_scaled);
+      const float pj = split.uses_emulation(int32_t(j)) ? exp2_emulated(x) : std::exp2(x);
+      rowsum += pj;
+      const float pv = round_p ? detail::round_to(p.dtype, pj) : pj;
+      const float* vj = t.v.data() + j * dv;
+      for (int64_t e = 0; e < dv; ++e) acc[e] += pv * vj[e];
+    }
+    t.l[i] += rowsum;
+  }
+}
+
+/// Normalises each row and stores out (rounded to the out dtype) and lse.
+void finalize_tile(const detail::FwdParams& p, const detail::SeqInfo& si, const tile::Work& w,
+                   int64_t rows, FwdScratch& t) {
+  const int64_t dv = p.headdim_v;
+  const float mult = tile::score_mult(p);
+  const bool has_sink = p.sink != nullptr;
+  const float sink = has_sink ? p.sink[w.h] : kNegInf;
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* acc = t.acc.data() + i * dv;
+    const float l = t.l[i];
+    const int64_t row = si.q_row0 + w.row0 + i;
+    const int64_t oo = tile::row_offset(p, p.out_stride, w.b, row, w.h);
+    float& lse = p.lse[tile::lse_offset(p, w.b, row, w.h)];
+    if (l == 0.0f) {  // no visible key (documented edge semantics; never NaN)
+      for (int64_t e = 0; e < dv; ++e) detail::store_from_float(p.out, p.dtype, oo + e, 0.0f);
+      lse = sink;
+      continue;
+    }
+    const float ml = t.m[i] == kNegInf ? kNegInf : t.m[i] * mult;  // log2 units
+    float scale_out, lse_log2;
+    if (has_sink) {
+      const float sl = sink * tile::kLog2e;
+      const float big = std::max(ml, sl);
+      const float f = std::exp2(ml - big);
+      const float denom = l * f + std::exp2(sl - big);
+      scale_out = f / denom;
+      lse_log2 = big + std::log2(denom);
+    } else {
+      scale_out = 1.0f / l;
+      lse_log2 = ml + std::log2(l);
+    }
+    for (int64_t e = 0; e < dv; ++e) {
+      const float o = has_sink ? acc[e] * scale_out : acc[e] / l;  // no-sink: exact division
+      detail::store_from_float(p.out, p.dtype, oo + e, o);
+    }
+    lse = lse_log2 * tile::kLn2;
+  }
+}
+
+void forward_tile(const detail::FwdParams& p, Exp2Split split, const tile::Work& w,
+                  FwdScratch& t) {
+  const detail::SeqInfo si = detail::seq_info_host(p, w.b);
+  const int64_t rows = std::min<int64_t>(kCpuTileM, si.seqlen_q - w.row0);
+  const int32_t kvh = p.kv_head(w.h);
+  const int64_t d = p.headdim, dv = p.headdim_v;
+  tile::load_rows(p, p.q, p.q_stride, w.b, si.q_row0 + w.row0, w.h, rows, d, t.q.data());
+  std::fill(t.m.begin(), t.m.end(), kNegInf);
+  std::fill(t.l.begin(), t.l.end(), 0.0f);
+  std::fill(t.acc.begin(), t.acc.end(), 0.0f);
+
+  const detail::KeyRange kr = tile::tile_key_range(p, si, w.row0, rows);
+  for (int64_t n0 = kr.first / kCpuTileN * kCpuTileN; n0 < kr.last; n0 += kCpuTileN) {
+    const int64_t cols = std::min<int64_t>(kCpuTileN, si.seqlen_k - n0);
+    tile::load_rows_t(p, p.k, p.k_stride, w.b, si.k_row0 + n0, kvh, cols, d, kCpuTileN, t.kt.data());
+    tile::load_rows(p, p.v, p.v_stride, w.b, si.k_row0 + n0, kvh, cols, dv, t.v.data());
+    tile::score_tile(p, si, w.row0, n0, rows, cols, t.q.data(), t.kt.data(), t.s.data(),
+                     t.vis.data(), nullptr);
+    accumulate_tile(p, split, rows, cols, t);
+  }
+  finalize_tile(p, si, w, rows, t);
+}
+
+}  // namespace
+
+void flash_forward(const detail::FwdParams& p) {
+  if (p.batch == 0 || p.total_q == 0 || p.num_heads == 0) return;
+  const Exp2Split split = p.exp2_fraction_given ? p.exp2_split : kCpuDefaultExp2Split;
+  const std::vector<tile::Work> work =
+      tile::make_work(p, p.num_heads, kCpuTileM, [](const detail::SeqInfo& si) { return si.seqlen_q; });
+#pragma omp parallel
+  {
+    FwdScratch t(p);
+#pragma omp for schedule(dynamic)
+    for (size_t wi = 0; wi < work.size(); ++wi) forward_tile(p, split, work[wi], t);
+  }
+}
+
+}  // namespace fa4::cpu
