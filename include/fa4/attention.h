@@ -30,7 +30,8 @@
 //     zero-length varlen key sequence): out row = 0, lse = -inf (or = sink_h when a sink is
 //     given), and zero gradients. Never NaN.
 //   * NaN in q/k/v still propagates to the rows it reaches; NaN in a MASKED key never does.
-//   * batch == 0, seqlen_q == 0 or total_q == 0: nothing is read or written.
+//   * batch == 0, seqlen_q == 0 or total_q == 0: forward reads and writes nothing; backward
+//     writes zeros to dk/dv (and dsink), whose gradient is then exactly 0.
 //   * varlen: rows of out/lse/dq/dk/dv outside every [cu_seqlens[b], cu_seqlens[b+1]) range, and
 //     dk/dv rows past seqused_k, are left untouched.
 //

@@ -135,7 +135,9 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
       detail::make_bwd_params(dout, q, k, v, out, lse, dq, dk, dv, options, dsink, kFn);
   const Selection s = select(p, options.backend, Direction::kBackward, kFn);
   throw_if_rejected(s);
-  if (detail::is_empty_problem(p)) return;  // documented: nothing read or written (case C28)
+  // With no queries but some keys, dk/dv (and dsink) are exactly zero and must be written
+  // (case C28: empty gradients, never garbage); only a problem with neither is a no-op.
+  if (detail::is_empty_problem(p) && (p.total_k == 0 || p.batch == 0 || p.num_heads == 0)) return;
   switch (s.impl) {
     case Impl::kCpuFlash: cpu::flash_backward(p); return;
     case Impl::kCpuReference: cpu::reference_backward(p); return;

@@ -183,7 +183,8 @@ void forward(const detail::FwdParams& p, const Round& rnd, W& w) {
 /// gradient of the exact forward.
 template <class Real, class Round, class W>
 void backward(const detail::BwdParams& p, const Round& rnd, W& w) {
-  if (p.batch == 0 || p.total_q == 0 || p.num_heads == 0) return;
+  // total_q == 0 still runs: with no queries dK/dV (and dsink) are exactly 0 and are written.
+  if (p.batch == 0 || p.num_heads == 0) return;
   const int32_t group = p.num_heads / p.num_heads_kv;
   const int64_t d = p.headdim, dv = p.headdim_v;
   // dsink partials per (batch, head), reduced in a fixed order afterwards (deterministic).
