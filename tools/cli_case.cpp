@@ -257,7 +257,7 @@ struct Exp2Slack {
 
 Exp2Slack exp2_slack(const Problem& p, const detail::FwdParams& fp) {
   if (fp.dtype != DType::kFP32) return {};
-  Exp2Split split = cpu::kCpuDefaultExp2Split;
+  Exp2Split split = cpu::default_exp2_split(fp.dtype);
   if (fp.exp2_fraction_given) {
     split = fp.exp2_split;
   } else if (p.spec.device == "cuda") {

@@ -10,7 +10,7 @@
 //   * SOFTWARE exp2: for key column c of a tile (c relative to the tile start), P uses the FMA
 //     polynomial fa4::exp2_emulated when Exp2Split::uses_emulation(c), otherwise std::exp2 (the
 //     "hardware" unit). The split is p.exp2_split if the caller gave a fraction, else
-//     kCpuDefaultExp2Split. Key tiles start at multiples of kCpuTileN, as on the GPU.
+//     default_exp2_split(dtype) (none for fp32). Key tiles start at multiples of kCpuTileN, as on the GPU.
 //
 // Per (batch, head, tile of kCpuTileM queries), key tiles of kCpuTileN:
 //   s = q.k (fp32; softcap: s = softcap*tanh(scale q.k / softcap)), masked pairs s = -inf
@@ -159,7 +159,7 @@ void forward_tile(const detail::FwdParams& p, Exp2Split split, const tile::Work&
 
 void flash_forward(const detail::FwdParams& p) {
   if (p.batch == 0 || p.total_q == 0 || p.num_heads == 0) return;
-  const Exp2Split split = p.exp2_fraction_given ? p.exp2_split : kCpuDefaultExp2Split;
+  const Exp2Split split = p.exp2_fraction_given ? p.exp2_split : default_exp2_split(p.dtype);
   const std::vector<tile::Work> work =
       tile::make_work(p, p.num_heads, kCpuTileM, [](const detail::SeqInfo& si) { return si.seqlen_q; });
 #pragma omp parallel

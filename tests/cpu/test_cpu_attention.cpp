@@ -224,7 +224,7 @@ struct Mirrors {
 
 /// The exp2 split the CPU forward applies to this problem.
 Exp2Split effective_split(const Problem& pr) {
-  return pr.p.exp2_fraction_given ? pr.p.exp2_split : cpu::kCpuDefaultExp2Split;
+  return pr.p.exp2_fraction_given ? pr.p.exp2_split : cpu::default_exp2_split(pr.p.dtype);
 }
 
 Mirrors run_naive(const Problem& pr, bool exact, bool backward) {

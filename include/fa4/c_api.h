@@ -1,0 +1,180 @@
+/* fa4/c_api.h — the stable C ABI of libfa4 (exact attention, FlashAttention-4, arXiv 2603.05451).
+ *
+ * Use it from any language that can call C (Python ctypes, Rust, Julia, ...) without linking
+ * against C++ or any framework. It wraps the C++ API of fa4/attention.h one to one; the layouts,
+ * the maths, the mask, the edge semantics and the validation rules documented THERE hold
+ * unchanged here. This header only adds the C calling convention.
+ *
+ * STABILITY AND VERSIONING
+ *   * FA4_C_API_VERSION is bumped only for changes a caller can observe. Within one major ABI
+ *     (this header's v1), existing functions, struct fields, their offsets and enum values never
+ *     change; new things are only ADDED: new functions, new enum values, new fields at the END of
+ *     fa4_options (its `struct_size` field tells the library which fields the caller knows).
+ *   * fa4_abi_version() returns the version the library was built with. A caller compiled
+ *     against version N works with any library whose fa4_abi_version() >= N.
+ *   * Every exported symbol starts with "fa4_"; every macro with "FA4_".
+ *
+ * ERRORS
+ *   Every function that can fail returns an fa4_status. On failure nothing was written (all
+ *   arguments are validated first), and fa4_last_error() returns a message that names the
+ *   function, the tensor and the rule, e.g.
+ *     "fa4::forward: k.shape[3] (headdim) = 72 must equal q.shape[3] = 64".
+ *   The message is THREAD-LOCAL: it belongs to the calling thread's most recent fa4 call, stays
+ *   valid until that thread's next fa4 call, and is "" after a successful call. No C++ exception
+ *   ever crosses this ABI: every one is caught and turned into a status (unknown ones into
+ *   FA4_STATUS_INTERNAL).
+ *
+ * TENSORS
+ *   fa4_tensor is a non-owning view: data pointer, dtype, ndim (0..4), shape and strides in
+ *   ELEMENTS (int64, strides may be any value; the last dim must have stride 1 as fa4/attention.h
+ *   says), and where the memory lives. For CUDA tensors `stream` is the cudaStream_t (NULL = the
+ *   legacy default stream) on which the work is enqueued; the call returns without waiting for
+ *   the GPU. All tensors of one call must live on one device. fa4 never allocates, frees or
+ *   keeps a pointer to caller memory past the call.
+ *
+ * THREADS: every function may be called from any thread at the same time.
+ */
+#ifndef FA4_C_API_H_
+#define FA4_C_API_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define FA4_C_EXPORT __declspec(dllexport)
+#else
+#define FA4_C_EXPORT __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Version of this ABI (see STABILITY above). */
+#define FA4_C_API_VERSION 1
+
+/** Most dimensions an fa4_tensor holds. */
+#define FA4_MAX_DIMS 4
+
+/** Status codes; equal to the C++ fa4::ErrorCode values. */
+typedef enum fa4_status {
+  FA4_STATUS_OK = 0,
+  FA4_STATUS_INVALID_ARGUMENT = 1, /**< a tensor or option breaks a documented rule */
+  FA4_STATUS_UNSUPPORTED = 2,      /**< valid, but this build/device has no kernel for it */
+  FA4_STATUS_CUDA_ERROR = 3,       /**< a CUDA runtime call failed */
+  FA4_STATUS_NO_DEVICE = 4,        /**< a CUDA tensor was passed but no usable GPU / no CUDA build */
+  FA4_STATUS_INTERNAL = 5          /**< a bug in fa4 (or out of host memory) */
+} fa4_status;
+
+/** Element types; equal to the C++ fa4::DType values. FA4_DTYPE_FP8_E4M3 is reserved (rejected). */
+typedef enum fa4_dtype {
+  FA4_DTYPE_BF16 = 0,
+  FA4_DTYPE_FP16 = 1,
+  FA4_DTYPE_FP32 = 2,
+  FA4_DTYPE_FP8_E4M3 = 3,
+  FA4_DTYPE_INT32 = 4
+} fa4_dtype;
+
+typedef enum fa4_device_type { FA4_DEVICE_CPU = 0, FA4_DEVICE_CUDA = 1 } fa4_device_type;
+
+/** Which implementation runs; equal to the C++ fa4::Backend values. AUTO: CUDA tensors -> Hopper
+ *  kernels, CPU tensors -> the CPU FlashAttention-4 implementation. CPU_REFERENCE: the naive
+ *  float64 reference (CPU tensors only). */
+typedef enum fa4_backend {
+  FA4_BACKEND_AUTO = 0,
+  FA4_BACKEND_CPU = 1,
+  FA4_BACKEND_CPU_REFERENCE = 2,
+  FA4_BACKEND_CUDA = 3
+} fa4_backend;
+
+/** Non-owning strided view (enum-valued fields are int32_t so the layout never depends on the
+ *  compiler's enum size). 96 bytes on LP64. */
+typedef struct fa4_tensor {
+  void* data;
+  int32_t dtype;        /**< fa4_dtype */
+  int32_t ndim;         /**< 0..FA4_MAX_DIMS */
+  int64_t shape[FA4_MAX_DIMS];
+  int64_t stride[FA4_MAX_DIMS]; /**< elements, not bytes */
+  int32_t device_type;  /**< fa4_device_type */
+  int32_t device_index; /**< CUDA ordinal; 0 for CPU */
+  void* stream;         /**< cudaStream_t for CUDA tensors; ignored for CPU */
+} fa4_tensor;
+
+/** Options shared by forward and backward (fa4::AttentionOptions + BackwardOptions).
+ *
+ *  ALWAYS initialise with fa4_options_init(&o, sizeof(o)): it writes the defaults and sets
+ *  struct_size, so a caller compiled against this header keeps working with a newer library
+ *  (fields it does not know get their defaults) and an older library rejects fields it does not
+ *  know (non-zero bytes past its own struct) with FA4_STATUS_UNSUPPORTED instead of ignoring them.
+ *  Fields added later are designed so that all-zero bytes mean "off / default" (has_* flags).
+ *  A NULL options pointer means all defaults. Fields are booleans when named has_* / causal /
+ *  deterministic (0 or 1; other values are an error). */
+typedef struct fa4_options {
+  uint32_t struct_size;           /**< sizeof(fa4_options) as the caller compiled it */
+  int32_t has_softmax_scale;      /**< 0: default 1/sqrt(headdim) */
+  float softmax_scale;            /**< finite, > 0; read only when has_softmax_scale */
+  int32_t causal;                 /**< bottom-right aligned; same as window (-1, 0) */
+  int32_t window_size_left;       /**< -1 = unbounded */
+  int32_t window_size_right;      /**< -1 = unbounded */
+  float softcap;                  /**< 0 = off */
+  int32_t max_seqlen_q;           /**< varlen: upper bound of the q lengths */
+  int32_t max_seqlen_k;           /**< varlen: upper bound of the k lengths */
+  float rescale_threshold;        /**< lazy-rescaling tau, log2 units; default 8 */
+  int32_t has_exp2_emulation_fraction; /**< 0: the running kernel's tuned default */
+  float exp2_emulation_fraction;  /**< multiple of 1/16 in [0, 1] */
+  int32_t backend;                /**< fa4_backend */
+  int32_t deterministic;          /**< backward only: bitwise-reproducible dq/dk/dv */
+  const fa4_tensor* sink;         /**< nullable: fp32 (num_heads,) learnable sink logits */
+  const fa4_tensor* cu_seqlens_q; /**< nullable: int32 (batch + 1); varlen iff both cu_seqlens */
+  const fa4_tensor* cu_seqlens_k; /**< nullable: int32 (batch + 1) */
+  const fa4_tensor* seqused_k;    /**< nullable: int32 (batch,) */
+} fa4_options;
+
+/** Writes the defaults into the first `struct_size` bytes of *options (pass sizeof(fa4_options))
+ *  and sets options->struct_size. Fails (INVALID_ARGUMENT) on NULL or a size too small to hold the
+ *  v1 fields. */
+FA4_C_EXPORT int32_t fa4_options_init(fa4_options* options, size_t struct_size);
+
+/** Forward: writes out and lse (layouts in fa4/attention.h). Returns an fa4_status. */
+FA4_C_EXPORT int32_t fa4_forward(const fa4_tensor* q, const fa4_tensor* k, const fa4_tensor* v,
+                                 const fa4_tensor* out, const fa4_tensor* lse,
+                                 const fa4_options* options);
+
+/** Backward: writes dq, dk, dv (and dsink, required iff options->sink is set, else must be NULL).
+ *  Must be given the options the forward used. Returns an fa4_status. */
+FA4_C_EXPORT int32_t fa4_backward(const fa4_tensor* dout, const fa4_tensor* q, const fa4_tensor* k,
+                                  const fa4_tensor* v, const fa4_tensor* out, const fa4_tensor* lse,
+                                  const fa4_tensor* dq, const fa4_tensor* dk, const fa4_tensor* dv,
+                                  const fa4_tensor* dsink, const fa4_options* options);
+
+/** Would fa4_forward run on these arguments, and with which kernel? Runs nothing, writes no
+ *  tensor. FA4_STATUS_OK: supported, and the kernel's name is written to kernel_name (NUL-
+ *  terminated, truncated to kernel_name_capacity; kernel_name may be NULL). Otherwise the status
+ *  and fa4_last_error() say why: INVALID_ARGUMENT (with fa4_forward's message) for a broken rule,
+ *  UNSUPPORTED (with the selector's message) when no kernel of this build/device takes them. */
+FA4_C_EXPORT int32_t fa4_forward_support(const fa4_tensor* q, const fa4_tensor* k,
+                                         const fa4_tensor* v, const fa4_tensor* out,
+                                         const fa4_tensor* lse, const fa4_options* options,
+                                         char* kernel_name, size_t kernel_name_capacity);
+
+/** Message of the calling thread's most recent failed fa4 call; "" after a success. Never NULL. */
+FA4_C_EXPORT const char* fa4_last_error(void);
+
+/** Lower-case name of a status ("ok", "invalid_argument", ...); "unknown_error" for others. */
+FA4_C_EXPORT const char* fa4_status_name(int32_t status);
+
+/** Library version, "MAJOR.MINOR.PATCH" (the CMake project version). */
+FA4_C_EXPORT const char* fa4_version(void);
+
+/** FA4_C_API_VERSION the library was built with. */
+FA4_C_EXPORT int32_t fa4_abi_version(void);
+
+/** 1 if the library was built with the CUDA (Hopper) kernels, else 0. Says nothing about whether
+ *  a GPU is present at run time (a CUDA tensor on a machine without one gives NO_DEVICE). */
+FA4_C_EXPORT int32_t fa4_has_cuda(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FA4_C_API_H_ */

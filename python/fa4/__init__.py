@@ -1,0 +1,141 @@
+"""fa4 — exact attention with the FlashAttention-4 algorithm (arXiv 2603.05451), from Python.
+
+A thin layer over libfa4's C ABI (include/fa4/c_api.h), loaded with ctypes: nothing is compiled
+against torch or NumPy. Inputs may be
+
+* torch tensors on CUDA (Hopper kernels, on ``torch.cuda.current_stream()``) or on CPU (the CPU
+  FlashAttention-4 implementation), with autograd through fa4's backward and
+  ``torch.compile(fullgraph=True)`` support (custom ops ``fa4::fwd`` / ``fa4::bwd``);
+* NumPy arrays on CPU: float16, float32, or ``ml_dtypes.bfloat16`` if ml_dtypes is installed.
+
+Layouts are flash-attn's (see :func:`flash_attn_func`). Errors are :class:`Fa4Error` subclasses
+carrying the library's message (which names the tensor and the rule broken).
+"""
+
+from __future__ import annotations
+
+from . import _capi, _core
+from ._capi import (CudaError, Fa4Error, InternalError, InvalidArgumentError,
+                    LibraryNotFoundError, NoDeviceError, UnsupportedError)
+from ._core import backward, forward, forward_support
+
+try:  # torch is optional; when present the custom ops are registered at import
+    import torch as _torch_module  # noqa: F401
+except ImportError:
+    _torch_ops = None
+else:
+    from . import _torch_ops
+
+__all__ = [
+    "flash_attn_func", "flash_attn_varlen_func", "forward", "backward", "forward_support",
+    "version", "has_cuda", "library_path", "Fa4Error", "InvalidArgumentError", "UnsupportedError",
+    "CudaError", "NoDeviceError", "InternalError", "LibraryNotFoundError",
+]
+
+try:  # the installed distribution's version (= libfa4's CMake project version)
+    from importlib.metadata import PackageNotFoundError as _NotFound
+    from importlib.metadata import version as _dist_version
+
+    __version__ = _dist_version("fa4")
+except _NotFound:  # used from the source tree (PYTHONPATH=python, FA4_LIBRARY=...)
+    __version__ = "unknown"
+
+
+def version() -> str:
+    """Version of the loaded libfa4 (the CMake project version)."""
+    return _capi.version()
+
+
+def has_cuda() -> bool:
+    """True if the loaded libfa4 was built with the CUDA (Hopper) kernels."""
+    return _capi.has_cuda()
+
+
+def library_path() -> str:
+    """Path of the loaded libfa4.so."""
+    return _capi.library_path()
+
+
+def _dispatch(q, k, v, *, fn, varlen, return_lse, **kw):
+    if _core.is_torch_tensor(q) or _core.is_torch_tensor(k) or _core.is_torch_tensor(v):
+        if _torch_ops is None:  # unreachable in practice: a torch tensor implies torch imports
+            raise ImportError(f"{fn}: torch tensors given but torch could not be imported")
+        out, lse = _torch_ops.attention(q, k, v, fn=fn, **kw)
+    else:
+        out, lse = _core.numpy_forward(q, k, v, varlen=varlen, fn=fn, **kw)
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    sink=None, deterministic=False, return_lse=False, *, rescale_threshold=None,
+                    exp2_emulation_fraction=None, backend="auto"):
+    """Exact attention, batched layout (flash-attn's).
+
+    Args:
+        q: (batch, seqlen_q, num_heads, headdim); bf16, fp16 or fp32 (torch) / fp16, fp32 or
+            ml_dtypes.bfloat16 (NumPy). Any strides except that the last dim must be contiguous
+            (torch inputs whose last dim is not are copied).
+        k: (batch, seqlen_k, num_heads_kv, headdim); num_heads % num_heads_kv == 0 (GQA/MQA:
+            query head h uses kv head h // (num_heads // num_heads_kv)).
+        v: (batch, seqlen_k, num_heads_kv, headdim_v).
+        softmax_scale: multiplies q.k; default 1/sqrt(headdim).
+        causal: bottom-right aligned causal mask (same as window_size=(-1, 0)).
+        window_size: (left, right) local window, -1 (or None) = unbounded; bottom-right aligned:
+            query i sees key j iff i + sk - sq - left <= j <= i + sk - sq + right.
+        softcap: 0 = off; else scores s -> softcap * tanh(s / softcap).
+        sink: fp32 (num_heads,) learnable sink logits (joins the softmax denominator only).
+        deterministic: bitwise-reproducible backward.
+        return_lse: also return lse.
+        rescale_threshold: FA4 lazy-rescaling threshold tau in log2 units (paper Sec. 3);
+            default the library's (8).
+        exp2_emulation_fraction: share of exp2 done by the software polynomial (multiple of 1/16).
+        backend: "auto" (CUDA tensors -> Hopper kernels, CPU -> CPU FA4), "cpu",
+            "cpu_reference" (float64 naive oracle) or "cuda".
+
+    Returns:
+        out (batch, seqlen_q, num_heads, headdim_v), dtype of q; with return_lse also
+        lse (batch, num_heads, seqlen_q) fp32, natural log (-inf for rows that see no key).
+        torch: out is differentiable w.r.t. q, k, v and sink; lse is not.
+
+    Raises:
+        InvalidArgumentError (ValueError) for a broken rule, UnsupportedError
+        (NotImplementedError) where no kernel exists (e.g. the CUDA backward for now),
+        NoDeviceError / CudaError (RuntimeError). Nothing is written on error.
+
+    Algorithm: FlashAttention-4 (arXiv 2603.05451): tiled online softmax with software exp2 and
+    lazy rescaling; see include/fa4/attention.h for the full semantics.
+    """
+    return _dispatch(q, k, v, fn="fa4.flash_attn_func", varlen=False, return_lse=return_lse,
+                     softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                     softcap=softcap, sink=sink, deterministic=deterministic,
+                     rescale_threshold=rescale_threshold,
+                     exp2_emulation_fraction=exp2_emulation_fraction, backend=backend)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                           sink=None, deterministic=False, return_lse=False, seqused_k=None, *,
+                           rescale_threshold=None, exp2_emulation_fraction=None, backend="auto"):
+    """Exact attention over packed variable-length sequences (flash-attn's varlen layout).
+
+    Args:
+        q: (total_q, num_heads, headdim); sequence b is rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1.
+        k, v: (total_k, num_heads_kv, headdim / headdim_v); rows by cu_seqlens_k, of which only
+            the first seqused_k[b] are used when seqused_k is given.
+        cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,), non-decreasing, starting at 0, on q's
+            device.
+        max_seqlen_q, max_seqlen_k: upper bounds of the per-sequence lengths (ints).
+        seqused_k: optional int32 (batch,).
+        Other arguments: as :func:`flash_attn_func`; masks are per sequence, bottom-right.
+
+    Returns:
+        out (total_q, num_heads, headdim_v); with return_lse also lse (num_heads, total_q) fp32.
+        Rows outside every sequence: out 0, lse -inf.
+    """
+    return _dispatch(q, k, v, fn="fa4.flash_attn_varlen_func", varlen=True,
+                     return_lse=return_lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                     seqused_k=seqused_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                     softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                     softcap=softcap, sink=sink, deterministic=deterministic,
+                     rescale_threshold=rescale_threshold,
+                     exp2_emulation_fraction=exp2_emulation_fraction, backend=backend)

@@ -1,0 +1,276 @@
+"""ctypes binding of libfa4's C ABI (include/fa4/c_api.h).
+
+This module knows nothing about NumPy or torch: it loads the shared library, mirrors the C structs
+and turns status codes into Python exceptions. The struct layouts below must match c_api.h
+exactly; ``fa4_abi_version()`` is checked at load time.
+
+Which library is loaded (first match wins):
+  1. ``$FA4_LIBRARY`` — an explicit path to libfa4.so (e.g. a CMake build dir's ``src/libfa4.so``);
+  2. the library installed inside this package by ``pip install ./python`` (``fa4/lib/libfa4.so``).
+Nothing else is searched, so a stale system copy can never be picked up silently.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+import threading
+
+# ---- constants mirrored from c_api.h ------------------------------------------------------------
+C_API_VERSION = 1  # the FA4_C_API_VERSION this binding was written against
+MAX_DIMS = 4
+
+STATUS_OK = 0
+STATUS_INVALID_ARGUMENT = 1
+STATUS_UNSUPPORTED = 2
+STATUS_CUDA_ERROR = 3
+STATUS_NO_DEVICE = 4
+STATUS_INTERNAL = 5
+
+DTYPE_BF16 = 0
+DTYPE_FP16 = 1
+DTYPE_FP32 = 2
+DTYPE_FP8_E4M3 = 3
+DTYPE_INT32 = 4
+
+DEVICE_CPU = 0
+DEVICE_CUDA = 1
+
+BACKENDS = {"auto": 0, "cpu": 1, "cpu_reference": 2, "cuda": 3}
+
+_LIBRARY_ENV = "FA4_LIBRARY"
+_PACKAGED_LIBRARY = pathlib.Path(__file__).resolve().parent / "lib" / "libfa4.so"
+# Bytes for fa4_forward_support's kernel name (names are short identifiers).
+_KERNEL_NAME_CAPACITY = 256
+
+
+# ---- exceptions -----------------------------------------------------------------------------------
+class Fa4Error(Exception):
+    """Base of every error fa4 raises. ``code`` is the C status (see c_api.h), ``status`` its name.
+
+    The concrete classes also derive from the matching built-in so generic handlers work:
+    InvalidArgumentError is a ValueError, UnsupportedError a NotImplementedError (hence a
+    RuntimeError), the others RuntimeErrors.
+    """
+
+    code = STATUS_INTERNAL
+    status = "internal"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgumentError(Fa4Error, ValueError):
+    """A tensor or option breaks a documented rule (shape, dtype, stride, option range...)."""
+
+    code, status = STATUS_INVALID_ARGUMENT, "invalid_argument"
+
+
+class UnsupportedError(Fa4Error, NotImplementedError):
+    """Valid arguments, but this build/device has no kernel for them (the message says what is)."""
+
+    code, status = STATUS_UNSUPPORTED, "unsupported"
+
+
+class CudaError(Fa4Error, RuntimeError):
+    """A CUDA runtime call inside fa4 failed."""
+
+    code, status = STATUS_CUDA_ERROR, "cuda_error"
+
+
+class NoDeviceError(Fa4Error, RuntimeError):
+    """A CUDA tensor was passed but there is no usable GPU or the library has no CUDA."""
+
+    code, status = STATUS_NO_DEVICE, "no_device"
+
+
+class InternalError(Fa4Error, RuntimeError):
+    """A bug in fa4 (or the host ran out of memory)."""
+
+    code, status = STATUS_INTERNAL, "internal"
+
+
+_ERROR_CLASSES = {
+    cls.code: cls
+    for cls in (InvalidArgumentError, UnsupportedError, CudaError, NoDeviceError, InternalError)
+}
+
+
+class LibraryNotFoundError(Fa4Error, ImportError):
+    """libfa4.so could not be found or loaded (the message says where fa4 looked)."""
+
+
+# ---- struct mirrors -------------------------------------------------------------------------------
+class Tensor(ctypes.Structure):
+    """fa4_tensor: non-owning view; shape and strides in elements."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int32),
+        ("ndim", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * MAX_DIMS),
+        ("stride", ctypes.c_int64 * MAX_DIMS),
+        ("device_type", ctypes.c_int32),
+        ("device_index", ctypes.c_int32),
+        ("stream", ctypes.c_void_p),
+    ]
+
+
+class Options(ctypes.Structure):
+    """fa4_options (v1). Always created through :func:`default_options`."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("has_softmax_scale", ctypes.c_int32),
+        ("softmax_scale", ctypes.c_float),
+        ("causal", ctypes.c_int32),
+        ("window_size_left", ctypes.c_int32),
+        ("window_size_right", ctypes.c_int32),
+        ("softcap", ctypes.c_float),
+        ("max_seqlen_q", ctypes.c_int32),
+        ("max_seqlen_k", ctypes.c_int32),
+        ("rescale_threshold", ctypes.c_float),
+        ("has_exp2_emulation_fraction", ctypes.c_int32),
+        ("exp2_emulation_fraction", ctypes.c_float),
+        ("backend", ctypes.c_int32),
+        ("deterministic", ctypes.c_int32),
+        ("sink", ctypes.POINTER(Tensor)),
+        ("cu_seqlens_q", ctypes.POINTER(Tensor)),
+        ("cu_seqlens_k", ctypes.POINTER(Tensor)),
+        ("seqused_k", ctypes.POINTER(Tensor)),
+    ]
+
+
+_TP = ctypes.POINTER(Tensor)
+_OP = ctypes.POINTER(Options)
+
+
+# ---- loading --------------------------------------------------------------------------------------
+_lock = threading.Lock()
+_lib = None
+
+
+def _candidates():
+    env = os.environ.get(_LIBRARY_ENV)
+    if env:
+        return [pathlib.Path(env)], True
+    return [_PACKAGED_LIBRARY], False
+
+
+def _declare(lib):
+    lib.fa4_options_init.argtypes = [_OP, ctypes.c_size_t]
+    lib.fa4_options_init.restype = ctypes.c_int32
+    lib.fa4_forward.argtypes = [_TP, _TP, _TP, _TP, _TP, _OP]
+    lib.fa4_forward.restype = ctypes.c_int32
+    lib.fa4_backward.argtypes = [_TP] * 10 + [_OP]
+    lib.fa4_backward.restype = ctypes.c_int32
+    lib.fa4_forward_support.argtypes = [_TP, _TP, _TP, _TP, _TP, _OP, ctypes.c_char_p,
+                                        ctypes.c_size_t]
+    lib.fa4_forward_support.restype = ctypes.c_int32
+    lib.fa4_last_error.argtypes = []
+    lib.fa4_last_error.restype = ctypes.c_char_p
+    lib.fa4_status_name.argtypes = [ctypes.c_int32]
+    lib.fa4_status_name.restype = ctypes.c_char_p
+    lib.fa4_version.argtypes = []
+    lib.fa4_version.restype = ctypes.c_char_p
+    lib.fa4_abi_version.argtypes = []
+    lib.fa4_abi_version.restype = ctypes.c_int32
+    lib.fa4_has_cuda.argtypes = []
+    lib.fa4_has_cuda.restype = ctypes.c_int32
+
+
+def library():
+    """The loaded libfa4 (ctypes.CDLL), loading it on first use. Raises LibraryNotFoundError."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        paths, from_env = _candidates()
+        errors = []
+        for path in paths:
+            if not path.is_file():
+                errors.append(f"{path}: no such file")
+                continue
+            try:
+                lib = ctypes.CDLL(str(path))
+            except OSError as e:  # e.g. a missing dependency such as libcudart
+                errors.append(f"{path}: {e}")
+                continue
+            _declare(lib)
+            abi = lib.fa4_abi_version()
+            if abi < C_API_VERSION:
+                errors.append(f"{path}: C ABI v{abi} is older than the v{C_API_VERSION} this "
+                              "package needs; rebuild libfa4")
+                continue
+            _lib = lib
+            return lib
+        where = (f"${_LIBRARY_ENV}" if from_env else
+                 f"the package (pip install ./python), or set ${_LIBRARY_ENV} to a built libfa4.so")
+        raise LibraryNotFoundError(
+            f"fa4: cannot load libfa4 from {where}: " + "; ".join(errors))
+
+
+def check(status: int) -> None:
+    """Raises the Fa4Error subclass of `status` with the library's thread-local message."""
+    if status == STATUS_OK:
+        return
+    lib = library()
+    message = lib.fa4_last_error().decode("utf-8", errors="replace")
+    cls = _ERROR_CLASSES.get(status, InternalError)
+    if not message:
+        message = f"fa4: call failed with status {status} ({lib.fa4_status_name(status).decode()})"
+    raise cls(message)
+
+
+def default_options() -> Options:
+    """A fa4_options holding the library's defaults (via fa4_options_init)."""
+    o = Options()
+    check(library().fa4_options_init(ctypes.byref(o), ctypes.sizeof(Options)))
+    return o
+
+
+def version() -> str:
+    """libfa4's version string (the CMake project version)."""
+    return library().fa4_version().decode()
+
+
+def has_cuda() -> bool:
+    """True if the loaded libfa4 was built with the CUDA (Hopper) kernels."""
+    return bool(library().fa4_has_cuda())
+
+
+def abi_version() -> int:
+    return int(library().fa4_abi_version())
+
+
+def library_path() -> str:
+    return library()._name
+
+
+def forward(q, k, v, out, lse, options) -> None:
+    check(library().fa4_forward(ctypes.byref(q), ctypes.byref(k), ctypes.byref(v),
+                                ctypes.byref(out), ctypes.byref(lse), ctypes.byref(options)))
+
+
+def backward(dout, q, k, v, out, lse, dq, dk, dv, dsink, options) -> None:
+    check(library().fa4_backward(
+        ctypes.byref(dout), ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(out),
+        ctypes.byref(lse), ctypes.byref(dq), ctypes.byref(dk), ctypes.byref(dv),
+        ctypes.byref(dsink) if dsink is not None else None, ctypes.byref(options)))
+
+
+def forward_support(q, k, v, out, lse, options):
+    """(True, kernel_name) if fa4_forward would run, else (False, reason). Raises nothing for
+    unsupported or invalid arguments (the reason says why)."""
+    buf = ctypes.create_string_buffer(_KERNEL_NAME_CAPACITY)
+    lib = library()
+    status = lib.fa4_forward_support(ctypes.byref(q), ctypes.byref(k), ctypes.byref(v),
+                                     ctypes.byref(out), ctypes.byref(lse), ctypes.byref(options),
+                                     buf, _KERNEL_NAME_CAPACITY)
+    if status == STATUS_OK:
+        return True, buf.value.decode()
+    return False, lib.fa4_last_error().decode("utf-8", errors="replace")

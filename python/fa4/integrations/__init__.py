@@ -1,0 +1,1 @@
+"""Integrations of fa4 with other libraries (import the submodule to register)."""

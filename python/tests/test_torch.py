@@ -1,0 +1,270 @@
+"""torch tests: forward + autograd vs a float64 torch reference, custom-op checks, torch.compile
+with no graph break, CUDA (where a GPU is present). Skipped, loudly, where torch is missing."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: torch tests skipped")
+
+import fa4  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA GPU: CUDA tests skipped")
+EPS = {torch.float32: torch.finfo(torch.float32).eps, torch.float16: 2.0**-10,
+       torch.bfloat16: 2.0**-7}
+# fp32 runs with the software exp2 off: its ~2e-4 relative error is below 16-bit rounding but not
+# fp32's (see test_numpy.py, FP32_EXACT_EXP2).
+def _exp2_opts(dtype):
+    return dict(exp2_emulation_fraction=0.0) if dtype == torch.float32 else {}
+
+
+@pytest.fixture
+def gen(request):
+    g = torch.Generator().manual_seed(zlib.crc32(request.node.nodeid.encode()))
+    return g
+
+
+def _randn(gen, shape, dtype, device="cpu", requires_grad=False):
+    x = torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+    return x.requires_grad_(requires_grad)
+
+
+def ref_attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                  sink=None, upcast=True):
+    """Batched (b, s, h, d) reference in torch; float64 when upcast, else q's dtype ("plain")."""
+    dtype = torch.float64 if upcast else q.dtype
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    sq, sk, h, hkv = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    k = k.repeat_interleave(h // hkv, dim=2)
+    v = v.repeat_interleave(h // hkv, dim=2)
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    left, right = window_size
+    if causal:
+        right = 0
+    i = torch.arange(sq, device=q.device)[:, None]
+    j = torch.arange(sk, device=q.device)[None, :]
+    diag = i + sk - sq
+    mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if left >= 0:
+        mask &= j >= diag - left
+    if right >= 0:
+        mask &= j <= diag + right
+    s = s.masked_fill(~mask, float("-inf"))
+    if sink is not None:
+        sink_col = sink.to(s.dtype)[None, :, None, None].expand(s.shape[0], h, sq, 1)
+        lse = torch.logsumexp(torch.cat([s, sink_col], dim=-1), dim=-1)
+    else:
+        lse = torch.logsumexp(s, dim=-1)
+    safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    p = torch.exp(s - safe[..., None])
+    out = torch.einsum("bhqk,bkhd->bqhd", p.to(v.dtype), v)
+    return out, lse
+
+
+def _err(x, ref):
+    x, ref = x.double(), ref.double()
+    both = torch.isinf(ref) & (x == ref)
+    d = torch.where(both, torch.zeros_like(ref), (x - ref).abs())
+    return d.max().item() if d.numel() else 0.0
+
+
+def _assert_rule(name, got, ref, plain, dtype, atol_scale=2.0):
+    err, base = _err(got, ref), _err(plain, ref)
+    mag = max(1.0, ref[torch.isfinite(ref)].abs().max().item() if ref.numel() else 0.0)
+    atol = atol_scale * EPS[dtype] * mag
+    assert err <= 2 * base + atol, f"{name}: err {err:.3e} > 2 * plain {base:.3e} + {atol:.3e}"
+
+
+CASES = [
+    dict(b=2, sq=40, sk=70, h=4, hkv=2, d=32),
+    dict(b=1, sq=64, sk=64, h=4, hkv=1, d=64, causal=True),
+    dict(b=2, sq=33, sk=90, h=2, hkv=2, d=32, window_size=(10, 4)),
+    dict(b=1, sq=50, sk=60, h=4, hkv=2, d=32, causal=True, softcap=3.0, sink=True),
+]
+CASE_IDS = ["gqa", "causal_mqa", "window", "softcap_sink"]
+
+
+def _run_case(gen, dtype, device, cfg):
+    cfg = dict(cfg)
+    b, sq, sk, h, hkv, d = (cfg.pop(n) for n in ("b", "sq", "sk", "h", "hkv", "d"))
+    q = _randn(gen, (b, sq, h, d), dtype, device, True)
+    k = _randn(gen, (b, sk, hkv, d), dtype, device, True)
+    v = _randn(gen, (b, sk, hkv, d), dtype, device, True)
+    if cfg.pop("sink", False):
+        cfg["sink"] = _randn(gen, (h,), torch.float32, device, True)
+    return q, k, v, cfg
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("cfg", CASES, ids=CASE_IDS)
+def test_cpu_forward_and_autograd_match_fp64(gen, dtype, cfg):
+    q, k, v, opts = _run_case(gen, dtype, "cpu", cfg)
+    out, lse = fa4.flash_attn_func(q, k, v, return_lse=True, **opts, **_exp2_opts(dtype))
+    assert out.dtype == dtype and lse.dtype == torch.float32 and not lse.requires_grad
+    o64, l64 = ref_attention(q, k, v, **opts)
+    op, lp = ref_attention(q, k, v, upcast=False, **opts)
+    _assert_rule("out", out, o64, op, dtype)
+    _assert_rule("lse", lse, l64, lp.float(), torch.float32, atol_scale=4.0)
+
+    dout = _randn(gen, out.shape, dtype)
+    inputs = [q, k, v] + ([opts["sink"]] if "sink" in opts else [])
+    g = torch.autograd.grad(out, inputs, dout)
+    g64 = torch.autograd.grad(o64, inputs, dout.double())
+    gp = torch.autograd.grad(op, inputs, dout)
+    for name, a, r, p in zip(["dq", "dk", "dv", "dsink"], g, g64, gp):
+        assert a.dtype == r.dtype or name == "dsink" or a.dtype == dtype
+        _assert_rule(name, a, r, p, dtype if name != "dsink" else torch.float32, atol_scale=4.0)
+
+
+def test_cpu_varlen_autograd(gen):
+    lens_q, lens_k = [9, 0, 33], [9, 12, 40]
+    h, hkv, d = 4, 2, 32
+    cu_q = torch.tensor([0, 9, 9, 42], dtype=torch.int32)
+    cu_k = torch.tensor([0, 9, 21, 61], dtype=torch.int32)
+    q = _randn(gen, (42, h, d), torch.float32, requires_grad=True)
+    k = _randn(gen, (61, hkv, d), torch.float32, requires_grad=True)
+    v = _randn(gen, (61, hkv, d), torch.float32, requires_grad=True)
+    out = fa4.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                     exp2_emulation_fraction=0.0)
+    dout = _randn(gen, out.shape, torch.float32)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    # Per-sequence batched references, stitched together.
+    for bq, bk in ((slice(0, 9), slice(0, 9)), (slice(9, 9), slice(9, 21)), (slice(9, 42), slice(21, 61))):
+        qs, ks, vs = (x.detach()[s][None].requires_grad_() for x, s in ((q, bq), (k, bk), (v, bk)))
+        o64, _ = ref_attention(qs, ks, vs, causal=True)
+        op, _ = ref_attention(qs, ks, vs, causal=True, upcast=False)
+        _assert_rule("out", out[bq], o64[0], op[0], torch.float32)
+        if qs.shape[1] == 0:
+            assert torch.all(dk[bk] == 0) and torch.all(dv[bk] == 0)  # keys nobody sees
+            continue
+        g64 = torch.autograd.grad(o64, (qs, ks, vs), dout[bq][None].double())
+        gp = torch.autograd.grad(op, (qs, ks, vs), dout[bq][None])
+        for name, a, r, p in zip(["dq", "dk", "dv"], (dq[bq], dk[bk], dv[bk]), g64, gp):
+            _assert_rule(name, a, r[0], p[0], torch.float32, atol_scale=4.0)
+
+
+def test_noncontiguous_grad_and_inputs(gen):
+    # out.sum() gives an expanded (stride 0) gradient; q is a transposed view.
+    base = _randn(gen, (1, 4, 24, 32), torch.float32)
+    q = base.transpose(1, 2).requires_grad_()
+    k = _randn(gen, (1, 24, 4, 32), torch.float32, requires_grad=True)
+    v = _randn(gen, (1, 24, 4, 32), torch.float32, requires_grad=True)
+    fa4.flash_attn_func(q, k, v, causal=True, exp2_emulation_fraction=0.0).sum().backward()
+    q2, k2, v2 = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    ref_attention(q2, k2, v2, causal=True)[0].sum().backward()
+    for a, r in ((q.grad, q2.grad), (k.grad, k2.grad), (v.grad, v2.grad)):
+        assert _err(a, r) < 1e-4
+
+
+def test_errors_are_fa4_errors(gen):
+    q = _randn(gen, (1, 8, 2, 16), torch.float32)
+    with pytest.raises(fa4.InvalidArgumentError, match="float64"):
+        fa4.flash_attn_func(q.double(), q.double(), q.double())
+    with pytest.raises(fa4.InvalidArgumentError, match=r"headdim"):
+        fa4.flash_attn_func(q, q[..., :8], q)
+    with pytest.raises(fa4.InvalidArgumentError, match="numpy"):
+        fa4.flash_attn_func(q, q.numpy(), q)
+
+
+def _op_args(gen, device="cpu", dtype=torch.float32):
+    q = _randn(gen, (2, 16, 4, 32), dtype, device, True)
+    k = _randn(gen, (2, 24, 2, 32), dtype, device, True)
+    v = _randn(gen, (2, 24, 2, 32), dtype, device, True)
+    sink = _randn(gen, (4,), torch.float32, device, True)
+    return (q, k, v, sink, None, None, None, 0, 0, None, True, -1, -1, 0.0, None, 0.0, "auto",
+            False)
+
+
+def test_opcheck_fwd_and_bwd(gen):
+    args = _op_args(gen)
+    torch.library.opcheck(torch.ops.fa4.fwd.default, args)
+    out, lse = torch.ops.fa4.fwd(*args)
+    dout = torch.randn(out.shape, generator=gen)
+    bargs = (dout, *[a.detach() for a in args[:3]], out.detach(), lse, args[3].detach(),
+             *args[4:])
+    torch.library.opcheck(torch.ops.fa4.bwd.default, bargs)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compile_fullgraph_no_graph_break(gen, backend):
+    q, k, v, sink = _op_args(gen)[:4]
+
+    def loss(q, k, v, sink):
+        out = fa4.flash_attn_func(q, k, v, causal=True, sink=sink, exp2_emulation_fraction=0.0)
+        return (out.float() * torch.linspace(-1, 1, out.shape[-1])).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, fullgraph=True, backend=backend)  # raises on any graph break
+    eager_grads = torch.autograd.grad(loss(q, k, v, sink), (q, k, v, sink))
+    value = compiled(q, k, v, sink)
+    comp_grads = torch.autograd.grad(value, (q, k, v, sink))
+    torch.testing.assert_close(value, loss(q, k, v, sink))
+    for a, b in zip(comp_grads, eager_grads):
+        torch.testing.assert_close(a, b)
+
+
+# ---- CUDA (skipped without a GPU) ----------------------------------------------------------------
+CUDA_CASES = [
+    dict(b=2, sq=200, sk=333, h=4, hkv=2, d=64),
+    dict(b=1, sq=300, sk=300, h=8, hkv=1, d=128, causal=True),
+    dict(b=2, sq=130, sk=260, h=4, hkv=4, d=64, window_size=(40, 7)),
+    dict(b=1, sq=1, sk=500, h=8, hkv=2, d=128, causal=True),
+]
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("cfg", CUDA_CASES, ids=["gqa", "causal_mqa", "window", "decode"])
+def test_cuda_forward_matches_fp64(gen, dtype, cfg):
+    if not fa4.has_cuda():
+        pytest.fail("a CUDA GPU is present but libfa4 was built without CUDA")
+    q, k, v, opts = _run_case(gen, dtype, "cuda", cfg)
+    ok, why = fa4.forward_support(q, k, v, torch.empty_like(q), torch.empty(
+        q.shape[0], q.shape[2], q.shape[1], device="cuda"), **opts)
+    if not ok:
+        pytest.skip(f"no Hopper kernel for this case: {why}")
+    out, lse = fa4.flash_attn_func(q, k, v, return_lse=True, **opts)
+    o64, l64 = ref_attention(q, k, v, **opts)
+    op, lp = ref_attention(q, k, v, upcast=False, **opts)
+    _assert_rule("out", out, o64, op, dtype)
+    _assert_rule("lse", lse, l64, lp.float(), torch.float32, atol_scale=4.0)
+
+
+@needs_cuda
+def test_cuda_runs_on_current_stream(gen):
+    q = _randn(gen, (2, 256, 4, 64), torch.bfloat16, "cuda")
+    expected = fa4.flash_attn_func(q, q, q, causal=True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        got = fa4.flash_attn_func(q, q, q, causal=True)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@needs_cuda
+def test_cuda_backward_is_not_silent(gen):
+    q = _randn(gen, (1, 64, 2, 64), torch.bfloat16, "cuda", True)
+    out = fa4.flash_attn_func(q, q, q, causal=True)
+    try:
+        out.sum().backward()
+    except NotImplementedError as e:  # fa4.UnsupportedError until the GPU backward exists
+        assert isinstance(e, fa4.UnsupportedError) and "backward" in str(e)
+    else:  # once it exists it must be right
+        q2 = q.detach().clone().requires_grad_()
+        ref_attention(q2, q2, q2, causal=True)[0].sum().backward()
+        assert _err(q.grad.float(), q2.grad) < 5e-2
+
+
+@needs_cuda
+def test_cuda_compile_fullgraph(gen):
+    q = _randn(gen, (2, 128, 4, 64), torch.bfloat16, "cuda")
+    f = torch.compile(lambda q: fa4.flash_attn_func(q, q, q, causal=True) * 2, fullgraph=True)
+    torch.testing.assert_close(f(q), fa4.flash_attn_func(q, q, q, causal=True) * 2)
