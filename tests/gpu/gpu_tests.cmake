@@ -1,0 +1,17 @@
+# tests/gpu/gpu_tests.cmake — included by tests/CMakeLists.txt when FA4_WITH_CUDA.
+# Every tests/gpu/*.cu and tests/gpu/*.cpp goes into ONE executable, fa4_gpu_tests (label gpu).
+# Each test GTEST_SKIP()s with a message where no CUDA device exists, so the suite also runs (and
+# passes as skipped) on a build machine without a GPU.
+file(GLOB FA4_GPU_TEST_SOURCES CONFIGURE_DEPENDS
+  ${CMAKE_CURRENT_LIST_DIR}/*.cu
+  ${CMAKE_CURRENT_LIST_DIR}/*.cpp)
+if(FA4_GPU_TEST_SOURCES)
+  add_executable(fa4_gpu_tests ${FA4_GPU_TEST_SOURCES})
+  # sm_90a: the 'a' target enables wgmma/setmaxnreg; CMAKE_CUDA_ARCHITECTURES is OFF (top level).
+  target_compile_options(fa4_gpu_tests PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a>)
+  target_include_directories(fa4_gpu_tests PRIVATE
+    ${PROJECT_SOURCE_DIR}/src ${CMAKE_CURRENT_LIST_DIR}/..)
+  target_link_libraries(fa4_gpu_tests PRIVATE fa4::fa4 GTest::gtest_main CUDA::cudart)
+  gtest_discover_tests(fa4_gpu_tests DISCOVERY_TIMEOUT 120 PROPERTIES LABELS gpu)
+endif()
