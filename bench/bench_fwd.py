@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Forward attention benchmark: fa4's Hopper kernel next to torch SDPA (cuDNN and FLASH backends),
+in ONE process, on one GPU, timed with triton.testing.do_bench (median, CUDA events).
+
+Shapes (FA3/FA4 papers' convention): batch*seqlen = 16k tokens, num_heads*headdim = 2048, head
+dims 64/128/256, seqlen 512..16k, causal and not; Llama-3.1-8B prefill (32 q heads, 8 kv heads,
+d128, causal, seqlen 8k); a varlen batch; and an ablation of the FA4 knobs (exp2 emulation share,
+lazy rescaling tau, LPT tile order via FA4_HOPPER_LPT). FLOPs = 4*b*h*sq*sk*d (x0.5 causal).
+
+Usage (on the GPU machine, from the repo root):
+    PYTHONPATH=python FA4_LIBRARY=build-hopper/src/libfa4.so python3 bench/bench_fwd.py OUT.json [--quick]
+Writes OUT.json (git commit, GPU, clocks, date, versions, rows) and OUT.png (plot).
+"""
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import fa4
+
+
+def sh(cmd):
+    try:
+        return subprocess.check_output(cmd, shell=True, text=True, stderr=subprocess.DEVNULL).strip()
+    except Exception:
+        return None
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def tflops(flops, ms):
+    return round(flops / ms / 1e9, 1)
+
+
+def time_fa4(q, k, v, causal, **kw):
+    return bench(lambda: fa4.flash_attn_func(q, k, v, causal=causal, **kw))
+
+
+def time_sdpa(q, k, v, causal, backend):
+    # SDPA takes (b, h, s, d); give it its natural contiguous layout. GQA via enable_gqa.
+    qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+    gqa = qt.shape[1] != kt.shape[1]
+    try:
+        with sdpa_kernel([backend]):
+            fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=gqa)
+            fn()
+            return bench(fn)
+    except Exception:
+        return None
+
+
+def check_close(q, k, v, causal):
+    """Sanity check of the timed kernel against SDPA (math on fp32) on the same inputs."""
+    o = fa4.flash_attn_func(q, k, v, causal=causal)
+    qt, kt, vt = (x.transpose(1, 2).float() for x in (q, k, v))
+    ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+                                         enable_gqa=qt.shape[1] != kt.shape[1]).transpose(1, 2)
+    return float((o.float() - ref).abs().max())
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_json")
+    ap.add_argument("--quick", action="store_true", help="d64/d128 only, fewer seqlens, no ablation")
+    args = ap.parse_args()
+    dev = torch.cuda.get_device_name()
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        # The device gets a copy of the tree without .git: FA4_GIT_COMMIT carries the hash there.
+        "git_commit": sh("git rev-parse HEAD") or os.environ.get("FA4_GIT_COMMIT"),
+        "git_dirty": bool(sh("git status --porcelain")),
+        "gpu": dev,
+        "clocks": sh("nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu --format=csv"),
+        "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "triton": triton.__version__,
+        "cuda": torch.version.cuda, "fa4": fa4.version(),
+    }
+    print(json.dumps(meta), flush=True)
+    rows = []
+    dt = torch.bfloat16
+    hdims = [64, 128] if args.quick else [64, 128, 256]
+    seqlens = [1024, 4096, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
+
+    def add(row):
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    for hdim in hdims:
+        nheads = 2048 // hdim
+        for causal in [False, True]:
+            for seqlen in seqlens:
+                batch = 16384 // seqlen
+                q, k, v = (torch.randn(batch, seqlen, nheads, hdim, device="cuda", dtype=dt) for _ in range(3))
+                flops = 4 * batch * nheads * seqlen * seqlen * hdim * (0.5 if causal else 1.0)
+                r = {"kind": "standard", "hdim": hdim, "causal": causal, "seqlen": seqlen, "batch": batch,
+                     "nheads": nheads}
+                r["fa4"] = tflops(flops, time_fa4(q, k, v, causal))
+                for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+                    ms = time_sdpa(q, k, v, causal, be)
+                    r[name] = tflops(flops, ms) if ms else None
+                r["ratio_cudnn"] = round(r["fa4"] / r["cudnn"], 3) if r["cudnn"] else None
+                if seqlen == seqlens[0]:
+                    r["max_abs_err_vs_fp32"] = check_close(q, k, v, causal)
+                add(r)
+                del q, k, v
+
+    if not args.quick:
+        # Llama-3.1-8B prefill: 32 q heads, 8 kv heads, d128, causal, seqlen 8k.
+        q = torch.randn(1, 8192, 32, 128, device="cuda", dtype=dt)
+        k, v = (torch.randn(1, 8192, 8, 128, device="cuda", dtype=dt) for _ in range(2))
+        flops = 4 * 32 * 8192 * 8192 * 128 * 0.5
+        r = {"kind": "llama3.1-8b", "hdim": 128, "causal": True, "seqlen": 8192, "batch": 1, "nheads": 32}
+        r["fa4"] = tflops(flops, time_fa4(q, k, v, True))
+        for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+            ms = time_sdpa(q, k, v, True, be)
+            r[name] = tflops(flops, ms) if ms else None
+        r["ratio_cudnn"] = round(r["fa4"] / r["cudnn"], 3) if r["cudnn"] else None
+        add(r)
+
+        # Varlen batch: mixed lengths packed, d128, 16 heads, causal.
+        lens = [8192, 4096, 2048, 1024, 512, 256, 128, 77, 3000, 1]
+        tot = sum(lens)
+        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device="cuda", dtype=torch.int32)
+        qv, kv, vv = (torch.randn(tot, 16, 128, device="cuda", dtype=dt) for _ in range(3))
+        flops = sum(4 * 16 * s * s * 128 * 0.5 for s in lens)
+        ms = bench(lambda: fa4.flash_attn_varlen_func(qv, kv, vv, cu, cu, max(lens), max(lens), causal=True))
+        add({"kind": "varlen", "hdim": 128, "causal": True, "lens": lens, "fa4": tflops(flops, ms)})
+
+        # Ablation: d64 and d128, seqlen 4k (and causal for LPT).
+        for hdim in [64, 128]:
+            nheads = 2048 // hdim
+            for causal in [False, True]:
+                q, k, v = (torch.randn(4, 4096, nheads, hdim, device="cuda", dtype=dt) for _ in range(3))
+                flops = 4 * 4 * nheads * 4096 * 4096 * hdim * (0.5 if causal else 1.0)
+                for frac in [0.0, 0.125, 0.25, 0.5]:
+                    add({"kind": "ablation_exp2", "hdim": hdim, "causal": causal, "exp2_fraction": frac,
+                         "fa4": tflops(flops, time_fa4(q, k, v, causal, exp2_emulation_fraction=frac))})
+                for tau in [0.0, 8.0]:
+                    add({"kind": "ablation_tau", "hdim": hdim, "causal": causal, "tau": tau,
+                         "fa4": tflops(flops, time_fa4(q, k, v, causal, rescale_threshold=tau))})
+                for lpt in ["0", "1"]:
+                    os.environ["FA4_HOPPER_LPT"] = lpt
+                    add({"kind": "ablation_lpt", "hdim": hdim, "causal": causal, "lpt": lpt == "1",
+                         "fa4": tflops(flops, time_fa4(q, k, v, causal))})
+                os.environ.pop("FA4_HOPPER_LPT", None)
+                del q, k, v
+
+    json.dump({"meta": meta, "rows": rows}, open(args.out_json, "w"), indent=1)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        std = [r for r in rows if r["kind"] == "standard"]
+        fig, axes = plt.subplots(2, len(hdims), figsize=(5 * len(hdims), 7), squeeze=False)
+        for ci, causal in enumerate([False, True]):
+            for hi, hdim in enumerate(hdims):
+                ax = axes[ci][hi]
+                sel = [r for r in std if r["hdim"] == hdim and r["causal"] == causal]
+                xs = [r["seqlen"] for r in sel]
+                for key in ("fa4", "cudnn", "flash"):
+                    ax.plot(xs, [r[key] or 0 for r in sel], marker="o", label=key)
+                ax.set_xscale("log", base=2)
+                ax.set_title(f"fwd d{hdim} {'causal' if causal else 'non-causal'}")
+                ax.set_xlabel("seqlen")
+                ax.set_ylabel("TFLOP/s")
+                ax.legend()
+        fig.suptitle(f"{dev} bf16 forward")
+        fig.tight_layout()
+        fig.savefig(os.path.splitext(args.out_json)[0] + ".png", dpi=90)
+    except Exception as e:  # the JSON is the result; the plot is a convenience
+        print("plot failed:", e, file=sys.stderr)
+    print("\n%-8s %-5s %-6s %7s %7s %7s %6s" % ("hdim", "causal", "seqlen", "fa4", "cudnn", "flash", "ratio"))
+    for r in rows:
+        if r["kind"] == "standard":
+            print("%-8d %-5s %-6d %7s %7s %7s %6s" % (r["hdim"], r["causal"], r["seqlen"], r["fa4"], r["cudnn"],
+                                                     r["flash"], r["ratio_cudnn"]))
+        elif r["kind"] != "standard":
+            print(json.dumps(r))
+
+
+if __name__ == "__main__":
+    main()

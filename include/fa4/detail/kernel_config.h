@@ -1,0 +1,88 @@
+// fa4/detail/kernel_config.h — THE tuning table of the Hopper (sm_90a) forward kernels.
+//
+// One row per compiled (headdim, headdim_v) bucket. Every knob that changes speed but not the maths
+// lives here, with a name, so a tuning change is a one-line diff and the host selector
+// (src/hopper/hopper_api.cu), the kernel (src/hopper/kernel_fwd.cuh), the generator
+// (scripts/generate_kernels.py) and the benchmark read the same numbers. constexpr: usable from
+// host code (g++) and device code (nvcc) alike.
+//
+// Tile geometry follows FlashAttention-3 (hopper/tile_size.h) for 16-bit inputs: 128 query rows per
+// CTA split over two consumer warpgroups (64 rows each, one wgmma M-extent), key tile chosen so
+// Q + stages * (K + V) fits in the 227 KB of shared memory an sm_90 CTA may use.
+#pragma once
+
+#include <cstdint>
+
+#include "fa4/exp2.h"
+
+namespace fa4::detail {
+
+struct HopperFwdConfig {
+  int32_t headdim;        ///< compiled q/k head dim (inputs with a smaller multiple of 8 are padded)
+  int32_t headdim_v;      ///< compiled v/out head dim
+  int32_t tile_m;         ///< query rows per CTA (2 consumer warpgroups x 64 rows)
+  int32_t tile_n;         ///< keys per pipeline stage; multiple of 16 (k-extent of the PV wgmma)
+  int32_t stages;         ///< depth of the K and V shared-memory rings
+  Exp2Split exp2_split;   ///< default share of exp2 done on the FMA pipe (FA4 Sec. 3)
+  int32_t consumer_regs;  ///< setmaxnreg for the two softmax/MMA warpgroups
+  int32_t producer_regs;  ///< setmaxnreg for the TMA producer warpgroup
+  bool pingpong;          ///< named-barrier ordering of the two warpgroups' wgmma issue
+  float tau_default;      ///< documented default of options.rescale_threshold (log2 units)
+};
+
+/// Registers: 2 x 128 x 240 + 128 x 24 = 64512 <= 65536 per SM (one CTA of 384 threads per SM).
+inline constexpr int32_t kHopperConsumerRegs = 240;
+inline constexpr int32_t kHopperProducerRegs = 24;
+inline constexpr int32_t kHopperTileM = 128;
+inline constexpr float kHopperTauDefault = 8.0f;
+
+// Exp2 splits are in 8-column groups out of a period of 16 groups (fa4/exp2.h). Emulation pays
+// where the MUFU unit (16 ex2/clk/SM) is the bottleneck: small head dims do the fewest MMA FLOPs
+// per exponential. d >= 192 is MMA-bound, so everything stays on MUFU there.
+inline constexpr HopperFwdConfig kHopperFwdConfigs[] = {
+    // d, dv, tile_m, tile_n, stages, exp2_split, regs (consumer, producer), pingpong, tau
+    {64, 64, kHopperTileM, 128, 3, Exp2Split{16, 4}, kHopperConsumerRegs, kHopperProducerRegs, true,
+     kHopperTauDefault},
+    {96, 96, kHopperTileM, 128, 2, Exp2Split{16, 3}, kHopperConsumerRegs, kHopperProducerRegs, true,
+     kHopperTauDefault},
+    {128, 128, kHopperTileM, 128, 2, Exp2Split{16, 2}, kHopperConsumerRegs, kHopperProducerRegs,
+     true, kHopperTauDefault},
+    {192, 128, kHopperTileM, 112, 2, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs,
+     false, kHopperTauDefault},
+    {192, 192, kHopperTileM, 96, 2, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs,
+     false, kHopperTauDefault},
+    {256, 256, kHopperTileM, 80, 2, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs,
+     false, kHopperTauDefault},
+};
+inline constexpr int32_t kHopperNumFwdConfigs =
+    int32_t(sizeof(kHopperFwdConfigs) / sizeof(kHopperFwdConfigs[0]));
+
+/// Row of the table for the compiled bucket (headdim, headdim_v); nullptr if none.
+constexpr const HopperFwdConfig* find_hopper_fwd_config(int32_t headdim, int32_t headdim_v) {
+  for (int32_t i = 0; i < kHopperNumFwdConfigs; ++i)
+    if (kHopperFwdConfigs[i].headdim == headdim && kHopperFwdConfigs[i].headdim_v == headdim_v)
+      return &kHopperFwdConfigs[i];
+  return nullptr;
+}
+
+/// The row a compile-time instantiation uses (a compile error if the bucket has no row).
+constexpr HopperFwdConfig hopper_fwd_config(int32_t headdim, int32_t headdim_v) {
+  const HopperFwdConfig* c = find_hopper_fwd_config(headdim, headdim_v);
+  return c ? *c : throw "fa4: no Hopper forward config for this (headdim, headdim_v)";
+}
+
+/// Compiled bucket an input (headdim, headdim_v) runs on: the smallest row with headdim >= d and
+/// headdim_v >= dv, preferring equal q/v dims. Returns nullptr if none fits.
+constexpr const HopperFwdConfig* hopper_fwd_bucket(int32_t d, int32_t dv) {
+  const HopperFwdConfig* best = nullptr;
+  for (int32_t i = 0; i < kHopperNumFwdConfigs; ++i) {
+    const HopperFwdConfig& c = kHopperFwdConfigs[i];
+    if (c.headdim < d || c.headdim_v < dv) continue;
+    if (!best || c.headdim < best->headdim ||
+        (c.headdim == best->headdim && c.headdim_v < best->headdim_v))
+      best = &c;
+  }
+  return best;
+}
+
+}  // namespace fa4::detail

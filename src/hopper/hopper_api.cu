@@ -1,0 +1,192 @@
+// src/hopper/hopper_api.cu — the Hopper selector (forward_support) and dispatcher (forward).
+// Deliberately free of CuTe: it only sees the run_fwd<dtype, d, dv> declarations, so it compiles
+// in seconds; the kernels live in src/hopper/instantiations/*.cu.
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fa4/detail/kernel_config.h"
+#include "fa4/error.h"
+#include "hopper/hopper_api.h"
+#include "hopper/launch_fwd.h"
+
+namespace fa4::hopper {
+namespace {
+
+constexpr int64_t kTmaAlignBytes = 16;   // TMA: global base and every stride, in bytes
+constexpr int64_t kTmaMaxStrideBytes = int64_t(1) << 40;
+constexpr int kHopperMajor = 9, kHopperMinor = 0;
+
+struct DeviceFacts {
+  bool queried = false;
+  std::string error;  // non-empty: not usable
+  int num_sms = 0;
+  int64_t l2_bytes = 0;
+};
+
+const DeviceFacts& device_facts(int index) {
+  static std::mutex mu;
+  static std::vector<DeviceFacts> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (index < 0) index = 0;
+  if (size_t(index) >= cache.size()) cache.resize(index + 1);
+  DeviceFacts& f = cache[index];
+  if (f.queried) return f;
+  f.queried = true;
+  int major = 0, minor = 0, l2 = 0;
+  cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&f.num_sms, cudaDevAttrMultiProcessorCount, index);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, index);
+  if (e != cudaSuccess) {
+    f.error = std::string("cannot query cuda:") + std::to_string(index) + " (" + cudaGetErrorString(e) + ")";
+    cudaGetLastError();
+    return f;
+  }
+  f.l2_bytes = l2;
+  if (major != kHopperMajor || minor != kHopperMinor)
+    f.error = "the Hopper kernels need a compute capability 9.0 GPU (H100/H200); cuda:" +
+              std::to_string(index) + " is " + std::to_string(major) + "." + std::to_string(minor);
+  return f;
+}
+
+/// Which buckets this build compiled (CMake FA4_HOPPER_HEADDIMS).
+bool bucket_compiled(int d, int dv) {
+#define FA4_CHECK_BUCKET(D, DV, MACRO) \
+  if (d == D && dv == DV) return MACRO + 0 == 1;
+#ifndef FA4_HOPPER_HAS_64_64
+#define FA4_HOPPER_HAS_64_64 0
+#endif
+#ifndef FA4_HOPPER_HAS_96_96
+#define FA4_HOPPER_HAS_96_96 0
+#endif
+#ifndef FA4_HOPPER_HAS_128_128
+#define FA4_HOPPER_HAS_128_128 0
+#endif
+#ifndef FA4_HOPPER_HAS_192_128
+#define FA4_HOPPER_HAS_192_128 0
+#endif
+#ifndef FA4_HOPPER_HAS_192_192
+#define FA4_HOPPER_HAS_192_192 0
+#endif
+#ifndef FA4_HOPPER_HAS_256_256
+#define FA4_HOPPER_HAS_256_256 0
+#endif
+  FA4_CHECK_BUCKET(64, 64, FA4_HOPPER_HAS_64_64)
+  FA4_CHECK_BUCKET(96, 96, FA4_HOPPER_HAS_96_96)
+  FA4_CHECK_BUCKET(128, 128, FA4_HOPPER_HAS_128_128)
+  FA4_CHECK_BUCKET(192, 128, FA4_HOPPER_HAS_192_128)
+  FA4_CHECK_BUCKET(192, 192, FA4_HOPPER_HAS_192_192)
+  FA4_CHECK_BUCKET(256, 256, FA4_HOPPER_HAS_256_256)
+#undef FA4_CHECK_BUCKET
+  return false;
+}
+
+/// TMA rules for one of q/k/v: 16-byte aligned base, positive 16-byte-multiple strides on every
+/// dimension of extent > 1 (size-1 dims are ignored, case C20).
+std::string check_tma_tensor(const char* name, const void* ptr, const detail::RowStrides& s,
+                             int64_t rows, int64_t heads, int64_t batch, bool varlen, int64_t elem) {
+  if (reinterpret_cast<uintptr_t>(ptr) % kTmaAlignBytes != 0)
+    return std::string(name) + ".data must be 16-byte aligned for the Hopper TMA loads";
+  struct Dim { const char* what; int64_t extent; int64_t stride; };
+  const Dim dims[] = {{"row (sequence)", rows, s.row}, {"head", heads, s.head},
+                      {"batch", varlen ? 1 : batch, s.batch}};
+  for (const Dim& d : dims) {
+    if (d.extent <= 1) continue;
+    const int64_t bytes = d.stride * elem;
+    if (d.stride <= 0 || bytes % kTmaAlignBytes != 0 || bytes >= kTmaMaxStrideBytes)
+      return std::string(name) + " " + d.what + " stride = " + std::to_string(d.stride) +
+             " elements must be positive and a multiple of 16 bytes (" +
+             std::to_string(kTmaAlignBytes / elem) + " elements) for the Hopper TMA loads";
+  }
+  return "";
+}
+
+std::string dtype_tag(DType t) { return t == DType::kBF16 ? "bf16" : "fp16"; }
+
+}  // namespace
+
+std::string forward_support(const detail::FwdParams& p, std::string* kernel_name) {
+  if (p.dtype != DType::kBF16 && p.dtype != DType::kFP16)
+    return std::string("the Hopper kernels support bf16 and fp16 only; q.dtype is ") +
+           dtype_name(p.dtype) + " (use CPU tensors for fp32)";
+  const DeviceFacts& f = device_facts(p.device.index);
+  if (!f.error.empty()) return f.error;
+  if (p.headdim % 8 != 0 || p.headdim_v % 8 != 0)
+    return "the Hopper kernels need headdim and headdim_v to be multiples of 8 (16-byte TMA rows); got " +
+           std::to_string(p.headdim) + " and " + std::to_string(p.headdim_v);
+  const detail::HopperFwdConfig* c = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
+  if (!c)
+    return "no Hopper kernel for headdim " + std::to_string(p.headdim) + ", headdim_v " +
+           std::to_string(p.headdim_v) + " (supported: headdim = headdim_v <= 256, or headdim <= 192 "
+           "with headdim_v <= 128, multiples of 8)";
+  if (!bucket_compiled(c->headdim, c->headdim_v))
+    return "the Hopper kernel for headdim bucket " + std::to_string(c->headdim) + "x" +
+           std::to_string(c->headdim_v) + " was not compiled in this build (CMake FA4_HOPPER_HEADDIMS)";
+  const int64_t elem = dtype_size(p.dtype);
+  const int64_t rows_q = p.is_varlen ? p.total_q : p.seqlen_q;
+  const int64_t rows_k = p.is_varlen ? p.total_k : p.seqlen_k;
+  if (rows_q > INT32_MAX || rows_k > INT32_MAX)
+    return "the Hopper kernels address at most 2^31-1 rows of q and of k/v";
+  std::string why = check_tma_tensor("q", p.q, p.q_stride, rows_q, p.num_heads, p.batch, p.is_varlen, elem);
+  if (why.empty()) why = check_tma_tensor("k", p.k, p.k_stride, rows_k, p.num_heads_kv, p.batch, p.is_varlen, elem);
+  if (why.empty()) why = check_tma_tensor("v", p.v, p.v_stride, rows_k, p.num_heads_kv, p.batch, p.is_varlen, elem);
+  if (!why.empty()) return why;
+  if (kernel_name) {
+    *kernel_name = "hopper::fwd_" + dtype_tag(p.dtype) + "_hdim" + std::to_string(c->headdim) +
+                   (c->headdim_v != c->headdim ? "x" + std::to_string(c->headdim_v) : "");
+    if (c->headdim != p.headdim || c->headdim_v != p.headdim_v)
+      *kernel_name += " (padded from " + std::to_string(p.headdim) + "x" + std::to_string(p.headdim_v) + ")";
+  }
+  return "";
+}
+
+void forward(const detail::FwdParams& p) {
+  const std::string why = forward_support(p, nullptr);
+  if (!why.empty()) throw Error(ErrorCode::kUnsupported, "fa4::forward (hopper): " + why);
+  const DeviceFacts& f = device_facts(p.device.index);
+  LaunchContext ctx;
+  ctx.num_sms = f.num_sms;
+  ctx.l2_bytes = f.l2_bytes;
+  // LPT + L2 sections pay where tiles differ in cost (causal/window masks, varlen). For dense
+  // non-causal problems the plain order (m fastest) already keeps one head's K/V hot in L2, and
+  // interleaving heads measured 5% slower (bench/results, d128). FA4_HOPPER_LPT=0/1 forces it
+  // off/on for the ablation.
+  const char* lpt = std::getenv("FA4_HOPPER_LPT");
+  if (lpt && std::string(lpt) == "0") ctx.lpt = false;
+  else if (lpt && std::string(lpt) == "1") ctx.lpt = true;
+  else ctx.lpt = p.mask.is_local() || p.is_varlen;
+
+  int prev = 0;
+  if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+  if (prev != p.device.index && cudaSetDevice(p.device.index) != cudaSuccess)
+    throw Error(ErrorCode::kCudaError, "fa4::forward (hopper): cudaSetDevice failed");
+  struct Restore {
+    int prev, cur;
+    ~Restore() { if (prev >= 0 && prev != cur) cudaSetDevice(prev); }
+  } restore{prev, p.device.index};
+
+  const detail::HopperFwdConfig* c = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
+  const bool bf16 = p.dtype == DType::kBF16;
+#define FA4_DISPATCH(D, DV)                                                  \
+  if (c->headdim == D && c->headdim_v == DV) {                               \
+    if constexpr (FA4_HOPPER_HAS_##D##_##DV) {                               \
+      if (bf16) run_fwd<int(DType::kBF16), D, DV>(p, ctx);                   \
+      else run_fwd<int(DType::kFP16), D, DV>(p, ctx);                        \
+      return;                                                                \
+    }                                                                        \
+  }
+  FA4_DISPATCH(64, 64)
+  FA4_DISPATCH(96, 96)
+  FA4_DISPATCH(128, 128)
+  FA4_DISPATCH(192, 128)
+  FA4_DISPATCH(192, 192)
+  FA4_DISPATCH(256, 256)
+#undef FA4_DISPATCH
+  throw Error(ErrorCode::kInternal, "fa4::forward (hopper): selector and dispatcher disagree");
+}
+
+}  // namespace fa4::hopper

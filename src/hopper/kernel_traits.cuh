@@ -1,0 +1,151 @@
+// src/hopper/kernel_traits.cuh — compile-time shapes, shared-memory layouts, MMA atoms, TMA types
+// and the kernel's by-value parameter block, for one (dtype, headdim, headdim_v) instantiation.
+//
+// Why CuTe: the wgmma instructions read shared memory through 64-bit matrix descriptors whose
+// swizzle mode must match the layout TMA wrote with; CuTe derives both the TMA box/swizzle and the
+// wgmma descriptors from ONE layout object (GMMA::Layout_*_SW*_Atom tiled to the tile shape), so
+// the two can never disagree. Hand-writing descriptors is the classic source of silent garbage.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/gemm/collective/builders/sm90_common.inl>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "fa4/detail/kernel_config.h"
+#include "fa4/detail/mask.h"
+#include "fa4/exp2.h"
+
+namespace fa4::hopper {
+
+using namespace cute;
+
+template <class Element_, int kHeadDim_, int kHeadDimV_>
+struct FwdKernelTraits {
+  using Element = Element_;
+  using ElementAccum = float;
+  static constexpr detail::HopperFwdConfig kConfig = detail::hopper_fwd_config(kHeadDim_, kHeadDimV_);
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;
+  static constexpr int kBlockM = kConfig.tile_m;
+  static constexpr int kBlockN = kConfig.tile_n;
+  static constexpr int kStages = kConfig.stages;
+  static constexpr int kNumMmaWarpGroups = kBlockM / 64;
+  static constexpr int kNumMmaThreads = kNumMmaWarpGroups * cutlass::NumThreadsPerWarpGroup;
+  static constexpr int kNumThreads = kNumMmaThreads + cutlass::NumThreadsPerWarpGroup;
+  static constexpr int kSplitPeriod = kConfig.exp2_split.period;
+  static constexpr int kSplitEmulated = kConfig.exp2_split.emulated;
+  static constexpr bool kPingPong = kConfig.pingpong && kNumMmaWarpGroups == 2;
+  static_assert(kNumMmaWarpGroups == 2, "the kernel is written for two consumer warpgroups");
+  static_assert(kBlockN % 16 == 0, "tile_n is the k-extent of the PV wgmma (multiple of 16)");
+
+  using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;    // (M, N, K=d)
+  using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kBlockN>>;   // (M, N=dv, K=n)
+
+  // One wgmma atom covers 64 rows; two warpgroups stacked along M cover the 128-row tile.
+  using AtomLayout = Layout<Shape<Int<kNumMmaWarpGroups>, _1, _1>>;
+  using TiledMmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, ElementAccum, TileShapeQK>(), AtomLayout{}));
+  // P comes from registers (RS): the S accumulator is converted to 16 bits in place, no smem trip.
+  // V is stored row-major (dv contiguous) = MN-major for the B operand of O = P V.
+  using TiledMmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, ElementAccum, TileShapePV, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      AtomLayout{}));
+
+  // Swizzled layouts: the widest swizzle (128/64/32 B) that divides the row, so TMA writes and
+  // wgmma reads are bank-conflict free.
+  using SmemLayoutAtomQ = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+                                   GMMA::Major::K, Element, Int<kBlockM>, Int<kHeadDim>>());
+  using SmemLayoutQ = decltype(tile_to_shape(SmemLayoutAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutAtomK = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+                                   GMMA::Major::K, Element, Int<kBlockN>, Int<kHeadDim>>());
+  using SmemLayoutK = decltype(tile_to_shape(
+      SmemLayoutAtomK{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  // V^T view (dv, n, stage) with dv contiguous: what TMA writes from row-major V and what the PV
+  // wgmma reads as an MN-major B operand.
+  using SmemLayoutAtomVt = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+                                    GMMA::Major::MN, Element, Int<kHeadDimV>, Int<kBlockN>>());
+  using SmemLayoutVt = decltype(tile_to_shape(
+      SmemLayoutAtomVt{}, Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{}));
+
+  // Global tensors as TMA sees them: (rows, d, head, batch) with d contiguous. V is described
+  // transposed, (d, rows, head, batch), to land in the V^T smem layout.
+  using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using StrideQKV = Stride<int64_t, _1, int64_t, int64_t>;
+  using StrideVt = Stride<_1, int64_t, int64_t, int64_t>;
+
+  using TMA_Q = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      SmemLayoutQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TMA_K = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      take<0, 2>(SmemLayoutK{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TMA_V = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideVt{}),
+      take<0, 2>(SmemLayoutVt{}), Shape<Int<kHeadDimV>, Int<kBlockN>>{}, _1{}));
+
+  // TMA always transfers (and counts) the full box, including out-of-bounds zero fill.
+  static constexpr uint32_t kTmaBytesQ = uint32_t(size(SmemLayoutQ{}) * sizeof(Element));
+  static constexpr uint32_t kTmaBytesK = uint32_t(size(take<0, 2>(SmemLayoutK{})) * sizeof(Element));
+  static constexpr uint32_t kTmaBytesV = uint32_t(size(take<0, 2>(SmemLayoutVt{})) * sizeof(Element));
+
+  using MainloopPipeline = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineState = cutlass::PipelineState<kStages>;
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> smem_q;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> smem_k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutVt>, 1024> smem_v;
+    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;
+    alignas(16) typename MainloopPipeline::SharedStorage pipeline_k;
+    alignas(16) typename MainloopPipeline::SharedStorage pipeline_v;
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-CTA limit");
+
+  /// Everything the kernel reads, passed by value as a __grid_constant__ (TMA descriptors must
+  /// live in param/const/global memory).
+  struct Params {
+    TMA_Q tma_q;
+    TMA_K tma_k;
+    TMA_V tma_v;
+    ShapeQKV shape_q;   // (rows, real d, heads, batch)
+    ShapeQKV shape_k;
+    ShapeQKV shape_vt;  // (real dv, rows, heads_kv, batch)
+
+    void* out{};
+    int64_t out_batch_stride{}, out_row_stride{}, out_head_stride{};
+    bool out_aligned_pairs{};  // two adjacent output elements form one aligned 4-byte word
+    float* lse{};
+    int64_t lse_batch_stride{}, lse_head_stride{}, lse_row_stride{};
+
+    int32_t batch{}, num_heads{}, num_heads_kv{}, group_size{};  // group_size = num_heads / num_heads_kv
+    int32_t seqlen_q{}, seqlen_k{};  // batched: lengths; varlen: maxima (tile count only)
+    int32_t headdim_v{};           // real dv: no store at or past it
+    bool is_varlen{};
+    const int32_t* cu_seqlens_q{};
+    const int32_t* cu_seqlens_k{};
+    const int32_t* seqused_k{};
+    const float* sink{};
+
+    float softmax_scale_log2{};  // multiplies raw q.k (or tanh(.) under softcap) into log2 units
+    float softcap_inv_scale{};   // softmax_scale / softcap (0 when softcap is off)
+    bool has_softcap{};
+    float tau{};                 // lazy-rescaling threshold, log2 units
+    detail::MaskSpec mask{};
+
+    bool exp2_runtime{};         // true: exp2_split below, chosen per call; false: the table's
+    Exp2Split exp2_split{};
+
+    // Tile order (tile_scheduler.cuh).
+    int32_t num_m_blocks{};
+    int32_t num_tiles{};
+    int32_t heads_per_section{};  // L2-aware grouping of (batch, head) pairs
+    bool lpt{};                 // longest-processing-time first (reverse m-blocks)
+  };
+};
+
+}  // namespace fa4::hopper

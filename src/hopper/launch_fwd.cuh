@@ -1,0 +1,127 @@
+// src/hopper/launch_fwd.cuh — host side of one instantiation: FwdParams -> kernel Params (TMA
+// descriptors, tile order), then the persistent launch. Preconditions (alignment, strides, device)
+// were checked by hopper::forward_support, which hopper::forward calls first.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "fa4/error.h"
+#include "hopper/kernel_fwd.cuh"
+#include "hopper/kernel_traits.cuh"
+#include "hopper/launch_fwd.h"
+
+namespace fa4::hopper {
+
+inline void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw Error(ErrorCode::kCudaError,
+                std::string("fa4::forward (hopper): ") + what + ": " + cudaGetErrorString(e));
+}
+
+/// TMA ignores the stride of an extent-1 dimension but still requires a positive multiple of 16
+/// bytes; user strides of size-1 dims may be anything (case C20). Replace such a stride by the
+/// span of the dimensions before it (what a contiguous tensor would have): valid and monotone.
+inline int64_t tma_stride(int64_t extent, int64_t stride, int64_t span_before) {
+  return extent <= 1 ? span_before : stride;
+}
+
+template <int kDType, int kHeadDim, int kHeadDimV>
+void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
+  using namespace cute;
+  using Element = std::conditional_t<kDType == int(DType::kBF16), cutlass::bfloat16_t, cutlass::half_t>;
+  using Kt = FwdKernelTraits<Element, kHeadDim, kHeadDimV>;
+  using Params = typename Kt::Params;
+  constexpr int64_t kElem = sizeof(Element);
+
+  const int32_t batch_t = fp.is_varlen ? 1 : fp.batch;  // TMA batch extent
+  const int32_t rows_q = int32_t(std::max<int64_t>(1, fp.is_varlen ? fp.total_q : fp.seqlen_q));
+  const int32_t rows_k = int32_t(std::max<int64_t>(1, fp.is_varlen ? fp.total_k : fp.seqlen_k));
+  // Spans in elements; the row span uses the padded bucket width (a multiple of 8 elements).
+  auto strides = [&](const detail::RowStrides& s, int32_t rows, int32_t heads) {
+    constexpr int64_t kRowSpan = std::max(kHeadDim, kHeadDimV);
+    const int64_t row = tma_stride(rows, s.row, kRowSpan);
+    const int64_t head = tma_stride(heads, s.head, std::max<int64_t>(kRowSpan, rows * row));
+    const int64_t bat = tma_stride(batch_t, fp.is_varlen ? 0 : s.batch,
+                                   std::max({kRowSpan, rows * row, heads * head}));
+    return make_stride(row, _1{}, head, bat);
+  };
+  auto shape_q = make_shape(rows_q, fp.headdim, fp.num_heads, batch_t);
+  auto shape_k = make_shape(rows_k, fp.headdim, fp.num_heads_kv, batch_t);
+  auto shape_vt = make_shape(fp.headdim_v, rows_k, fp.num_heads_kv, batch_t);
+  auto sq = strides(fp.q_stride, rows_q, fp.num_heads);
+  auto sk = strides(fp.k_stride, rows_k, fp.num_heads_kv);
+  auto sv = strides(fp.v_stride, rows_k, fp.num_heads_kv);
+  auto svt = make_stride(_1{}, get<0>(sv), get<2>(sv), get<3>(sv));
+
+  Tensor mQ = make_tensor(make_gmem_ptr(static_cast<const Element*>(fp.q)), shape_q, sq);
+  Tensor mK = make_tensor(make_gmem_ptr(static_cast<const Element*>(fp.k)), shape_k, sk);
+  Tensor mVt = make_tensor(make_gmem_ptr(static_cast<const Element*>(fp.v)), shape_vt, svt);
+
+  Params p{
+      make_tma_copy(SM90_TMA_LOAD{}, mQ, typename Kt::SmemLayoutQ{},
+                    Shape<Int<Kt::kBlockM>, Int<kHeadDim>>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(typename Kt::SmemLayoutK{}),
+                    Shape<Int<Kt::kBlockN>, Int<kHeadDim>>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, mVt, take<0, 2>(typename Kt::SmemLayoutVt{}),
+                    Shape<Int<kHeadDimV>, Int<Kt::kBlockN>>{}, _1{}),
+      shape_q, shape_k, shape_vt};
+  p.out = fp.out;
+  p.out_batch_stride = fp.out_stride.batch;
+  p.out_row_stride = fp.out_stride.row;
+  p.out_head_stride = fp.out_stride.head;
+  p.out_aligned_pairs = reinterpret_cast<uintptr_t>(fp.out) % (2 * kElem) == 0 &&
+                        (fp.is_varlen || fp.batch <= 1 || fp.out_stride.batch % 2 == 0) &&
+                        fp.out_stride.row % 2 == 0 && fp.out_stride.head % 2 == 0;
+  p.lse = fp.lse;
+  p.lse_batch_stride = fp.lse_batch_stride;
+  p.lse_head_stride = fp.lse_head_stride;
+  p.lse_row_stride = fp.lse_row_stride;
+  p.batch = fp.batch;
+  p.num_heads = fp.num_heads;
+  p.num_heads_kv = fp.num_heads_kv;
+  p.group_size = fp.num_heads / fp.num_heads_kv;
+  p.seqlen_q = fp.seqlen_q;
+  p.seqlen_k = fp.seqlen_k;
+  p.headdim_v = fp.headdim_v;
+  p.is_varlen = fp.is_varlen;
+  p.cu_seqlens_q = fp.cu_seqlens_q;
+  p.cu_seqlens_k = fp.cu_seqlens_k;
+  p.seqused_k = fp.seqused_k;
+  p.sink = fp.sink;
+  constexpr float kLog2e = 1.44269504088896341f;
+  p.has_softcap = fp.softcap > 0.f;
+  // Under softcap the kernel turns raw q.k into tanh(q.k * scale / softcap); the log2-unit logit
+  // is then softcap * log2(e) * tanh(.).
+  p.softmax_scale_log2 = p.has_softcap ? fp.softcap * kLog2e : fp.softmax_scale * kLog2e;
+  p.softcap_inv_scale = p.has_softcap ? fp.softmax_scale / fp.softcap : 0.f;
+  p.tau = fp.rescale_threshold;
+  p.mask = fp.mask;
+  p.exp2_split = fp.exp2_split;
+  p.exp2_runtime = fp.exp2_fraction_given &&
+                   !(fp.exp2_split.period == Kt::kSplitPeriod && fp.exp2_split.emulated == Kt::kSplitEmulated);
+
+  p.num_m_blocks = (fp.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM;
+  const int64_t num_tiles = int64_t(p.num_m_blocks) * fp.num_heads * fp.batch;
+  if (num_tiles == 0) return;
+  if (num_tiles > INT32_MAX)
+    throw Error(ErrorCode::kUnsupported, "fa4::forward (hopper): more than 2^31 tiles");
+  p.num_tiles = int32_t(num_tiles);
+  p.lpt = ctx.lpt;
+  // L2 section: heads whose K+V (all of seqlen_k) together fill about half the L2.
+  const int64_t kv_bytes_per_head =
+      std::max<int64_t>(1, int64_t(fp.seqlen_k) * (fp.headdim + fp.headdim_v) * kElem);
+  const int64_t bh = int64_t(fp.num_heads) * fp.batch;
+  p.heads_per_section = int32_t(std::clamp<int64_t>(ctx.l2_bytes / 2 / kv_bytes_per_head, 1, bh));
+
+  auto kernel = fwd_kernel<Kt>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kt::kSmemBytes),
+             "cudaFuncSetAttribute(max dynamic smem)");
+  const int grid = int(std::min<int64_t>(num_tiles, ctx.num_sms));
+  kernel<<<grid, Kt::kNumThreads, Kt::kSmemBytes, static_cast<cudaStream_t>(fp.device.stream)>>>(p);
+  check_cuda(cudaGetLastError(), "kernel launch");
+}
+
+}  // namespace fa4::hopper

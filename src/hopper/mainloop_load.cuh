@@ -1,0 +1,111 @@
+// src/hopper/mainloop_load.cuh — the producer warp: TMA loads of Q, K, V into shared memory.
+//
+// One warp of the producer warpgroup walks the tile sequence; lane 0 issues every TMA (one thread
+// is enough: a TMA moves a whole box asynchronously and signals an mbarrier with the byte count).
+// K and V go through separate stage rings (cutlass::PipelineTmaAsync: a "full" mbarrier per stage
+// completed by TMA bytes, an "empty" mbarrier completed by the 256 consumer threads). V of block j
+// is issued after K of block j-1 because the consumers use them in that order (S_{j-1} = Q K^T is
+// issued before O += P_j V_j: intra-warpgroup overlap), so neither ring waits on the other.
+// Key blocks are walked from the highest down: the masked diagonal/tail block comes first.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "hopper/arch.cuh"
+#include "hopper/tile_info.cuh"
+
+namespace fa4::hopper {
+
+template <class Kt>
+struct MainloopLoad {
+  using Params = typename Kt::Params;
+  using Pipeline = typename Kt::MainloopPipeline;
+  using PipelineState = typename Kt::PipelineState;
+  static constexpr int kBlockM = Kt::kBlockM;
+  static constexpr int kBlockN = Kt::kBlockN;
+
+  /// Runs on the whole producer warp 0 (named barriers count whole warps); only lane 0 issues.
+  template <class SharedStorage>
+  __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, Pipeline& pipe_k, Pipeline& pipe_v) {
+    using namespace cute;
+    const bool leader = threadIdx.x % 32 == 0;
+    if (leader) {
+      cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+    }
+    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Kt::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Kt::SmemLayoutK{});
+    Tensor sVt = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Kt::SmemLayoutVt{});
+    auto cta_q = p.tma_q.get_slice(_0{});
+    auto cta_k = p.tma_k.get_slice(_0{});
+    auto cta_v = p.tma_v.get_slice(_0{});
+    Tensor tQsQ = group_modes<0, 3>(cta_q.partition_D(sQ));
+    Tensor tKsK = group_modes<0, 3>(cta_k.partition_D(sK));   // (TMA, stage)
+    Tensor tVsV = group_modes<0, 3>(cta_v.partition_D(sVt));  // (TMA, stage)
+    Tensor mQ_all = p.tma_q.get_tma_tensor(p.shape_q);
+    Tensor mK_all = p.tma_k.get_tma_tensor(p.shape_k);
+    Tensor mVt_all = p.tma_v.get_tma_tensor(p.shape_vt);
+
+    PipelineState wr = cutlass::make_producer_start_state<Pipeline>();
+    int q_loads = 0;
+    for (int32_t t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+      const TileInfo ti = make_tile_info<kBlockM, kBlockN>(p, t);
+      if (!ti.has_rows || !ti.has_keys()) continue;  // consumers write the empty rows themselves
+      const int32_t b = p.is_varlen ? 0 : ti.c.batch;
+      const int32_t h_kv = ti.c.head / p.group_size;
+      Tensor gQ = local_tile(domain_offset(make_coord(ti.q_row0, _0{}), mQ_all(_, _, ti.c.head, b)),
+                             Shape<Int<kBlockM>, Int<Kt::kHeadDim>>{}, make_coord(ti.c.m_block, _0{}));
+      Tensor gK = local_tile(domain_offset(make_coord(ti.k_row0, _0{}), mK_all(_, _, h_kv, b)),
+                             Shape<Int<kBlockN>, Int<Kt::kHeadDim>>{}, make_coord(_, _0{}));
+      Tensor gVt = local_tile(domain_offset(make_coord(_0{}, ti.k_row0), mVt_all(_, _, h_kv, b)),
+                              Shape<Int<Kt::kHeadDimV>, Int<kBlockN>>{}, make_coord(_0{}, _));
+      Tensor tQgQ = group_modes<0, 3>(cta_q.partition_S(gQ));
+      Tensor tKgK = group_modes<0, 3>(cta_k.partition_S(gK));   // (TMA, n_block)
+      Tensor tVgV = group_modes<0, 3>(cta_v.partition_S(gVt));  // (TMA, n_block)
+
+      auto load_k = [&](int32_t n, PipelineState st) {
+        if (leader) {
+          pipe_k.producer_acquire(st);
+          copy(p.tma_k.with(*pipe_k.producer_get_barrier(st), 0, TMA::CacheHintSm90::EVICT_LAST),
+               tKgK(_, n), tKsK(_, st.index()));
+        }
+      };
+      auto load_v = [&](int32_t n, PipelineState st) {
+        if (leader) {
+          pipe_v.producer_acquire(st);
+          copy(p.tma_v.with(*pipe_v.producer_get_barrier(st), 0, TMA::CacheHintSm90::EVICT_LAST),
+               tVgV(_, n), tVsV(_, st.index()));
+        }
+      };
+
+      int32_t n = ti.keys.n_block_max - 1;
+      load_k(n, wr);
+      // The Q buffer is single: wait until the consumers finished every Q K^T of the previous tile.
+      if (q_loads > 0) arch::named_barrier_sync(arch::kBarrierQueryEmpty, Kt::kNumMmaThreads + 32);
+      if (leader) {
+        ss.barrier_q.arrive_and_expect_tx(Kt::kTmaBytesQ);
+        copy(p.tma_q.with(reinterpret_cast<uint64_t&>(ss.barrier_q), 0, TMA::CacheHintSm90::EVICT_FIRST),
+             tQgQ, tQsQ);
+      }
+      ++q_loads;
+      for (--n; n >= ti.keys.n_block_min; --n) {
+        PipelineState wr_v = wr;
+        ++wr;
+        load_k(n, wr);
+        load_v(n + 1, wr_v);
+      }
+      load_v(ti.keys.n_block_min, wr);
+      ++wr;
+    }
+    // Absorb the consumers' release of the last Q so every barrier phase is matched at exit.
+    if (q_loads > 0) arch::named_barrier_sync(arch::kBarrierQueryEmpty, Kt::kNumMmaThreads + 32);
+    if (leader) {
+      // Wait until the consumers released every stage: no TMA may still target this CTA's smem.
+      pipe_k.producer_tail(wr);
+      pipe_v.producer_tail(wr);
+    }
+  }
+};
+
+}  // namespace fa4::hopper

@@ -1,0 +1,205 @@
+// src/hopper/mainloop_mma.cuh — a consumer warpgroup's main loop over the key blocks of one tile.
+//
+// Per warpgroup (64 query rows), FA3-style intra-warpgroup overlap:
+//     S_last = Q K_last^T ; softmax -> P
+//     for each further block j (descending):
+//         issue S_j = Q K_j^T          (async wgmma, SS: both operands in smem)
+//         issue O += P V_{j+1}         (async wgmma, RS: P straight from registers)
+//         wait for S_j only            -> softmax of S_j runs while the PV wgmma computes
+//         wait for PV ; rescale O if the warp's maxima moved (lazy, FA4) ; P = convert(S_j)
+//     O += P V_first
+// Ping-pong: the two warpgroups take turns issuing their wgmmas (named barriers), so while one
+// warpgroup's tensor-core work runs, the other does its softmax — MUFU/FMA and tensor cores stay
+// busy together.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "hopper/arch.cuh"
+#include "hopper/softmax.cuh"
+#include "hopper/tile_info.cuh"
+
+namespace fa4::hopper {
+
+/// One wgmma batch: fence the accumulators, issue all k-steps, commit; optionally wait.
+template <bool kZeroInit, int kWait, class TiledMma, class TA, class TB, class TC>
+__device__ __forceinline__ void wgmma(TiledMma& mma, const TA& a, const TB& b, TC& c) {
+  using namespace cute;
+  constexpr bool kIsRS = !cute::is_base_of<GMMA::DescriptorIterator, typename TiledMma::FrgTypeA>::value;
+  if constexpr (kIsRS) warpgroup_fence_operand(const_cast<TA&>(a));
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
+#pragma unroll
+  for (int k = 0; k < size<2>(a); ++k) {
+    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  if constexpr (kWait >= 0) warpgroup_wait<kWait>();
+  warpgroup_fence_operand(c);
+  if constexpr (kIsRS) warpgroup_fence_operand(const_cast<TA&>(a));
+}
+
+/// Accumulator layout ((2,2,N/8),M,N) -> RS A-operand layout ((2,2,2),M,(N/16)): the same registers
+/// in the same order (a k16 slice of A is two adjacent 8-column accumulator groups).
+template <class Layout>
+__device__ __forceinline__ auto acc_to_a_layout(Layout l) {
+  using namespace cute;
+  auto l2 = logical_divide(get<0, 2>(l), Tile<_2>{});
+  return make_layout(make_layout(get<0, 0>(l), get<0, 1>(l), get<0, 0>(l2)), get<1>(l),
+                     coalesce(make_layout(get<0, 1>(l2), get<2>(l))));
+}
+
+/// Two floats -> one 32-bit word of two 16-bit values (round to nearest even; low half = a).
+template <class Element>
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return reinterpret_cast<uint32_t&>(h);
+  } else {
+    __half2 h = __floats2half2_rn(a, b);
+    return reinterpret_cast<uint32_t&>(h);
+  }
+}
+
+template <class Kt>
+struct MainloopMma {
+  using Params = typename Kt::Params;
+  using Pipeline = typename Kt::MainloopPipeline;
+  using PipelineState = typename Kt::PipelineState;
+  using Element = typename Kt::Element;
+  static constexpr int kBlockM = Kt::kBlockM;
+  static constexpr int kBlockN = Kt::kBlockN;
+  static constexpr int kFragS = kBlockN / 2;  // fp32 S values per thread (64 rows x N / 128)
+
+  __device__ __forceinline__ static void scheduler_sync(int wg) {
+    if constexpr (Kt::kPingPong) arch::named_barrier_sync(arch::kBarrierSchedulerWG1 + wg, 2 * 128);
+  }
+  __device__ __forceinline__ static void scheduler_arrive(int wg) {
+    if constexpr (Kt::kPingPong) arch::named_barrier_arrive(arch::kBarrierSchedulerWG1 + (1 - wg), 2 * 128);
+  }
+  /// Warpgroup 0 takes the first turn.
+  __device__ __forceinline__ static void scheduler_init(int wg) {
+    if constexpr (Kt::kPingPong) {
+      if (wg == 0) arch::named_barrier_arrive(arch::kBarrierSchedulerWG1, 2 * 128);
+    }
+  }
+
+  /// Runs the key loop of one tile (which has keys). On return tOrO holds the unnormalised O and
+  /// softmax the row statistics. `tid` is the thread index among the 256 consumer threads.
+  template <class SharedStorage, class FragO>
+  __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, Pipeline& pipe_k, Pipeline& pipe_v,
+                             PipelineState& rd, uint32_t q_phase, const TileInfo& ti, int tid,
+                             FragO& tOrO, OnlineSoftmax<kFragS>& softmax) {
+    using namespace cute;
+    const int wg = tid / 128;
+    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Kt::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Kt::SmemLayoutK{});
+    Tensor sVt = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Kt::SmemLayoutVt{});
+    typename Kt::TiledMmaQK mma_qk;
+    typename Kt::TiledMmaPV mma_pv;
+    // All 128 threads of a warpgroup share one smem descriptor: slice by the warpgroup's thread 0.
+    auto wg_qk = mma_qk.get_slice(wg * 128);
+    auto wg_pv = mma_pv.get_slice(wg * 128);
+    Tensor tSrQ = wg_qk.partition_fragment_A(sQ);   // descriptors (MMA, MMA_M, MMA_K)
+    Tensor tSrK = wg_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stage)
+    Tensor tOrV = wg_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stage)
+    Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    static_assert(decltype(size(tSrS))::value == kFragS);
+    Tensor tOrP = make_tensor<Element>(acc_to_a_layout(tSrS.layout()));
+    Tensor tOrP32 = recast<uint32_t>(tOrP);
+
+    // Rows/cols of this thread (see softmax.cuh for the fragment layout).
+    const int lane = tid % 32;
+    const int row0 = ti.c.m_block * kBlockM + wg * 64 + ((tid % 128) / 32) * 16 + lane / 4;
+    const int col_lane = 2 * (lane % 4);
+    detail::KeyRange vis[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) vis[r] = detail::visible_key_range(row0 + 8 * r, ti.seqlen_q, ti.seqlen_k, p.mask);
+
+    // Scores -> logits in place: softcap (before the mask, so -inf stays -inf), then the mask.
+    auto score_mod = [&](int32_t n_block) {
+      if (p.has_softcap) {
+#pragma unroll
+        for (int v = 0; v < kFragS; ++v) tSrS(v) = tanhf(tSrS(v) * p.softcap_inv_scale);
+      }
+      if (ti.keys.needs_mask(n_block, kBlockN)) {
+        const int32_t k0 = n_block * kBlockN + col_lane;
+#pragma unroll
+        for (int v = 0; v < kFragS; ++v) {
+          const int r = (v >> 1) & 1;
+          const int32_t j = k0 + (v >> 2) * 8 + (v & 1);
+          if (j < vis[r].first || j >= vis[r].last) tSrS(v) = -INFINITY;
+        }
+      }
+    };
+    auto convert_p = [&]() {
+#pragma unroll
+      for (int i = 0; i < kFragS / 2; ++i) tOrP32(i) = pack2<Element>(tSrS(2 * i), tSrS(2 * i + 1));
+    };
+    auto rescale_o = [&](const float (&o_scale)[2]) {
+#pragma unroll
+      for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= o_scale[(v >> 1) & 1];
+    };
+    auto consumer_wait = [](Pipeline& pipe, PipelineState st) {
+      auto token = pipe.consumer_try_wait(st);
+      pipe.consumer_wait(st, token);
+    };
+
+    clear(tOrO);
+    softmax.init();
+    float o_scale[2];
+    int32_t n = ti.keys.n_block_max - 1;
+
+    ss.barrier_q.wait(q_phase);
+    consumer_wait(pipe_k, rd);
+    wgmma</*zero_init=*/true, /*wait=*/0>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS);
+    pipe_k.consumer_release(rd);
+    score_mod(n);
+    softmax.template step<Kt::kSplitPeriod, Kt::kSplitEmulated>(tSrS, p.softmax_scale_log2, p.tau, o_scale,
+                                                               p.exp2_runtime, p.exp2_split);  // O is 0: no rescale needed
+    convert_p();
+    // Varlen: rows of the last key block past seqlen_k are another sequence's (or unused seqused_k)
+    // rows, not TMA zero fill. Their P is exactly 0, but 0 * NaN = NaN in the PV wgmma, so zero
+    // those V rows in smem once (both warpgroups read the stage; fence for the async proxy).
+    const int32_t valid_in_last = ti.seqlen_k - (ti.keys.n_block_max - 1) * kBlockN;
+    if (p.is_varlen && valid_in_last < kBlockN) {
+      consumer_wait(pipe_v, rd);
+      const int32_t invalid = kBlockN - valid_in_last;
+      for (int e = tid; e < invalid * Kt::kHeadDimV; e += Kt::kNumMmaThreads)
+        sVt(e % Kt::kHeadDimV, valid_in_last + e / Kt::kHeadDimV, rd.index()) = Element(0.f);
+      cutlass::arch::fence_view_async_shared();
+      arch::named_barrier_sync(arch::kBarrierConsumers, Kt::kNumMmaThreads);
+    }
+
+#pragma unroll 1
+    for (--n; n >= ti.keys.n_block_min; --n) {
+      PipelineState rd_v = rd;
+      ++rd;
+      consumer_wait(pipe_k, rd);
+      scheduler_sync(wg);
+      wgmma<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS);
+      consumer_wait(pipe_v, rd_v);
+      wgmma<false, -1>(mma_pv, tOrP, tOrV(_, _, _, rd_v.index()), tOrO);
+      scheduler_arrive(wg);
+      warpgroup_wait<1>();  // S_j ready; the PV wgmma keeps running under the softmax
+      pipe_k.consumer_release(rd);
+      score_mod(n);
+      const bool rescale = softmax.template step<Kt::kSplitPeriod, Kt::kSplitEmulated>(tSrS, p.softmax_scale_log2, p.tau, o_scale,
+                                                               p.exp2_runtime, p.exp2_split);
+      warpgroup_wait<0>();
+      pipe_v.consumer_release(rd_v);
+      if (rescale) rescale_o(o_scale);  // warp-uniform branch: skipped for most blocks (lazy)
+      convert_p();
+    }
+    // Every Q K^T of this tile is done: the producer may load the next Q.
+    arch::named_barrier_arrive(arch::kBarrierQueryEmpty, Kt::kNumMmaThreads + 32);
+    consumer_wait(pipe_v, rd);
+    wgmma<false, 0>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);
+    pipe_v.consumer_release(rd);
+    ++rd;
+  }
+};
+
+}  // namespace fa4::hopper

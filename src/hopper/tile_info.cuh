@@ -1,0 +1,45 @@
+// src/hopper/tile_info.cuh — per-tile sequence geometry shared by the producer and consumers.
+#pragma once
+
+#include <cstdint>
+
+#include "hopper/mask.cuh"
+#include "hopper/tile_scheduler.cuh"
+
+namespace fa4::hopper {
+
+struct TileInfo {
+  TileCoord c;
+  int32_t seqlen_q, seqlen_k;  // this sequence (seqused_k applied)
+  int32_t q_row0, k_row0;      // first packed row (varlen) or 0
+  bool has_rows;               // m-block starts inside the sequence
+  TileKeyRange keys;
+
+  __device__ __forceinline__ bool has_keys() const { return keys.n_block_max > keys.n_block_min; }
+};
+
+template <int kBlockM, int kBlockN, class Params>
+__device__ __forceinline__ TileInfo make_tile_info(const Params& p, int32_t t) {
+  TileInfo ti;
+  ti.c = tile_coord(p, t);
+  if (p.is_varlen) {
+    const int32_t b = ti.c.batch;
+    ti.q_row0 = p.cu_seqlens_q[b];
+    ti.k_row0 = p.cu_seqlens_k[b];
+    ti.seqlen_q = p.cu_seqlens_q[b + 1] - ti.q_row0;
+    ti.seqlen_k = p.seqused_k ? p.seqused_k[b] : p.cu_seqlens_k[b + 1] - ti.k_row0;
+  } else {
+    ti.q_row0 = ti.k_row0 = 0;
+    ti.seqlen_q = p.seqlen_q;
+    ti.seqlen_k = p.seqlen_k;
+  }
+  const int32_t row_lo = ti.c.m_block * kBlockM;
+  ti.has_rows = row_lo < ti.seqlen_q;
+  if (ti.has_rows) {
+    const int32_t row_hi = min(row_lo + kBlockM, ti.seqlen_q) - 1;
+    ti.keys = TileKeyRange::make(row_lo, row_hi, ti.seqlen_q, ti.seqlen_k, p.mask, kBlockN);
+  }
+  return ti;
+}
+
+}  // namespace fa4::hopper

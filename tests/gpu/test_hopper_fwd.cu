@@ -1,0 +1,426 @@
+// tests/gpu/test_hopper_fwd.cu — the Hopper forward kernels against the GPU fp32 reference
+// (gpu_reference.cuh) through the public fa4::forward (backend kCuda).
+//
+// Rule (project guide): max|out - ref| <= 2 * max|naive16 - ref| + atol, same for LSE; outputs are
+// poisoned (NaN) before each run; rows outside every sequence must keep the poison; fully masked
+// rows must be exactly O = 0 and LSE = -inf (or the sink); NaN only where the reference has NaN.
+// Fused-attention cases covered: C01/C06 (fully masked rows), C03/C13 (tails, NaN past the keys),
+// C08 (window sentinels), C10/C12 (varlen zero-length, untouched padding rows), C16 (every head dim
+// uses all channels), C18/C20 (strided views, size-1 dims), C21 (GQA grouping), C27 (bitwise
+// repeatability), C28 (empty problems), C32 (softmax_scale).
+// Sanitizer subset: --gtest_filter='HopperFwd.Sanitize*' (see tests/gpu/README.md).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/validate.h"
+#include "fa4/attention.h"
+#include "fa4/detail/float16.h"
+#include "gpu/gpu_reference.cuh"
+
+namespace {
+
+using fa4::DType;
+using fa4::TensorView;
+
+bool have_hopper() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) { cudaGetLastError(); return false; }
+  int major = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  return major == 9;
+}
+#define REQUIRE_HOPPER() \
+  if (!have_hopper()) GTEST_SKIP() << "no sm_90 CUDA device: Hopper kernel tests skipped"
+
+#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << cudaGetErrorString(x)
+
+template <class T>
+struct DevBuf {
+  T* ptr = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t count) : n(count) { if (n) cudaMalloc(&ptr, n * sizeof(T)); }
+  ~DevBuf() { if (ptr) cudaFree(ptr); }
+  DevBuf(const DevBuf&) = delete;
+  void upload(const std::vector<T>& h) { cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice); }
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    if (n) cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return h;
+  }
+};
+
+struct Case {
+  DType dtype = DType::kBF16;
+  int batch = 1, seqlen_q = 128, seqlen_k = 128, heads = 2, heads_kv = 2, d = 128, dv = 128;
+  bool causal = false;
+  int window_left = -1, window_right = -1;
+  float softcap = 0.f;
+  bool sink = false;
+  std::optional<float> scale;
+  std::optional<float> exp2_fraction;
+  float tau = 8.f;
+  // varlen: per-sequence lengths (batch = size); seqused_k optional
+  std::vector<int> lens_q, lens_k, used_k;
+  int pad_rows_q = 0;   // extra packed q/out rows after the last sequence (C12)
+  bool packed_qkv = false;  // q/k/v are strided views of one (b, s, 3, h, d) buffer
+  bool nan_past_k = false;   // fill memory past the last key row with NaN (C13)
+  uint32_t seed = 1;
+
+  std::string name() const {
+    return std::string(fa4::dtype_name(dtype)) + " b" + std::to_string(batch) + " sq" + std::to_string(seqlen_q) +
+           " sk" + std::to_string(seqlen_k) + " h" + std::to_string(heads) + "/" + std::to_string(heads_kv) +
+           " d" + std::to_string(d) + "x" + std::to_string(dv) + (causal ? " causal" : "") +
+           " win(" + std::to_string(window_left) + "," + std::to_string(window_right) + ")" +
+           (softcap > 0 ? " softcap" : "") + (sink ? " sink" : "") + (lens_q.empty() ? "" : " varlen");
+  }
+};
+
+struct Result {
+  std::vector<uint16_t> out;  // raw 16-bit
+  std::vector<float> lse;
+};
+
+uint16_t to16(DType t, float f) { return t == DType::kBF16 ? fa4::detail::float_to_bf16(f) : fa4::detail::float_to_fp16(f); }
+float from16(DType t, uint16_t h) { return t == DType::kBF16 ? fa4::detail::bf16_to_float(h) : fa4::detail::fp16_to_float(h); }
+
+constexpr uint16_t kPoison16 = 0xFFFF;  // NaN in bf16 and fp16
+constexpr float kAtolO = 1e-4f;
+constexpr float kAtolLse = 1e-3f;
+
+/// Runs one case: fa4 twice (C27: bitwise equal), the exact and naive16 references, and checks.
+void run_case(const Case& c, int repeats = 2) {
+  const bool varlen = !c.lens_q.empty();
+  const int batch = varlen ? int(c.lens_q.size()) : c.batch;
+  int64_t total_q = 0, total_k = 0;
+  std::vector<int> cu_q{0}, cu_k{0};
+  if (varlen) {
+    for (int b = 0; b < batch; ++b) {
+      cu_q.push_back(cu_q.back() + c.lens_q[b]);
+      cu_k.push_back(cu_k.back() + c.lens_k[b]);
+    }
+    total_q = cu_q.back() + c.pad_rows_q;
+    total_k = cu_k.back();
+  } else {
+    total_q = int64_t(batch) * c.seqlen_q;
+    total_k = int64_t(batch) * c.seqlen_k;
+  }
+  const int max_sq = varlen ? *std::max_element(c.lens_q.begin(), c.lens_q.end()) : c.seqlen_q;
+  const int max_sk = varlen ? *std::max_element(c.lens_k.begin(), c.lens_k.end()) : c.seqlen_k;
+  const int H = c.heads, HK = c.heads_kv;
+  std::mt19937 rng(c.seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+
+  // Storage. packed_qkv: one (rows, 3, H, d) buffer (requires H == HK and d == dv).
+  const int64_t kv_extra = c.nan_past_k ? 64 : 0;  // rows of garbage after the last key row
+  const int64_t q_elems = total_q * H * c.d;
+  const int64_t k_elems = (total_k + kv_extra) * HK * c.d;
+  const int64_t v_elems = (total_k + kv_extra) * HK * c.dv;
+  const int64_t packed_elems = total_q * 3 * H * c.d;
+  std::vector<uint16_t> hq, hk, hv, hpacked;
+  auto fill = [&](std::vector<uint16_t>& v, int64_t n, int64_t valid) {
+    v.resize(n);
+    for (int64_t i = 0; i < n; ++i) v[i] = i < valid ? to16(c.dtype, nd(rng)) : kPoison16;
+  };
+  if (c.packed_qkv) {
+    fill(hpacked, packed_elems, packed_elems);
+  } else {
+    fill(hq, q_elems, q_elems);
+    fill(hk, k_elems, total_k * HK * c.d);
+    fill(hv, v_elems, total_k * HK * c.dv);
+  }
+  DevBuf<uint16_t> dq(c.packed_qkv ? 0 : q_elems), dk(c.packed_qkv ? 0 : k_elems),
+      dv(c.packed_qkv ? 0 : v_elems), dpk(c.packed_qkv ? packed_elems : 0);
+  if (c.packed_qkv) dpk.upload(hpacked); else { dq.upload(hq); dk.upload(hk); dv.upload(hv); }
+  DevBuf<uint16_t> dout(total_q * H * c.dv);
+  DevBuf<float> dlse(total_q * H);
+  DevBuf<int> dcu_q(varlen ? cu_q.size() : 0), dcu_k(varlen ? cu_k.size() : 0), dused(c.used_k.size());
+  if (varlen) { dcu_q.upload(cu_q); dcu_k.upload(cu_k); }
+  if (!c.used_k.empty()) dused.upload(c.used_k);
+  std::vector<float> hsink(H);
+  for (auto& s : hsink) s = nd(rng);
+  DevBuf<float> dsink(c.sink ? H : 0);
+  if (c.sink) dsink.upload(hsink);
+
+  const auto dev = fa4::Device::cuda(0);
+  const DType t = c.dtype;
+  TensorView q, k, v, out, lse;
+  if (varlen) {
+    q = TensorView::contiguous(dq.ptr, t, {total_q, H, c.d}, dev);
+    k = TensorView::strided(dk.ptr, t, {total_k, HK, c.d}, {int64_t(HK) * c.d, c.d, 1}, dev);
+    v = TensorView::strided(dv.ptr, t, {total_k, HK, c.dv}, {int64_t(HK) * c.dv, c.dv, 1}, dev);
+    out = TensorView::contiguous(dout.ptr, t, {total_q, H, c.dv}, dev);
+    lse = TensorView::strided(dlse.ptr, DType::kFP32, {H, total_q}, {1, H}, dev);  // (H, total_q) view of (rows, H)
+  } else if (c.packed_qkv) {
+    const int64_t row = 3 * int64_t(H) * c.d;
+    q = TensorView::strided(dpk.ptr, t, {batch, c.seqlen_q, H, c.d}, {c.seqlen_q * row, row, c.d, 1}, dev);
+    k = TensorView::strided(dpk.ptr + H * c.d, t, {batch, c.seqlen_k, H, c.d}, {c.seqlen_k * row, row, c.d, 1}, dev);
+    v = TensorView::strided(dpk.ptr + 2 * H * c.d, t, {batch, c.seqlen_k, H, c.d}, {c.seqlen_k * row, row, c.d, 1}, dev);
+    out = TensorView::contiguous(dout.ptr, t, {batch, c.seqlen_q, H, c.dv}, dev);
+    lse = TensorView::strided(dlse.ptr, DType::kFP32, {batch, H, c.seqlen_q}, {int64_t(c.seqlen_q) * H, 1, H}, dev);
+  } else {
+    q = TensorView::contiguous(dq.ptr, t, {batch, c.seqlen_q, H, c.d}, dev);
+    k = TensorView::contiguous(dk.ptr, t, {batch, c.seqlen_k, HK, c.d}, dev);
+    v = TensorView::contiguous(dv.ptr, t, {batch, c.seqlen_k, HK, c.dv}, dev);
+    out = TensorView::contiguous(dout.ptr, t, {batch, c.seqlen_q, H, c.dv}, dev);
+    lse = TensorView::strided(dlse.ptr, DType::kFP32, {batch, H, c.seqlen_q}, {int64_t(c.seqlen_q) * H, 1, H}, dev);
+  }
+  fa4::AttentionOptions o;
+  o.backend = fa4::Backend::kCuda;
+  o.causal = c.causal;
+  o.window_size_left = c.window_left;
+  o.window_size_right = c.window_right;
+  o.softcap = c.softcap;
+  o.softmax_scale = c.scale;
+  o.exp2_emulation_fraction = c.exp2_fraction;
+  o.rescale_threshold = c.tau;
+  if (c.sink) o.sink = TensorView::contiguous(dsink.ptr, DType::kFP32, {H}, dev);
+  if (varlen) {
+    o.cu_seqlens_q = TensorView::contiguous(dcu_q.ptr, DType::kInt32, {batch + 1}, dev);
+    o.cu_seqlens_k = TensorView::contiguous(dcu_k.ptr, DType::kInt32, {batch + 1}, dev);
+    if (!c.used_k.empty()) o.seqused_k = TensorView::contiguous(dused.ptr, DType::kInt32, {batch}, dev);
+    o.max_seqlen_q = max_sq;
+    o.max_seqlen_k = max_sk;
+  }
+
+  std::string kernel;
+  const std::string why = fa4::forward_support(q, k, v, out, lse, o, &kernel);
+  ASSERT_EQ(why, "") << c.name();
+  std::vector<Result> runs;
+  for (int r = 0; r < repeats; ++r) {
+    CUDA_OK(cudaMemset(dout.ptr, 0xFF, dout.n * 2));
+    CUDA_OK(cudaMemset(dlse.ptr, 0xFF, dlse.n * 4));
+    fa4::forward(q, k, v, out, lse, o);
+    CUDA_OK(cudaDeviceSynchronize());
+    runs.push_back({dout.download(), dlse.download()});
+  }
+  for (int r = 1; r < repeats; ++r) {  // C27: bitwise repeatable
+    ASSERT_EQ(0, std::memcmp(runs[0].out.data(), runs[r].out.data(), runs[0].out.size() * 2)) << c.name();
+    ASSERT_EQ(0, std::memcmp(runs[0].lse.data(), runs[r].lse.data(), runs[0].lse.size() * 4)) << c.name();
+  }
+
+  // References on the same validated params.
+  const fa4::detail::FwdParams p = fa4::detail::make_fwd_params(q, k, v, out, lse, o, "test");
+  ASSERT_LE(max_sk, fa4::test::kRefMaxSeqlenK);
+  DevBuf<float> ref_o(total_q * H * c.dv), ref_l(total_q * H), nv_o(total_q * H * c.dv), nv_l(total_q * H);
+  if (max_sq > 0 && batch > 0) {
+    const dim3 grid(max_sq, H, batch);
+    // Padded by 16 bytes past the last score: nvcc may read the score row with 16-byte vector
+    // loads whose tail passes its end (compute-sanitizer memcheck flagged it).
+    const size_t smem = (size_t(std::max(max_sk, 1) + 3) / 4 * 4 + 4) * sizeof(float);
+    fa4::test::reference_attention_kernel<<<grid, fa4::test::kRefThreads, smem>>>(p, false, ref_o.ptr, ref_l.ptr);
+    fa4::test::reference_attention_kernel<<<grid, fa4::test::kRefThreads, smem>>>(p, true, nv_o.ptr, nv_l.ptr);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaDeviceSynchronize());
+  }
+  const auto ro = ref_o.download(), rl = ref_l.download(), no = nv_o.download(), nl = nv_l.download();
+  const auto& fo = runs[0].out;
+  const auto& fl = runs[0].lse;
+
+  // Which packed rows belong to a sequence (varlen padding rows must keep the poison).
+  std::vector<char> row_valid(total_q, 1);
+  if (varlen) for (int64_t r = cu_q.back(); r < total_q; ++r) row_valid[r] = 0;
+  double err = 0, nerr = 0, lerr = 0, nlerr = 0;
+  int64_t bad_nan = 0, bad_masked = 0, bad_pad = 0;
+  for (int64_t r = 0; r < total_q; ++r) {
+    for (int h = 0; h < H; ++h) {
+      const int64_t li = r * H + h;  // lse view is (rows, H) contiguous in memory for all layouts
+      // batched lse layout (b, h, s) was given as strides (s*H, 1, H): element (b,h,i) at (b*s+i)*H+h.
+      if (!row_valid[r]) {
+        for (int d = 0; d < c.dv; ++d) bad_pad += fo[li * c.dv + d] != kPoison16;
+        uint32_t bits; std::memcpy(&bits, &fl[li], 4);
+        bad_pad += bits != 0xFFFFFFFFu;
+        continue;
+      }
+      const float ref_lse = rl[li];
+      if (std::isinf(ref_lse) && ref_lse < 0) {  // fully masked row: exact zeros and -inf
+        bad_masked += !(std::isinf(fl[li]) && fl[li] < 0);
+        for (int d = 0; d < c.dv; ++d) bad_masked += from16(t, fo[li * c.dv + d]) != 0.f;
+        continue;
+      }
+      if (std::isnan(fl[li]) != std::isnan(ref_lse)) ++bad_nan;
+      if (!std::isnan(ref_lse)) {
+        lerr = std::max(lerr, double(std::fabs(fl[li] - ref_lse)));
+        nlerr = std::max(nlerr, double(std::fabs(nl[li] - ref_lse)));
+      }
+      for (int d = 0; d < c.dv; ++d) {
+        const float f = from16(t, fo[li * c.dv + d]);
+        const float rv = ro[li * c.dv + d];
+        if (std::isnan(f) != std::isnan(rv)) { ++bad_nan; continue; }
+        if (std::isnan(rv)) continue;
+        err = std::max(err, double(std::fabs(f - rv)));
+        nerr = std::max(nerr, double(std::fabs(no[li * c.dv + d] - rv)));
+      }
+    }
+  }
+  EXPECT_EQ(bad_nan, 0) << c.name() << ": NaN placement differs from the reference";
+  EXPECT_EQ(bad_masked, 0) << c.name() << ": fully masked rows must be O = 0, LSE = -inf";
+  EXPECT_EQ(bad_pad, 0) << c.name() << ": rows outside every sequence were written";
+  EXPECT_LE(err, 2 * nerr + kAtolO) << c.name() << " kernel " << kernel << ": O err " << err << " naive " << nerr;
+  EXPECT_LE(lerr, 2 * nlerr + kAtolLse) << c.name() << ": LSE err " << lerr << " naive " << nlerr;
+}
+
+// ---- the option matrix ------------------------------------------------------------------------
+
+TEST(HopperFwd, SeqlenSweepD64D128) {  // C13: every tail length, Sq = Sk and Sq = 1
+  REQUIRE_HOPPER();
+  for (DType t : {DType::kBF16, DType::kFP16})
+    for (int d : {64, 128})
+      for (bool causal : {false, true})
+        for (int s : {1, 17, 63, 65, 113, 127, 129, 1023}) {
+          Case c; c.dtype = t; c.d = c.dv = d; c.causal = causal; c.seqlen_q = c.seqlen_k = s;
+          run_case(c);
+          c.seqlen_q = 1; run_case(c, 1);
+        }
+}
+
+TEST(HopperFwd, LongSequence4096) {
+  REQUIRE_HOPPER();
+  for (bool causal : {false, true}) {
+    Case c; c.seqlen_q = c.seqlen_k = 4096; c.causal = causal; c.heads = c.heads_kv = 2;
+    run_case(c, 3);
+  }
+}
+
+TEST(HopperFwd, AllHeadDims) {  // C16 / C14 / C32: every bucket and padded dims
+  REQUIRE_HOPPER();
+  const int dims[][2] = {{64, 64}, {96, 96}, {128, 128}, {192, 192}, {256, 256}, {192, 128},
+                         {40, 40}, {72, 72}, {104, 104}, {160, 160}, {136, 128}, {8, 8}};
+  for (DType t : {DType::kBF16, DType::kFP16})
+    for (auto& dd : dims)
+      for (bool causal : {false, true}) {
+        Case c; c.dtype = t; c.d = dd[0]; c.dv = dd[1]; c.causal = causal; c.seqlen_q = 200; c.seqlen_k = 333;
+        run_case(c, 1);
+      }
+}
+
+TEST(HopperFwd, SeqlenQNotSeqlenK) {  // C06: bottom-right causal, fully masked rows
+  REQUIRE_HOPPER();
+  const int shapes[][2] = {{2, 5}, {5, 2}, {300, 129}, {129, 700}, {1000, 64}, {64, 1000}};
+  for (auto& s : shapes)
+    for (bool causal : {false, true}) {
+      Case c; c.seqlen_q = s[0]; c.seqlen_k = s[1]; c.causal = causal; c.d = c.dv = 64;
+      run_case(c, 1);
+    }
+}
+
+TEST(HopperFwd, WindowsSoftcapSink) {  // C08 window sentinels, softcap, learnable sink
+  REQUIRE_HOPPER();
+  const int wins[][2] = {{-1, 0}, {0, 0}, {127, 0}, {64, 64}, {0, -1}, {300, 5}, {1, 1000}};
+  for (auto& w : wins) {
+    Case c; c.seqlen_q = 333; c.seqlen_k = 517; c.window_left = w[0]; c.window_right = w[1];
+    run_case(c, 1);
+  }
+  Case c; c.seqlen_q = c.seqlen_k = 700; c.softcap = 15.f; c.causal = true; run_case(c, 1);
+  c.softcap = 0; c.sink = true; run_case(c, 1);
+  c.seqlen_q = 300; c.seqlen_k = 100; run_case(c, 1);  // fully masked rows with a sink: LSE = sink
+}
+
+TEST(HopperFwd, SoftmaxScaleAndFa4Knobs) {  // C32; exp2 split and lazy-rescaling knobs
+  REQUIRE_HOPPER();
+  for (float s : {1.0f, 0.01f, 1.f / 128, 10.f}) {
+    Case c; c.seqlen_q = c.seqlen_k = 513; c.scale = s; c.causal = true; run_case(c, 1);
+  }
+  for (float f : {0.f, 0.125f, 0.5f, 1.f})
+    for (float tau : {0.f, 8.f})
+      for (int d : {64, 128}) {
+        Case c; c.seqlen_q = c.seqlen_k = 777; c.d = c.dv = d; c.exp2_fraction = f; c.tau = tau;
+        run_case(c, 1);
+      }
+}
+
+TEST(HopperFwd, GqaMqa) {  // C21: kv_head = h / (H / Hkv)
+  REQUIRE_HOPPER();
+  for (int hk : {1, 2, 3}) {
+    Case c; c.heads = 6; c.heads_kv = hk; c.seqlen_q = 257; c.seqlen_k = 300; c.causal = hk == 2;
+    run_case(c, 1);
+  }
+}
+
+TEST(HopperFwd, Varlen) {  // C10, C12 (padding rows untouched), seqused_k
+  REQUIRE_HOPPER();
+  {
+    Case c; c.lens_q = {0, 1, 0, 1}; c.lens_k = {0, 3, 0, 5}; c.heads = 9; c.heads_kv = 3; c.d = c.dv = 64;
+    c.causal = true; c.scale = 1.0f; run_case(c);
+  }
+  {
+    Case c; c.lens_q = {3, 4}; c.lens_k = {3, 4}; c.pad_rows_q = 3; c.d = c.dv = 64; run_case(c);
+  }
+  for (bool causal : {false, true}) {
+    Case c; c.lens_q = {100, 0, 513, 129, 1}; c.lens_k = {300, 7, 400, 129, 1000}; c.causal = causal;
+    run_case(c);
+    c.used_k = {250, 0, 399, 1, 999}; run_case(c, 1);
+  }
+}
+
+TEST(HopperFwd, StridedPackedQkvAndNaNPastKeys) {  // C18/C20 strided views; C03/C13 garbage past K
+  REQUIRE_HOPPER();
+  Case c; c.packed_qkv = true; c.seqlen_q = c.seqlen_k = 300; c.heads = c.heads_kv = 3; c.batch = 2;
+  run_case(c);
+  c.causal = true; run_case(c, 1);
+  Case n; n.nan_past_k = true; n.seqlen_q = 100; n.seqlen_k = 77; n.batch = 1; run_case(n, 1);
+}
+
+TEST(HopperFwd, NaNInQueryPropagates) {  // C03(b): data NaN must come out as NaN, only there
+  REQUIRE_HOPPER();
+  const int S = 200, H = 2, D = 64;
+  std::vector<uint16_t> hq(S * H * D), hk(S * H * D), hv(S * H * D);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  for (auto* v : {&hq, &hk, &hv}) for (auto& x : *v) x = fa4::detail::float_to_bf16(nd(rng));
+  for (int d = 0; d < D; ++d) hq[(5 * H + 1) * D + d] = kPoison16;  // query row 5, head 1 is NaN
+  DevBuf<uint16_t> q(hq.size()), k(hk.size()), v(hv.size()), o(hq.size());
+  DevBuf<float> l(S * H);
+  q.upload(hq); k.upload(hk); v.upload(hv);
+  const auto dev = fa4::Device::cuda(0);
+  fa4::AttentionOptions opt; opt.backend = fa4::Backend::kCuda;
+  fa4::forward(TensorView::contiguous(q.ptr, DType::kBF16, {1, S, H, D}, dev),
+               TensorView::contiguous(k.ptr, DType::kBF16, {1, S, H, D}, dev),
+               TensorView::contiguous(v.ptr, DType::kBF16, {1, S, H, D}, dev),
+               TensorView::contiguous(o.ptr, DType::kBF16, {1, S, H, D}, dev),
+               TensorView::contiguous(l.ptr, DType::kFP32, {1, H, S}, dev), opt);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto ho = o.download();
+  for (int i = 0; i < S; ++i)
+    for (int h = 0; h < H; ++h) {
+      const bool nan_row = i == 5 && h == 1;
+      for (int d = 0; d < D; ++d)
+        ASSERT_EQ(std::isnan(fa4::detail::bf16_to_float(ho[(i * H + h) * D + d])), nan_row) << i << " " << h;
+    }
+}
+
+TEST(HopperFwd, MisalignedStrideIsAClearError) {
+  REQUIRE_HOPPER();
+  DevBuf<uint16_t> buf(4 * 100 * 2 * 72);
+  const auto dev = fa4::Device::cuda(0);
+  // Row stride 2*68+4 = 140 elements = 280 bytes: not a multiple of 16 -> TMA cannot load it.
+  auto q = TensorView::strided(buf.ptr, DType::kBF16, {1, 100, 2, 64}, {100 * 140, 140, 68, 1}, dev);
+  auto out = TensorView::contiguous(buf.ptr, DType::kBF16, {1, 100, 2, 64}, dev);
+  auto lse = TensorView::contiguous(buf.ptr, DType::kFP32, {1, 2, 100}, dev);
+  fa4::AttentionOptions opt; opt.backend = fa4::Backend::kCuda;
+  const std::string why = fa4::forward_support(q, q, q, out, lse, opt);
+  EXPECT_NE(why.find("16 bytes"), std::string::npos) << why;
+  try {
+    fa4::forward(q, q, q, out, lse, opt);
+    FAIL() << "expected fa4::Error";
+  } catch (const fa4::Error& e) {
+    EXPECT_EQ(e.code(), fa4::ErrorCode::kUnsupported);
+  }
+}
+
+// ---- sanitizer subset (small, every code path once) ----------------------------------------------
+TEST(HopperFwd, SanitizeSmall) {
+  REQUIRE_HOPPER();
+  Case c; c.seqlen_q = 200; c.seqlen_k = 333; c.causal = true; c.d = c.dv = 64; run_case(c, 1);
+  Case v; v.lens_q = {100, 0, 200}; v.lens_k = {50, 7, 300}; v.d = v.dv = 128; run_case(v, 1);
+}
+
+}  // namespace
