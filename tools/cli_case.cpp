@@ -7,6 +7,7 @@
 #include <random>
 #include <sstream>
 
+#include "accuracy_check.h"
 #include "common/validate.h"
 #include "cpu/cpu_attention.h"
 #include "cpu/naive_attention.h"
@@ -213,63 +214,14 @@ std::string forward_kernel_name(const Problem& p, const Placement& at) {
 
 namespace {
 
-/// Oracle (float64, no rounding) or same-precision naive results as float64 mirrors.
-struct Mirrors {
-  test::Mirror o, l, gq, gk, gv, gs;
-  explicit Mirrors(const Problem& p)
-      : o(p.out.numel()), l(p.lse.numel()), gq(p.dq.numel()), gk(p.dk.numel()), gv(p.dv.numel()),
-        gs(p.dsink.numel()) {}
-};
-
-Mirrors run_naive(const detail::BwdParams& bp, const Problem& p, bool float64) {
-  Mirrors m(p);
-  test::MirrorWriter w{&m.o, &m.l, &m.gq, &m.gk, &m.gv, &m.gs};
-  if (float64) {
-    cpu::naive::forward<double>(bp, cpu::naive::NoRounding{}, w);
-    if (p.spec.backward) cpu::naive::backward<double>(bp, cpu::naive::NoRounding{}, w);
-  } else {
-    const cpu::naive::RoundToDtype rnd{bp.dtype};
-    cpu::naive::forward<float>(bp, rnd, w);
-    if (p.spec.backward) cpu::naive::backward<float>(bp, rnd, w);
-  }
-  return m;
-}
-
-double max_abs_written(const test::Mirror& m) {
-  double r = 0;
-  for (size_t i = 0; i < m.v.size(); ++i)
-    if (m.written[i] && std::isfinite(m.v[i])) r = std::max(r, std::abs(m.v[i]));
-  return r;
-}
-
-/// Documented slack for fp32 inputs, as in the CPU test suite: a share of P comes from the
-/// degree-3 exp2 polynomial (relative error eps = Exp2Poly3::max_rel_error), far above fp32
-/// rounding, which the correctly rounded naive fp32 run does not have. Perturbing each P_j by
-/// (1 + delta_j), |delta_j| <= eps, moves out by at most 2 eps max|v| and lse by at most eps (first
-/// order); gradients see it through O and lse: 4 eps max|grad| + the out term. For 16-bit inputs P
-/// is rounded to the dtype (2^-9 / 2^-12 relative), which dominates eps: no slack.
-struct Exp2Slack {
-  double out = 0, lse = 0;
-  double grad(const test::Mirror& ref) const {
-    return lse > 0 ? 4.0 * lse * max_abs_written(ref) + out : 0.0;
-  }
-};
-
-Exp2Slack exp2_slack(const Problem& p, const detail::FwdParams& fp) {
-  if (fp.dtype != DType::kFP32) return {};
-  Exp2Split split = cpu::default_exp2_split(fp.dtype);
-  if (fp.exp2_fraction_given) {
-    split = fp.exp2_split;
-  } else if (p.spec.device == "cuda") {
+/// The exp2 split the implementation that ran applies (the Hopper bucket's default on CUDA).
+Exp2Split effective_split(const Problem& p, const detail::FwdParams& fp) {
+  if (fp.exp2_fraction_given) return fp.exp2_split;
+  if (p.spec.device == "cuda") {
     const detail::HopperFwdConfig* c = detail::hopper_fwd_bucket(fp.headdim, fp.headdim_v);
-    if (c) split = c->exp2_split;
+    if (c) return c->exp2_split;
   }
-  if (split.emulated == 0) return {};
-  double vmax = 0;
-  for (int64_t i = 0; i < p.v.numel(); ++i)
-    if (std::isfinite(p.v.get(i))) vmax = std::max(vmax, double(std::abs(p.v.get(i))));
-  const double eps = Exp2Poly3::max_rel_error;
-  return {2.0 * eps * vmax, eps};
+  return cpu::default_exp2_split(fp.dtype);
 }
 
 }  // namespace
@@ -295,26 +247,12 @@ std::vector<test::Accuracy> check_outputs(const Problem& tested, Problem& poison
         view_at(src.v, at.v, at.device), view_at(src.out, at.out, at.device),
         view_at(src.lse, at.lse, at.device), o, "fa4 check");
   }
-  const Mirrors ref = run_naive(bp, src, true);
-  const Mirrors naive = run_naive(bp, src, false);
-  const Exp2Slack slack = exp2_slack(src, bp);
-  const DType dt = bp.dtype;
-
-  std::vector<test::Accuracy> acc;
-  acc.push_back(test::check_accuracy("out", tested.out, poisoned.out, ref.o, naive.o, dt, slack.out));
-  acc.push_back(test::check_accuracy("lse", tested.lse, poisoned.lse, ref.l, naive.l, DType::kFP32,
-                                     slack.lse));
-  if (src.spec.backward) {
-    acc.push_back(test::check_accuracy("dq", tested.dq, poisoned.dq, ref.gq, naive.gq, dt,
-                                       slack.grad(ref.gq)));
-    acc.push_back(test::check_accuracy("dk", tested.dk, poisoned.dk, ref.gk, naive.gk, dt,
-                                       slack.grad(ref.gk)));
-    acc.push_back(test::check_accuracy("dv", tested.dv, poisoned.dv, ref.gv, naive.gv, dt,
-                                       slack.grad(ref.gv)));
-    if (src.spec.sink)
-      acc.push_back(test::check_accuracy("dsink", tested.dsink, poisoned.dsink, ref.gs, naive.gs,
-                                         DType::kFP32, slack.grad(ref.gs)));
-  }
+  const test::OutputSet out{&tested.out, &tested.lse, &tested.dq, &tested.dk, &tested.dv, &tested.dsink};
+  const test::OutputSet before{&poisoned.out, &poisoned.lse, &poisoned.dq, &poisoned.dk,
+                               &poisoned.dv, &poisoned.dsink};
+  std::vector<test::Accuracy> acc =
+      test::check_outputs(bp, out, before, src.spec.backward, src.spec.sink,
+                          effective_split(src, bp), test::max_abs_finite(src.v));
   return acc;
 }
 

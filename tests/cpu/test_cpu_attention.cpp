@@ -4,7 +4,8 @@
 //
 // Every check applies the project rule (tests/test_util.h) to O, LSE, dQ, dK, dV and dsink:
 //   max|flash - ref64| <= 2 * max|naive_same_precision - ref64| + atol, NaN never passes
-//   (for fp32 with an exp2 split the naive baseline uses the same exp2 polynomial, see run_naive),
+//   (for fp32 with an exp2 split the naive baseline uses the same exp2 polynomial, see
+//   tests/accuracy_check.h run_naive),
 // and every element the oracle does not write (varlen padding rows, gaps between heads of padded
 // outputs, dk/dv rows past seqused_k) must keep its poison bits.
 #include <gtest/gtest.h>
@@ -22,6 +23,7 @@
 #include "fa4/attention.h"
 #include "fa4/error.h"
 #include "fa4/exp2.h"
+#include "accuracy_check.h"
 #include "test_util.h"
 
 namespace fa4::test {
@@ -214,97 +216,22 @@ struct Problem {
 };
 
 /// Results of the oracle (or the same-precision naive run) as float64 mirrors.
-struct Mirrors {
-  Mirror o, l, gq, gk, gv, gs;
-  explicit Mirrors(const Problem& pr)
-      : o(pr.out.numel()), l(pr.lse.numel()), gq(pr.dq.numel()), gk(pr.dk.numel()),
-        gv(pr.dv.numel()), gs(pr.dsink.numel()) {}
-  MirrorWriter writer() { return {&o, &l, &gq, &gk, &gv, &gs}; }
-};
-
 /// The exp2 split the CPU forward applies to this problem.
 Exp2Split effective_split(const Problem& pr) {
   return pr.p.exp2_fraction_given ? pr.p.exp2_split : cpu::default_exp2_split(pr.p.dtype);
 }
 
-Mirrors run_naive(const Problem& pr, bool exact, bool backward) {
-  Mirrors m(pr);
-  MirrorWriter w = m.writer();
-  if (exact) {
-    cpu::naive::forward<double>(pr.p, cpu::naive::NoRounding{}, w);
-    if (backward) cpu::naive::backward<double>(pr.p, cpu::naive::NoRounding{}, w);
-  } else {
-    // fp32: the FA4 forward computes a share of P with the degree-3 polynomial (relative error
-    // Exp2Poly3::max_rel_error ~ 1e-4, far above fp32 rounding). The same-precision baseline
-    // then uses that polynomial for EVERY P (the worst split), so the rule measures the
-    // implementation against an fp32 naive attention built from the same exp2 primitive.
-    // 16-bit inputs round P to 2^-9 / 2^-12 anyway, which dominates; their baseline keeps std::exp.
-    const bool emulated = pr.c.dtype == DType::kFP32 && effective_split(pr).emulated > 0;
-    const cpu::naive::RoundToDtype rnd{pr.c.dtype, emulated};
-    cpu::naive::forward<float>(pr.p, rnd, w);
-    if (backward) cpu::naive::backward<float>(pr.p, rnd, w);
-  }
-  return m;
-}
-
-/// fp32 with an exp2 split: the all-polynomial naive baseline is LUCKY where the softmax is peaked —
-/// its row max term is exp(0) = 1 exactly, while FA4's stale (lazy) max puts the dominant term at a
-/// non-integer exponent where the polynomial errs by up to eps = Exp2Poly3::max_rel_error. First
-/// order, relative errors <= eps in P shift lse by <= eps (natural log), O by <= 2 eps max|v|, and
-/// every gradient (a sum of P-weighted terms, through P, lse and D = dO.O) by <= 2 eps of its
-/// magnitude. That documented slack is added for fp32 + emulation only (16-bit: P rounding to the
-/// dtype dominates eps, no slack).
-struct Exp2Slack {
-  double eps = 0, vmax = 0;
-  double lse() const { return eps; }
-  double out(const Mirror& ref) const { return 2 * eps * (vmax + max_abs(ref)); }
-  double grad(const Mirror& ref) const { return 2 * eps * max_abs(ref); }
-  static double max_abs(const Mirror& m) {
-    double r = 0;
-    for (size_t i = 0; i < m.v.size(); ++i)
-      if (m.written[i] && std::isfinite(m.v[i])) r = std::max(r, std::abs(m.v[i]));
-    return r;
-  }
-};
-Exp2Slack exp2_slack(const Problem& pr) {
-  if (pr.c.dtype != DType::kFP32 || effective_split(pr).emulated == 0) return {};
-  Exp2Slack s;
-  s.eps = Exp2Poly3::max_rel_error;
-  const HostTensor& vt = pr.c.packed_qkv ? pr.qkv : pr.v;
-  for (int64_t i = 0; i < vt.numel(); ++i)
-    if (std::isfinite(vt.get(i))) s.vmax = std::max(s.vmax, double(std::abs(vt.get(i))));
-  return s;
-}
-
-/// Runs forward (+ backward) of a case through the CPU FA4 implementation and checks every output.
+/// Runs forward (+ backward) of a case through the CPU FA4 implementation and checks every output
+/// (tests/accuracy_check.h: the judgement `fa4 check` uses too).
 std::vector<Accuracy> run_and_check(Problem& pr) {
   pr.poison_outputs();
-  const Problem& cp = pr;
   HostTensor out0 = pr.out, lse0 = pr.lse, dq0 = pr.dq, dk0 = pr.dk, dv0 = pr.dv, ds0 = pr.dsink;
   cpu::flash_forward(pr.p);
   if (pr.c.backward) cpu::flash_backward(pr.p);
-  const Mirrors ref = run_naive(cp, true, pr.c.backward);
-  const Mirrors nv = run_naive(cp, false, pr.c.backward);
-  const DType dt = pr.c.dtype;
-  std::vector<Accuracy> acc;
-  const Exp2Slack sl = exp2_slack(pr);
-  acc.push_back(check_accuracy("O", pr.out, out0, ref.o, nv.o, dt, sl.out(ref.o)));
-  acc.push_back(check_accuracy("LSE", pr.lse, lse0, ref.l, nv.l, DType::kFP32, sl.lse()));
-  if (pr.c.backward) {
-    // fp32 only: the FA backward rebuilds P = exp(s - lse) from the STORED fp32 lse, whose rounding
-    // (half an ulp of |lse|, i.e. 2^-24 |lse| absolute) is a relative error of that size in every P
-    // and so, first order, 2 * 2^-24 * max|lse| of each gradient's magnitude. The naive baseline
-    // never goes through a stored lse, so this term is added to its bound (16-bit rounding of P
-    // dominates it by orders of magnitude: no slack there). It matters at large softmax_scale (C32).
-    const double lse_rel = dt == DType::kFP32 ? 2.0 * std::ldexp(1.0, -24) * Exp2Slack::max_abs(ref.l) : 0.0;
-    auto grad_slack = [&](const Mirror& g) { return sl.grad(g) + lse_rel * Exp2Slack::max_abs(g); };
-    acc.push_back(check_accuracy("dQ", pr.dq, dq0, ref.gq, nv.gq, dt, grad_slack(ref.gq)));
-    acc.push_back(check_accuracy("dK", pr.dk, dk0, ref.gk, nv.gk, dt, grad_slack(ref.gk)));
-    acc.push_back(check_accuracy("dV", pr.dv, dv0, ref.gv, nv.gv, dt, grad_slack(ref.gv)));
-    if (pr.c.sink)
-      acc.push_back(check_accuracy("dsink", pr.dsink, ds0, ref.gs, nv.gs, DType::kFP32, grad_slack(ref.gs)));
-  }
-  return acc;
+  const OutputSet tested{&pr.out, &pr.lse, &pr.dq, &pr.dk, &pr.dv, &pr.dsink};
+  const OutputSet poisoned{&out0, &lse0, &dq0, &dk0, &dv0, &ds0};
+  const double vmax = max_abs_finite(pr.c.packed_qkv ? pr.qkv : pr.v);
+  return check_outputs(pr.p, tested, poisoned, pr.c.backward, pr.c.sink, effective_split(pr), vmax);
 }
 
 void expect_all_ok(const std::string& name, const std::vector<Accuracy>& acc) {
