@@ -29,13 +29,18 @@
 //   * A query row with no visible key (causal with seqlen_q > seqlen_k, windows, seqlen_k == 0,
 //     zero-length varlen key sequence): out row = 0, lse = -inf (or = sink_h when a sink is
 //     given), and zero gradients. Never NaN.
-//   * NaN in q/k/v still propagates to the rows it reaches; NaN in a MASKED key never does.
+//   * NaN in q/k/v still propagates to the rows it reaches. NaN in a key/value row past the end
+//     of its sequence (tile padding, seqused_k, the next varlen sequence) never does. On the CPU
+//     a NaN in a key masked for some rows (causal/window) never reaches those rows either; on the
+//     Hopper kernel a NaN in such a V row can (0 * NaN in the P.V matrix product).
 //   * batch == 0, seqlen_q == 0 or total_q == 0: forward reads and writes nothing; backward
 //     writes zeros to dk/dv (and dsink), whose gradient is then exactly 0.
 //   * varlen: rows of out/lse/dq/dk/dv outside every [cu_seqlens[b], cu_seqlens[b+1]) range, and
 //     dk/dv rows past seqused_k, are left untouched.
 //
-// ERRORS. fa4::Error (fa4/error.h). Every argument is validated before anything is written.
+// ERRORS. fa4::Error (fa4/error.h). Every argument is validated before anything is written. The
+// one exception: ErrorCode::kInternal from the CPU backward's consistency check (P = exp(s - lse)
+// must be <= 1, i.e. lse belongs to these inputs and options) is raised after dq/dk/dv were written.
 #pragma once
 
 #include <optional>
@@ -71,8 +76,8 @@ struct AttentionOptions {
 
   // ---- FlashAttention-4 softmax knobs (paper Sec. 3: software exp2, lazy rescaling) ----
   /// Lazy-rescaling threshold tau in log2 units: the running row max is only raised when it grows
-  /// by more than tau; 0 = classic always-rescale. Must be in [0, 8] for 16-bit inputs (P <= 2^tau
-  /// must stay representable); default 8.
+  /// by more than tau; 0 = classic always-rescale. Must be in [0, 8] (P <= 2^tau must stay
+  /// representable in bf16/fp16; the same bound applies to fp32); default 8.
   float rescale_threshold = 8.0f;
   /// Share of exp2 evaluations done by the FMA-pipe polynomial (fa4/exp2.h) instead of the
   /// hardware unit, picked by key-column position within a key tile. Must be a multiple of 1/16 in

@@ -160,6 +160,8 @@ std::string forward_support(const TensorView& q, const TensorView& k, const Tens
     return "";
   } catch (const Error& e) {
     return e.what();
+  } catch (const std::exception& e) {  // documented to answer, never to throw
+    return std::string(kFn) + ": internal error: " + e.what();
   }
 }
 

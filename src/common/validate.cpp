@@ -56,7 +56,9 @@ struct Named {
 /// dims replaced by the row-major value implied by the inner dims: such strides never move the
 /// address (case C20: a transpose leaves odd strides on size-1 dims), and the replacement keeps
 /// kernels that build TMA descriptors from the strides away from meaningless values.
-TensorView check_view(const Checker& c, const TensorView& t, const char* name) {
+/// Outputs (is_output) must not map two elements to one address: a stride of 0 on a dim of extent
+/// > 1 would make threads race on one element (and silently keep the last write).
+TensorView check_view(const Checker& c, const TensorView& t, const char* name, bool is_output = false) {
   if (t.ndim < 0 || t.ndim > TensorView::kMaxDims)
     c.invalid(name, ".ndim = ", t.ndim, " must be in [0, ", TensorView::kMaxDims, "]");
   for (int d = 0; d < t.ndim; ++d) {
@@ -64,7 +66,16 @@ TensorView check_view(const Checker& c, const TensorView& t, const char* name) {
     if (t.shape[d] > 1 && t.stride[d] < 0)
       c.invalid(name, ".stride[", d, "] = ", t.stride[d], " is negative; negative strides are not "
                 "supported");
+    if (is_output && t.shape[d] > 1 && t.stride[d] == 0)
+      c.invalid(name, ".stride[", d, "] = 0 on a dim of size ", t.shape[d], ": an output must not "
+                "map two elements to one address");
   }
+  int64_t numel = 1;  // overflow-checked: the implementations index with int64
+  for (int d = 0; d < t.ndim; ++d)
+    if (t.shape[d] >= 0 && __builtin_mul_overflow(numel, t.shape[d], &numel))
+      c.invalid(name, " has shape ", t.shape_string(), " whose element count overflows int64");
+  if (t.data != nullptr && reinterpret_cast<uintptr_t>(t.data) % uintptr_t(dtype_size(t.dtype)) != 0)
+    c.invalid(name, ".data is not aligned to its element size (", dtype_size(t.dtype), " bytes)");
   if (t.data == nullptr && t.numel() > 0)
     c.invalid(name, ".data is null but ", name, " has shape ", t.shape_string());
   if (t.device.type != DeviceType::kCPU && t.device.type != DeviceType::kCUDA)
@@ -221,8 +232,8 @@ FwdParams make_fwd_params(const TensorView& q_in, const TensorView& k_in, const 
   const Named q{"q", check_view(c, q_in, "q")};
   const Named k{"k", check_view(c, k_in, "k")};
   const Named v{"v", check_view(c, v_in, "v")};
-  const Named out{"out", check_view(c, out_in, "out")};
-  const Named lse{"lse", check_view(c, lse_in, "lse")};
+  const Named out{"out", check_view(c, out_in, "out", /*is_output=*/true)};
+  const Named lse{"lse", check_view(c, lse_in, "lse", /*is_output=*/true)};
 
   // ---- layout mode and ranks ----
   if (o.cu_seqlens_q.has_value() != o.cu_seqlens_k.has_value())
@@ -466,9 +477,9 @@ BwdParams make_bwd_params(const TensorView& dout_in, const TensorView& q_in,
   static_cast<FwdParams&>(p) = make_fwd_params(q_in, k_in, v_in, out_in, lse_in, o, fn);
 
   const Named dout{"dout", check_view(c, dout_in, "dout")};
-  const Named dq{"dq", check_view(c, dq_in, "dq")};
-  const Named dk{"dk", check_view(c, dk_in, "dk")};
-  const Named dv{"dv", check_view(c, dv_in, "dv")};
+  const Named dq{"dq", check_view(c, dq_in, "dq", /*is_output=*/true)};
+  const Named dk{"dk", check_view(c, dk_in, "dk", /*is_output=*/true)};
+  const Named dv{"dv", check_view(c, dv_in, "dv", /*is_output=*/true)};
   // Each gradient has the layout of its primal tensor (dout: of out).
   const struct { const Named* grad; const TensorView* like; const char* like_name; } pairs[] = {
       {&dout, &out_in, "out"}, {&dq, &q_in, "q"}, {&dk, &k_in, "k"}, {&dv, &v_in, "v"}};
@@ -493,7 +504,7 @@ BwdParams make_bwd_params(const TensorView& dout_in, const TensorView& q_in,
                        "(fp32, (num_heads,))"
                      : "dsink is given but options.sink is not set");
   if (dsink_in.has_value()) {
-    const Named dsink{"dsink", check_view(c, *dsink_in, "dsink")};
+    const Named dsink{"dsink", check_view(c, *dsink_in, "dsink", /*is_output=*/true)};
     check_ndim(c, dsink, 1, "dsink is (num_heads,)");
     check_dtype_is(c, dsink, DType::kFP32, "dsink is always fp32");
     check_same_device(c, dsink, Named{"q", q_in});

@@ -27,13 +27,26 @@ struct DeviceFacts {
   int64_t l2_bytes = 0;
 };
 
-const DeviceFacts& device_facts(int index) {
+/// Facts of one device, queried once. Returned BY VALUE: the cache may grow while another
+/// thread reads its copy (first calls on several GPUs from several threads).
+DeviceFacts device_facts(int index) {
   static std::mutex mu;
   static std::vector<DeviceFacts> cache;
   std::lock_guard<std::mutex> lock(mu);
-  if (index < 0) index = 0;
-  if (size_t(index) >= cache.size()) cache.resize(index + 1);
-  DeviceFacts& f = cache[index];
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    count = 0;
+  }
+  if (index < 0 || index >= count) {
+    DeviceFacts none;
+    none.queried = true;
+    none.error = "cuda:" + std::to_string(index) + " does not exist (" + std::to_string(count) +
+                 " CUDA device(s) visible)";
+    return none;
+  }
+  if (size_t(index) >= cache.size()) cache.resize(size_t(index) + 1);
+  DeviceFacts& f = cache[size_t(index)];
   if (f.queried) return f;
   f.queried = true;
   int major = 0, minor = 0, l2 = 0;
@@ -113,7 +126,7 @@ std::string forward_support(const detail::FwdParams& p, std::string* kernel_name
   if (p.dtype != DType::kBF16 && p.dtype != DType::kFP16)
     return std::string("the Hopper kernels support bf16 and fp16 only; q.dtype is ") +
            dtype_name(p.dtype) + " (use CPU tensors for fp32)";
-  const DeviceFacts& f = device_facts(p.device.index);
+  const DeviceFacts f = device_facts(p.device.index);
   if (!f.error.empty()) return f.error;
   if (p.headdim % 8 != 0 || p.headdim_v % 8 != 0)
     return "the Hopper kernels need headdim and headdim_v to be multiples of 8 (16-byte TMA rows); got " +
@@ -131,6 +144,17 @@ std::string forward_support(const detail::FwdParams& p, std::string* kernel_name
   const int64_t rows_k = p.is_varlen ? p.total_k : p.seqlen_k;
   if (rows_q > INT32_MAX || rows_k > INT32_MAX)
     return "the Hopper kernels address at most 2^31-1 rows of q and of k/v";
+  // The persistent grid numbers tiles with int32 (launch_fwd.cuh); max_seqlen_q bounds the rows.
+  const int64_t m_blocks = (int64_t(p.seqlen_q) + c->tile_m - 1) / c->tile_m;
+  if (m_blocks * p.num_heads * p.batch > INT32_MAX)
+    return "the Hopper kernels handle at most 2^31-1 query tiles (batch * num_heads * "
+           "ceil(max_seqlen_q / " + std::to_string(c->tile_m) + ")); lower max_seqlen_q to the real maximum";
+  // Exp2Split's rule counts 16 eight-column groups per key tile: a tile of another width could not
+  // give an explicit share exactly, and fa4 never silently changes an option.
+  if (p.exp2_fraction_given && p.exp2_split.emulated > 0 && c->tile_n % (8 * p.exp2_split.period) != 0)
+    return "exp2_emulation_fraction > 0 is not supported on the Hopper headdim bucket " +
+           std::to_string(c->headdim) + "x" + std::to_string(c->headdim_v) + " (key tile " +
+           std::to_string(c->tile_n) + " is not a multiple of 128); pass 0 or leave it unset";
   std::string why = check_tma_tensor("q", p.q, p.q_stride, rows_q, p.num_heads, p.batch, p.is_varlen, elem);
   if (why.empty()) why = check_tma_tensor("k", p.k, p.k_stride, rows_k, p.num_heads_kv, p.batch, p.is_varlen, elem);
   if (why.empty()) why = check_tma_tensor("v", p.v, p.v_stride, rows_k, p.num_heads_kv, p.batch, p.is_varlen, elem);
@@ -147,7 +171,7 @@ std::string forward_support(const detail::FwdParams& p, std::string* kernel_name
 void forward(const detail::FwdParams& p) {
   const std::string why = forward_support(p, nullptr);
   if (!why.empty()) throw Error(ErrorCode::kUnsupported, "fa4::forward (hopper): " + why);
-  const DeviceFacts& f = device_facts(p.device.index);
+  const DeviceFacts f = device_facts(p.device.index);
   LaunchContext ctx;
   ctx.num_sms = f.num_sms;
   ctx.l2_bytes = f.l2_bytes;

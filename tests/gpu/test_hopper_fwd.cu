@@ -416,6 +416,38 @@ TEST(HopperFwd, MisalignedStrideIsAClearError) {
   }
 }
 
+// An explicit exp2 share the 16-group rule cannot give on a key tile that is not a multiple of 128
+// columns (d >= 192 buckets) is refused, never silently changed; 0 stays supported.
+TEST(HopperFwd, Exp2FractionOnNon128KeyTileIsAClearError) {
+  REQUIRE_HOPPER();
+  DevBuf<uint16_t> buf(64 * 2 * 256), obuf(64 * 2 * 256);
+  DevBuf<float> lbuf(2 * 64);
+  const auto dev = fa4::Device::cuda(0);
+  auto x = TensorView::contiguous(buf.ptr, DType::kBF16, {1, 64, 2, 256}, dev);
+  auto out = TensorView::contiguous(obuf.ptr, DType::kBF16, {1, 64, 2, 256}, dev);
+  auto lse = TensorView::contiguous(lbuf.ptr, DType::kFP32, {1, 2, 64}, dev);
+  fa4::AttentionOptions opt;
+  opt.backend = fa4::Backend::kCuda;
+  opt.exp2_emulation_fraction = 0.25f;
+  const std::string why = fa4::forward_support(x, x, x, out, lse, opt);
+  EXPECT_NE(why.find("exp2_emulation_fraction"), std::string::npos) << why;
+  opt.exp2_emulation_fraction = 0.0f;
+  EXPECT_EQ(fa4::forward_support(x, x, x, out, lse, opt), "");
+}
+
+// A device index that does not exist is a clear error (not a crash or a cache overrun).
+TEST(HopperFwd, MissingDeviceIsAClearError) {
+  REQUIRE_HOPPER();
+  DevBuf<uint16_t> buf(16 * 64), obuf(16 * 64);
+  DevBuf<float> lbuf(16);
+  const auto dev = fa4::Device::cuda(4096);
+  auto x = TensorView::contiguous(buf.ptr, DType::kBF16, {1, 16, 1, 64}, dev);
+  auto out = TensorView::contiguous(obuf.ptr, DType::kBF16, {1, 16, 1, 64}, dev);
+  auto lse = TensorView::contiguous(lbuf.ptr, DType::kFP32, {1, 1, 16}, dev);
+  const std::string why = fa4::forward_support(x, x, x, out, lse, {});
+  EXPECT_NE(why.find("does not exist"), std::string::npos) << why;
+}
+
 // ---- sanitizer subset (small, every code path once) ----------------------------------------------
 TEST(HopperFwd, SanitizeSmall) {
   REQUIRE_HOPPER();
