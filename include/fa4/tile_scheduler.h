@@ -1,7 +1,9 @@
 // fa4/tile_scheduler.h — the order in which a persistent forward kernel processes its tiles.
-// Host code; the GPU kernels copy TileSchedule::tiles to device memory and walk it (each persistent
-// CTA takes the next entry from an atomic counter), the CPU implementation and the benchmark
-// ablation use the same order and the makespan simulator below.
+// Host planner with a makespan simulator. STATUS: the Hopper forward does NOT read this schedule
+// yet — it computes a closed-form order on the device (src/hopper/tile_scheduler.cuh: reversed
+// m-blocks inside L2 sections of query heads, a static grid stride), and the CPU implementation
+// uses its own OpenMP work list. Uploading TileSchedule::tiles with an atomic tile counter (true
+// LPT across sequences for varlen) is the planned use; until then this is tested host code only.
 //
 // A WORK ITEM (tile) is (batch, head, m_block): query rows [m_block*tile_m, +tile_m) of one
 // sequence and one query head. Its COST is the number of key tiles (tile_n keys each) the kernel
