@@ -148,3 +148,17 @@ def test_forward_support_kernel_name_truncation():
     buf = ctypes.create_string_buffer(5)
     assert lib.fa4_forward_support(*[ctypes.byref(t) for t in views], None, buf, 5) == 0
     assert buf.value == b"cpu:"  # "cpu::flash_forward" cut to 4 chars + NUL
+
+
+@pytest.mark.parametrize("backend", [3, 2])  # CUDA backend on CPU tensors; reference on fp32
+def test_forward_support_status_equals_forward_status(backend):
+    arrays, views = _views()
+    lib = _capi.library()
+    o = _capi.default_options()
+    o.backend = backend
+    support = lib.fa4_forward_support(*[ctypes.byref(t) for t in views], ctypes.byref(o), None, 0)
+    support_msg = lib.fa4_last_error()
+    status = _call(views, o)
+    assert support == status, (support, support_msg, status, lib.fa4_last_error())
+    if status != 0:
+        assert support_msg == lib.fa4_last_error()

@@ -146,23 +146,42 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
   throw Error(ErrorCode::kInternal, std::string(kFn) + ": selector picked no implementation");
 }
 
+namespace detail {
+
+ErrorCode forward_support_code(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& out, const TensorView& lse,
+                               const AttentionOptions& options, std::string* message,
+                               std::string* kernel_name) {
+  // Same function name as forward(): the answer is the error forward() would throw.
+  constexpr const char* kFn = "fa4::forward";
+  if (kernel_name) kernel_name->clear();
+  if (message) message->clear();
+  try {
+    const FwdParams p = make_fwd_params(q, k, v, out, lse, options, kFn);
+    const Selection s = select(p, options.backend, Direction::kForward, kFn);
+    if (s.code != ErrorCode::kOk) {
+      if (message) *message = s.error;
+      return s.code;
+    }
+    if (kernel_name) *kernel_name = s.kernel;
+    return ErrorCode::kOk;
+  } catch (const Error& e) {
+    if (message) *message = e.what();
+    return e.code();
+  } catch (const std::exception& e) {  // documented to answer, never to throw
+    if (message) *message = std::string(kFn) + ": internal error: " + e.what();
+    return ErrorCode::kInternal;
+  }
+}
+
+}  // namespace detail
+
 std::string forward_support(const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& out, const TensorView& lse,
                             const AttentionOptions& options, std::string* kernel_name) {
-  // Same function name as forward(): the answer is the message forward() would throw.
-  constexpr const char* kFn = "fa4::forward";
-  if (kernel_name) kernel_name->clear();
-  try {
-    const detail::FwdParams p = detail::make_fwd_params(q, k, v, out, lse, options, kFn);
-    const Selection s = select(p, options.backend, Direction::kForward, kFn);
-    if (s.code != ErrorCode::kOk) return s.error;
-    if (kernel_name) *kernel_name = s.kernel;
-    return "";
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {  // documented to answer, never to throw
-    return std::string(kFn) + ": internal error: " + e.what();
-  }
+  std::string why;
+  detail::forward_support_code(q, k, v, out, lse, options, &why, kernel_name);
+  return why;
 }
 
 }  // namespace fa4

@@ -275,11 +275,10 @@ int32_t fa4_forward_support(const fa4_tensor* q, const fa4_tensor* k, const fa4_
     const fa4::TensorView tq = to_view(q, fn, "q"), tk = to_view(k, fn, "k"),
                           tv = to_view(v, fn, "v"), tout = to_view(out, fn, "out"),
                           tlse = to_view(lse, fn, "lse");
-    // Validation first, so a broken rule keeps its own status (forward_support() only gives text).
-    (void)fa4::detail::make_fwd_params(tq, tk, tv, tout, tlse, o, "fa4::forward");
-    std::string name;
-    const std::string why = fa4::forward_support(tq, tk, tv, tout, tlse, o, &name);
-    if (!why.empty()) fail(ErrorCode::kUnsupported, why);
+    // The status is the one fa4_forward would return for the same arguments.
+    std::string name, why;
+    const ErrorCode code = fa4::detail::forward_support_code(tq, tk, tv, tout, tlse, o, &why, &name);
+    if (code != ErrorCode::kOk) fail(code, why);
     if (kernel_name != nullptr && kernel_name_capacity > 0) {
       const size_t n = name.size() < kernel_name_capacity - 1 ? name.size() : kernel_name_capacity - 1;
       std::memcpy(kernel_name, name.data(), n);

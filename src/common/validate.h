@@ -11,6 +11,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 
 #include "fa4/attention.h"
 #include "fa4/detail/params.h"
@@ -41,6 +42,13 @@ BwdParams make_bwd_params(const TensorView& dout, const TensorView& q, const Ten
                           const char* fn);
 
 /// True when there is nothing to compute or write (batch == 0, seqlen_q == 0, total_q == 0, ...).
+/// fa4::forward_support with the ErrorCode forward() would throw (kOk: supported; *kernel_name
+/// names what runs). The C ABI reports this code, so its status equals fa4_forward's.
+ErrorCode forward_support_code(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& out, const TensorView& lse,
+                               const AttentionOptions& options, std::string* message,
+                               std::string* kernel_name);
+
 bool is_empty_problem(const FwdParams& p);
 
 }  // namespace fa4::detail
