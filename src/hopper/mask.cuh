@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "fa4/detail/macros.h"
 #include "fa4/detail/mask.h"
 
 namespace fa4::hopper {
@@ -21,7 +22,7 @@ struct TileKeyRange {
   /// Visible keys are monotone in the row (both ends non-decreasing), so the union over the tile
   /// is [first(row_lo), last(row_hi)) and the keys visible to EVERY row are
   /// [first(row_hi), last(row_lo)).
-  __host__ __device__ __forceinline__ static TileKeyRange make(int32_t row_lo, int32_t row_hi, int32_t seqlen_q,
+  FA4_HD static TileKeyRange make(int32_t row_lo, int32_t row_hi, int32_t seqlen_q,
                                                       int32_t seqlen_k, detail::MaskSpec m, int32_t block_n) {
     TileKeyRange r;
     const detail::KeyRange lo = detail::visible_key_range(row_lo, seqlen_q, seqlen_k, m);
@@ -36,7 +37,7 @@ struct TileKeyRange {
   }
 
   /// True if some element of block n may be invisible to some real row: uniform for the CTA.
-  __host__ __device__ __forceinline__ bool needs_mask(int32_t n_block, int32_t block_n) const {
+  FA4_HD bool needs_mask(int32_t n_block, int32_t block_n) const {
     const int32_t k0 = n_block * block_n;
     return !(k0 >= full_first && k0 + block_n <= full_last);
   }

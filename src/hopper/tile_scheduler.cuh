@@ -16,6 +16,8 @@
 
 #include <cstdint>
 
+#include "fa4/detail/macros.h"
+
 namespace fa4::hopper {
 
 struct TileCoord {
@@ -25,7 +27,7 @@ struct TileCoord {
 };
 
 template <class Params>
-__host__ __device__ __forceinline__ TileCoord tile_coord(const Params& p, int32_t t) {
+FA4_HD TileCoord tile_coord(const Params& p, int32_t t) {
   const int32_t num_m = p.num_m_blocks;
   if (!p.lpt) {  // plain order: m fastest, then head, then batch
     const int32_t bh = t / num_m;

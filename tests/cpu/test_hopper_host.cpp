@@ -1,4 +1,4 @@
-// tests/gpu/test_hopper_host.cu — host-side checks of the Hopper kernel's tile logic (no GPU
+// tests/cpu/test_hopper_host.cpp — host-side checks of the Hopper kernel's tile logic (no GPU
 // needed, so these run in CI): the persistent tile order visits every tile exactly once, and the
 // per-tile key-block range / "needs element mask" decision agree with fa4/detail/mask.h.
 #include <gtest/gtest.h>
