@@ -64,9 +64,11 @@ void add_case_options(CLI::App* app, CaseFlags& f) {
   app->add_option("--seqlen-q", s.seqlen_q, "query length (varlen: the maximum)")->capture_default_str();
   app->add_option("--seqlen-k", s.seqlen_k, "key length (varlen: the maximum)")->capture_default_str();
   app->add_option("--num-heads", s.num_heads, "query heads")->capture_default_str();
-  app->add_option("--num-heads-kv", s.num_heads_kv, "key/value heads (GQA/MQA); default num-heads");
+  app->add_option("--num-heads-kv", s.num_heads_kv, "key/value heads (GQA/MQA); default num-heads")
+      ->check(CLI::Range(1, 1 << 20));
   app->add_option("--headdim,-d", s.headdim, "head dim of q and k")->capture_default_str();
-  app->add_option("--headdim-v", s.headdim_v, "head dim of v and out; default headdim");
+  app->add_option("--headdim-v", s.headdim_v, "head dim of v and out; default headdim")
+      ->check(CLI::Range(1, 1 << 20));
   app->add_option("--dtype", s.dtype, "element type of q/k/v/out")
       ->check(CLI::IsMember({"bf16", "fp16", "fp32"}))->capture_default_str();
   app->add_flag("--causal", s.causal, "causal mask, aligned bottom-right");
@@ -341,7 +343,12 @@ int main(int argc, char** argv) {
   CLI::App* info = app.add_subcommand("info", "version, CUDA build, visible GPUs");
   info->add_flag("--json", info_json, "print one JSON object");
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help/--version exit 0; every malformed command line exits kExitError, as documented.
+    return app.exit(e) == 0 ? 0 : kExitError;
+  }
   try {
     if (check->parsed()) return cmd_check(check_flags.resolve(), check_json);
     if (bench->parsed()) {
@@ -354,6 +361,9 @@ int main(int argc, char** argv) {
     if (info->parsed()) return cmd_info(info_json);
   } catch (const fa4::Error& e) {
     std::fprintf(stderr, "error [%s]: %s\n", fa4::error_code_name(e.code()), e.what());
+    return kExitError;
+  } catch (const std::exception& e) {  // e.g. std::bad_alloc for a case too large for this machine
+    std::fprintf(stderr, "error: %s\n", e.what());
     return kExitError;
   }
   std::cout << app.help();

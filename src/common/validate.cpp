@@ -61,31 +61,34 @@ struct Named {
 TensorView check_view(const Checker& c, const TensorView& t, const char* name, bool is_output = false) {
   if (t.ndim < 0 || t.ndim > TensorView::kMaxDims)
     c.invalid(name, ".ndim = ", t.ndim, " must be in [0, ", TensorView::kMaxDims, "]");
-  for (int d = 0; d < t.ndim; ++d) {
-    if (t.shape[d] < 0) c.invalid(name, ".shape[", d, "] = ", t.shape[d], " must be >= 0");
-    if (t.shape[d] > 1 && t.stride[d] < 0)
-      c.invalid(name, ".stride[", d, "] = ", t.stride[d], " is negative; negative strides are not "
-                "supported");
-    if (is_output && t.shape[d] > 1 && t.stride[d] == 0)
-      c.invalid(name, ".stride[", d, "] = 0 on a dim of size ", t.shape[d], ": an output must not "
-                "map two elements to one address");
-  }
   int64_t numel = 1;  // overflow-checked: the implementations index with int64
   for (int d = 0; d < t.ndim; ++d)
     if (t.shape[d] >= 0 && __builtin_mul_overflow(numel, t.shape[d], &numel))
       c.invalid(name, " has shape ", t.shape_string(), " whose element count overflows int64");
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] < 0) c.invalid(name, ".shape[", d, "] = ", t.shape[d], " must be >= 0");
+    if (t.shape[d] > 1 && t.stride[d] < 0 && numel != 0)
+      c.invalid(name, ".stride[", d, "] = ", t.stride[d], " is negative; negative strides are not "
+                "supported");
+    if (is_output && t.shape[d] > 1 && t.stride[d] == 0 && numel != 0)
+      c.invalid(name, ".stride[", d, "] = 0 on a dim of size ", t.shape[d], ": an output must not "
+                "map two elements to one address");
+  }
   if (t.data != nullptr && reinterpret_cast<uintptr_t>(t.data) % uintptr_t(dtype_size(t.dtype)) != 0)
     c.invalid(name, ".data is not aligned to its element size (", dtype_size(t.dtype), " bytes)");
-  if (t.data == nullptr && t.numel() > 0)
+  if (t.data == nullptr && numel > 0)
     c.invalid(name, ".data is null but ", name, " has shape ", t.shape_string());
   if (t.device.type != DeviceType::kCPU && t.device.type != DeviceType::kCUDA)
     c.invalid(name, ".device.type = ", static_cast<int>(t.device.type), " is not kCPU or kCUDA");
   if (t.device.type == DeviceType::kCUDA && t.device.index < 0)
     c.invalid(name, ".device.index = ", t.device.index, " must be >= 0");
   TensorView n = t;
+  // An empty view addresses nothing, so none of its strides matter (NumPy reports all-zero
+  // strides for empty arrays): all of them are replaced, as for size-1 dims below.
+  const bool empty = numel == 0;
   int64_t inner = 1;  // row-major stride of dim d given the normalised inner dims
   for (int d = t.ndim - 1; d >= 0; --d) {
-    if (n.shape[d] <= 1) n.stride[d] = inner;
+    if (n.shape[d] <= 1 || empty) n.stride[d] = inner;
     inner = n.stride[d] * (n.shape[d] > 1 ? n.shape[d] : 1);
   }
   return n;
