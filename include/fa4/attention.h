@@ -23,7 +23,8 @@
 //     j >= i + seqlen_k - seqlen_q - window_size_left    (skipped when window_size_left  == -1)
 //     j <= i + seqlen_k - seqlen_q + window_size_right   (skipped when window_size_right == -1)
 // i.e. windows and causal are aligned BOTTOM-RIGHT. causal == window (-1, 0); causal together with
-// a window_size_right other than -1 or 0 is an error.
+// a window_size_right other than -1 or 0 is an error. There is no top-left alignment option
+// (PyTorch SDPA's is_causal is top-left; the two differ when seqlen_q != seqlen_k).
 //
 // EDGE SEMANTICS.
 //   * A query row with no visible key (causal with seqlen_q > seqlen_k, windows, seqlen_k == 0,
