@@ -54,9 +54,12 @@ void check_shape_list(std::initializer_list<int64_t> shape, const char* fn) {
 
 }  // namespace
 
-TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape,
-                                  Device device) {
-  check_shape_list(shape, "fa4::TensorView::contiguous");
+namespace {
+
+/// The fields every factory sets; strides are left to the caller.
+TensorView view_of(void* data, DType dtype, std::initializer_list<int64_t> shape, Device device,
+                   const char* fn) {
+  check_shape_list(shape, fn);
   TensorView t;
   t.data = data;
   t.dtype = dtype;
@@ -64,6 +67,14 @@ TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list
   t.ndim = static_cast<int32_t>(shape.size());
   int d = 0;
   for (int64_t n : shape) t.shape[d++] = n;
+  return t;
+}
+
+}  // namespace
+
+TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape,
+                                  Device device) {
+  TensorView t = view_of(data, dtype, shape, device, "fa4::TensorView::contiguous");
   int64_t step = 1;
   for (int i = t.ndim - 1; i >= 0; --i) {
     t.stride[i] = step;
@@ -75,21 +86,15 @@ TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list
 
 TensorView TensorView::strided(void* data, DType dtype, std::initializer_list<int64_t> shape,
                                std::initializer_list<int64_t> stride, Device device) {
-  check_shape_list(shape, "fa4::TensorView::strided");
+  constexpr const char* kFn = "fa4::TensorView::strided";
+  TensorView t = view_of(data, dtype, shape, device, kFn);
   if (shape.size() != stride.size()) {
     std::ostringstream s;
-    s << "fa4::TensorView::strided: " << shape.size() << " shape entries but " << stride.size()
+    s << kFn << ": " << shape.size() << " shape entries but " << stride.size()
       << " strides; they must have the same length";
     throw Error(ErrorCode::kInvalidArgument, s.str());
   }
-  TensorView t;
-  t.data = data;
-  t.dtype = dtype;
-  t.device = device;
-  t.ndim = static_cast<int32_t>(shape.size());
   int d = 0;
-  for (int64_t n : shape) t.shape[d++] = n;
-  d = 0;
   for (int64_t s : stride) t.stride[d++] = s;
   return t;
 }

@@ -9,15 +9,10 @@
 
 #include "hopper/arch.cuh"
 
+#include "gpu_test_util.cuh"
+
 namespace {
 
-bool have_hopper() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) { cudaGetLastError(); return false; }
-  int major = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  return major == 9;
-}
 
 __global__ void ex2_kernel(const float* x, float* y, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -52,7 +47,7 @@ __global__ void __launch_bounds__(384, 1) barrier_kernel(int* flag_seen, float* 
 }
 
 TEST(HopperArch, Ex2ApproxMatchesExp2) {
-  if (!have_hopper()) GTEST_SKIP() << "no sm_90 CUDA device";
+  REQUIRE_HOPPER();
   std::vector<float> x;
   for (float v = -130.f; v <= 8.f; v += 0.0137f) x.push_back(v);
   x.push_back(-INFINITY);
@@ -78,7 +73,7 @@ TEST(HopperArch, Ex2ApproxMatchesExp2) {
 }
 
 TEST(HopperArch, NamedBarrierOrdersWarpgroupsAndQuadReductions) {
-  if (!have_hopper()) GTEST_SKIP() << "no sm_90 CUDA device";
+  REQUIRE_HOPPER();
   int* seen;
   float* quad;
   cudaMalloc(&seen, 128 * 4);

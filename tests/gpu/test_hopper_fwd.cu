@@ -26,20 +26,13 @@
 #include "fa4/detail/float16.h"
 #include "gpu/gpu_reference.cuh"
 
+#include "gpu_test_util.cuh"
+
 namespace {
 
 using fa4::DType;
 using fa4::TensorView;
 
-bool have_hopper() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) { cudaGetLastError(); return false; }
-  int major = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  return major == 9;
-}
-#define REQUIRE_HOPPER() \
-  if (!have_hopper()) GTEST_SKIP() << "no sm_90 CUDA device: Hopper kernel tests skipped"
 
 #define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << cudaGetErrorString(x)
 
