@@ -32,7 +32,7 @@ const char* dtype_name(DType t);
 enum class DeviceType : int32_t { kCPU = 0, kCUDA = 1 };
 
 /// Where a tensor lives. `stream` is a cudaStream_t (nullptr = the legacy default stream); it is
-/// ignored for CPU tensors. All tensors of one call must share one device.
+/// ignored for CPU tensors. All tensors of one call must share one device (and one stream).
 struct Device {
   DeviceType type = DeviceType::kCPU;
   int32_t index = 0;       ///< CUDA ordinal; 0 for CPU

@@ -108,6 +108,10 @@ void check_same_device(const Checker& c, const Named& x, const Named& ref) {
     c.invalid(x.name, " is on ", where(x.t.device), " but ", ref.name, " is on ",
               where(ref.t.device), "; all tensors of one call must be on the same device");
   }
+  // fa4 enqueues on q's stream; a tensor produced on another stream would be read unordered.
+  if (x.t.device.type == DeviceType::kCUDA && x.t.device.stream != ref.t.device.stream)
+    c.invalid(x.name, ".device.stream differs from ", ref.name, ".device.stream; all tensors of one "
+              "call must name the same CUDA stream (fa4 runs on it)");
 }
 
 void check_ndim(const Checker& c, const Named& x, int want, const char* layout) {

@@ -215,6 +215,12 @@ std::vector<BadCase> bad_cases() {
       {"out_on_other_device", F::kForward, false,
        [](Problem& p) { p.out.t.device = Device::cuda(0); },
        kInv, {"out is on cuda:0", "q is on cpu", "same device"}},
+      {"out_on_other_stream", F::kForward, false,
+       [](Problem& p) {
+         for (Tensor* x : p.all()) x->t.device = Device::cuda(0);
+         p.out.t.device.stream = reinterpret_cast<void*>(0x10);
+       },
+       kInv, {"out.device.stream differs from q.device.stream", "same CUDA stream"}},
       {"lse_on_other_device", F::kForward, false,
        [](Problem& p) { p.lse.t.device = Device::cuda(1); }, kInv, {"lse is on cuda:1"}},
       {"q_null_data", F::kForward, false, [](Problem& p) { p.q.t.data = nullptr; },
