@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "fa4/detail/bit_cast.h"
 #include "fa4/detail/macros.h"
 
 namespace fa4 {
@@ -29,30 +30,6 @@ struct Exp2Split {
   }
   constexpr double fraction() const { return period > 0 ? double(emulated) / period : 0.0; }
 };
-
-namespace detail {
-
-/// Bit casts usable from host and device code (no std::bit_cast in nvcc device code).
-FA4_HD uint32_t f32_as_u32(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  return u;
-#endif
-}
-FA4_HD float u32_as_f32(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-#endif
-}
-
-}  // namespace detail
 
 /// Coefficients of p(f) = c0 + c1 f + c2 f^2 + c3 f^3 ~ 2^f on [0, 1): minimax in relative error
 /// with c0 fixed at exactly 1 (so p(0) = 1 and every integer x gives an exact power of two),
@@ -128,8 +105,8 @@ FA4_HD float exp2_emulated(float x) {
   p = fmaf(p, f, P::c1);
   p = fmaf(p, f, P::c0);
   // (bits(t) << 23) mod 2^32 == j << 23: the exponent/magic bits of t shift out of the word.
-  const uint32_t scaled = detail::f32_as_u32(p) + (detail::f32_as_u32(t) << C::kMantissaBits);
-  const float r = detail::u32_as_f32(scaled);
+  const uint32_t scaled = detail::float_bits(p) + (detail::float_bits(t) << C::kMantissaBits);
+  const float r = detail::bits_float(scaled);
   // The bit-add does not preserve NaN (it can move a NaN's exponent field), so restore it here.
   return x != x ? x : r;
 }

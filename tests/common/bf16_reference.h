@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "fa4/detail/bit_cast.h"
+
 namespace fa4::test {
 
 constexpr int kBf16MantissaBits = 7;  // stored bits; 8 with the implicit one
@@ -29,10 +31,7 @@ inline uint16_t double_to_bf16_rne(double d) {
   constexpr double kBf16Max = 0x1.fep127;
   if (rounded > kBf16Max) return uint16_t(sign | 0x7f80);
   // rounded is a bf16 value, hence exactly a float whose low 16 bits are zero.
-  const float f = float(rounded);
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  return uint16_t(sign | (u >> 16));
+  return uint16_t(sign | (fa4::detail::float_bits(float(rounded)) >> 16));
 }
 
 /// Signed position on the bf16 number line (+0 and -0 both map to 0).

@@ -7,12 +7,11 @@
 #include <cstdint>
 #include <cstring>
 
+#include "fa4/detail/bit_cast.h"
 #include "fa4/tensor.h"
 
 namespace fa4::detail {
 
-inline uint32_t float_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
-inline float bits_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 
 inline uint16_t float_to_bf16(float f) {
   uint32_t u = float_bits(f);
