@@ -7,6 +7,7 @@
 // indices that disagree with the tensor sizes would read or write out of bounds (case C35).
 // Nothing is written anywhere; the caller runs an implementation only after this returns.
 #include "common/validate.h"
+#include "fa4/detail/constants.h"
 
 #include <cmath>
 #include <cstring>
@@ -23,7 +24,6 @@ namespace fa4::detail {
 namespace {
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-constexpr double kLog2e = 1.4426950408889634;
 
 /// Builds messages "<fn>: <parts...>" and throws them.
 class Checker {
@@ -328,7 +328,7 @@ FwdParams make_fwd_params(const TensorView& q_in, const TensorView& k_in, const 
     // Case C32: the default uses the real head dim of q/k, never headdim_v or a padded value.
     p.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.headdim)));
   }
-  p.softmax_scale_log2 = static_cast<float>(static_cast<double>(p.softmax_scale) * kLog2e);
+  p.softmax_scale_log2 = static_cast<float>(static_cast<double>(p.softmax_scale) * kLog2eF64);
   if (!std::isfinite(o.softcap) || !(o.softcap >= 0.0f))
     c.invalid("options.softcap = ", o.softcap, " must be finite and >= 0 (0 = off)");
   p.softcap = o.softcap;

@@ -11,13 +11,14 @@
 
 #include "cpu/cpu_attention.h"
 #include "cpu/naive_attention.h"
+#include "fa4/detail/constants.h"
 #include "fa4/detail/float16.h"
 #include "fa4/detail/params.h"
 
 namespace fa4::cpu::tile {
 
-inline constexpr float kLog2e = 1.44269504088896340736f;
-inline constexpr float kLn2 = 0.69314718055994530942f;
+using detail::kLog2e;
+using detail::kLn2;
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Tensor addressing: the same helpers the oracle uses.

@@ -22,6 +22,7 @@
 #include <limits>
 #include <vector>
 
+#include "fa4/detail/constants.h"
 #include "fa4/detail/float16.h"
 #include "fa4/detail/params.h"
 #include "fa4/exp2.h"
@@ -52,8 +53,7 @@ struct RoundToDtype {
   bool emulated_exp = false;
   float operator()(float x) const { return detail::round_to(dtype, x); }
   float exp(float x) const {
-    constexpr float kLog2e = 1.44269504088896340736f;
-    return emulated_exp ? exp2_emulated(x * kLog2e) : std::exp(x);
+    return emulated_exp ? exp2_emulated(x * detail::kLog2e) : std::exp(x);
   }
 };
 

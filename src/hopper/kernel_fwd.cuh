@@ -13,6 +13,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
+#include "fa4/detail/constants.h"
 #include "hopper/arch.cuh"
 #include "hopper/epilogue.cuh"
 #include "hopper/kernel_traits.cuh"
@@ -64,12 +65,11 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
   OnlineSoftmax<Mma::kFragS> softmax;
   typename Kt::PipelineState rd;  // consumer start state: stage 0, phase 0
   uint32_t q_phase = 0;
-  const float log2e = 1.44269504088896341f;
 
   for (int32_t t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
     const TileInfo ti = make_tile_info<Kt::kBlockM, Kt::kBlockN>(p, t);
     if (!ti.has_rows) continue;
-    const float sink_log2 = p.sink ? p.sink[ti.c.head] * log2e : -INFINITY;
+    const float sink_log2 = p.sink ? p.sink[ti.c.head] * detail::kLog2e : -INFINITY;
     float o_scale[2], lse[2];
     if (!ti.has_keys()) {  // no key visible to any row: O = 0, LSE = -inf (or the sink)
       clear(tOrO);

@@ -91,11 +91,10 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   p.cu_seqlens_k = fp.cu_seqlens_k;
   p.seqused_k = fp.seqused_k;
   p.sink = fp.sink;
-  constexpr float kLog2e = 1.44269504088896341f;
   p.has_softcap = fp.softcap > 0.f;
   // Under softcap the kernel turns raw q.k into tanh(q.k * scale / softcap); the log2-unit logit
   // is then softcap * log2(e) * tanh(.).
-  p.softmax_scale_log2 = p.has_softcap ? fp.softcap * kLog2e : fp.softmax_scale * kLog2e;
+  p.softmax_scale_log2 = p.has_softcap ? fp.softcap * detail::kLog2e : fp.softmax_scale * detail::kLog2e;
   p.softcap_inv_scale = p.has_softcap ? fp.softmax_scale / fp.softcap : 0.f;
   p.tau = fp.rescale_threshold;
   p.mask = fp.mask;

@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "fa4/exp2.h"
+#include "fa4/detail/constants.h"
 #include "hopper/arch.cuh"
 
 namespace fa4::hopper {
@@ -45,8 +46,8 @@ struct RuntimeExp2Split {
 /// Period of every split fa4::forward makes from an exp2_emulation_fraction (multiples of 1/16).
 constexpr int kRuntimeSplitPeriod = 16;
 
-constexpr float kLn2 = 0.693147180559945309f;
-constexpr float kLog2e = 1.44269504088896341f;
+using detail::kLn2;
+using detail::kLog2e;
 
 template <int kFragSize>
 struct OnlineSoftmax {
