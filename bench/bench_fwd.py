@@ -5,7 +5,7 @@ in ONE process, on one GPU, timed with triton.testing.do_bench (median, CUDA eve
 Shapes (FA3/FA4 papers' convention): batch*seqlen = 16k tokens, num_heads*headdim = 2048, head
 dims 64/128/256, seqlen 512..16k, causal and not; Llama-3.1-8B prefill (32 q heads, 8 kv heads,
 d128, causal, seqlen 8k); a varlen batch; and an ablation of the FA4 knobs (exp2 emulation share,
-lazy rescaling tau, LPT tile order via FA4_HOPPER_LPT). FLOPs = 4*b*h*sq*sk*d (x0.5 causal).
+lazy rescaling tau, tile schedule via FA4_HOPPER_SCHED and FA4_HOPPER_LPT). FLOPs = 4*b*h*sq*sk*d (x0.5 causal).
 
 Usage (on the GPU machine, from the repo root):
     PYTHONPATH=python FA4_LIBRARY=build-hopper/src/libfa4.so python3 bench/bench_fwd.py OUT.json [--quick]
@@ -146,11 +146,15 @@ def main():
                 for tau in [0.0, 8.0]:
                     add({"kind": "ablation_tau", "hdim": hdim, "causal": causal, "tau": tau,
                          "fa4": tflops(flops, time_fa4(q, k, v, causal, rescale_threshold=tau))})
-                for lpt in ["0", "1"]:
+                # Tile schedule: (claiming, order). static = CTA c takes tiles c, c+grid, ...;
+                # dynamic = atomic tile counter (greedy). lpt = longest-first order + L2 sections.
+                for sched, lpt in [("static", "0"), ("static", "1"), ("dynamic", "0"), ("dynamic", "1")]:
+                    os.environ["FA4_HOPPER_SCHED"] = sched
                     os.environ["FA4_HOPPER_LPT"] = lpt
-                    add({"kind": "ablation_lpt", "hdim": hdim, "causal": causal, "lpt": lpt == "1",
-                         "fa4": tflops(flops, time_fa4(q, k, v, causal))})
+                    add({"kind": "ablation_schedule", "hdim": hdim, "causal": causal, "sched": sched,
+                         "lpt": lpt == "1", "fa4": tflops(flops, time_fa4(q, k, v, causal))})
                 os.environ.pop("FA4_HOPPER_LPT", None)
+                os.environ.pop("FA4_HOPPER_SCHED", None)
                 del q, k, v
 
     json.dump({"meta": meta, "rows": rows}, open(args.out_json, "w"), indent=1)

@@ -3,8 +3,8 @@
 // Everything else goes through CuTe/CUTLASS. What is here has no CuTe wrapper with the exact
 // semantics we need, or we want the id/count explicit:
 //   * named barriers (bar.sync / bar.arrive) with our own ids: warpgroups synchronise in pairs
-//     (producer warp <-> consumers for "Q buffer free", consumer WG <-> consumer WG for the
-//     ping-pong of wgmma issue) without stalling the whole CTA as __syncthreads would;
+//     (consumer WG <-> consumer WG for the ping-pong of wgmma issue) or alone (a warpgroup's O
+//     slice staged for the TMA store) without stalling the whole CTA as __syncthreads would;
 //   * ex2.approx.ftz.f32: the MUFU exponential (2^x, ~2 ulp, flushes subnormals) that the FA4
 //     softmax splits against the FMA-pipe polynomial fa4::exp2_emulated;
 //   * setmaxnreg: moves registers from the producer warpgroup (which only issues TMA) to the two
@@ -19,10 +19,11 @@ namespace fa4::hopper::arch {
 
 /// Named-barrier ids. 0 is __syncthreads(); CUTLASS reserves none of these in our kernels.
 enum NamedBarrierId : uint32_t {
-  kBarrierQueryEmpty = 1,      ///< consumers -> producer warp: Q shared buffer may be overwritten
   kBarrierSchedulerWG1 = 2,    ///< ping-pong: consumer warpgroup 1 may issue its wgmmas
   kBarrierSchedulerWG2 = 3,    ///< ping-pong: consumer warpgroup 2 may issue its wgmmas
   kBarrierConsumers = 4,       ///< both consumer warpgroups (e.g. after zeroing a V tail in smem)
+  kBarrierEpilogueWG1 = 5,     ///< one consumer warpgroup: its O slice is in smem, TMA may store it
+  kBarrierEpilogueWG2 = 6,
 };
 
 /// Blocks until `num_threads` threads (multiple of 32, whole warps) have arrived at barrier `id`.

@@ -168,6 +168,17 @@ std::string forward_support(const detail::FwdParams& p, std::string* kernel_name
   return "";
 }
 
+/// Ablation switch from the environment: unset -> `automatic`; `off`/`on` -> false/true; anything
+/// else is an error (a typo must not silently measure the default).
+static bool env_switch(const char* name, const char* off, const char* on, bool automatic) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return automatic;
+  if (std::string(v) == off) return false;
+  if (std::string(v) == on) return true;
+  throw Error(ErrorCode::kInvalidArgument, std::string("fa4::forward (hopper): environment variable ") + name +
+                                               "='" + v + "' must be '" + off + "' or '" + on + "' (or unset)");
+}
+
 void forward(const detail::FwdParams& p) {
   const std::string why = forward_support(p, nullptr);
   if (!why.empty()) throw Error(ErrorCode::kUnsupported, "fa4::forward (hopper): " + why);
@@ -179,10 +190,10 @@ void forward(const detail::FwdParams& p) {
   // non-causal problems the plain order (m fastest) already keeps one head's K/V hot in L2, and
   // interleaving heads measured 5% slower (bench/results, d128). FA4_HOPPER_LPT=0/1 forces it
   // off/on for the ablation.
-  const char* lpt = std::getenv("FA4_HOPPER_LPT");
-  if (lpt && std::string(lpt) == "0") ctx.lpt = false;
-  else if (lpt && std::string(lpt) == "1") ctx.lpt = true;
-  else ctx.lpt = p.mask.is_local() || p.is_varlen;
+  const bool unequal_tiles = p.mask.is_local() || p.is_varlen;
+  ctx.lpt = env_switch("FA4_HOPPER_LPT", "0", "1", unequal_tiles);
+  // Tiles of unequal cost (the same problems) are claimed dynamically, longest first.
+  ctx.dynamic_schedule = env_switch("FA4_HOPPER_SCHED", "static", "dynamic", unequal_tiles);
 
   int prev = 0;
   if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;

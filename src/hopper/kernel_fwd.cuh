@@ -5,8 +5,10 @@
 //                (mainloop_load.cuh); warps 1-3 exit.
 //   warpgroups 1, 2  consumers: setmaxnreg up to 240; each owns 64 of the tile's 128 query rows and
 //                runs QK^T / softmax / PV (mainloop_mma.cuh) and the epilogue (epilogue.cuh).
-// Everyone walks the same tile order (tile_scheduler.cuh); shared memory is one Q buffer (mbarrier
-// with a phase per Q load, freed by a named barrier) and two TMA stage rings for K and V.
+// The producer warp claims tiles (static stride or a dynamic LPT counter, tile_scheduler.cuh) and
+// passes each index to the consumers through a small smem ring; shared memory holds TMA stage rings
+// for Q (q_stages buffers, so the next tile's Q loads during this tile; the epilogue stages O in
+// the finished tile's buffer), K and V.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -36,9 +38,6 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
 
   const int warp_idx = cutlass::canonical_warp_idx_sync();
   const int warp_group = threadIdx.x / cutlass::NumThreadsPerWarpGroup;
-  if (warp_idx == 0 && cute::elect_one_sync()) {
-    ss.barrier_q.init(/*arrive_count=*/1);
-  }
   typename Pipeline::Params pp;
   pp.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
   pp.is_leader = threadIdx.x == 0;  // the lane that issues the TMAs
@@ -47,11 +46,18 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
   Pipeline pipe_k(ss.pipeline_k, pp, Shape<_1, _1, _1>{});
   pp.transaction_bytes = Kt::kTmaBytesV;
   Pipeline pipe_v(ss.pipeline_v, pp, Shape<_1, _1, _1>{});
+  typename Kt::PipelineQ::Params pq;
+  pq.role = warp_group == 0 ? Kt::PipelineQ::ThreadCategory::Producer : Kt::PipelineQ::ThreadCategory::Consumer;
+  pq.is_leader = threadIdx.x == 0;
+  pq.num_consumers = Kt::kNumMmaThreads;
+  pq.transaction_bytes = Kt::kTmaBytesQ;
+  typename Kt::PipelineQ pipe_q(ss.pipeline_q, pq, Shape<_1, _1, _1>{});
+  TileRing::Pipeline pipe_t = TileRing::make(ss.tiles, warp_group == 0, Kt::kNumMmaThreads);
   __syncthreads();  // barrier inits visible to everyone
 
   if (warp_group == 0) {
     arch::warpgroup_reg_dealloc<Kt::kConfig.producer_regs>();
-    if (warp_idx == 0) MainloopLoad<Kt>::run(p, ss, pipe_k, pipe_v);
+    if (warp_idx == 0) MainloopLoad<Kt>::run(p, ss, pipe_k, pipe_v, pipe_q, pipe_t);
     return;
   }
   arch::warpgroup_reg_alloc<Kt::kConfig.consumer_regs>();
@@ -64,9 +70,11 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
   Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<Kt::kBlockM>, Int<Kt::kHeadDimV>>{});
   OnlineSoftmax<Mma::kFragS> softmax;
   typename Kt::PipelineState rd;  // consumer start state: stage 0, phase 0
-  uint32_t q_phase = 0;
+  typename Kt::PipelineStateQ rq;
 
-  for (int32_t t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+  TileRing::State ts;  // consumer start state: slot 0, phase 0
+  for (int32_t t = TileRing::receive(pipe_t, ss.tiles, ts); t < p.num_tiles;
+       t = TileRing::receive(pipe_t, ss.tiles, ts)) {
     const TileInfo ti = make_tile_info<Kt::kBlockM, Kt::kBlockN>(p, t);
     if (!ti.has_rows) continue;
     const float sink_log2 = p.sink ? p.sink[ti.c.head] * detail::kLog2e : -INFINITY;
@@ -74,12 +82,16 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
     if (!ti.has_keys()) {  // no key visible to any row: O = 0, LSE = -inf (or the sink)
       clear(tOrO);
       softmax.init();
+      softmax.finalize(p.softmax_scale_log2, sink_log2, o_scale, lse);
+      Epilogue<Kt>::store_direct(p, ti, tid, tOrO, o_scale);
     } else {
-      Mma::run(p, ss, pipe_k, pipe_v, rd, q_phase, ti, tid, tOrO, softmax);
-      q_phase ^= 1;
+      Mma::run(p, ss, pipe_k, pipe_v, pipe_q, rd, rq, ti, tid, tOrO, softmax);
+      softmax.finalize(p.softmax_scale_log2, sink_log2, o_scale, lse);
+      if (p.out_tma) Epilogue<Kt>::store_tma(p, ss, pipe_q, rq, ti, tid, tOrO, o_scale);
+      else Epilogue<Kt>::store_direct(p, ti, tid, tOrO, o_scale);
+      ++rq;
     }
-    softmax.finalize(p.softmax_scale_log2, sink_log2, o_scale, lse);
-    Epilogue<Kt>::store(p, ti, tid, tOrO, o_scale, lse);
+    Epilogue<Kt>::store_lse(p, ti, tid, lse);
   }
 #endif
 }

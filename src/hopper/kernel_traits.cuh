@@ -17,6 +17,7 @@
 #include "fa4/detail/kernel_config.h"
 #include "fa4/detail/mask.h"
 #include "fa4/exp2.h"
+#include "hopper/tile_scheduler.cuh"
 
 namespace fa4::hopper {
 
@@ -32,6 +33,7 @@ struct FwdKernelTraits {
   static constexpr int kBlockM = kConfig.tile_m;
   static constexpr int kBlockN = kConfig.tile_n;
   static constexpr int kStages = kConfig.stages;
+  static constexpr int kQStages = kConfig.q_stages;
   static constexpr int kNumMmaWarpGroups = kBlockM / 64;
   static constexpr int kNumMmaThreads = kNumMmaWarpGroups * cutlass::NumThreadsPerWarpGroup;
   static constexpr int kNumThreads = kNumMmaThreads + cutlass::NumThreadsPerWarpGroup;
@@ -59,7 +61,8 @@ struct FwdKernelTraits {
   // wgmma reads are bank-conflict free.
   using SmemLayoutAtomQ = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
                                    GMMA::Major::K, Element, Int<kBlockM>, Int<kHeadDim>>());
-  using SmemLayoutQ = decltype(tile_to_shape(SmemLayoutAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutQ = decltype(tile_to_shape(SmemLayoutAtomQ{},
+                                             Shape<Int<kBlockM>, Int<kHeadDim>, Int<kQStages>>{}));
   using SmemLayoutAtomK = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
                                    GMMA::Major::K, Element, Int<kBlockN>, Int<kHeadDim>>());
   using SmemLayoutK = decltype(tile_to_shape(
@@ -71,6 +74,23 @@ struct FwdKernelTraits {
   using SmemLayoutVt = decltype(tile_to_shape(
       SmemLayoutAtomVt{}, Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{}));
 
+  // The epilogue stages each warpgroup's 64 x dv slice of O (16-bit) in the tile's Q buffer, dead
+  // once that warpgroup's last Q K^T completed, and TMA-stores it from there. A warpgroup writes
+  // exactly the smem of ITS OWN 64 Q rows (the Q layout restricted to those rows and the first dv
+  // columns), so it never races with the other warpgroup's Q K^T still reading the buffer.
+  using SmemLayoutQStage = decltype(tile_to_shape(SmemLayoutAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  static constexpr int kQStageElems = kBlockM * kHeadDim;
+  static_assert(cosize_v<SmemLayoutQ> == kQStages * kQStageElems, "Q stages are back to back");
+  static_assert(kHeadDimV <= kHeadDim, "O is staged in the Q buffer");
+  using SmemLayoutOHalf = decltype(composition(
+      SmemLayoutQStage{}, make_layout(Shape<_64, Int<kHeadDimV>>{}, Stride<_1, Int<kBlockM>>{})));
+  // One warpgroup's O accumulators (64 x dv): the same per-thread fragment as its half of the
+  // two-warpgroup TiledMmaPV, used to partition the stmatrix copy.
+  using TiledMmaPVWG = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, ElementAccum, Shape<_64, Int<kHeadDimV>, Int<kBlockN>>,
+                           GMMA::Major::K, GMMA::Major::MN>()));
+  using SmemCopyAtomO = Copy_Atom<SM90_U32x4_STSM_N, Element>;
+
   // Global tensors as TMA sees them: (rows, d, head, batch) with d contiguous. V is described
   // transposed, (d, rows, head, batch), to land in the V^T smem layout.
   using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;
@@ -79,7 +99,10 @@ struct FwdKernelTraits {
 
   using TMA_Q = decltype(make_tma_copy(
       SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
-      SmemLayoutQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+      take<0, 2>(SmemLayoutQ{}), Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TMA_O = decltype(make_tma_copy(
+      SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      SmemLayoutOHalf{}, Shape<_64, Int<kHeadDimV>>{}, _1{}));
   using TMA_K = decltype(make_tma_copy(
       SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
       take<0, 2>(SmemLayoutK{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
@@ -88,20 +111,23 @@ struct FwdKernelTraits {
       take<0, 2>(SmemLayoutVt{}), Shape<Int<kHeadDimV>, Int<kBlockN>>{}, _1{}));
 
   // TMA always transfers (and counts) the full box, including out-of-bounds zero fill.
-  static constexpr uint32_t kTmaBytesQ = uint32_t(size(SmemLayoutQ{}) * sizeof(Element));
+  static constexpr uint32_t kTmaBytesQ = uint32_t(size(take<0, 2>(SmemLayoutQ{})) * sizeof(Element));
   static constexpr uint32_t kTmaBytesK = uint32_t(size(take<0, 2>(SmemLayoutK{})) * sizeof(Element));
   static constexpr uint32_t kTmaBytesV = uint32_t(size(take<0, 2>(SmemLayoutVt{})) * sizeof(Element));
 
   using MainloopPipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = cutlass::PipelineState<kStages>;
+  using PipelineQ = cutlass::PipelineTmaAsync<kQStages>;
+  using PipelineStateQ = cutlass::PipelineState<kQStages>;
 
   struct SharedStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> smem_q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> smem_k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutVt>, 1024> smem_v;
-    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;
+    alignas(16) typename PipelineQ::SharedStorage pipeline_q;
     alignas(16) typename MainloopPipeline::SharedStorage pipeline_k;
     alignas(16) typename MainloopPipeline::SharedStorage pipeline_v;
+    alignas(16) TileRing::SharedStorage tiles;  // tile indices, producer -> consumers
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-CTA limit");
@@ -112,13 +138,16 @@ struct FwdKernelTraits {
     TMA_Q tma_q;
     TMA_K tma_k;
     TMA_V tma_v;
+    TMA_O tma_o;        // valid only if out_tma
     ShapeQKV shape_q;   // (rows, real d, heads, batch)
     ShapeQKV shape_k;
     ShapeQKV shape_vt;  // (real dv, rows, heads_kv, batch)
+    ShapeQKV shape_o;   // (rows, real dv, heads, batch)
 
     void* out{};
     int64_t out_batch_stride{}, out_row_stride{}, out_head_stride{};
     bool out_aligned_pairs{};  // two adjacent output elements form one aligned 4-byte word
+    bool out_tma{};            // O through smem + TMA store (batched layout, TMA-aligned out)
     float* lse{};
     int64_t lse_batch_stride{}, lse_head_stride{}, lse_row_stride{};
 
@@ -145,6 +174,7 @@ struct FwdKernelTraits {
     int32_t num_tiles{};
     int32_t heads_per_section{};  // L2-aware grouping of (batch, head) pairs
     bool lpt{};                 // longest-processing-time first (reverse m-blocks)
+    int32_t* tile_counter{};    // dynamic schedule: zeroed claim counter; nullptr: static stride
   };
 };
 

@@ -59,19 +59,35 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   Tensor mQ = make_tensor(make_gmem_ptr(static_cast<const Element*>(fp.q)), shape_q, sq);
   Tensor mK = make_tensor(make_gmem_ptr(static_cast<const Element*>(fp.k)), shape_k, sk);
   Tensor mVt = make_tensor(make_gmem_ptr(static_cast<const Element*>(fp.v)), shape_vt, svt);
+  // O through TMA (epilogue.cuh) needs the batched layout (a varlen box would cross into the next
+  // sequence) and TMA alignment: 16-byte base and 16-byte strides of every dim of extent > 1.
+  auto shape_o = make_shape(rows_q, fp.headdim_v, fp.num_heads, batch_t);
+  auto so = strides(fp.out_stride, rows_q, fp.num_heads);
+  const bool out_tma = !fp.is_varlen && reinterpret_cast<uintptr_t>(fp.out) % 16 == 0 &&
+                       (get<0>(so) * kElem) % 16 == 0 && (get<2>(so) * kElem) % 16 == 0 &&
+                       (get<3>(so) * kElem) % 16 == 0;
+  // Without out_tma the descriptor is never used; it is still encoded (Params holds one), so give
+  // the encoder a valid 1-row view: 16-byte aligned address and strides.
+  auto* o_ptr = static_cast<Element*>(out_tma ? fp.out : reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(fp.out) & ~uintptr_t(15)));
+  Tensor mO = out_tma ? make_tensor(make_gmem_ptr(o_ptr), shape_o, so)
+                      : make_tensor(make_gmem_ptr(o_ptr), make_shape(1, fp.headdim_v, 1, 1),
+                                    make_stride(int64_t(kHeadDimV), _1{}, int64_t(kHeadDimV), int64_t(kHeadDimV)));
 
   Params p{
-      make_tma_copy(SM90_TMA_LOAD{}, mQ, typename Kt::SmemLayoutQ{},
+      make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(typename Kt::SmemLayoutQ{}),
                     Shape<Int<Kt::kBlockM>, Int<kHeadDim>>{}, _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(typename Kt::SmemLayoutK{}),
                     Shape<Int<Kt::kBlockN>, Int<kHeadDim>>{}, _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, mVt, take<0, 2>(typename Kt::SmemLayoutVt{}),
                     Shape<Int<kHeadDimV>, Int<Kt::kBlockN>>{}, _1{}),
-      shape_q, shape_k, shape_vt};
+      // A placeholder descriptor when out_tma is false (never used by the kernel then).
+      make_tma_copy(SM90_TMA_STORE{}, mO, typename Kt::SmemLayoutOHalf{}, Shape<_64, Int<kHeadDimV>>{}, _1{}),
+      shape_q, shape_k, shape_vt, shape_o};
   p.out = fp.out;
   p.out_batch_stride = fp.out_stride.batch;
   p.out_row_stride = fp.out_stride.row;
   p.out_head_stride = fp.out_stride.head;
+  p.out_tma = out_tma;
   p.out_aligned_pairs = reinterpret_cast<uintptr_t>(fp.out) % (2 * kElem) == 0 &&
                         (fp.is_varlen || fp.batch <= 1 || fp.out_stride.batch % 2 == 0) &&
                         fp.out_stride.row % 2 == 0 && fp.out_stride.head % 2 == 0;
@@ -94,7 +110,7 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   p.has_softcap = fp.softcap > 0.f;
   // Under softcap the kernel turns raw q.k into tanh(q.k * scale / softcap); the log2-unit logit
   // is then softcap * log2(e) * tanh(.).
-  p.softmax_scale_log2 = p.has_softcap ? fp.softcap * detail::kLog2e : fp.softmax_scale * detail::kLog2e;
+  p.softmax_scale_log2 = p.has_softcap ? float(double(fp.softcap) * detail::kLog2eF64) : fp.softmax_scale_log2;
   p.softcap_inv_scale = p.has_softcap ? fp.softmax_scale / fp.softcap : 0.f;
   p.tau = fp.rescale_threshold;
   p.mask = fp.mask;
@@ -119,8 +135,18 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kt::kSmemBytes),
              "cudaFuncSetAttribute(max dynamic smem)");
   const int grid = int(std::min<int64_t>(num_tiles, ctx.num_sms));
-  kernel<<<grid, Kt::kNumThreads, Kt::kSmemBytes, static_cast<cudaStream_t>(fp.device.stream)>>>(p);
-  check_cuda(cudaGetLastError(), "kernel launch");
+  const cudaStream_t stream = static_cast<cudaStream_t>(fp.device.stream);
+  // Dynamic schedule: a zeroed int32 claim counter. Stream-ordered allocation gives every call
+  // its own counter, so concurrent calls on other streams (and graph replays) never share one.
+  if (ctx.dynamic_schedule && num_tiles > grid) {
+    check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&p.tile_counter), sizeof(int32_t), stream),
+               "cudaMallocAsync(tile counter)");
+    check_cuda(cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream), "cudaMemsetAsync(tile counter)");
+  }
+  kernel<<<grid, Kt::kNumThreads, Kt::kSmemBytes, stream>>>(p);
+  const cudaError_t launched = cudaGetLastError();
+  if (p.tile_counter) check_cuda(cudaFreeAsync(p.tile_counter, stream), "cudaFreeAsync(tile counter)");
+  check_cuda(launched, "kernel launch");
 }
 
 }  // namespace fa4::hopper

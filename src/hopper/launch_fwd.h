@@ -14,6 +14,10 @@ struct LaunchContext {
   int32_t num_sms = 0;
   int64_t l2_bytes = 0;
   bool lpt = true;  ///< LPT order + L2 sections (auto: masked/varlen only; FA4_HOPPER_LPT=0/1 forces)
+  /// Tiles claimed from an atomic counter (greedy, tile_scheduler.cuh) instead of a static stride
+  /// (auto: masked/varlen only; FA4_HOPPER_SCHED=static/dynamic forces). Used only when there
+  /// are more tiles than CTAs.
+  bool dynamic_schedule = true;
 };
 
 /// kDType: 0 = bf16, 1 = fp16 (values of fa4::DType). Defined in launch_fwd.cuh; explicitly

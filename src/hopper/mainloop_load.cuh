@@ -1,7 +1,8 @@
 // src/hopper/mainloop_load.cuh — the producer warp: TMA loads of Q, K, V into shared memory.
 //
-// One warp of the producer warpgroup walks the tile sequence; lane 0 issues every TMA (one thread
-// is enough: a TMA moves a whole box asynchronously and signals an mbarrier with the byte count).
+// One warp of the producer warpgroup claims this CTA's tiles (TileRing, tile_scheduler.cuh) and
+// hands each index to the consumers; lane 0 issues every TMA (one thread is enough: a TMA moves a
+// whole box asynchronously and signals an mbarrier with the byte count).
 // K and V go through separate stage rings (cutlass::PipelineTmaAsync: a "full" mbarrier per stage
 // completed by TMA bytes, an "empty" mbarrier completed by the 256 consumer threads). V of block j
 // is issued after K of block j-1 because the consumers use them in that order (S_{j-1} = Q K^T is
@@ -21,12 +22,15 @@ struct MainloopLoad {
   using Params = typename Kt::Params;
   using Pipeline = typename Kt::MainloopPipeline;
   using PipelineState = typename Kt::PipelineState;
+  using PipelineQ = typename Kt::PipelineQ;
+  using PipelineStateQ = typename Kt::PipelineStateQ;
   static constexpr int kBlockM = Kt::kBlockM;
   static constexpr int kBlockN = Kt::kBlockN;
 
   /// Runs on the whole producer warp 0 (named barriers count whole warps); only lane 0 issues.
   template <class SharedStorage>
-  __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, Pipeline& pipe_k, Pipeline& pipe_v) {
+  __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, Pipeline& pipe_k, Pipeline& pipe_v,
+                                             PipelineQ& pipe_q, TileRing::Pipeline& pipe_t) {
     using namespace cute;
     const bool leader = threadIdx.x % 32 == 0;
     if (leader) {
@@ -40,7 +44,7 @@ struct MainloopLoad {
     auto cta_q = p.tma_q.get_slice(_0{});
     auto cta_k = p.tma_k.get_slice(_0{});
     auto cta_v = p.tma_v.get_slice(_0{});
-    Tensor tQsQ = group_modes<0, 3>(cta_q.partition_D(sQ));
+    Tensor tQsQ = group_modes<0, 3>(cta_q.partition_D(sQ));   // (TMA, q stage)
     Tensor tKsK = group_modes<0, 3>(cta_k.partition_D(sK));   // (TMA, stage)
     Tensor tVsV = group_modes<0, 3>(cta_v.partition_D(sVt));  // (TMA, stage)
     Tensor mQ_all = p.tma_q.get_tma_tensor(p.shape_q);
@@ -48,63 +52,82 @@ struct MainloopLoad {
     Tensor mVt_all = p.tma_v.get_tma_tensor(p.shape_vt);
 
     PipelineState wr = cutlass::make_producer_start_state<Pipeline>();
-    int q_loads = 0;
-    for (int32_t t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
-      const TileInfo ti = make_tile_info<kBlockM, kBlockN>(p, t);
-      if (!ti.has_rows || !ti.has_keys()) continue;  // consumers write the empty rows themselves
-      const int32_t b = p.is_varlen ? 0 : ti.c.batch;
-      const int32_t h_kv = ti.c.head / p.group_size;
-      Tensor gQ = local_tile(domain_offset(make_coord(ti.q_row0, _0{}), mQ_all(_, _, ti.c.head, b)),
-                             Shape<Int<kBlockM>, Int<Kt::kHeadDim>>{}, make_coord(ti.c.m_block, _0{}));
-      Tensor gK = local_tile(domain_offset(make_coord(ti.k_row0, _0{}), mK_all(_, _, h_kv, b)),
-                             Shape<Int<kBlockN>, Int<Kt::kHeadDim>>{}, make_coord(_, _0{}));
-      Tensor gVt = local_tile(domain_offset(make_coord(_0{}, ti.k_row0), mVt_all(_, _, h_kv, b)),
-                              Shape<Int<Kt::kHeadDimV>, Int<kBlockN>>{}, make_coord(_0{}, _));
-      Tensor tQgQ = group_modes<0, 3>(cta_q.partition_S(gQ));
-      Tensor tKgK = group_modes<0, 3>(cta_k.partition_S(gK));   // (TMA, n_block)
-      Tensor tVgV = group_modes<0, 3>(cta_v.partition_S(gVt));  // (TMA, n_block)
-
-      auto load_k = [&](int32_t n, PipelineState st) {
-        if (leader) {
-          pipe_k.producer_acquire(st);
-          copy(p.tma_k.with(*pipe_k.producer_get_barrier(st), 0, TMA::CacheHintSm90::EVICT_LAST),
-               tKgK(_, n), tKsK(_, st.index()));
-        }
-      };
-      auto load_v = [&](int32_t n, PipelineState st) {
-        if (leader) {
-          pipe_v.producer_acquire(st);
-          copy(p.tma_v.with(*pipe_v.producer_get_barrier(st), 0, TMA::CacheHintSm90::EVICT_LAST),
-               tVgV(_, n), tVsV(_, st.index()));
-        }
-      };
-
-      int32_t n = ti.keys.n_block_max - 1;
-      load_k(n, wr);
-      // The Q buffer is single: wait until the consumers finished every Q K^T of the previous tile.
-      if (q_loads > 0) arch::named_barrier_sync(arch::kBarrierQueryEmpty, Kt::kNumMmaThreads + 32);
-      if (leader) {
-        ss.barrier_q.arrive_and_expect_tx(Kt::kTmaBytesQ);
-        copy(p.tma_q.with(reinterpret_cast<uint64_t&>(ss.barrier_q), 0, TMA::CacheHintSm90::EVICT_FIRST),
-             tQgQ, tQsQ);
-      }
-      ++q_loads;
-      for (--n; n >= ti.keys.n_block_min; --n) {
-        PipelineState wr_v = wr;
-        ++wr;
-        load_k(n, wr);
-        load_v(n + 1, wr_v);
-      }
-      load_v(ti.keys.n_block_min, wr);
-      ++wr;
+    PipelineStateQ wq = cutlass::make_producer_start_state<PipelineQ>();
+    uint32_t published = 0;
+    int32_t t = TileRing::first();
+    TileRing::publish(pipe_t, ss.tiles, published++, t);
+    while (t < p.num_tiles) {
+      load_tile(p, pipe_k, pipe_v, pipe_q, t, wr, wq, tQsQ, tKsK, tVsV, mQ_all, mK_all, mVt_all);
+      t = TileRing::claim_end(p.tile_counter, TileRing::claim_begin(p.tile_counter), t);
+      TileRing::publish(pipe_t, ss.tiles, published++, t);  // an index >= num_tiles stops the consumers
     }
-    // Absorb the consumers' release of the last Q so every barrier phase is matched at exit.
-    if (q_loads > 0) arch::named_barrier_sync(arch::kBarrierQueryEmpty, Kt::kNumMmaThreads + 32);
     if (leader) {
-      // Wait until the consumers released every stage: no TMA may still target this CTA's smem.
+      // Wait until the consumers released every stage: no TMA may still target this CTA's smem
+      // (and no TMA store may still read a Q buffer).
       pipe_k.producer_tail(wr);
       pipe_v.producer_tail(wr);
+      pipe_q.producer_tail(wq);
     }
+  }
+
+  /// Issues Q (into the next Q buffer, once the consumers freed it) and every K/V block of tile t.
+  template <class TQ, class TK, class TV, class MQ, class MK, class MV>
+  __device__ __forceinline__ static void load_tile(const Params& p, Pipeline& pipe_k, Pipeline& pipe_v,
+                                                   PipelineQ& pipe_q, int32_t t, PipelineState& wr,
+                                                   PipelineStateQ& wq, TQ& tQsQ, TK& tKsK, TV& tVsV,
+                                                   const MQ& mQ_all, const MK& mK_all, const MV& mVt_all) {
+    using namespace cute;
+    const bool leader = threadIdx.x % 32 == 0;
+    auto cta_q = p.tma_q.get_slice(_0{});
+    auto cta_k = p.tma_k.get_slice(_0{});
+    auto cta_v = p.tma_v.get_slice(_0{});
+    const TileInfo ti = make_tile_info<kBlockM, kBlockN>(p, t);
+    if (!ti.has_rows || !ti.has_keys()) return;  // consumers write the empty rows themselves
+    const int32_t b = p.is_varlen ? 0 : ti.c.batch;
+    const int32_t h_kv = ti.c.head / p.group_size;
+    Tensor gQ = local_tile(domain_offset(make_coord(ti.q_row0, _0{}), mQ_all(_, _, ti.c.head, b)),
+                           Shape<Int<kBlockM>, Int<Kt::kHeadDim>>{}, make_coord(ti.c.m_block, _0{}));
+    Tensor gK = local_tile(domain_offset(make_coord(ti.k_row0, _0{}), mK_all(_, _, h_kv, b)),
+                           Shape<Int<kBlockN>, Int<Kt::kHeadDim>>{}, make_coord(_, _0{}));
+    Tensor gVt = local_tile(domain_offset(make_coord(_0{}, ti.k_row0), mVt_all(_, _, h_kv, b)),
+                            Shape<Int<Kt::kHeadDimV>, Int<kBlockN>>{}, make_coord(_0{}, _));
+    Tensor tQgQ = group_modes<0, 3>(cta_q.partition_S(gQ));
+    Tensor tKgK = group_modes<0, 3>(cta_k.partition_S(gK));   // (TMA, n_block)
+    Tensor tVgV = group_modes<0, 3>(cta_v.partition_S(gVt));  // (TMA, n_block)
+
+    auto load_k = [&](int32_t n, PipelineState st) {
+      if (leader) {
+        pipe_k.producer_acquire(st);
+        copy(p.tma_k.with(*pipe_k.producer_get_barrier(st), 0, TMA::CacheHintSm90::EVICT_LAST),
+             tKgK(_, n), tKsK(_, st.index()));
+      }
+    };
+    auto load_v = [&](int32_t n, PipelineState st) {
+      if (leader) {
+        pipe_v.producer_acquire(st);
+        copy(p.tma_v.with(*pipe_v.producer_get_barrier(st), 0, TMA::CacheHintSm90::EVICT_LAST),
+             tVgV(_, n), tVsV(_, st.index()));
+      }
+    };
+
+    int32_t n = ti.keys.n_block_max - 1;
+    load_k(n, wr);
+    // A Q buffer is free once the consumers finished the Q K^T products of the tile that used it
+    // (and the TMA store of its O, which the epilogue stages there).
+    if (leader) {
+      pipe_q.producer_acquire(wq);
+      copy(p.tma_q.with(*pipe_q.producer_get_barrier(wq), 0, TMA::CacheHintSm90::EVICT_FIRST),
+           tQgQ, tQsQ(_, wq.index()));
+    }
+    ++wq;
+    for (--n; n >= ti.keys.n_block_min; --n) {
+      PipelineState wr_v = wr;
+      ++wr;
+      load_k(n, wr);
+      load_v(n + 1, wr_v);
+    }
+    load_v(ti.keys.n_block_min, wr);
+    ++wr;
   }
 };
 

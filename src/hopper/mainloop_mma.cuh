@@ -68,6 +68,8 @@ struct MainloopMma {
   using Params = typename Kt::Params;
   using Pipeline = typename Kt::MainloopPipeline;
   using PipelineState = typename Kt::PipelineState;
+  using PipelineQ = typename Kt::PipelineQ;
+  using PipelineStateQ = typename Kt::PipelineStateQ;
   using Element = typename Kt::Element;
   static constexpr int kBlockM = Kt::kBlockM;
   static constexpr int kBlockN = Kt::kBlockN;
@@ -86,15 +88,17 @@ struct MainloopMma {
     }
   }
 
-  /// Runs the key loop of one tile (which has keys). On return tOrO holds the unnormalised O and
-  /// softmax the row statistics. `tid` is the thread index among the 256 consumer threads.
+  /// Runs the key loop of one tile (which has keys), reading Q from buffer rq. On return tOrO holds
+  /// the unnormalised O and softmax the row statistics. The Q buffer is released here unless
+  /// p.out_tma (the epilogue then stages O in it and releases it). `tid` is the thread index among
+  /// the 256 consumer threads.
   template <class SharedStorage, class FragO>
   __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, Pipeline& pipe_k, Pipeline& pipe_v,
-                             PipelineState& rd, uint32_t q_phase, const TileInfo& ti, int tid,
-                             FragO& tOrO, OnlineSoftmax<kFragS>& softmax) {
+                             PipelineQ& pipe_q, PipelineState& rd, PipelineStateQ rq, const TileInfo& ti,
+                             int tid, FragO& tOrO, OnlineSoftmax<kFragS>& softmax) {
     using namespace cute;
     const int wg = tid / 128;
-    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Kt::SmemLayoutQ{});
+    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Kt::SmemLayoutQ{})(_, _, rq.index());
     Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Kt::SmemLayoutK{});
     Tensor sVt = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Kt::SmemLayoutVt{});
     typename Kt::TiledMmaQK mma_qk;
@@ -142,7 +146,7 @@ struct MainloopMma {
 #pragma unroll
       for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= o_scale[(v >> 1) & 1];
     };
-    auto consumer_wait = [](Pipeline& pipe, PipelineState st) {
+    auto consumer_wait = [](auto& pipe, auto st) {
       auto token = pipe.consumer_try_wait(st);
       pipe.consumer_wait(st, token);
     };
@@ -152,9 +156,16 @@ struct MainloopMma {
     float o_scale[2];
     int32_t n = ti.keys.n_block_max - 1;
 
-    ss.barrier_q.wait(q_phase);
+    consumer_wait(pipe_q, rq);
     consumer_wait(pipe_k, rd);
-    wgmma</*zero_init=*/true, /*wait=*/0>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS);
+    // The first Q K^T takes its ping-pong turn too: the warpgroups then start a tile staggered, so
+    // one's first softmax runs under the other's first Q K^T instead of both leaving the tensor
+    // cores idle at once.
+    scheduler_sync(wg);
+    wgmma</*zero_init=*/true, /*wait=*/-1>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS);
+    scheduler_arrive(wg);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
     pipe_k.consumer_release(rd);
     score_mod(n);
     softmax.template step<Kt::kSplitPeriod, Kt::kSplitEmulated>(tSrS, p.softmax_scale_log2, p.tau, o_scale,
@@ -193,8 +204,8 @@ struct MainloopMma {
       if (rescale) rescale_o(o_scale);  // warp-uniform branch: skipped for most blocks (lazy)
       convert_p();
     }
-    // Every Q K^T of this tile is done: the producer may load the next Q.
-    arch::named_barrier_arrive(arch::kBarrierQueryEmpty, Kt::kNumMmaThreads + 32);
+    // Every Q K^T of this tile is done: the producer may load another Q into this buffer.
+    if (!p.out_tma) pipe_q.consumer_release(rq);
     consumer_wait(pipe_v, rd);
     wgmma<false, 0>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);
     pipe_v.consumer_release(rd);

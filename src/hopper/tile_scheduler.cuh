@@ -1,22 +1,37 @@
 // src/hopper/tile_scheduler.cuh — persistent tile order of the forward kernel.
 //
-// The grid has min(num_tiles, num_SMs) CTAs; CTA c processes tiles c, c + grid, c + 2 grid, ...
-// A tile is (m_block, head, batch): 128 query rows of one head. The linear tile index is mapped so
+// The grid has min(num_tiles, num_SMs) CTAs, each running tiles until none is left (which ones:
+// "Which CTA runs which tile" below). A tile is (m_block, head, batch): 128 query rows of one head.
+// The linear tile index is mapped to coordinates so that
 //   * LPT: under causal/window masks the bottom m-blocks see the most keys; handing them out first
 //     (longest-processing-time first) keeps the last wave short. Used for masked (causal/window)
 //     and varlen problems; dense ones take the plain order (hopper_api.cu; FA4_HOPPER_LPT=0/1
-//     forces it for the ablation).
+//     forces it for the ablation, as FA4_HOPPER_SCHED=static/dynamic forces the claiming).
 //   * L2 sections: (batch, head) pairs are processed in sections of `heads_per_section` whose K/V
 //     fit in half the L2 together, iterating all m-blocks of a section before the next. Concurrent
 //     CTAs then re-read the same K/V from L2 instead of HBM. Query heads of one KV head are
 //     adjacent (GQA groups are contiguous), so a section shares K/V across the group too.
-// The producer warp and both consumer warpgroups walk the same sequence, so they agree on every
-// tile without communicating.
+//
+// Which CTA runs which tile (TileRing below):
+//   * static: CTA c takes tiles c, c + grid, c + 2 grid, ... Right for dense problems, where every
+//     tile costs the same.
+//   * dynamic (masked/varlen problems with more tiles than CTAs): a CTA takes the next unclaimed
+//     tile of the order above from a global atomic counter when it is ready for one, i.e. greedy
+//     longest-first list scheduling. A static stride over an LPT-sorted list is badly unbalanced:
+//     CTA 0 gets the longest tile of every round (simulated for causal d128 16k: makespan 1.29x the
+//     mean CTA load static, 1.00x greedy).
+// The producer warp claims tiles and hands each index to the two consumer warpgroups through a
+// two-slot shared-memory ring (mbarriers), so it can claim and load the next tile while the
+// consumers finish the current one. An index >= num_tiles ends the CTA.
 #pragma once
 
 #include <cstdint>
 
 #include "fa4/detail/macros.h"
+
+#if defined(__CUDACC__)
+#include <cutlass/pipeline/pipeline.hpp>
+#endif
 
 namespace fa4::hopper {
 
@@ -43,5 +58,65 @@ FA4_HD TileCoord tile_coord(const Params& p, int32_t t) {
   const int32_t bh = section * sec + in_section % sec_heads;
   return {num_m - 1 - m_idx, bh % p.num_heads, bh / p.num_heads};
 }
+
+#if defined(__CUDACC__)
+/// Tile indices from the producer warp to the consumers: a 2-slot ring in shared memory.
+struct TileRing {
+  static constexpr int kSlots = 2;
+  using Pipeline = cutlass::PipelineAsync<kSlots>;
+  using State = typename Pipeline::PipelineState;
+  struct SharedStorage {
+    typename Pipeline::SharedStorage barriers;
+    int32_t tile[kSlots];
+  };
+
+  /// Constructed by every thread of the CTA before the __syncthreads that publishes barrier
+  /// inits; warp 0 initialises the mbarriers. Producer: lane 0 of the producer warp commits;
+  /// consumers: all `num_consumers` threads release.
+  __device__ static Pipeline make(SharedStorage& ss, bool producer, uint32_t num_consumers) {
+    typename Pipeline::Params pp;
+    pp.role = producer ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+    pp.producer_arv_count = 1;
+    pp.consumer_arv_count = num_consumers;
+    return Pipeline(ss.barriers, pp);
+  }
+
+  /// First tile of this CTA.
+  __device__ static int32_t first() { return int32_t(blockIdx.x); }
+
+  /// Claims the tile after `t`, in two halves so the atomic's round trip to L2 overlaps the
+  /// current tile's loads: claim_begin (lane 0 sends the atomicAdd; its result is not needed yet)
+  /// at the start of a tile, claim_end (broadcast to the warp) after its last load. With
+  /// tile_counter == nullptr both give the static stride t + grid.
+  __device__ static int32_t claim_begin(int32_t* tile_counter) {
+    return tile_counter && threadIdx.x % 32 == 0 ? atomicAdd(tile_counter, 1) : 0;
+  }
+  __device__ static int32_t claim_end(const int32_t* tile_counter, int32_t claimed, int32_t t) {
+    if (!tile_counter) return t + int32_t(gridDim.x);
+    return __shfl_sync(0xffffffffu, claimed, 0) + int32_t(gridDim.x);
+  }
+
+  /// Producer warp: hands `t` to the consumers as the n-th published index (lane 0 writes; the
+  /// mbarrier arrive releases it). The ring position is derived from n so the producer, which
+  /// runs on 24 registers, keeps one counter live instead of a pipeline state.
+  __device__ static void publish(Pipeline& pipe, SharedStorage& ss, uint32_t n, int32_t t) {
+    if (threadIdx.x % 32 == 0) {
+      const State st(int(n % kSlots), ((n / kSlots) & 1u) ^ 1u, n);  // producer starts at phase 1
+      pipe.producer_acquire(st);
+      ss.tile[st.index()] = t;
+      pipe.producer_commit(st);
+    }
+  }
+
+  /// Consumer thread: the next tile index of this CTA.
+  __device__ static int32_t receive(Pipeline& pipe, SharedStorage& ss, State& st) {
+    pipe.consumer_wait(st);
+    const int32_t t = ss.tile[st.index()];
+    pipe.consumer_release(st);
+    ++st;
+    return t;
+  }
+};
+#endif
 
 }  // namespace fa4::hopper

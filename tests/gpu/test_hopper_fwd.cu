@@ -66,6 +66,7 @@ struct Case {
   int pad_rows_q = 0;   // extra packed q/out rows after the last sequence (C12)
   bool packed_qkv = false;  // q/k/v are strided views of one (b, s, 3, h, d) buffer
   bool nan_past_k = false;   // fill memory past the last key row with NaN (C13)
+  int out_offset = 0;        // out starts this many elements into its buffer (TMA-misaligned if % 8)
   uint32_t seed = 1;
 
   std::string name() const {
@@ -73,7 +74,8 @@ struct Case {
            " sk" + std::to_string(seqlen_k) + " h" + std::to_string(heads) + "/" + std::to_string(heads_kv) +
            " d" + std::to_string(d) + "x" + std::to_string(dv) + (causal ? " causal" : "") +
            " win(" + std::to_string(window_left) + "," + std::to_string(window_right) + ")" +
-           (softcap > 0 ? " softcap" : "") + (sink ? " sink" : "") + (lens_q.empty() ? "" : " varlen");
+           (softcap > 0 ? " softcap" : "") + (sink ? " sink" : "") + (lens_q.empty() ? "" : " varlen") +
+           (out_offset ? " out+" + std::to_string(out_offset) : "");
   }
 };
 
@@ -90,7 +92,8 @@ constexpr float kAtolO = 1e-4f;
 constexpr float kAtolLse = 1e-3f;
 
 /// Runs one case: fa4 twice (C27: bitwise equal), the exact and naive16 references, and checks.
-void run_case(const Case& c, int repeats = 2) {
+/// `first` (optional) receives the first run's raw output and LSE.
+void run_case(const Case& c, int repeats = 2, Result* first = nullptr) {
   const bool varlen = !c.lens_q.empty();
   const int batch = varlen ? int(c.lens_q.size()) : c.batch;
   int64_t total_q = 0, total_k = 0;
@@ -133,7 +136,8 @@ void run_case(const Case& c, int repeats = 2) {
   DevBuf<uint16_t> dq(c.packed_qkv ? 0 : q_elems), dk(c.packed_qkv ? 0 : k_elems),
       dv(c.packed_qkv ? 0 : v_elems), dpk(c.packed_qkv ? packed_elems : 0);
   if (c.packed_qkv) dpk.upload(hpacked); else { dq.upload(hq); dk.upload(hk); dv.upload(hv); }
-  DevBuf<uint16_t> dout(total_q * H * c.dv);
+  DevBuf<uint16_t> dout(c.out_offset + total_q * H * c.dv);
+  uint16_t* out_ptr = dout.ptr + c.out_offset;
   DevBuf<float> dlse(total_q * H);
   DevBuf<int> dcu_q(varlen ? cu_q.size() : 0), dcu_k(varlen ? cu_k.size() : 0), dused(c.used_k.size());
   if (varlen) { dcu_q.upload(cu_q); dcu_k.upload(cu_k); }
@@ -150,20 +154,20 @@ void run_case(const Case& c, int repeats = 2) {
     q = TensorView::contiguous(dq.ptr, t, {total_q, H, c.d}, dev);
     k = TensorView::strided(dk.ptr, t, {total_k, HK, c.d}, {int64_t(HK) * c.d, c.d, 1}, dev);
     v = TensorView::strided(dv.ptr, t, {total_k, HK, c.dv}, {int64_t(HK) * c.dv, c.dv, 1}, dev);
-    out = TensorView::contiguous(dout.ptr, t, {total_q, H, c.dv}, dev);
+    out = TensorView::contiguous(out_ptr, t, {total_q, H, c.dv}, dev);
     lse = TensorView::strided(dlse.ptr, DType::kFP32, {H, total_q}, {1, H}, dev);  // (H, total_q) view of (rows, H)
   } else if (c.packed_qkv) {
     const int64_t row = 3 * int64_t(H) * c.d;
     q = TensorView::strided(dpk.ptr, t, {batch, c.seqlen_q, H, c.d}, {c.seqlen_q * row, row, c.d, 1}, dev);
     k = TensorView::strided(dpk.ptr + H * c.d, t, {batch, c.seqlen_k, H, c.d}, {c.seqlen_k * row, row, c.d, 1}, dev);
     v = TensorView::strided(dpk.ptr + 2 * H * c.d, t, {batch, c.seqlen_k, H, c.d}, {c.seqlen_k * row, row, c.d, 1}, dev);
-    out = TensorView::contiguous(dout.ptr, t, {batch, c.seqlen_q, H, c.dv}, dev);
+    out = TensorView::contiguous(out_ptr, t, {batch, c.seqlen_q, H, c.dv}, dev);
     lse = TensorView::strided(dlse.ptr, DType::kFP32, {batch, H, c.seqlen_q}, {int64_t(c.seqlen_q) * H, 1, H}, dev);
   } else {
     q = TensorView::contiguous(dq.ptr, t, {batch, c.seqlen_q, H, c.d}, dev);
     k = TensorView::contiguous(dk.ptr, t, {batch, c.seqlen_k, HK, c.d}, dev);
     v = TensorView::contiguous(dv.ptr, t, {batch, c.seqlen_k, HK, c.dv}, dev);
-    out = TensorView::contiguous(dout.ptr, t, {batch, c.seqlen_q, H, c.dv}, dev);
+    out = TensorView::contiguous(out_ptr, t, {batch, c.seqlen_q, H, c.dv}, dev);
     lse = TensorView::strided(dlse.ptr, DType::kFP32, {batch, H, c.seqlen_q}, {int64_t(c.seqlen_q) * H, 1, H}, dev);
   }
   fa4::AttentionOptions o;
@@ -194,6 +198,10 @@ void run_case(const Case& c, int repeats = 2) {
     fa4::forward(q, k, v, out, lse, o);
     CUDA_OK(cudaDeviceSynchronize());
     runs.push_back({dout.download(), dlse.download()});
+    // Elements before out (its buffer's head) must keep the poison; then drop them.
+    auto& ro = runs.back().out;
+    for (int i = 0; i < c.out_offset; ++i) ASSERT_EQ(ro[i], kPoison16) << c.name() << ": wrote before out";
+    ro.erase(ro.begin(), ro.begin() + c.out_offset);
   }
   for (int r = 1; r < repeats; ++r) {  // C27: bitwise repeatable
     ASSERT_EQ(0, std::memcmp(runs[0].out.data(), runs[r].out.data(), runs[0].out.size() * 2)) << c.name();
@@ -217,6 +225,7 @@ void run_case(const Case& c, int repeats = 2) {
   const auto ro = ref_o.download(), rl = ref_l.download(), no = nv_o.download(), nl = nv_l.download();
   const auto& fo = runs[0].out;
   const auto& fl = runs[0].lse;
+  if (first) *first = runs[0];
 
   // Which packed rows belong to a sequence (varlen padding rows must keep the poison).
   std::vector<char> row_valid(total_q, 1);
@@ -362,6 +371,19 @@ TEST(HopperFwd, StridedPackedQkvAndNaNPastKeys) {  // C18/C20 strided views; C03
   Case n; n.nan_past_k = true; n.seqlen_q = 100; n.seqlen_k = 77; n.batch = 1; run_case(n, 1);
 }
 
+// O leaves through smem + TMA when out is 16-byte aligned (batched layouts), else through direct
+// stores: 4-byte pairs (out 4-byte aligned) or single elements. Every path, with row tails.
+TEST(HopperFwd, OutputStorePaths) {
+  REQUIRE_HOPPER();
+  for (int off : {0, 1, 2, 8})
+    for (int d : {64, 128}) {
+      Case c; c.batch = 2; c.heads = c.heads_kv = 3; c.seqlen_q = 200; c.seqlen_k = 300; c.d = c.dv = d;
+      c.causal = d == 128; c.out_offset = off; run_case(c, 1);
+    }
+  Case p; p.d = 192; p.dv = 128; p.seqlen_q = 77; p.seqlen_k = 500; p.out_offset = 2; run_case(p, 1);
+  p.out_offset = 0; run_case(p, 1);
+}
+
 TEST(HopperFwd, NaNInQueryPropagates) {  // C03(b): data NaN must come out as NaN, only there
   REQUIRE_HOPPER();
   const int S = 200, H = 2, D = 64;
@@ -441,11 +463,55 @@ TEST(HopperFwd, MissingDeviceIsAClearError) {
   EXPECT_NE(why.find("does not exist"), std::string::npos) << why;
 }
 
+// The tile schedule (static stride or dynamic claim counter; LPT order or plain) decides only
+// which CTA computes a tile, so every schedule must give bitwise the same O and LSE. The shapes have
+// more tiles than the GPU has SMs, so the dynamic path really runs (it is skipped otherwise).
+TEST(HopperFwd, SchedulesAgreeBitwise) {
+  REQUIRE_HOPPER();
+  struct Env {
+    const char* sched;
+    const char* lpt;
+  };
+  const Env envs[] = {{"static", "0"}, {"static", "1"}, {"dynamic", "1"}, {"dynamic", "0"}};
+  std::vector<Case> cases;
+  {
+    Case c; c.batch = 3; c.heads = c.heads_kv = 8; c.seqlen_q = c.seqlen_k = 1024; c.causal = true;
+    cases.push_back(c);  // 192 tiles of 1..8 key blocks
+    c.heads_kv = 2; c.window_left = 200; c.window_right = 0; c.dtype = DType::kFP16; c.d = c.dv = 64;
+    cases.push_back(c);
+  }
+  {
+    Case c; c.heads = 12; c.heads_kv = 4; c.causal = true;
+    c.lens_q = {1000, 1, 0, 700, 129, 1023, 64, 513};
+    c.lens_k = {1000, 900, 5, 700, 300, 1023, 64, 600};
+    cases.push_back(c);  // varlen: unequal tiles, empty and one-row sequences
+  }
+  for (const Case& c : cases) {
+    Result ref;
+    for (size_t e = 0; e < sizeof(envs) / sizeof(envs[0]); ++e) {
+      setenv("FA4_HOPPER_SCHED", envs[e].sched, 1);
+      setenv("FA4_HOPPER_LPT", envs[e].lpt, 1);
+      Result r;
+      run_case(c, 1, &r);
+      if (e == 0) { ref = r; continue; }
+      EXPECT_EQ(0, std::memcmp(ref.out.data(), r.out.data(), r.out.size() * 2))
+          << c.name() << " sched=" << envs[e].sched << " lpt=" << envs[e].lpt;
+      EXPECT_EQ(0, std::memcmp(ref.lse.data(), r.lse.data(), r.lse.size() * 4))
+          << c.name() << " sched=" << envs[e].sched << " lpt=" << envs[e].lpt;
+    }
+    unsetenv("FA4_HOPPER_SCHED");
+    unsetenv("FA4_HOPPER_LPT");
+  }
+}
+
 // ---- sanitizer subset (small, every code path once) ----------------------------------------------
 TEST(HopperFwd, SanitizeSmall) {
   REQUIRE_HOPPER();
   Case c; c.seqlen_q = 200; c.seqlen_k = 333; c.causal = true; c.d = c.dv = 64; run_case(c, 1);
   Case v; v.lens_q = {100, 0, 200}; v.lens_k = {50, 7, 300}; v.d = v.dv = 128; run_case(v, 1);
+  // More tiles than SMs with a causal mask: the dynamic tile counter and the tile-index ring.
+  Case d; d.batch = 2; d.heads = d.heads_kv = 80; d.seqlen_q = d.seqlen_k = 129; d.causal = true;
+  d.d = d.dv = 64; run_case(d, 1);
 }
 
 }  // namespace

@@ -8,7 +8,7 @@
 //
 // Tile geometry follows FlashAttention-3 (hopper/tile_size.h) for 16-bit inputs: 128 query rows per
 // CTA split over two consumer warpgroups (64 rows each, one wgmma M-extent), key tile chosen so
-// Q + stages * (K + V) fits in the 227 KB of shared memory an sm_90 CTA may use.
+// q_stages * Q + stages * (K + V) fits in the 227 KB of shared memory an sm_90 CTA may use.
 #pragma once
 
 #include <cstdint>
@@ -23,36 +23,29 @@ struct HopperFwdConfig {
   int32_t tile_m;         ///< query rows per CTA (2 consumer warpgroups x 64 rows)
   int32_t tile_n;         ///< keys per pipeline stage; multiple of 16 (k-extent of the PV wgmma)
   int32_t stages;         ///< depth of the K and V shared-memory rings
+  int32_t q_stages;       ///< Q buffers: 2 lets the next tile's Q load during this tile (if smem fits)
   Exp2Split exp2_split;   ///< default share of exp2 done on the FMA pipe (FA4 Sec. 3)
   int32_t consumer_regs;  ///< setmaxnreg for the two softmax/MMA warpgroups
   int32_t producer_regs;  ///< setmaxnreg for the TMA producer warpgroup
   bool pingpong;          ///< named-barrier ordering of the two warpgroups' wgmma issue
-  float tau_default;      ///< documented default of options.rescale_threshold (log2 units)
 };
 
 /// Registers: 2 x 128 x 240 + 128 x 24 = 64512 <= 65536 per SM (one CTA of 384 threads per SM).
 inline constexpr int32_t kHopperConsumerRegs = 240;
 inline constexpr int32_t kHopperProducerRegs = 24;
 inline constexpr int32_t kHopperTileM = 128;
-inline constexpr float kHopperTauDefault = 8.0f;
 
 // Exp2 splits are in 8-column groups out of a period of 16 groups (fa4/exp2.h). Emulation pays
 // where the MUFU unit (16 ex2/clk/SM) is the bottleneck: small head dims do the fewest MMA FLOPs
 // per exponential. d >= 192 is MMA-bound, so everything stays on MUFU there.
 inline constexpr HopperFwdConfig kHopperFwdConfigs[] = {
-    // d, dv, tile_m, tile_n, stages, exp2_split, regs (consumer, producer), pingpong, tau
-    {64, 64, kHopperTileM, 128, 3, Exp2Split{16, 4}, kHopperConsumerRegs, kHopperProducerRegs, true,
-     kHopperTauDefault},
-    {96, 96, kHopperTileM, 128, 2, Exp2Split{16, 3}, kHopperConsumerRegs, kHopperProducerRegs, true,
-     kHopperTauDefault},
-    {128, 128, kHopperTileM, 128, 2, Exp2Split{16, 2}, kHopperConsumerRegs, kHopperProducerRegs,
-     true, kHopperTauDefault},
-    {192, 128, kHopperTileM, 112, 2, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs,
-     false, kHopperTauDefault},
-    {192, 192, kHopperTileM, 96, 2, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs,
-     false, kHopperTauDefault},
-    {256, 256, kHopperTileM, 80, 2, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs,
-     false, kHopperTauDefault},
+    // d, dv, tile_m, tile_n, stages, q_stages, exp2_split, regs (consumer, producer), pingpong
+    {64, 64, kHopperTileM, 128, 3, 2, Exp2Split{16, 4}, kHopperConsumerRegs, kHopperProducerRegs, true},
+    {96, 96, kHopperTileM, 128, 2, 2, Exp2Split{16, 3}, kHopperConsumerRegs, kHopperProducerRegs, true},
+    {128, 128, kHopperTileM, 128, 2, 2, Exp2Split{16, 2}, kHopperConsumerRegs, kHopperProducerRegs, true},
+    {192, 128, kHopperTileM, 112, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false},
+    {192, 192, kHopperTileM, 96, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false},
+    {256, 256, kHopperTileM, 80, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false},
 };
 inline constexpr int32_t kHopperNumFwdConfigs =
     int32_t(sizeof(kHopperFwdConfigs) / sizeof(kHopperFwdConfigs[0]));

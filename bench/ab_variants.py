@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""A/B timing of several libfa4 builds (kernel variants) in ONE process, interleaved with cuDNN.
+
+Tuning tool for the Hopper forward kernel: each variant is a libfa4.so built from a different
+tuning-table row or kernel change. All variants, plus torch SDPA's cuDNN backend, are timed on the
+same inputs in rounds (variant order rotated each round) so clock and thermal drift hit every
+column alike; the reported time is the median over rounds of triton's do_bench median.
+Every variant's output is compared with cuDNN's first, so a broken variant is reported, not timed.
+
+Usage (on the GPU machine, repo root):
+    PYTHONPATH=python python3 bench/ab_variants.py OUT.json base=path/libfa4.so new=other/libfa4.so
+A variant may also set environment variables for its calls (the library reads its FA4_HOPPER_*
+ablation switches per call):  static=path/libfa4.so?FA4_HOPPER_SCHED=static&FA4_HOPPER_LPT=1
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import statistics
+import subprocess
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import fa4
+from fa4 import _capi
+
+# (headdim, causal, seqlen, num_heads, num_heads_kv); batch = 16384 // seqlen.
+SHAPES = [
+    (128, False, 4096, 16, 16), (128, False, 8192, 16, 16), (128, False, 16384, 16, 16),
+    (128, True, 4096, 16, 16), (128, True, 8192, 16, 16), (128, True, 16384, 16, 16),
+    (128, True, 8192, 32, 8),  # Llama-3.1-8B prefill, batch 2 (16k tokens)
+    (64, False, 8192, 32, 32), (64, True, 8192, 32, 32),
+]
+
+
+def load(path):
+    lib = ctypes.CDLL(path)
+    _capi._declare(lib)
+    return lib
+
+
+def parse(spec):
+    """name=path[?VAR=value&VAR=value] -> (name, path, {VAR: value})."""
+    name, rest = spec.split("=", 1)
+    path, _, query = rest.partition("?")
+    env = dict(kv.split("=", 1) for kv in query.split("&")) if query else {}
+    return name, path, env
+
+
+def use(lib, env):
+    _capi._lib = lib
+    for k in ("FA4_HOPPER_SCHED", "FA4_HOPPER_LPT"):
+        os.environ.pop(k, None)
+    os.environ.update(env)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_json")
+    ap.add_argument("variants", nargs="+", help="name=path/to/libfa4.so")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--headdims", default="64,128")
+    args = ap.parse_args()
+    variants = [parse(v) for v in args.variants]
+    loaded = {}
+    libs = {}
+    for name, path, env in variants:
+        if path not in loaded:
+            loaded[path] = load(path)
+        libs[name] = (loaded[path], env)
+    hds = {int(h) for h in args.headdims.split(",")}
+    gpu = torch.cuda.get_device_name()
+    rows = []
+    for d, causal, s, h, hkv in SHAPES:
+        if d not in hds:
+            continue
+        b = 16384 // s
+        torch.manual_seed(0)
+        q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16)
+        qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+                                                 enable_gqa=h != hkv).transpose(1, 2)
+
+            def cudnn():
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=h != hkv)
+        fns = {"cudnn": cudnn}
+        errs = {}
+        for name, (lib, env) in libs.items():
+            use(lib, env)
+            out = fa4.flash_attn_func(q, k, v, causal=causal)
+            errs[name] = float((out.float() - ref.float()).abs().max())
+            fns[name] = (lambda lib_=lib, env_=env: (use(lib_, env_),
+                                                    fa4.flash_attn_func(q, k, v, causal=causal)))
+        times = {n: [] for n in fns}
+        names = list(fns)
+        for r in range(args.rounds):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for n in order:
+                ctx = sdpa_kernel([SDPBackend.CUDNN_ATTENTION]) if n == "cudnn" else None
+                if ctx:
+                    with ctx:
+                        times[n].append(triton.testing.do_bench(fns[n], warmup=25, rep=100))
+                else:
+                    times[n].append(triton.testing.do_bench(fns[n], warmup=25, rep=100))
+        flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
+        tf = {n: round(flops / statistics.median(t) / 1e9, 1) for n, t in times.items()}
+        row = {"headdim": d, "causal": causal, "seqlen": s, "batch": b, "num_heads": h,
+               "num_heads_kv": hkv, "tflops": tf, "max_abs_err_vs_cudnn": errs,
+               "ratio_vs_cudnn": {n: round(tf[n] / tf["cudnn"], 3) for n in tf if n != "cudnn"}}
+        rows.append(row)
+        print(f"d{d} causal={causal!s:5} s={s:5} h={h}/{hkv} " +
+              " ".join(f"{n}:{tf[n]:6.1f}" for n in names) + " | " +
+              " ".join(f"{n}/cudnn={row['ratio_vs_cudnn'][n]:.3f}" for n in libs) +
+              " | maxerr " + " ".join(f"{errs[n]:.1e}" for n in libs), flush=True)
+    clocks = subprocess.run("nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,power.draw,"
+                            "temperature.gpu --format=csv,noheader", shell=True,
+                            capture_output=True, text=True).stdout.strip()
+    with open(args.out_json, "w") as f:
+        json.dump({"date": datetime.datetime.now().isoformat(), "gpu": gpu, "clocks_after": clocks,
+                   "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+                   "variants": {n: p + ("?" + "&".join(f"{k}={v}" for k, v in e.items()) if e else "")
+                                for n, p, e in variants}, "rounds": args.rounds, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
