@@ -53,7 +53,7 @@ def parse(spec):
 
 def use(lib, env):
     _capi._lib = lib
-    for k in ("FA4_HOPPER_SCHED", "FA4_HOPPER_LPT"):
+    for k in ("FA4_HOPPER_SCHED", "FA4_HOPPER_LPT", "FA4_HOPPER_EPILOGUE"):
         os.environ.pop(k, None)
     os.environ.update(env)
 
@@ -119,6 +119,21 @@ def main():
               " ".join(f"{n}:{tf[n]:6.1f}" for n in names) + " | " +
               " ".join(f"{n}/cudnn={row['ratio_vs_cudnn'][n]:.3f}" for n in libs) +
               " | maxerr " + " ".join(f"{errs[n]:.1e}" for n in libs), flush=True)
+    # A varlen batch (fa4 variants only: SDPA has no packed-varlen cuDNN path to compare with).
+    lens = [8192, 4096, 2048, 1024, 512, 256, 128, 77, 3000, 1]
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device="cuda", dtype=torch.int32)
+    qv, kv, vv = (torch.randn(sum(lens), 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    flops = sum(4 * 16 * s * s * 128 * 0.5 for s in lens)
+    times = {n: [] for n in libs}
+    for r in range(args.rounds):
+        for name, (lib, env) in libs.items():
+            use(lib, env)
+            times[name].append(triton.testing.do_bench(
+                lambda: fa4.flash_attn_varlen_func(qv, kv, vv, cu, cu, max(lens), max(lens), causal=True),
+                warmup=25, rep=100))
+    tf = {n: round(flops / statistics.median(t) / 1e9, 1) for n, t in times.items()}
+    rows.append({"kind": "varlen", "lens": lens, "headdim": 128, "causal": True, "tflops": tf})
+    print("varlen d128 causal " + " ".join(f"{n}:{tf[n]:6.1f}" for n in libs), flush=True)
     clocks = subprocess.run("nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,power.draw,"
                             "temperature.gpu --format=csv,noheader", shell=True,
                             capture_output=True, text=True).stdout.strip()

@@ -75,8 +75,7 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
   TileRing::State ts;  // consumer start state: slot 0, phase 0
   for (int32_t t = TileRing::receive(pipe_t, ss.tiles, ts); t < p.num_tiles;
        t = TileRing::receive(pipe_t, ss.tiles, ts)) {
-    const TileInfo ti = make_tile_info<Kt::kBlockM, Kt::kBlockN>(p, t);
-    if (!ti.has_rows) continue;
+    const TileInfo ti = make_tile_info<Kt::kBlockM, Kt::kBlockN>(p, t);  // has rows (producer skips others)
     const float sink_log2 = p.sink ? p.sink[ti.c.head] * detail::kLog2e : -INFINITY;
     float o_scale[2], lse[2];
     if (!ti.has_keys()) {  // no key visible to any row: O = 0, LSE = -inf (or the sink)

@@ -63,7 +63,7 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   // sequence) and TMA alignment: 16-byte base and 16-byte strides of every dim of extent > 1.
   auto shape_o = make_shape(rows_q, fp.headdim_v, fp.num_heads, batch_t);
   auto so = strides(fp.out_stride, rows_q, fp.num_heads);
-  const bool out_tma = !fp.is_varlen && reinterpret_cast<uintptr_t>(fp.out) % 16 == 0 &&
+  const bool out_tma = ctx.tma_epilogue && !fp.is_varlen && reinterpret_cast<uintptr_t>(fp.out) % 16 == 0 &&
                        (get<0>(so) * kElem) % 16 == 0 && (get<2>(so) * kElem) % 16 == 0 &&
                        (get<3>(so) * kElem) % 16 == 0;
   // Without out_tma the descriptor is never used; it is still encoded (Params holds one), so give

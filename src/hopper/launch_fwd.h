@@ -15,9 +15,12 @@ struct LaunchContext {
   int64_t l2_bytes = 0;
   bool lpt = true;  ///< LPT order + L2 sections (auto: masked/varlen only; FA4_HOPPER_LPT=0/1 forces)
   /// Tiles claimed from an atomic counter (greedy, tile_scheduler.cuh) instead of a static stride
-  /// (auto: masked/varlen only; FA4_HOPPER_SCHED=static/dynamic forces). Used only when there
-  /// are more tiles than CTAs.
+  /// (auto: causal/window, not varlen; FA4_HOPPER_SCHED=static/dynamic forces). Used only when
+  /// there are more tiles than CTAs.
   bool dynamic_schedule = true;
+  /// O through smem + TMA store where the output allows it (FA4_HOPPER_EPILOGUE=direct forces the
+  /// direct register stores, for the ablation).
+  bool tma_epilogue = true;
 };
 
 /// kDType: 0 = bf16, 1 = fp16 (values of fa4::DType). Defined in launch_fwd.cuh; explicitly

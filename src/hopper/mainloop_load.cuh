@@ -55,12 +55,18 @@ struct MainloopLoad {
     PipelineStateQ wq = cutlass::make_producer_start_state<PipelineQ>();
     uint32_t published = 0;
     int32_t t = TileRing::first();
-    TileRing::publish(pipe_t, ss.tiles, published++, t);
     while (t < p.num_tiles) {
-      load_tile(p, pipe_k, pipe_v, pipe_q, t, wr, wq, tQsQ, tKsK, tVsV, mQ_all, mK_all, mVt_all);
+      // Tiles past the end of their sequence (varlen: most m-blocks of the short sequences) need
+      // nobody: they are not handed to the consumers, and claiming the next one overlaps the
+      // consumers' current work instead of costing them a handoff each.
+      const TileInfo ti = make_tile_info<kBlockM, kBlockN>(p, t);
+      if (ti.has_rows) {
+        TileRing::publish(pipe_t, ss.tiles, published++, t);
+        if (ti.has_keys()) load_tile(p, pipe_k, pipe_v, pipe_q, ti, wr, wq, tQsQ, tKsK, tVsV, mQ_all, mK_all, mVt_all);
+      }
       t = TileRing::claim_end(p.tile_counter, TileRing::claim_begin(p.tile_counter), t);
-      TileRing::publish(pipe_t, ss.tiles, published++, t);  // an index >= num_tiles stops the consumers
     }
+    TileRing::publish(pipe_t, ss.tiles, published, t);  // an index >= num_tiles stops the consumers
     if (leader) {
       // Wait until the consumers released every stage: no TMA may still target this CTA's smem
       // (and no TMA store may still read a Q buffer).
@@ -70,10 +76,11 @@ struct MainloopLoad {
     }
   }
 
-  /// Issues Q (into the next Q buffer, once the consumers freed it) and every K/V block of tile t.
+  /// Issues Q (into the next Q buffer, once the consumers freed it) and every K/V block of tile ti
+  /// (which has rows and keys).
   template <class TQ, class TK, class TV, class MQ, class MK, class MV>
   __device__ __forceinline__ static void load_tile(const Params& p, Pipeline& pipe_k, Pipeline& pipe_v,
-                                                   PipelineQ& pipe_q, int32_t t, PipelineState& wr,
+                                                   PipelineQ& pipe_q, const TileInfo& ti, PipelineState& wr,
                                                    PipelineStateQ& wq, TQ& tQsQ, TK& tKsK, TV& tVsV,
                                                    const MQ& mQ_all, const MK& mK_all, const MV& mVt_all) {
     using namespace cute;
@@ -81,8 +88,6 @@ struct MainloopLoad {
     auto cta_q = p.tma_q.get_slice(_0{});
     auto cta_k = p.tma_k.get_slice(_0{});
     auto cta_v = p.tma_v.get_slice(_0{});
-    const TileInfo ti = make_tile_info<kBlockM, kBlockN>(p, t);
-    if (!ti.has_rows || !ti.has_keys()) return;  // consumers write the empty rows themselves
     const int32_t b = p.is_varlen ? 0 : ti.c.batch;
     const int32_t h_kv = ti.c.head / p.group_size;
     Tensor gQ = local_tile(domain_offset(make_coord(ti.q_row0, _0{}), mQ_all(_, _, ti.c.head, b)),

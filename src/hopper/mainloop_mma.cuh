@@ -158,14 +158,8 @@ struct MainloopMma {
 
     consumer_wait(pipe_q, rq);
     consumer_wait(pipe_k, rd);
-    // The first Q K^T takes its ping-pong turn too: the warpgroups then start a tile staggered, so
-    // one's first softmax runs under the other's first Q K^T instead of both leaving the tensor
-    // cores idle at once.
-    scheduler_sync(wg);
-    wgmma</*zero_init=*/true, /*wait=*/-1>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS);
-    scheduler_arrive(wg);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tSrS);
+    // (Giving this first Q K^T a ping-pong turn too, as FA3 does, measured 0-1.3% slower here.)
+    wgmma</*zero_init=*/true, /*wait=*/0>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS);
     pipe_k.consumer_release(rd);
     score_mod(n);
     softmax.template step<Kt::kSplitPeriod, Kt::kSplitEmulated>(tSrS, p.softmax_scale_log2, p.tau, o_scale,

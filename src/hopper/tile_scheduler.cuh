@@ -15,7 +15,7 @@
 // Which CTA runs which tile (TileRing below):
 //   * static: CTA c takes tiles c, c + grid, c + 2 grid, ... Right for dense problems, where every
 //     tile costs the same.
-//   * dynamic (masked/varlen problems with more tiles than CTAs): a CTA takes the next unclaimed
+//   * dynamic (causal/window problems with more tiles than CTAs): a CTA takes the next unclaimed
 //     tile of the order above from a global atomic counter when it is ready for one, i.e. greedy
 //     longest-first list scheduling. A static stride over an LPT-sorted list is badly unbalanced:
 //     CTA 0 gets the longest tile of every round (simulated for causal d128 16k: makespan 1.29x the

@@ -23,7 +23,9 @@ struct HopperFwdConfig {
   int32_t tile_m;         ///< query rows per CTA (2 consumer warpgroups x 64 rows)
   int32_t tile_n;         ///< keys per pipeline stage; multiple of 16 (k-extent of the PV wgmma)
   int32_t stages;         ///< depth of the K and V shared-memory rings
-  int32_t q_stages;       ///< Q buffers: 2 lets the next tile's Q load during this tile (if smem fits)
+  /// Q buffers. 2 lets the next tile's Q load during this tile, but measured 2-5% SLOWER on H200
+  /// at d128 non-causal 4k-16k (bench/results/README.md), so only d64 keeps 2 (equal there).
+  int32_t q_stages;
   Exp2Split exp2_split;   ///< default share of exp2 done on the FMA pipe (FA4 Sec. 3)
   int32_t consumer_regs;  ///< setmaxnreg for the two softmax/MMA warpgroups
   int32_t producer_regs;  ///< setmaxnreg for the TMA producer warpgroup
@@ -41,8 +43,8 @@ inline constexpr int32_t kHopperTileM = 128;
 inline constexpr HopperFwdConfig kHopperFwdConfigs[] = {
     // d, dv, tile_m, tile_n, stages, q_stages, exp2_split, regs (consumer, producer), pingpong
     {64, 64, kHopperTileM, 128, 3, 2, Exp2Split{16, 4}, kHopperConsumerRegs, kHopperProducerRegs, true},
-    {96, 96, kHopperTileM, 128, 2, 2, Exp2Split{16, 3}, kHopperConsumerRegs, kHopperProducerRegs, true},
-    {128, 128, kHopperTileM, 128, 2, 2, Exp2Split{16, 2}, kHopperConsumerRegs, kHopperProducerRegs, true},
+    {96, 96, kHopperTileM, 128, 2, 1, Exp2Split{16, 3}, kHopperConsumerRegs, kHopperProducerRegs, true},
+    {128, 128, kHopperTileM, 128, 2, 1, Exp2Split{16, 2}, kHopperConsumerRegs, kHopperProducerRegs, true},
     {192, 128, kHopperTileM, 112, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false},
     {192, 192, kHopperTileM, 96, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false},
     {256, 256, kHopperTileM, 80, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false},
