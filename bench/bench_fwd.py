@@ -75,9 +75,10 @@ def main():
     dev = torch.cuda.get_device_name()
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        # The device gets a copy of the tree without .git: FA4_GIT_COMMIT carries the hash there.
-        "git_commit": sh("git rev-parse HEAD") or os.environ.get("FA4_GIT_COMMIT"),
-        "git_dirty": bool(sh("git status --porcelain")),
+        # FA4_GIT_COMMIT (the commit the library was built from) wins: the device's copy of the
+        # tree may carry a stale .git.
+        "git_commit": os.environ.get("FA4_GIT_COMMIT") or sh("git rev-parse HEAD"),
+        "git_dirty": None if os.environ.get("FA4_GIT_COMMIT") else bool(sh("git status --porcelain")),
         "gpu": dev,
         "clocks": sh("nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu --format=csv"),
         "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "triton": triton.__version__,

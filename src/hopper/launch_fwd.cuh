@@ -57,8 +57,12 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   auto svt = make_stride(_1{}, get<0>(sv), get<2>(sv), get<3>(sv));
 
   Tensor mQ = make_tensor(make_gmem_ptr(static_cast<const Element*>(fp.q)), shape_q, sq);
-  Tensor mK = make_tensor(make_gmem_ptr(static_cast<const Element*>(fp.k)), shape_k, sk);
-  Tensor mVt = make_tensor(make_gmem_ptr(static_cast<const Element*>(fp.v)), shape_vt, svt);
+  // No keys at all (seqlen_k = 0): K/V may be null views. Their descriptors are never used then
+  // (every tile takes the no-key path), but the encoder wants a real address: q's stands in.
+  const void* k_base = fp.k ? fp.k : fp.q;
+  const void* v_base = fp.v ? fp.v : fp.q;
+  Tensor mK = make_tensor(make_gmem_ptr(static_cast<const Element*>(k_base)), shape_k, sk);
+  Tensor mVt = make_tensor(make_gmem_ptr(static_cast<const Element*>(v_base)), shape_vt, svt);
   // O through TMA (epilogue.cuh) needs the batched layout (a varlen box would cross into the next
   // sequence) and TMA alignment: 16-byte base and 16-byte strides of every dim of extent > 1.
   auto shape_o = make_shape(rows_q, fp.headdim_v, fp.num_heads, batch_t);

@@ -67,6 +67,7 @@ struct Case {
   bool packed_qkv = false;  // q/k/v are strided views of one (b, s, 3, h, d) buffer
   bool nan_past_k = false;   // fill memory past the last key row with NaN (C13)
   int out_offset = 0;        // out starts this many elements into its buffer (TMA-misaligned if % 8)
+  bool nan_unused_k = false; // varlen: K/V rows between seqused_k and the sequence end are NaN
   uint32_t seed = 1;
 
   std::string name() const {
@@ -133,6 +134,13 @@ void run_case(const Case& c, int repeats = 2, Result* first = nullptr) {
     fill(hk, k_elems, total_k * HK * c.d);
     fill(hv, v_elems, total_k * HK * c.dv);
   }
+  if (c.nan_unused_k) {  // rows a sequence does not use must never reach its output (C12)
+    for (int b = 0; b < batch; ++b)
+      for (int64_t r = cu_k[b] + c.used_k[b]; r < cu_k[b + 1]; ++r) {
+        std::fill(hk.begin() + r * HK * c.d, hk.begin() + (r + 1) * HK * c.d, kPoison16);
+        std::fill(hv.begin() + r * HK * c.dv, hv.begin() + (r + 1) * HK * c.dv, kPoison16);
+      }
+  }
   DevBuf<uint16_t> dq(c.packed_qkv ? 0 : q_elems), dk(c.packed_qkv ? 0 : k_elems),
       dv(c.packed_qkv ? 0 : v_elems), dpk(c.packed_qkv ? packed_elems : 0);
   if (c.packed_qkv) dpk.upload(hpacked); else { dq.upload(hq); dk.upload(hk); dv.upload(hv); }
@@ -184,8 +192,8 @@ void run_case(const Case& c, int repeats = 2, Result* first = nullptr) {
     o.cu_seqlens_q = TensorView::contiguous(dcu_q.ptr, DType::kInt32, {batch + 1}, dev);
     o.cu_seqlens_k = TensorView::contiguous(dcu_k.ptr, DType::kInt32, {batch + 1}, dev);
     if (!c.used_k.empty()) o.seqused_k = TensorView::contiguous(dused.ptr, DType::kInt32, {batch}, dev);
-    o.max_seqlen_q = max_sq;
-    o.max_seqlen_k = max_sk;
+    o.max_seqlen_q = std::max(max_sq, 1);  // an upper bound; must be > 0 even if every length is 0
+    o.max_seqlen_k = std::max(max_sk, 1);
   }
 
   std::string kernel;
@@ -193,8 +201,8 @@ void run_case(const Case& c, int repeats = 2, Result* first = nullptr) {
   ASSERT_EQ(why, "") << c.name();
   std::vector<Result> runs;
   for (int r = 0; r < repeats; ++r) {
-    CUDA_OK(cudaMemset(dout.ptr, 0xFF, dout.n * 2));
-    CUDA_OK(cudaMemset(dlse.ptr, 0xFF, dlse.n * 4));
+    if (dout.n) CUDA_OK(cudaMemset(dout.ptr, 0xFF, dout.n * 2));
+    if (dlse.n) CUDA_OK(cudaMemset(dlse.ptr, 0xFF, dlse.n * 4));
     fa4::forward(q, k, v, out, lse, o);
     CUDA_OK(cudaDeviceSynchronize());
     runs.push_back({dout.download(), dlse.download()});
@@ -360,7 +368,21 @@ TEST(HopperFwd, Varlen) {  // C10, C12 (padding rows untouched), seqused_k
     Case c; c.lens_q = {100, 0, 513, 129, 1}; c.lens_k = {300, 7, 400, 129, 1000}; c.causal = causal;
     run_case(c);
     c.used_k = {250, 0, 399, 1, 999}; run_case(c, 1);
+    c.nan_unused_k = true; run_case(c, 1);  // the smem V-tail zeroing and the key mask
   }
+}
+
+// C28 on the GPU: empty problems write nothing; seqlen_k = 0 makes every row fully masked.
+TEST(HopperFwd, EmptyProblemsAndNoKeys) {
+  REQUIRE_HOPPER();
+  for (bool causal : {false, true}) {
+    Case c; c.causal = causal;
+    c.seqlen_q = 300; c.seqlen_k = 0; run_case(c, 1);  // O = 0, LSE = -inf everywhere
+    c.seqlen_q = 0; c.seqlen_k = 50; run_case(c, 1);
+    c.batch = 0; c.seqlen_q = 64; run_case(c, 1);
+  }
+  Case v; v.lens_q = {0, 0}; v.lens_k = {0, 5}; v.pad_rows_q = 4; run_case(v, 1);  // padding keeps poison
+  Case w; w.lens_q = {130, 3}; w.lens_k = {0, 0}; w.causal = true; run_case(w, 1);
 }
 
 TEST(HopperFwd, StridedPackedQkvAndNaNPastKeys) {  // C18/C20 strided views; C03/C13 garbage past K
