@@ -5,7 +5,8 @@ Tuning tool for the Hopper forward kernel: each variant is a libfa4.so built fro
 tuning-table row or kernel change. All variants, plus torch SDPA's cuDNN backend, are timed on the
 same inputs in rounds (variant order rotated each round) so clock and thermal drift hit every
 column alike; the reported time is the median over rounds of triton's do_bench median.
-Every variant's output is compared with cuDNN's first, so a broken variant is reported, not timed.
+Every variant's output is compared with cuDNN's first and the max abs difference is printed and
+stored next to its time, so a broken variant shows up in the same line.
 
 Usage (on the GPU machine, repo root):
     PYTHONPATH=python python3 bench/ab_variants.py OUT.json base=path/libfa4.so new=other/libfa4.so

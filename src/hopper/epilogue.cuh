@@ -77,7 +77,10 @@ struct Epilogue {
   }
 
   /// TMA store of O staged in Q buffer `q_stage`; then releases that buffer to the producer (the
-  /// issuing thread only after the TMA engine has read the smem).
+  /// issuing thread only after the TMA engine has read the smem). Correct because, without a
+  /// cluster (the kernel's pipelines are built for cluster shape 1x1x1), PipelineTmaAsync's empty
+  /// barrier counts an arrival from EVERY consumer thread, the issuing one included; with
+  /// clusters only one thread per warpgroup would signal and this would need its own barrier.
   template <class SharedStorage, class PipelineQ, class StateQ, class FragO>
   __device__ __forceinline__ static void store_tma(const Params& p, SharedStorage& ss, PipelineQ& pipe_q, StateQ rq,
                                                    const TileInfo& ti, int tid, FragO& tOrO,

@@ -146,8 +146,8 @@ std::string forward_support(const detail::FwdParams& p, std::string* kernel_name
     return "the Hopper kernels address at most 2^31-1 rows of q and of k/v";
   // The persistent grid numbers tiles with int32 (launch_fwd.cuh); max_seqlen_q bounds the rows.
   const int64_t m_blocks = (int64_t(p.seqlen_q) + c->tile_m - 1) / c->tile_m;
-  if (m_blocks * p.num_heads * p.batch > INT32_MAX)
-    return "the Hopper kernels handle at most 2^31-1 query tiles (batch * num_heads * "
+  if (m_blocks * p.num_heads * p.batch > kMaxTiles)
+    return "the Hopper kernels handle at most 2^31 - 2^16 query tiles (batch * num_heads * "
            "ceil(max_seqlen_q / " + std::to_string(c->tile_m) + ")); lower max_seqlen_q to the real maximum";
   // Exp2Split's rule counts 16 eight-column groups per key tile: a tile of another width could not
   // give an explicit share exactly, and fa4 never silently changes an option.

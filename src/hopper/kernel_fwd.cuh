@@ -7,8 +7,9 @@
 //                runs QK^T / softmax / PV (mainloop_mma.cuh) and the epilogue (epilogue.cuh).
 // The producer warp claims tiles (static stride or a dynamic LPT counter, tile_scheduler.cuh) and
 // passes each index to the consumers through a small smem ring; shared memory holds TMA stage rings
-// for Q (q_stages buffers, so the next tile's Q loads during this tile; the epilogue stages O in
-// the finished tile's buffer), K and V.
+// for Q, K and V. Q has q_stages buffers (with 2, the next tile's Q loads during this tile; with 1
+// — every d >= 96, measured faster — it loads after this tile's epilogue, which stages O in the
+// finished tile's Q buffer for the TMA store and then frees it).
 #pragma once
 
 #include <cute/tensor.hpp>

@@ -16,9 +16,11 @@
 namespace fa4::hopper {
 
 inline void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear a non-sticky error so it is not reported against a later call
     throw Error(ErrorCode::kCudaError,
                 std::string("fa4::forward (hopper): ") + what + ": " + cudaGetErrorString(e));
+  }
 }
 
 /// TMA ignores the stride of an extent-1 dimension but still requires a positive multiple of 16
@@ -67,9 +69,9 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   // sequence) and TMA alignment: 16-byte base and 16-byte strides of every dim of extent > 1.
   auto shape_o = make_shape(rows_q, fp.headdim_v, fp.num_heads, batch_t);
   auto so = strides(fp.out_stride, rows_q, fp.num_heads);
+  auto tma_stride_ok = [&](int64_t st) { return (st * kElem) % 16 == 0 && st * kElem < (int64_t(1) << 40); };
   const bool out_tma = ctx.tma_epilogue && !fp.is_varlen && reinterpret_cast<uintptr_t>(fp.out) % 16 == 0 &&
-                       (get<0>(so) * kElem) % 16 == 0 && (get<2>(so) * kElem) % 16 == 0 &&
-                       (get<3>(so) * kElem) % 16 == 0;
+                       tma_stride_ok(get<0>(so)) && tma_stride_ok(get<2>(so)) && tma_stride_ok(get<3>(so));
   // Without out_tma the descriptor is never used; it is still encoded (Params holds one), so give
   // the encoder a valid 1-row view: 16-byte aligned address and strides.
   auto* o_ptr = static_cast<Element*>(out_tma ? fp.out : reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(fp.out) & ~uintptr_t(15)));
@@ -125,8 +127,8 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   p.num_m_blocks = (fp.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM;
   const int64_t num_tiles = int64_t(p.num_m_blocks) * fp.num_heads * fp.batch;
   if (num_tiles == 0) return;
-  if (num_tiles > INT32_MAX)
-    throw Error(ErrorCode::kUnsupported, "fa4::forward (hopper): more than 2^31 tiles");
+  if (num_tiles > kMaxTiles)
+    throw Error(ErrorCode::kUnsupported, "fa4::forward (hopper): more than 2^31 - 2^16 tiles");
   p.num_tiles = int32_t(num_tiles);
   p.lpt = ctx.lpt;
   // L2 section: heads whose K+V (all of seqlen_k) together fill about half the L2.
@@ -142,15 +144,23 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   const cudaStream_t stream = static_cast<cudaStream_t>(fp.device.stream);
   // Dynamic schedule: a zeroed int32 claim counter. Stream-ordered allocation gives every call
   // its own counter, so concurrent calls on other streams (and graph replays) never share one.
+  // If it cannot be had (no memory pools, out of memory), the static stride gives the same result.
   if (ctx.dynamic_schedule && num_tiles > grid) {
-    check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&p.tile_counter), sizeof(int32_t), stream),
-               "cudaMallocAsync(tile counter)");
-    check_cuda(cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream), "cudaMemsetAsync(tile counter)");
+    if (cudaMallocAsync(reinterpret_cast<void**>(&p.tile_counter), sizeof(int32_t), stream) != cudaSuccess) {
+      cudaGetLastError();
+      p.tile_counter = nullptr;
+    } else if (cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream) != cudaSuccess) {
+      cudaGetLastError();
+      cudaFreeAsync(p.tile_counter, stream);
+      cudaGetLastError();
+      p.tile_counter = nullptr;
+    }
   }
   kernel<<<grid, Kt::kNumThreads, Kt::kSmemBytes, stream>>>(p);
   const cudaError_t launched = cudaGetLastError();
-  if (p.tile_counter) check_cuda(cudaFreeAsync(p.tile_counter, stream), "cudaFreeAsync(tile counter)");
-  check_cuda(launched, "kernel launch");
+  const cudaError_t freed = p.tile_counter ? cudaFreeAsync(p.tile_counter, stream) : cudaSuccess;
+  check_cuda(launched, "kernel launch");  // reported first: a failed free is its consequence
+  check_cuda(freed, "cudaFreeAsync(tile counter)");
 }
 
 }  // namespace fa4::hopper

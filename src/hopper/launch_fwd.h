@@ -9,15 +9,19 @@
 
 namespace fa4::hopper {
 
+/// Most tiles one launch numbers: tile indices are int32 and a CTA computes `t + grid` (grid
+/// <= 2^16) past the last one, which must not overflow.
+inline constexpr int64_t kMaxTiles = int64_t(INT32_MAX) - (int64_t(1) << 16);
+
 /// Host facts the launch needs (queried once per device by hopper_api.cu).
 struct LaunchContext {
   int32_t num_sms = 0;
   int64_t l2_bytes = 0;
   bool lpt = true;  ///< LPT order + L2 sections (auto: masked/varlen only; FA4_HOPPER_LPT=0/1 forces)
   /// Tiles claimed from an atomic counter (greedy, tile_scheduler.cuh) instead of a static stride
-  /// (auto: causal/window, not varlen; FA4_HOPPER_SCHED=static/dynamic forces). Used only when
-  /// there are more tiles than CTAs.
-  bool dynamic_schedule = true;
+  /// (hopper_api.cu sets it: causal/window, not varlen; FA4_HOPPER_SCHED=static/dynamic forces).
+  /// Used only when there are more tiles than CTAs.
+  bool dynamic_schedule = false;
   /// O through smem + TMA store where the output allows it (FA4_HOPPER_EPILOGUE=direct forces the
   /// direct register stores, for the ablation).
   bool tma_epilogue = true;

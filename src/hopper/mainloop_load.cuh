@@ -27,7 +27,8 @@ struct MainloopLoad {
   static constexpr int kBlockM = Kt::kBlockM;
   static constexpr int kBlockN = Kt::kBlockN;
 
-  /// Runs on the whole producer warp 0 (named barriers count whole warps); only lane 0 issues.
+  /// Runs on the whole producer warp 0 (TileRing::claim_end shuffles over the full warp); only
+  /// lane 0 issues TMAs and touches the barriers.
   template <class SharedStorage>
   __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, Pipeline& pipe_k, Pipeline& pipe_v,
                                              PipelineQ& pipe_q, TileRing::Pipeline& pipe_t) {

@@ -84,10 +84,11 @@ struct TileRing {
   /// First tile of this CTA.
   __device__ static int32_t first() { return int32_t(blockIdx.x); }
 
-  /// Claims the tile after `t`, in two halves so the atomic's round trip to L2 overlaps the
-  /// current tile's loads: claim_begin (lane 0 sends the atomicAdd; its result is not needed yet)
-  /// at the start of a tile, claim_end (broadcast to the warp) after its last load. With
-  /// tile_counter == nullptr both give the static stride t + grid.
+  /// Claims the tile after `t` (the producer warp calls both halves right after issuing the
+  /// current tile's loads: the atomic's round trip then overlaps the consumers' work on the tiles
+  /// already loaded, since the producer runs ahead of them). claim_begin: lane 0 sends the
+  /// atomicAdd; claim_end: broadcast to the warp (all 32 lanes must call it: full-mask shuffle).
+  /// With tile_counter == nullptr both give the static stride t + grid.
   __device__ static int32_t claim_begin(int32_t* tile_counter) {
     return tile_counter && threadIdx.x % 32 == 0 ? atomicAdd(tile_counter, 1) : 0;
   }

@@ -144,7 +144,8 @@ void run_case(const Case& c, int repeats = 2, Result* first = nullptr) {
   DevBuf<uint16_t> dq(c.packed_qkv ? 0 : q_elems), dk(c.packed_qkv ? 0 : k_elems),
       dv(c.packed_qkv ? 0 : v_elems), dpk(c.packed_qkv ? packed_elems : 0);
   if (c.packed_qkv) dpk.upload(hpacked); else { dq.upload(hq); dk.upload(hk); dv.upload(hv); }
-  DevBuf<uint16_t> dout(c.out_offset + total_q * H * c.dv);
+  constexpr int kOutTail = 64;  // guard elements after out: must keep the poison too
+  DevBuf<uint16_t> dout(c.out_offset + total_q * H * c.dv + kOutTail);
   uint16_t* out_ptr = dout.ptr + c.out_offset;
   DevBuf<float> dlse(total_q * H);
   DevBuf<int> dcu_q(varlen ? cu_q.size() : 0), dcu_k(varlen ? cu_k.size() : 0), dused(c.used_k.size());
@@ -206,9 +207,12 @@ void run_case(const Case& c, int repeats = 2, Result* first = nullptr) {
     fa4::forward(q, k, v, out, lse, o);
     CUDA_OK(cudaDeviceSynchronize());
     runs.push_back({dout.download(), dlse.download()});
-    // Elements before out (its buffer's head) must keep the poison; then drop them.
+    // Elements before and after out must keep the poison; then drop them.
     auto& ro = runs.back().out;
     for (int i = 0; i < c.out_offset; ++i) ASSERT_EQ(ro[i], kPoison16) << c.name() << ": wrote before out";
+    for (size_t i = ro.size() - kOutTail; i < ro.size(); ++i)
+      ASSERT_EQ(ro[i], kPoison16) << c.name() << ": wrote after out";
+    ro.erase(ro.end() - kOutTail, ro.end());
     ro.erase(ro.begin(), ro.begin() + c.out_offset);
   }
   for (int r = 1; r < repeats; ++r) {  // C27: bitwise repeatable
@@ -404,6 +408,17 @@ TEST(HopperFwd, OutputStorePaths) {
     }
   Case p; p.d = 192; p.dv = 128; p.seqlen_q = 77; p.seqlen_k = 500; p.out_offset = 2; run_case(p, 1);
   p.out_offset = 0; run_case(p, 1);
+  // The TMA and the direct store of the same O must agree bitwise (FA4_HOPPER_EPILOGUE=direct
+  // forces the direct path where TMA would run).
+  for (int d : {64, 128, 256}) {
+    Case c; c.batch = 2; c.heads = c.heads_kv = 2; c.seqlen_q = 333; c.seqlen_k = 257; c.d = c.dv = d; c.causal = true;
+    Result tma, direct;
+    run_case(c, 1, &tma);
+    setenv("FA4_HOPPER_EPILOGUE", "direct", 1);
+    run_case(c, 1, &direct);
+    unsetenv("FA4_HOPPER_EPILOGUE");
+    EXPECT_EQ(0, std::memcmp(tma.out.data(), direct.out.data(), tma.out.size() * 2)) << c.name();
+  }
 }
 
 TEST(HopperFwd, NaNInQueryPropagates) {  // C03(b): data NaN must come out as NaN, only there
