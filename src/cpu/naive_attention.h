@@ -180,9 +180,11 @@ void forward(const detail::FwdParams& p, const Round& rnd, W& w) {
 ///             its dS is P_i,sink (0 - D_i):  dsink_h = -sum_i P_i,sink D_i,
 ///             P_i,sink = exp(sink_h - lse_i)   (sum over every query row of head h, all batches).
 /// The oracle recomputes O and lse itself (p.out / p.lse are not read), so it is the exact
-/// gradient of the exact forward.
+/// gradient of the exact forward. d_from_stored_out = true takes D_i = dO_i . O_i from the STORED
+/// out (p.out) instead, as a FlashAttention backward does: the tests use that variant to measure how
+/// the stored O's own error propagates into dq, dk and dsink (tests/accuracy_check.h).
 template <class Real, class Round, class W>
-void backward(const detail::BwdParams& p, const Round& rnd, W& w) {
+void backward(const detail::BwdParams& p, const Round& rnd, W& w, bool d_from_stored_out = false) {
   // total_q == 0 still runs: with no queries dK/dV (and dsink) are exactly 0 and are written.
   if (p.batch == 0 || p.num_heads == 0) return;
   const int32_t group = p.num_heads / p.num_heads_kv;
@@ -205,7 +207,12 @@ void backward(const detail::BwdParams& p, const Round& rnd, W& w) {
         const int64_t go = row_offset(p, p.dout_stride, b, si.q_row0 + i, h);
         for (int64_t e = 0; e < dv; ++e) dout[e] = Real(detail::load_as_float(p.dout, p.dtype, go + e));
         Real D = 0;
-        for (int64_t e = 0; e < dv; ++e) D += dout[e] * r.o[e];
+        if (d_from_stored_out) {
+          const int64_t oo = row_offset(p, p.out_stride, b, si.q_row0 + i, h);
+          for (int64_t e = 0; e < dv; ++e) D += dout[e] * Real(detail::load_as_float(p.out, p.dtype, oo + e));
+        } else {
+          for (int64_t e = 0; e < dv; ++e) D += dout[e] * r.o[e];
+        }
         D = rnd(D);
         std::fill(dq.begin(), dq.end(), Real(0));
         for (int64_t j = 0; j < sk; ++j) {
