@@ -14,6 +14,7 @@ A variant may also set environment variables for its calls (the library reads it
 ablation switches per call):  static=path/libfa4.so?FA4_HOPPER_SCHED=static&FA4_HOPPER_LPT=1
 """
 import argparse
+import contextlib
 import ctypes
 import datetime
 import json
@@ -27,6 +28,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa4
+from bench_fwd import VARLEN_LENS, varlen_batch  # same directory
 from fa4 import _capi
 
 # (headdim, causal, seqlen, num_heads, num_heads_kv); batch = 16384 // seqlen.
@@ -104,11 +106,7 @@ def main():
         for r in range(args.rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             for n in order:
-                ctx = sdpa_kernel([SDPBackend.CUDNN_ATTENTION]) if n == "cudnn" else None
-                if ctx:
-                    with ctx:
-                        times[n].append(triton.testing.do_bench(fns[n], warmup=25, rep=100))
-                else:
+                with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]) if n == "cudnn" else contextlib.nullcontext():
                     times[n].append(triton.testing.do_bench(fns[n], warmup=25, rep=100))
         flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
         tf = {n: round(flops / statistics.median(t) / 1e9, 1) for n, t in times.items()}
@@ -121,19 +119,14 @@ def main():
               " ".join(f"{n}/cudnn={row['ratio_vs_cudnn'][n]:.3f}" for n in libs) +
               " | maxerr " + " ".join(f"{errs[n]:.1e}" for n in libs), flush=True)
     # A varlen batch (fa4 variants only: SDPA has no packed-varlen cuDNN path to compare with).
-    lens = [8192, 4096, 2048, 1024, 512, 256, 128, 77, 3000, 1]
-    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device="cuda", dtype=torch.int32)
-    qv, kv, vv = (torch.randn(sum(lens), 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    flops = sum(4 * 16 * s * s * 128 * 0.5 for s in lens)
+    run_varlen, flops = varlen_batch(torch.bfloat16)
     times = {n: [] for n in libs}
     for r in range(args.rounds):
         for name, (lib, env) in libs.items():
             use(lib, env)
-            times[name].append(triton.testing.do_bench(
-                lambda: fa4.flash_attn_varlen_func(qv, kv, vv, cu, cu, max(lens), max(lens), causal=True),
-                warmup=25, rep=100))
+            times[name].append(triton.testing.do_bench(run_varlen, warmup=25, rep=100))
     tf = {n: round(flops / statistics.median(t) / 1e9, 1) for n, t in times.items()}
-    rows.append({"kind": "varlen", "lens": lens, "headdim": 128, "causal": True, "tflops": tf})
+    rows.append({"kind": "varlen", "lens": VARLEN_LENS, "headdim": 128, "causal": True, "tflops": tf})
     print("varlen d128 causal " + " ".join(f"{n}:{tf[n]:6.1f}" for n in libs), flush=True)
     clocks = subprocess.run("nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,power.draw,"
                             "temperature.gpu --format=csv,noheader", shell=True,

@@ -41,6 +41,18 @@ def tflops(flops, ms):
     return round(flops / ms / 1e9, 1)
 
 
+VARLEN_LENS = [8192, 4096, 2048, 1024, 512, 256, 128, 77, 3000, 1]
+
+
+def varlen_batch(dt):
+    """The benchmark's varlen batch (d128, 16 heads, causal): (call running fa4 on it, FLOPs)."""
+    lens = VARLEN_LENS
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device="cuda", dtype=torch.int32)
+    qv, kv, vv = (torch.randn(sum(lens), 16, 128, device="cuda", dtype=dt) for _ in range(3))
+    flops = sum(4 * 16 * s * s * 128 * 0.5 for s in lens)
+    return (lambda: fa4.flash_attn_varlen_func(qv, kv, vv, cu, cu, max(lens), max(lens), causal=True)), flops
+
+
 def time_fa4(q, k, v, causal, **kw):
     return bench(lambda: fa4.flash_attn_func(q, k, v, causal=causal, **kw))
 
@@ -127,13 +139,9 @@ def main():
         add(r)
 
         # Varlen batch: mixed lengths packed, d128, 16 heads, causal.
-        lens = [8192, 4096, 2048, 1024, 512, 256, 128, 77, 3000, 1]
-        tot = sum(lens)
-        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device="cuda", dtype=torch.int32)
-        qv, kv, vv = (torch.randn(tot, 16, 128, device="cuda", dtype=dt) for _ in range(3))
-        flops = sum(4 * 16 * s * s * 128 * 0.5 for s in lens)
-        ms = bench(lambda: fa4.flash_attn_varlen_func(qv, kv, vv, cu, cu, max(lens), max(lens), causal=True))
-        add({"kind": "varlen", "hdim": 128, "causal": True, "lens": lens, "fa4": tflops(flops, ms)})
+        run_varlen, flops = varlen_batch(dt)
+        add({"kind": "varlen", "hdim": 128, "causal": True, "lens": VARLEN_LENS,
+             "fa4": tflops(flops, bench(run_varlen))})
 
         # Ablation: d64 and d128, seqlen 4k (and causal for LPT).
         for hdim in [64, 128]:

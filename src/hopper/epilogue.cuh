@@ -32,9 +32,8 @@ struct Epilogue {
 
   /// LSE of this thread's two rows (one lane per quad writes).
   __device__ __forceinline__ static void store_lse(const Params& p, const TileInfo& ti, int tid, const float (&lse)[2]) {
-    const int lane = tid % 32;
-    if (lane % 4 != 0) return;
-    const int row_in_tile = (tid / 128) * 64 + ((tid % 128) / 32) * 16 + lane / 4;
+    if (tid % 4 != 0) return;
+    const int row_in_tile = fragment_row(tid);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int32_t i = ti.c.m_block * Kt::kBlockM + row_in_tile + 8 * r;
@@ -49,9 +48,8 @@ struct Epilogue {
   template <class FragO>
   __device__ __forceinline__ static void store_direct(const Params& p, const TileInfo& ti, int tid, FragO& tOrO,
                                                       const float (&o_scale)[2]) {
-    const int lane = tid % 32;
-    const int row_in_tile = (tid / 128) * 64 + ((tid % 128) / 32) * 16 + lane / 4;
-    const int col_lane = 2 * (lane % 4);
+    const int row_in_tile = fragment_row(tid);
+    const int col_lane = fragment_col(tid);
     Element* out = static_cast<Element*>(p.out);
     const int64_t base = (p.is_varlen ? 0 : int64_t(ti.c.batch) * p.out_batch_stride) +
                          int64_t(ti.c.head) * p.out_head_stride;

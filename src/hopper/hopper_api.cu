@@ -197,7 +197,11 @@ void forward(const detail::FwdParams& p) {
   // is mostly empty tiles, and claiming those one atomic at a time measured 3% slower on the
   // benchmark's varlen batch.
   ctx.dynamic_schedule = env_switch("FA4_HOPPER_SCHED", "static", "dynamic", p.mask.is_local() && !p.is_varlen);
-  ctx.tma_epilogue = env_switch("FA4_HOPPER_EPILOGUE", "direct", "tma", true);
+  // O leaves through smem + TMA store (epilogue.cuh) where out obeys the same TMA rule as q/k/v
+  // and is batched (a varlen box would cross into the next sequence's rows).
+  ctx.tma_epilogue = env_switch("FA4_HOPPER_EPILOGUE", "direct", "tma", true) && !p.is_varlen &&
+                     check_tma_tensor("out", p.out, p.out_stride, p.seqlen_q, p.num_heads, p.batch,
+                                      false, dtype_size(p.dtype)).empty();
 
   int prev = 0;
   if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;

@@ -65,13 +65,10 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   const void* v_base = fp.v ? fp.v : fp.q;
   Tensor mK = make_tensor(make_gmem_ptr(static_cast<const Element*>(k_base)), shape_k, sk);
   Tensor mVt = make_tensor(make_gmem_ptr(static_cast<const Element*>(v_base)), shape_vt, svt);
-  // O through TMA (epilogue.cuh) needs the batched layout (a varlen box would cross into the next
-  // sequence) and TMA alignment: 16-byte base and 16-byte strides of every dim of extent > 1.
+  // O through TMA (epilogue.cuh): hopper_api.cu decided it (batched, TMA-aligned out).
   auto shape_o = make_shape(rows_q, fp.headdim_v, fp.num_heads, batch_t);
   auto so = strides(fp.out_stride, rows_q, fp.num_heads);
-  auto tma_stride_ok = [&](int64_t st) { return (st * kElem) % 16 == 0 && st * kElem < (int64_t(1) << 40); };
-  const bool out_tma = ctx.tma_epilogue && !fp.is_varlen && reinterpret_cast<uintptr_t>(fp.out) % 16 == 0 &&
-                       tma_stride_ok(get<0>(so)) && tma_stride_ok(get<2>(so)) && tma_stride_ok(get<3>(so));
+  const bool out_tma = ctx.tma_epilogue;
   // Without out_tma the descriptor is never used; it is still encoded (Params holds one), so give
   // the encoder a valid 1-row view: 16-byte aligned address and strides.
   auto* o_ptr = static_cast<Element*>(out_tma ? fp.out : reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(fp.out) & ~uintptr_t(15)));

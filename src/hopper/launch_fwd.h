@@ -22,9 +22,9 @@ struct LaunchContext {
   /// (hopper_api.cu sets it: causal/window, not varlen; FA4_HOPPER_SCHED=static/dynamic forces).
   /// Used only when there are more tiles than CTAs.
   bool dynamic_schedule = false;
-  /// O through smem + TMA store where the output allows it (FA4_HOPPER_EPILOGUE=direct forces the
-  /// direct register stores, for the ablation).
-  bool tma_epilogue = true;
+  /// O through smem + TMA store (hopper_api.cu sets it where out is batched and TMA-aligned;
+  /// FA4_HOPPER_EPILOGUE=direct forces the direct register stores, for the ablation).
+  bool tma_epilogue = false;
 };
 
 /// kDType: 0 = bf16, 1 = fp16 (values of fa4::DType). Defined in launch_fwd.cuh; explicitly

@@ -27,7 +27,7 @@ struct MainloopLoad {
   static constexpr int kBlockM = Kt::kBlockM;
   static constexpr int kBlockN = Kt::kBlockN;
 
-  /// Runs on the whole producer warp 0 (TileRing::claim_end shuffles over the full warp); only
+  /// Runs on the whole producer warp 0 (TileRing::claim_next shuffles over the full warp); only
   /// lane 0 issues TMAs and touches the barriers.
   template <class SharedStorage>
   __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, Pipeline& pipe_k, Pipeline& pipe_v,
@@ -65,7 +65,7 @@ struct MainloopLoad {
         TileRing::publish(pipe_t, ss.tiles, published++, t);
         if (ti.has_keys()) load_tile(p, pipe_k, pipe_v, pipe_q, ti, wr, wq, tQsQ, tKsK, tVsV, mQ_all, mK_all, mVt_all);
       }
-      t = TileRing::claim_end(p.tile_counter, TileRing::claim_begin(p.tile_counter), t);
+      t = TileRing::claim_next(p.tile_counter, t);
     }
     TileRing::publish(pipe_t, ss.tiles, published, t);  // an index >= num_tiles stops the consumers
     if (leader) {

@@ -115,9 +115,8 @@ struct MainloopMma {
     Tensor tOrP32 = recast<uint32_t>(tOrP);
 
     // Rows/cols of this thread (see softmax.cuh for the fragment layout).
-    const int lane = tid % 32;
-    const int row0 = ti.c.m_block * kBlockM + wg * 64 + ((tid % 128) / 32) * 16 + lane / 4;
-    const int col_lane = 2 * (lane % 4);
+    const int row0 = ti.c.m_block * kBlockM + fragment_row(tid);
+    const int col_lane = fragment_col(tid);
     detail::KeyRange vis[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) vis[r] = detail::visible_key_range(row0 + 8 * r, ti.seqlen_q, ti.seqlen_k, p.mask);

@@ -49,6 +49,14 @@ constexpr int kRuntimeSplitPeriod = 16;
 using detail::kLn2;
 using detail::kLog2e;
 
+/// Tile row (0..127) of fragment row r = 0 of consumer thread `tid` (0..255: warpgroup tid / 128);
+/// its row r = 1 is 8 below (layout above).
+__device__ __forceinline__ int fragment_row(int tid) {
+  return (tid / 128) * 64 + ((tid % 128) / 32) * 16 + (tid % 32) / 4;
+}
+/// Column, within each 8-column group, of the first of consumer thread `tid`'s value pair.
+__device__ __forceinline__ int fragment_col(int tid) { return 2 * (tid % 4); }
+
 template <int kFragSize>
 struct OnlineSoftmax {
   static_assert(kFragSize % 4 == 0, "fragment is ((2,2,N/8))");

@@ -84,16 +84,13 @@ struct TileRing {
   /// First tile of this CTA.
   __device__ static int32_t first() { return int32_t(blockIdx.x); }
 
-  /// Claims the tile after `t` (the producer warp calls both halves right after issuing the
-  /// current tile's loads: the atomic's round trip then overlaps the consumers' work on the tiles
-  /// already loaded, since the producer runs ahead of them). claim_begin: lane 0 sends the
-  /// atomicAdd; claim_end: broadcast to the warp (all 32 lanes must call it: full-mask shuffle).
-  /// With tile_counter == nullptr both give the static stride t + grid.
-  __device__ static int32_t claim_begin(int32_t* tile_counter) {
-    return tile_counter && threadIdx.x % 32 == 0 ? atomicAdd(tile_counter, 1) : 0;
-  }
-  __device__ static int32_t claim_end(const int32_t* tile_counter, int32_t claimed, int32_t t) {
+  /// The tile after `t` for this CTA. Called by the whole producer warp right after issuing the
+  /// current tile's loads (the atomic's round trip then overlaps the consumers' work on the tiles
+  /// already loaded, since the producer runs ahead of them); lane 0 sends the atomicAdd and a
+  /// full-mask shuffle broadcasts it. tile_counter == nullptr: the static stride t + grid.
+  __device__ static int32_t claim_next(int32_t* tile_counter, int32_t t) {
     if (!tile_counter) return t + int32_t(gridDim.x);
+    const int32_t claimed = threadIdx.x % 32 == 0 ? atomicAdd(tile_counter, 1) : 0;
     return __shfl_sync(0xffffffffu, claimed, 0) + int32_t(gridDim.x);
   }
 
