@@ -97,7 +97,9 @@ struct MainloopMma {
                              PipelineQ& pipe_q, PipelineState& rd, PipelineStateQ rq, const TileInfo& ti,
                              int tid, FragO& tOrO, OnlineSoftmax<kFragS>& softmax) {
     using namespace cute;
-    const int wg = tid / 128;
+    // Broadcast from lane 0: the compiler then knows wg is warp-uniform and keeps the wgmma
+    // descriptors derived from it in uniform registers.
+    const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
     Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Kt::SmemLayoutQ{})(_, _, rq.index());
     Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Kt::SmemLayoutK{});
     Tensor sVt = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Kt::SmemLayoutVt{});
@@ -170,9 +172,14 @@ struct MainloopMma {
     const int32_t valid_in_last = ti.seqlen_k - (ti.keys.n_block_max - 1) * kBlockN;
     if (p.is_varlen && valid_in_last < kBlockN) {
       consumer_wait(pipe_v, rd);
-      const int32_t invalid = kBlockN - valid_in_last;
-      for (int e = tid; e < invalid * Kt::kHeadDimV; e += Kt::kNumMmaThreads)
-        sVt(e % Kt::kHeadDimV, valid_in_last + e / Kt::kHeadDimV, rd.index()) = Element(0.f);
+      // A trip count the same in every thread (the store is predicated instead): a loop exit that
+      // may diverge here made the compiler keep the loop's pipeline states in per-thread
+      // registers instead of uniform ones (an R2UR move before every wgmma).
+      const int32_t count = (kBlockN - valid_in_last) * Kt::kHeadDimV;
+      for (int base = 0; base < count; base += Kt::kNumMmaThreads) {
+        const int e = base + tid;
+        if (e < count) sVt(e % Kt::kHeadDimV, valid_in_last + e / Kt::kHeadDimV, rd.index()) = Element(0.f);
+      }
       cutlass::arch::fence_view_async_shared();
       arch::named_barrier_sync(arch::kBarrierConsumers, Kt::kNumMmaThreads);
     }

@@ -23,11 +23,14 @@ __device__ __forceinline__ TileInfo make_tile_info(const Params& p, int32_t t) {
   TileInfo ti;
   ti.c = tile_coord(p, t);
   if (p.is_varlen) {
+    // Every lane loads the same words; the broadcast from lane 0 tells the compiler the values are
+    // warp-uniform, so the key loop bounds and everything derived from them stay in uniform
+    // registers (a loop whose trip count might diverge demotes its loop-carried pipeline states).
     const int32_t b = ti.c.batch;
-    ti.q_row0 = p.cu_seqlens_q[b];
-    ti.k_row0 = p.cu_seqlens_k[b];
-    ti.seqlen_q = p.cu_seqlens_q[b + 1] - ti.q_row0;
-    ti.seqlen_k = p.seqused_k ? p.seqused_k[b] : p.cu_seqlens_k[b + 1] - ti.k_row0;
+    ti.q_row0 = __shfl_sync(0xffffffffu, p.cu_seqlens_q[b], 0);
+    ti.k_row0 = __shfl_sync(0xffffffffu, p.cu_seqlens_k[b], 0);
+    ti.seqlen_q = __shfl_sync(0xffffffffu, p.cu_seqlens_q[b + 1], 0) - ti.q_row0;
+    ti.seqlen_k = __shfl_sync(0xffffffffu, p.seqused_k ? p.seqused_k[b] : p.cu_seqlens_k[b + 1] - ti.k_row0, 0);
   } else {
     ti.q_row0 = ti.k_row0 = 0;
     ti.seqlen_q = p.seqlen_q;

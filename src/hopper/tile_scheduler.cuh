@@ -106,10 +106,11 @@ struct TileRing {
     }
   }
 
-  /// Consumer thread: the next tile index of this CTA.
+  /// Consumer thread: the next tile index of this CTA. Broadcast from lane 0 (every lane read the
+  /// same word) so the compiler knows it is warp-uniform: the consumers branch on it per tile.
   __device__ static int32_t receive(Pipeline& pipe, SharedStorage& ss, State& st) {
     pipe.consumer_wait(st);
-    const int32_t t = ss.tile[st.index()];
+    const int32_t t = __shfl_sync(0xffffffffu, ss.tile[st.index()], 0);
     pipe.consumer_release(st);
     ++st;
     return t;

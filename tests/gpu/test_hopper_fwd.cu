@@ -376,6 +376,36 @@ TEST(HopperFwd, Varlen) {  // C10, C12 (padding rows untouched), seqused_k
   }
 }
 
+// A persistent CTA runs many tiles in a row through the same Q/K/V stage rings, tile-index ring
+// and softmax state. These shapes give every CTA several consecutive tiles (>= 3x the 132 SMs)
+// with what can differ between neighbours: key-block counts (causal), tiles without keys in
+// between (seqlen_q > seqlen_k, bottom-right causal), varlen V tails zeroed in smem (NaN in unused
+// K/V rows), the sink, softcap and windows; d64 has two Q buffers, d128 one.
+TEST(HopperFwd, TileChainsAcrossBoundaries) {
+  REQUIRE_HOPPER();
+  for (int d : {64, 128}) {
+    Case c; c.d = c.dv = d; c.batch = 4; c.heads = c.heads_kv = 40; c.seqlen_q = c.seqlen_k = 300;
+    run_case(c, 1);  // 480 tiles of 3 key blocks
+    c.causal = true; c.heads_kv = 8; run_case(c, 1);
+    c.seqlen_q = 700; c.seqlen_k = 300; c.batch = 2; c.sink = true; run_case(c, 1);  // keyless m-blocks
+    c.sink = false; c.softcap = 20.f; c.causal = false; c.window_left = 100; c.window_right = 30;
+    c.dtype = DType::kFP16; run_case(c, 1);
+  }
+  Case v; v.heads = 24; v.heads_kv = 8; v.causal = true;
+  std::mt19937 rng(7);
+  for (int b = 0; b < 24; ++b) {
+    v.lens_q.push_back(int(rng() % 400));
+    v.lens_k.push_back(v.lens_q.back() + int(rng() % 300));
+  }
+  v.used_k = v.lens_k;
+  for (int& u : v.used_k) u = u > 0 ? u - int(rng() % u) / 2 : 0;
+  v.nan_unused_k = true;
+  for (int d : {64, 128}) {
+    v.d = v.dv = d;
+    run_case(v, 1);
+  }
+}
+
 // C28 on the GPU: empty problems write nothing; seqlen_k = 0 makes every row fully masked.
 TEST(HopperFwd, EmptyProblemsAndNoKeys) {
   REQUIRE_HOPPER();
@@ -549,6 +579,8 @@ TEST(HopperFwd, SanitizeSmall) {
   // More tiles than SMs with a causal mask: the dynamic tile counter and the tile-index ring.
   Case d; d.batch = 2; d.heads = d.heads_kv = 80; d.seqlen_q = d.seqlen_k = 129; d.causal = true;
   d.d = d.dv = 64; run_case(d, 1);
+  // d128, two tiles or more per CTA with the TMA epilogue (the Q buffer stages O between tiles).
+  Case f; f.heads = f.heads_kv = 140; f.seqlen_q = f.seqlen_k = 200; run_case(f, 1);
 }
 
 }  // namespace
