@@ -39,6 +39,12 @@ SHAPES = [
     (64, False, 8192, 32, 32), (64, True, 8192, 32, 32),
     (256, False, 8192, 8, 8), (256, True, 8192, 8, 8),
 ]
+# --small: short sequences, where per-tile and per-call costs dominate.
+SMALL_SHAPES = [
+    (128, False, 512, 16, 16), (128, True, 512, 16, 16), (128, False, 1024, 16, 16),
+    (128, True, 1024, 16, 16), (64, False, 512, 32, 32), (64, True, 512, 32, 32),
+    (256, True, 512, 8, 8),
+]
 
 
 def load(path):
@@ -68,6 +74,7 @@ def main():
     ap.add_argument("variants", nargs="+", help="name=path/to/libfa4.so")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--headdims", default="64,128")
+    ap.add_argument("--small", action="store_true", help="short-sequence shapes instead")
     args = ap.parse_args()
     variants = [parse(v) for v in args.variants]
     loaded = {}
@@ -79,7 +86,7 @@ def main():
     hds = {int(h) for h in args.headdims.split(",")}
     gpu = torch.cuda.get_device_name()
     rows = []
-    for d, causal, s, h, hkv in SHAPES:
+    for d, causal, s, h, hkv in (SMALL_SHAPES if args.small else SHAPES):
         if d not in hds:
             continue
         b = 16384 // s
