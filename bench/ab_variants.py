@@ -20,15 +20,13 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 
 import torch
 import torch.nn.functional as F
-import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa4
-from bench_fwd import VARLEN_LENS, varlen_batch  # same directory
+from bench_fwd import VARLEN_LENS, bench, sh, tflops, varlen_batch  # same directory
 from fa4 import _capi
 
 # (headdim, causal, seqlen, num_heads, num_heads_kv); batch = 16384 // seqlen.
@@ -115,9 +113,9 @@ def main():
             order = names[r % len(names):] + names[:r % len(names)]
             for n in order:
                 with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]) if n == "cudnn" else contextlib.nullcontext():
-                    times[n].append(triton.testing.do_bench(fns[n], warmup=25, rep=100))
+                    times[n].append(bench(fns[n]))
         flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
-        tf = {n: round(flops / statistics.median(t) / 1e9, 1) for n, t in times.items()}
+        tf = {n: tflops(flops, statistics.median(t)) for n, t in times.items()}
         row = {"headdim": d, "causal": causal, "seqlen": s, "batch": b, "num_heads": h,
                "num_heads_kv": hkv, "tflops": tf, "max_abs_err_vs_cudnn": errs,
                "ratio_vs_cudnn": {n: round(tf[n] / tf["cudnn"], 3) for n in tf if n != "cudnn"}}
@@ -132,13 +130,12 @@ def main():
     for r in range(args.rounds):
         for name, (lib, env) in libs.items():
             use(lib, env)
-            times[name].append(triton.testing.do_bench(run_varlen, warmup=25, rep=100))
-    tf = {n: round(flops / statistics.median(t) / 1e9, 1) for n, t in times.items()}
+            times[name].append(bench(run_varlen))
+    tf = {n: tflops(flops, statistics.median(t)) for n, t in times.items()}
     rows.append({"kind": "varlen", "lens": VARLEN_LENS, "headdim": 128, "causal": True, "tflops": tf})
     print("varlen d128 causal " + " ".join(f"{n}:{tf[n]:6.1f}" for n in libs), flush=True)
-    clocks = subprocess.run("nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,power.draw,"
-                            "temperature.gpu --format=csv,noheader", shell=True,
-                            capture_output=True, text=True).stdout.strip()
+    clocks = sh("nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu "
+                "--format=csv,noheader")
     with open(args.out_json, "w") as f:
         json.dump({"date": datetime.datetime.now().isoformat(), "gpu": gpu, "clocks_after": clocks,
                    "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
