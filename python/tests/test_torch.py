@@ -191,6 +191,32 @@ def test_opcheck_fwd_and_bwd(gen):
     torch.library.opcheck(torch.ops.fa4.bwd.default, bargs)
 
 
+def _eager_vs_custom_op(gen, device, dtype, grads):
+    """Eager calls skip the custom-op dispatcher (fa4._torch_ops.attention); they must give the
+    same out, lse and (where a backward exists) gradients, bitwise, as torch.ops.fa4.fwd with its
+    registered autograd."""
+    args = _op_args(gen, device, dtype)
+    q, k, v, sink = args[:4]
+    out_op, lse_op = torch.ops.fa4.fwd(*args)
+    out, lse = fa4.flash_attn_func(q, k, v, causal=True, sink=sink, return_lse=True,
+                                   exp2_emulation_fraction=0.0)
+    assert out.requires_grad and not lse.requires_grad
+    assert torch.equal(out, out_op) and torch.equal(lse, lse_op)
+    if grads:
+        w = torch.linspace(-1, 1, out.shape[-1], device=device)
+        g_op = torch.autograd.grad((out_op.float() * w).sum(), (q, k, v, sink))
+        g = torch.autograd.grad((out.float() * w).sum(), (q, k, v, sink))
+        for a, b in zip(g, g_op):
+            assert torch.equal(a, b)
+    with torch.no_grad():  # no autograd graph at all on this path
+        out_ng = fa4.flash_attn_func(q, k, v, causal=True, sink=sink, exp2_emulation_fraction=0.0)
+    assert out_ng.grad_fn is None and torch.equal(out_ng, out_op)
+
+
+def test_eager_path_matches_custom_op(gen):
+    _eager_vs_custom_op(gen, "cpu", torch.float32, grads=True)
+
+
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_compile_fullgraph_no_graph_break(gen, backend):
     q, k, v, sink = _op_args(gen)[:4]
@@ -261,6 +287,11 @@ def test_cuda_backward_is_not_silent(gen):
         q2 = q.detach().clone().requires_grad_()
         ref_attention(q2, q2, q2, causal=True)[0].sum().backward()
         assert _err(q.grad.float(), q2.grad) < 5e-2
+
+
+@needs_cuda
+def test_cuda_eager_path_matches_custom_op(gen):
+    _eager_vs_custom_op(gen, "cuda", torch.bfloat16, grads=False)  # no CUDA backward yet
 
 
 @needs_cuda
