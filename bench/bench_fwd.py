@@ -33,6 +33,21 @@ def sh(cmd):
         return None
 
 
+def run_meta():
+    """What a results JSON records about the run: date, commit, GPU, clocks, versions."""
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        # FA4_GIT_COMMIT (the commit the library was built from) wins: the device's copy of the
+        # tree may carry a stale .git.
+        "git_commit": os.environ.get("FA4_GIT_COMMIT") or sh("git rev-parse HEAD"),
+        "git_dirty": None if os.environ.get("FA4_GIT_COMMIT") else bool(sh("git status --porcelain")),
+        "gpu": torch.cuda.get_device_name(),
+        "clocks": sh("nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu --format=csv"),
+        "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "triton": triton.__version__,
+        "cuda": torch.version.cuda, "fa4": fa4.version(),
+    }
+
+
 def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
@@ -85,17 +100,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="d64/d128 only, fewer seqlens, no ablation")
     args = ap.parse_args()
     dev = torch.cuda.get_device_name()
-    meta = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        # FA4_GIT_COMMIT (the commit the library was built from) wins: the device's copy of the
-        # tree may carry a stale .git.
-        "git_commit": os.environ.get("FA4_GIT_COMMIT") or sh("git rev-parse HEAD"),
-        "git_dirty": None if os.environ.get("FA4_GIT_COMMIT") else bool(sh("git status --porcelain")),
-        "gpu": dev,
-        "clocks": sh("nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu --format=csv"),
-        "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "triton": triton.__version__,
-        "cuda": torch.version.cuda, "fa4": fa4.version(),
-    }
+    meta = run_meta()
     print(json.dumps(meta), flush=True)
     rows = []
     dt = torch.bfloat16

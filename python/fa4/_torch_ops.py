@@ -5,6 +5,13 @@ torch): the real kernels call libfa4 through ctypes, the fake kernels give shape
 ``torch.compile`` / FakeTensor tracing, and ``register_autograd`` connects the backward, so
 ``torch.compile(fullgraph=True)`` traces through fa4 with no graph break.
 
+Eager calls on plain CPU/CUDA tensors skip the dispatcher (it cost more host time than a short
+kernel runs): they call the same implementation directly, with autograd through an equivalent
+``torch.autograd.Function`` (first-order only, like the op's). Traced or intercepted calls keep
+the op: torch.compile / export, ``torch.jit.trace``, active TorchDispatchMode / TorchFunctionMode
+(FlopCounterMode, ``with torch.device(...)``, ...) and tensor subclasses other than nn.Parameter.
+``torch.func`` transforms are not supported on either route.
+
 CUDA tensors run on ``torch.cuda.current_stream()`` of their device; CPU tensors run the CPU
 FlashAttention-4 implementation. Where libfa4 has no kernel (e.g. the CUDA backward before it
 exists) the call raises fa4.UnsupportedError, a NotImplementedError; fa4 never falls back silently.
@@ -47,7 +54,10 @@ class _DeviceGuard:
     """Makes the tensor's CUDA device current for the call (a no-op for CPU tensors)."""
 
     def __init__(self, x: Tensor):
-        self._ctx = torch.cuda.device(x.device) if x.device.type == "cuda" else None
+        # Entering torch.cuda.device costs a few microseconds per call: skip it when x's device
+        # is already current (the common case).
+        switch = x.device.type == "cuda" and x.device.index != torch.cuda.current_device()
+        self._ctx = torch.cuda.device(x.device) if switch else None
 
     def __enter__(self):
         if self._ctx is not None:
@@ -115,12 +125,12 @@ def _bwd_outputs(q, k, v, sink, varlen: bool, fake: bool):
 
 
 def _bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-        sink: Optional[Tensor], cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-        seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
-        softmax_scale: Optional[float], causal: bool, window_size_left: int,
-        window_size_right: int, softcap: float, rescale_threshold: Optional[float],
-        exp2_emulation_fraction: Optional[float], backend: str,
-        deterministic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+              sink: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+              cu_seqlens_k: Optional[Tensor], seqused_k: Optional[Tensor], max_seqlen_q: int,
+              max_seqlen_k: int, softmax_scale: Optional[float], causal: bool,
+              window_size_left: int, window_size_right: int, softcap: float,
+              rescale_threshold: Optional[float], exp2_emulation_fraction: Optional[float],
+              backend: str, deterministic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """fa4 backward: (dq, dk, dv, dsink); dsink has shape (0,) when there is no sink."""
     dout, q, k, v, out = (_last_dim_contiguous(x) for x in (dout, q, k, v, out))
     dq, dk, dv, dsink = _bwd_outputs(q, k, v, sink, _is_varlen(cu_seqlens_q, cu_seqlens_k),
@@ -177,21 +187,35 @@ torch.library.register_autograd(_FN_FWD, _backward, setup_context=_setup_context
 
 
 # ---- eager calls without the custom-op dispatcher -------------------------------------------------
-# Dispatching a Python custom op costs ~80 us of host time per call in eager mode (measured on the
-# H200 machine, torch 2.11: 179 us for torch.ops.fa4.fwd against 15 us in libfa4 itself), more than
-# a short attention kernel runs (d128 causal seqlen 512: ~140 us). Eager calls on plain CPU/CUDA
+# A call through torch.ops.fa4.fwd cost 179 us of host time on the H200 machine (torch 2.11), of
+# which 15 us in libfa4 and 61 us describing the tensors (bench/host_overhead.py): more than a
+# short attention kernel runs (d128 causal seqlen 512: ~140 us). Eager calls on plain CPU/CUDA
 # tensors therefore run the same implementation directly, with autograd through an equivalent
-# autograd.Function; traced code (torch.compile, export) and tensor subclasses (FakeTensor, ...)
-# keep going through torch.ops.fa4.*, which carries the fake kernels and the registered autograd.
+# autograd.Function. Everything that must see the op keeps it: traced code (torch.compile, export,
+# torch.jit.trace, which would otherwise record only the output allocations), dispatch and function
+# modes (flop counters, debug modes, `with torch.device(...)`), and tensor subclasses (FakeTensor,
+# DTensor, ...; nn.Parameter is a plain tensor here).
+_PLAIN_TENSOR_TYPES = (Tensor, torch.nn.Parameter)
+
+
+def _modes_active() -> bool:
+    c = torch._C
+    return (getattr(c, "_len_torch_dispatch_stack", lambda: 0)() > 0
+            or getattr(c, "_is_torch_function_mode_enabled", lambda: False)())
+
+
 def _use_custom_op(*tensors) -> bool:
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or _modes_active():
         return True
-    return any(t is not None and (type(t) is not Tensor or t.device.type not in ("cuda", "cpu"))
+    return any(t is not None and (type(t) not in _PLAIN_TENSOR_TYPES
+                                  or t.device.type not in ("cuda", "cpu"))
                for t in tensors)
 
 
 class _FwdFunction(torch.autograd.Function):
-    """Eager autograd for _fwd_impl: the same saved state and backward as the custom op's."""
+    """Eager autograd for _fwd_impl: the same saved state and backward as the custom op's.
+    First-order only, like the op (whose backward op has no autograd formula): a double backward
+    raises instead of silently dropping the second-order term."""
 
     @staticmethod
     def forward(ctx, *inputs):
@@ -200,6 +224,7 @@ class _FwdFunction(torch.autograd.Function):
         return out, lse
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, dout, dlse):
         return _backward(ctx, dout, dlse)
 

@@ -201,6 +201,9 @@ def _eager_vs_custom_op(gen, device, dtype, grads):
     out, lse = fa4.flash_attn_func(q, k, v, causal=True, sink=sink, return_lse=True,
                                    exp2_emulation_fraction=0.0)
     assert out.requires_grad and not lse.requires_grad
+    # The eager call really took the bypass (an autograd.Function), the op its registered autograd.
+    assert type(out.grad_fn).__name__ == "_FwdFunctionBackward"
+    assert type(out_op.grad_fn).__name__ != "_FwdFunctionBackward"
     assert torch.equal(out, out_op) and torch.equal(lse, lse_op)
     if grads:
         w = torch.linspace(-1, 1, out.shape[-1], device=device)
@@ -215,6 +218,48 @@ def _eager_vs_custom_op(gen, device, dtype, grads):
 
 def test_eager_path_matches_custom_op(gen):
     _eager_vs_custom_op(gen, "cpu", torch.float32, grads=True)
+
+
+def test_eager_path_edge_cases(gen):
+    q, k, v, sink = (a.detach() for a in _op_args(gen)[:4])
+    kw = dict(causal=True, exp2_emulation_fraction=0.0)
+    # Only the sink requires grad (a learnable nn.Parameter): still the bypass, and its gradient
+    # equals the op route's.
+    p = torch.nn.Parameter(sink.clone())
+    out = fa4.flash_attn_func(q, k, v, sink=p, **kw)
+    assert type(out.grad_fn).__name__ == "_FwdFunctionBackward"
+    (g,) = torch.autograd.grad(out.sum(), (p,))
+    p2 = sink.clone().requires_grad_()
+    out_op, _ = torch.ops.fa4.fwd(q, k, v, p2, None, None, None, 0, 0, None, True, -1, 0, 0.0,
+                                  None, 0.0, "auto", False)
+    (g_op,) = torch.autograd.grad(out_op.sum(), (p2,))
+    assert torch.equal(g, g_op)
+    with torch.inference_mode():
+        assert torch.equal(fa4.flash_attn_func(q, k, v, sink=sink, **kw), out_op.detach())
+    # Second order: not supported on either route, and it must say so rather than drop the term.
+    qg = q.clone().requires_grad_()
+    for call in (lambda x: fa4.flash_attn_func(x, k, v, **kw),
+                 lambda x: torch.ops.fa4.fwd(x, k, v, None, None, None, None, 0, 0, None, True, -1,
+                                             0, 0.0, None, 0.0, "auto", False)[0]):
+        (gq,) = torch.autograd.grad(call(qg).pow(2).sum(), (qg,), create_graph=True)
+        with pytest.raises(RuntimeError):
+            gq.pow(2).sum().backward()
+    # torch.jit.trace must record the op, not just the output allocations of the bypass.
+    traced = torch.jit.trace(lambda x: fa4.flash_attn_func(x, k, v, **kw), (q,), check_trace=False)
+    torch.testing.assert_close(traced(2 * q), fa4.flash_attn_func(2 * q, k, v, **kw), rtol=0, atol=0)
+    # A dispatch mode (here the flop counter) sees fa4::fwd.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Seen.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        fa4.flash_attn_func(q, k, v, **kw)
+    assert any("fa4.fwd" in o for o in Seen.ops), Seen.ops
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

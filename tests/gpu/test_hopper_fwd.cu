@@ -24,6 +24,7 @@
 #include "common/validate.h"
 #include "fa4/attention.h"
 #include "fa4/detail/float16.h"
+#include "fa4/detail/kernel_config.h"
 #include "gpu/gpu_reference.cuh"
 
 #include "gpu_test_util.cuh"
@@ -68,9 +69,9 @@ struct Case {
   bool nan_past_k = false;   // fill memory past the last key row with NaN (C13)
   int out_offset = 0;        // out starts this many elements into its buffer (TMA-misaligned if % 8)
   bool nan_unused_k = false; // varlen: K/V rows between seqused_k and the sequence end are NaN
-  // Batched only: scores rise by ramp_log2 (log2 units) from one 128-key block to the one before
-  // it, i.e. at every step of the kernel's descending key loop, so the running max keeps moving
-  // (q[.., 0] = 1 and k[j, 0] carries the ramp; the other channels stay random).
+  // Batched only: scores rise by ramp_log2 (log2 units) from one key block (the bucket's tile_n
+  // keys) to the one before it, i.e. at every step of the kernel's descending key loop, so the
+  // running max keeps moving (q[.., 0] = 1 and k[j, 0] carries the ramp; other channels random).
   float ramp_log2 = 0.f;
   uint32_t seed = 1;
 
@@ -141,13 +142,16 @@ void run_case(const Case& c, int repeats = 2, Result* first = nullptr) {
   if (c.ramp_log2 != 0.f) {
     ASSERT_TRUE(!varlen && !c.packed_qkv) << "ramp_log2 is for batched, separate q/k/v";
     const float scale_log2 = c.scale.value_or(1.f / std::sqrt(float(c.d))) * 1.4426950408889634f;
-    const int blocks = (c.seqlen_k + 127) / 128;
+    const fa4::detail::HopperFwdConfig* bucket = fa4::detail::hopper_fwd_bucket(c.d, c.dv);
+    ASSERT_NE(bucket, nullptr) << c.name();
+    const int bn = bucket->tile_n;
+    const int blocks = (c.seqlen_k + bn - 1) / bn;
     for (int64_t i = 0; i < total_q * H; ++i) hq[i * c.d] = to16(c.dtype, 1.f);
     for (int b = 0; b < batch; ++b)
       for (int j = 0; j < c.seqlen_k; ++j)
         for (int h = 0; h < HK; ++h)
           hk[((int64_t(b) * c.seqlen_k + j) * HK + h) * c.d] =
-              to16(c.dtype, c.ramp_log2 * float(blocks - 1 - j / 128) / scale_log2);
+              to16(c.dtype, c.ramp_log2 * float(blocks - 1 - j / bn) / scale_log2);
   }
   if (c.nan_unused_k) {  // rows a sequence does not use must never reach its output (C12)
     for (int b = 0; b < batch; ++b)
@@ -591,9 +595,14 @@ TEST(HopperFwd, SchedulesAgreeBitwise) {
 // each 128-key block to the one before it, i.e. at every step of the descending key loop: by 7 log2
 // units (below tau = 8: lazily skipped, P up to 2^7), by 20 (a rescale at every block) and by 300
 // (2^300 overflows fp32: a missed rescale would give inf/NaN), with tau = 8 and tau = 0, both
-// exp2 paths, and rows whose keys start only in a later block (causal, seqlen_q < seqlen_k).
+// exp2 paths, and rows whose keys start only in a later block (causal, seqlen_q < seqlen_k);
+// d256 has 80-key tiles and no exp2 split.
 TEST(HopperFwd, RisingScoresMoveTheMax) {
   REQUIRE_HOPPER();
+  for (float ramp : {20.f, 300.f}) {
+    Case c; c.d = c.dv = 256; c.seqlen_q = 200; c.seqlen_k = 500; c.ramp_log2 = ramp; c.causal = true;
+    run_case(c, 1);
+  }
   for (int d : {64, 128})
     for (float ramp : {7.f, 20.f, 300.f}) {
       Case c; c.d = c.dv = d; c.seqlen_q = 300; c.seqlen_k = 600; c.ramp_log2 = ramp; c.seed = 11 + d;
