@@ -519,7 +519,7 @@ TEST(HopperFwd, MisalignedStrideIsAClearError) {
 
 // An explicit exp2 share the 16-group rule cannot give on a key tile that is not a multiple of 128
 // columns (d >= 192 buckets) is refused, never silently changed; 0 stays supported.
-TEST(HopperFwd, Exp2FractionOnNon128KeyTileIsAClearError) {
+TEST(HopperFwd, Exp2FractionNotDividingTheKeyTileIsAClearError) {
   REQUIRE_HOPPER();
   DevBuf<uint16_t> buf(64 * 2 * 256), obuf(64 * 2 * 256);
   DevBuf<float> lbuf(2 * 64);
@@ -534,6 +534,17 @@ TEST(HopperFwd, Exp2FractionOnNon128KeyTileIsAClearError) {
   EXPECT_NE(why.find("exp2_emulation_fraction"), std::string::npos) << why;
   opt.exp2_emulation_fraction = 0.0f;
   EXPECT_EQ(fa4::forward_support(x, x, x, out, lse, opt), "");
+  // d64 (192-key tiles): shares whose period divides 192 columns run, 1/16 (128 columns) does not.
+  auto x64 = TensorView::contiguous(buf.ptr, DType::kBF16, {1, 64, 2, 64}, dev);
+  auto out64 = TensorView::contiguous(obuf.ptr, DType::kBF16, {1, 64, 2, 64}, dev);
+  for (float f : {0.125f, 0.25f, 0.5f}) {
+    opt.exp2_emulation_fraction = f;
+    EXPECT_EQ(fa4::forward_support(x64, x64, x64, out64, lse, opt), "") << f;
+  }
+  opt.exp2_emulation_fraction = 0.0625f;
+  const std::string why64 = fa4::forward_support(x64, x64, x64, out64, lse, opt);
+  EXPECT_NE(why64.find("exp2_emulation_fraction = 1/16"), std::string::npos) << why64;
+  EXPECT_NE(why64.find("128-column period"), std::string::npos) << why64;
 }
 
 // A device index that does not exist is a clear error (not a crash or a cache overrun).
