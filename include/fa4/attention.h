@@ -81,11 +81,8 @@ struct AttentionOptions {
   /// representable in bf16/fp16; the same bound applies to fp32); default 8.
   float rescale_threshold = 8.0f;
   /// Share of exp2 evaluations done by the FMA-pipe polynomial (fa4/exp2.h) instead of the
-  /// hardware unit, picked by key-column position (one 8-column group in every 8 * period columns,
-  /// the share in lowest terms: fa4::exp2_split_from_sixteenths). Must be a multiple of 1/16 in
-  /// [0, 1]. A GPU kernel whose key tile is not a multiple of the share's 8 * period columns
-  /// rejects it (fa4::forward_support says which). Unset = the tuned default of the kernel that
-  /// runs (fa4/detail/kernel_config.h).
+  /// hardware unit, picked by key-column position within a key tile. Must be a multiple of 1/16 in
+  /// [0, 1]. Unset = the tuned default of the kernel that runs (fa4/detail/kernel_config.h).
   std::optional<float> exp2_emulation_fraction;
 
   Backend backend = Backend::kAuto;

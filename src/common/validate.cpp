@@ -361,8 +361,7 @@ FwdParams make_fwd_params(const TensorView& q_in, const TensorView& k_in, const 
       c.invalid("options.exp2_emulation_fraction = ", f, " must be a multiple of 1/",
                 kExp2FractionDenominator, " in [0, 1]");
     p.exp2_fraction_given = true;
-    static_assert(kExp2FractionDenominator == 16, "exp2_split_from_sixteenths counts sixteenths");
-    p.exp2_split = exp2_split_from_sixteenths(static_cast<int32_t>(scaled));  // lowest terms
+    p.exp2_split = Exp2Split{kExp2FractionDenominator, static_cast<int32_t>(scaled)};
   }
 
   // ---- sink ----

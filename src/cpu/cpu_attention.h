@@ -21,10 +21,10 @@ void flash_backward(const detail::BwdParams& p);
 /// Key/query tile sizes the CPU implementation uses (the exp2 split rule is relative to a key tile).
 inline constexpr int kCpuTileM = 64;
 inline constexpr int kCpuTileN = 128;
-/// Exp2 split used when the caller gives no fraction: 1 of every 8 8-column groups = 12.5% for
+/// Exp2 split used when the caller gives no fraction: 2 of every 16 8-column groups = 12.5% for
 /// bf16/fp16, whose P rounding (2^-8 / 2^-11) hides the polynomial's ~1e-4 relative error; none
 /// for fp32, where that error would be ~20x plain fp32 attention's and break the accuracy rule.
-inline constexpr Exp2Split kCpuDefaultExp2Split = exp2_split_from_sixteenths(2);
+inline constexpr Exp2Split kCpuDefaultExp2Split{16, 2};
 constexpr Exp2Split default_exp2_split(DType dtype) {
   return dtype == DType::kFP32 ? Exp2Split{16, 0} : kCpuDefaultExp2Split;
 }

@@ -10,9 +10,7 @@
 //   * SOFTWARE exp2: for key column c of a tile (c relative to the tile start), P uses the FMA
 //     polynomial fa4::exp2_emulated when Exp2Split::uses_emulation(c), otherwise std::exp2 (the
 //     "hardware" unit). The split is p.exp2_split if the caller gave a fraction, else
-//     default_exp2_split(dtype) (none for fp32). Key tiles start at multiples of kCpuTileN; a split
-//     in lowest terms (fa4::exp2_split_from_sixteenths) whose 8 * period columns divide both this
-//     and the GPU's key tile picks the same absolute columns there.
+//     default_exp2_split(dtype) (none for fp32). Key tiles start at multiples of kCpuTileN, as on the GPU.
 //
 // Per (batch, head, tile of kCpuTileM queries), key tiles of kCpuTileN:
 //   s = q.k (fp32; softcap: s = softcap*tanh(scale q.k / softcap)), masked pairs s = -inf

@@ -149,16 +149,12 @@ std::string forward_support(const detail::FwdParams& p, std::string* kernel_name
   if (m_blocks * p.num_heads * p.batch > kMaxTiles)
     return "the Hopper kernels handle at most 2^31 - 2^16 query tiles (batch * num_heads * "
            "ceil(max_seqlen_q / " + std::to_string(c->tile_m) + ")); lower max_seqlen_q to the real maximum";
-  // An explicit share repeats every 8 * period columns (in lowest terms, fa4/exp2.h): a key tile
-  // that is not a multiple of that could not give it exactly, and fa4 never silently changes an
-  // option.
+  // Exp2Split's rule counts 16 eight-column groups per key tile: a tile of another width could not
+  // give an explicit share exactly, and fa4 never silently changes an option.
   if (p.exp2_fraction_given && p.exp2_split.emulated > 0 && c->tile_n % (8 * p.exp2_split.period) != 0)
-    return "exp2_emulation_fraction = " + std::to_string(p.exp2_split.emulated) + "/" +
-           std::to_string(p.exp2_split.period) + " is not supported on the Hopper headdim bucket " +
-           std::to_string(c->headdim) + "x" + std::to_string(c->headdim_v) + " (its key tile of " +
-           std::to_string(c->tile_n) + " is not a multiple of the share's " +
-           std::to_string(8 * p.exp2_split.period) + "-column period); pass 0, a share that "
-           "divides it, or leave it unset";
+    return "exp2_emulation_fraction > 0 is not supported on the Hopper headdim bucket " +
+           std::to_string(c->headdim) + "x" + std::to_string(c->headdim_v) + " (key tile " +
+           std::to_string(c->tile_n) + " is not a multiple of 128); pass 0 or leave it unset";
   std::string why = check_tma_tensor("q", p.q, p.q_stride, rows_q, p.num_heads, p.batch, p.is_varlen, elem);
   if (why.empty()) why = check_tma_tensor("k", p.k, p.k_stride, rows_k, p.num_heads_kv, p.batch, p.is_varlen, elem);
   if (why.empty()) why = check_tma_tensor("v", p.v, p.v_stride, rows_k, p.num_heads_kv, p.batch, p.is_varlen, elem);

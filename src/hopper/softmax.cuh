@@ -43,8 +43,7 @@ struct RuntimeExp2Split {
   __device__ __forceinline__ bool emulate(int group) const { return split.uses_emulation(group * 8); }
 };
 
-/// Longest period of a split fa4::forward makes from an exp2_emulation_fraction (multiples of 1/16,
-/// in lowest terms: fa4::exp2_split_from_sixteenths).
+/// Period of every split fa4::forward makes from an exp2_emulation_fraction (multiples of 1/16).
 constexpr int kRuntimeSplitPeriod = 16;
 
 using detail::kLn2;
@@ -137,17 +136,16 @@ struct OnlineSoftmax {
     for (int r = 0; r < 2; ++r) neg_m_scaled[r] = row_max[r] == kNegInf ? 0.f : -row_max[r] * scale_log2;
     if (!runtime_split) {
       exp_pass(s, scale_log2, neg_m_scaled, StaticExp2Split<kPeriod, kEmulated>{});
-    } else if (split.emulated == 0) {
-      exp_pass(s, scale_log2, neg_m_scaled, StaticExp2Split<kRuntimeSplitPeriod, 0>{});
-    } else if (split.emulated == 1 && (split.period == 8 || split.period == 4 || split.period == 2)) {
-      // The shares the benchmark ablates (1/8, 1/4, 1/2; fa4::exp2_split_from_sixteenths gives
-      // them in lowest terms) get compile-time per-register choices too: a per-register runtime
-      // branch breaks the MUFU/FMA interleaving the split exists for (measured 2.5-6x slower).
-      // Other shares take the uniform runtime branch.
-      switch (split.period) {
-        case 8: exp_pass(s, scale_log2, neg_m_scaled, StaticExp2Split<8, 1>{}); break;
-        case 4: exp_pass(s, scale_log2, neg_m_scaled, StaticExp2Split<4, 1>{}); break;
-        default: exp_pass(s, scale_log2, neg_m_scaled, StaticExp2Split<2, 1>{}); break;
+    } else if (split.period == kRuntimeSplitPeriod) {
+      // The shares the benchmark ablates (0, 1/8, 1/4, 1/2) get compile-time per-register
+      // choices too: a per-register runtime branch breaks the MUFU/FMA interleaving the split
+      // exists for (measured 2.5-6x slower). Other shares take the uniform runtime branch.
+      switch (split.emulated) {
+        case 0: exp_pass(s, scale_log2, neg_m_scaled, StaticExp2Split<kRuntimeSplitPeriod, 0>{}); break;
+        case 2: exp_pass(s, scale_log2, neg_m_scaled, StaticExp2Split<kRuntimeSplitPeriod, 2>{}); break;
+        case 4: exp_pass(s, scale_log2, neg_m_scaled, StaticExp2Split<kRuntimeSplitPeriod, 4>{}); break;
+        case 8: exp_pass(s, scale_log2, neg_m_scaled, StaticExp2Split<kRuntimeSplitPeriod, 8>{}); break;
+        default: exp_pass(s, scale_log2, neg_m_scaled, RuntimeExp2Split{split}); break;
       }
     } else {
       exp_pass(s, scale_log2, neg_m_scaled, RuntimeExp2Split{split});

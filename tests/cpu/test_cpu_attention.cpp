@@ -181,7 +181,7 @@ struct Problem {
     P.rescale_threshold = c.tau;
     if (c.exp2_fraction) {
       P.exp2_fraction_given = true;
-      P.exp2_split = exp2_split_from_sixteenths(int32_t(std::lround(*c.exp2_fraction * 16)));
+      P.exp2_split = Exp2Split{16, int32_t(std::lround(*c.exp2_fraction * 16))};
     }
     if (varlen) poison_unused_input_rows();
   }

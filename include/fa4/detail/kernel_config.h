@@ -37,18 +37,14 @@ inline constexpr int32_t kHopperConsumerRegs = 240;
 inline constexpr int32_t kHopperProducerRegs = 24;
 inline constexpr int32_t kHopperTileM = 128;
 
-// Exp2 splits are shares in sixteenths, in lowest terms (fa4::exp2_split_from_sixteenths: the
-// form validate.cpp gives a per-call fraction, so a call asking for the default share runs the
-// compiled default). Emulation pays where the MUFU unit (16 ex2/clk/SM) is the bottleneck: small
-// head dims do the fewest MMA FLOPs per exponential. d >= 192 is MMA-bound: everything on MUFU.
-// d64 keeps 128-key tiles: 192 measured +1.5..5% at seqlen >= 4k but -7..-15% at 512-1024 (A/B
-// run 32, bench/results); taking it where it pays needs a second d64 instantiation chosen by
-// seqlen_k (not done). The lowest-terms split would let it keep every even share.
+// Exp2 splits are in 8-column groups out of a period of 16 groups (fa4/exp2.h). Emulation pays
+// where the MUFU unit (16 ex2/clk/SM) is the bottleneck: small head dims do the fewest MMA FLOPs
+// per exponential. d >= 192 is MMA-bound, so everything stays on MUFU there.
 inline constexpr HopperFwdConfig kHopperFwdConfigs[] = {
     // d, dv, tile_m, tile_n, stages, q_stages, exp2_split, regs (consumer, producer), pingpong
-    {64, 64, kHopperTileM, 128, 3, 2, exp2_split_from_sixteenths(4), kHopperConsumerRegs, kHopperProducerRegs, true},
-    {96, 96, kHopperTileM, 128, 2, 1, exp2_split_from_sixteenths(3), kHopperConsumerRegs, kHopperProducerRegs, true},
-    {128, 128, kHopperTileM, 128, 2, 1, exp2_split_from_sixteenths(2), kHopperConsumerRegs, kHopperProducerRegs, true},
+    {64, 64, kHopperTileM, 128, 3, 2, Exp2Split{16, 4}, kHopperConsumerRegs, kHopperProducerRegs, true},
+    {96, 96, kHopperTileM, 128, 2, 1, Exp2Split{16, 3}, kHopperConsumerRegs, kHopperProducerRegs, true},
+    {128, 128, kHopperTileM, 128, 2, 1, Exp2Split{16, 2}, kHopperConsumerRegs, kHopperProducerRegs, true},
     {192, 128, kHopperTileM, 112, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false},
     {192, 192, kHopperTileM, 96, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false},
     {256, 256, kHopperTileM, 80, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false},
