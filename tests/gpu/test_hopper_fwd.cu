@@ -23,6 +23,7 @@
 
 #include "common/validate.h"
 #include "fa4/attention.h"
+#include "fa4/detail/constants.h"
 #include "fa4/detail/float16.h"
 #include "fa4/detail/kernel_config.h"
 #include "gpu/gpu_reference.cuh"
@@ -141,7 +142,7 @@ void run_case(const Case& c, int repeats = 2, Result* first = nullptr) {
   }
   if (c.ramp_log2 != 0.f) {
     ASSERT_TRUE(!varlen && !c.packed_qkv) << "ramp_log2 is for batched, separate q/k/v";
-    const float scale_log2 = c.scale.value_or(1.f / std::sqrt(float(c.d))) * 1.4426950408889634f;
+    const float scale_log2 = c.scale.value_or(1.f / std::sqrt(float(c.d))) * fa4::detail::kLog2e;
     const fa4::detail::HopperFwdConfig* bucket = fa4::detail::hopper_fwd_bucket(c.d, c.dv);
     ASSERT_NE(bucket, nullptr) << c.name();
     const int bn = bucket->tile_n;
