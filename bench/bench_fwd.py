@@ -4,8 +4,9 @@ in ONE process, on one GPU, timed with triton.testing.do_bench (median, CUDA eve
 
 Shapes (FA3/FA4 papers' convention): batch*seqlen = 16k tokens, num_heads*headdim = 2048, head
 dims 64/128/256, seqlen 512..16k, causal and not; Llama-3.1-8B prefill (32 q heads, 8 kv heads,
-d128, causal, seqlen 8k); a varlen batch; and an ablation of the FA4 knobs (exp2 emulation share,
-lazy rescaling tau, tile schedule via FA4_HOPPER_SCHED and FA4_HOPPER_LPT). FLOPs = 4*b*h*sq*sk*d (x0.5 causal).
+d128, causal, seqlen 8k); few query tiles with long keys (split-KV); a varlen batch; and an
+ablation of the FA4 knobs (exp2 emulation share, lazy rescaling tau, tile schedule via
+FA4_HOPPER_SCHED and FA4_HOPPER_LPT, the stream-K split of the last round via FA4_HOPPER_STREAMK). FLOPs = 4*b*h*sq*sk*d (x0.5 causal).
 
 Usage (on the GPU machine, from the repo root):
     PYTHONPATH=python FA4_LIBRARY=build-hopper/src/libfa4.so python3 bench/bench_fwd.py OUT.json [--quick]
@@ -143,6 +144,24 @@ def main():
         r["ratio_cudnn"] = round(r["fa4"] / r["cudnn"], 3) if r["cudnn"] else None
         add(r)
 
+        # Few query tiles, long keys (chunked prefill / prefix reuse): fewer tiles than SMs, where
+        # fa4 splits the keys over the idle SMs (stream-K split-KV, fa4/detail/stream_k.h).
+        for batch, sq, sk in [(1, 128, 32768), (2, 512, 16384)]:
+            q = torch.randn(batch, sq, 16, 128, device="cuda", dtype=dt)
+            k, v = (torch.randn(batch, sk, 16, 128, device="cuda", dtype=dt) for _ in range(2))
+            flops = 4 * batch * 16 * sq * sk * 128
+            r = {"kind": "long_kv", "hdim": 128, "causal": False, "seqlen_q": sq, "seqlen_k": sk, "batch": batch,
+                 "nheads": 16, "fa4": tflops(flops, time_fa4(q, k, v, False))}
+            os.environ["FA4_HOPPER_STREAMK"] = "0"
+            r["fa4_no_split"] = tflops(flops, time_fa4(q, k, v, False))
+            os.environ.pop("FA4_HOPPER_STREAMK", None)
+            for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+                ms = time_sdpa(q, k, v, False, be)
+                r[name] = tflops(flops, ms) if ms else None
+            r["ratio_cudnn"] = round(r["fa4"] / r["cudnn"], 3) if r["cudnn"] else None
+            add(r)
+            del q, k, v
+
         # Varlen batch: mixed lengths packed, d128, 16 heads, causal.
         run_varlen, flops = varlen_batch(dt)
         add({"kind": "varlen", "hdim": 128, "causal": True, "lens": VARLEN_LENS,
@@ -169,6 +188,12 @@ def main():
                          "lpt": lpt == "1", "fa4": tflops(flops, time_fa4(q, k, v, causal))})
                 os.environ.pop("FA4_HOPPER_LPT", None)
                 os.environ.pop("FA4_HOPPER_SCHED", None)
+                if not causal:  # stream-K tail split: dense problems only (fa4/detail/stream_k.h)
+                    for sk in ["0", "1"]:
+                        os.environ["FA4_HOPPER_STREAMK"] = sk
+                        add({"kind": "ablation_stream_k", "hdim": hdim, "causal": causal, "stream_k": sk == "1",
+                             "fa4": tflops(flops, time_fa4(q, k, v, causal))})
+                    os.environ.pop("FA4_HOPPER_STREAMK", None)
                 del q, k, v
 
     json.dump({"meta": meta, "rows": rows}, open(args.out_json, "w"), indent=1)

@@ -344,3 +344,29 @@ def test_cuda_compile_fullgraph(gen):
     q = _randn(gen, (2, 128, 4, 64), torch.bfloat16, "cuda")
     f = torch.compile(lambda q: fa4.flash_attn_func(q, q, q, causal=True) * 2, fullgraph=True)
     torch.testing.assert_close(f(q), fa4.flash_attn_func(q, q, q, causal=True) * 2)
+
+
+@needs_cuda
+def test_cuda_graph_capture_and_replay_split_kv(gen):
+    # Few query tiles and long keys: the Hopper kernel splits the keys over the idle SMs (a
+    # cooperative launch with stream-ordered scratch, fa4/detail/stream_k.h). Both must be
+    # capturable in a CUDA graph, and every replay must give the eager result bitwise, on fresh inputs
+    # copied into the captured buffers.
+    q = _randn(gen, (1, 128, 4, 128), torch.bfloat16, "cuda")
+    k = _randn(gen, (1, 8192, 4, 128), torch.bfloat16, "cuda")
+    v = _randn(gen, (1, 8192, 4, 128), torch.bfloat16, "cuda")
+    fa4.flash_attn_func(q, k, v)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fa4.flash_attn_func(q, k, v)
+    for _ in range(2):
+        for t in (q, k, v):
+            t.copy_(_randn(gen, tuple(t.shape), torch.bfloat16, "cuda"))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, fa4.flash_attn_func(q, k, v))
+        o64, _ = ref_attention(q, k, v)
+        op, _ = ref_attention(q, k, v, upcast=False)
+        _assert_rule("out", out, o64, op, torch.bfloat16)

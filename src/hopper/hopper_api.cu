@@ -203,6 +203,13 @@ void forward(const detail::FwdParams& p) {
                      check_tma_tensor("out", p.out, p.out_stride, p.seqlen_q, p.num_heads, p.batch,
                                       false, dtype_size(p.dtype)).empty();
 
+  // Stream-K split-KV (fa4/detail/stream_k.h): automatic for dense problems with fewer tiles than
+  // SMs; FA4_HOPPER_STREAMK=0/1 forces it off, or on for any partial last round (tests, ablation).
+  {
+    const char* v = std::getenv("FA4_HOPPER_STREAMK");
+    if (v && *v) ctx.stream_k = env_switch("FA4_HOPPER_STREAMK", "0", "1", false) ? 1 : 0;
+  }
+
   int prev = 0;
   if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
   if (prev != p.device.index && cudaSetDevice(p.device.index) != cudaSuccess)

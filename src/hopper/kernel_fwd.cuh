@@ -5,8 +5,9 @@
 //                (mainloop_load.cuh); warps 1-3 exit.
 //   warpgroups 1, 2  consumers: setmaxnreg up to 240; each owns 64 of the tile's 128 query rows and
 //                runs QK^T / softmax / PV (mainloop_mma.cuh) and the epilogue (epilogue.cuh).
-// The producer warp claims tiles (static stride or a dynamic LPT counter, tile_scheduler.cuh) and
-// passes each index to the consumers through a small smem ring; shared memory holds TMA stage rings
+// The producer warp claims work items (static stride, a dynamic LPT counter, or the static stride
+// with a stream-K tail; tile_scheduler.cuh) and passes each to the consumers through a small smem
+// ring; shared memory holds TMA stage rings
 // for Q, K and V. Q has q_stages buffers (with 2, the next tile's Q loads during this tile; with 1
 // — every d >= 96, measured faster — it loads after this tile's epilogue, which stages O in the
 // finished tile's Q buffer for the TMA store and then frees it).
@@ -23,6 +24,7 @@
 #include "hopper/mainloop_load.cuh"
 #include "hopper/mainloop_mma.cuh"
 #include "hopper/softmax.cuh"
+#include "hopper/stream_k.cuh"
 #include "hopper/tile_info.cuh"
 
 namespace fa4::hopper {
@@ -54,7 +56,8 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
   pq.transaction_bytes = Kt::kTmaBytesQ;
   typename Kt::PipelineQ pipe_q(ss.pipeline_q, pq, Shape<_1, _1, _1>{});
   TileRing::Pipeline pipe_t = TileRing::make(ss.tiles, warp_group == 0, Kt::kNumMmaThreads);
-  __syncthreads();  // barrier inits visible to everyone
+  if (threadIdx.x == 0) TileRing::set_up(p, ss.tiles);
+  __syncthreads();  // barrier inits (and the stream-K tail) visible to everyone
 
   if (warp_group == 0) {
     arch::warpgroup_reg_dealloc<Kt::kConfig.producer_regs>();
@@ -74,9 +77,10 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
   typename Kt::PipelineStateQ rq;
 
   TileRing::State ts;  // consumer start state: slot 0, phase 0
-  for (int32_t t = TileRing::receive(pipe_t, ss.tiles, ts); t < p.num_tiles;
-       t = TileRing::receive(pipe_t, ss.tiles, ts)) {
-    const TileInfo ti = make_tile_info<Kt::kBlockM, Kt::kBlockN>(p, t);  // has rows (producer skips others)
+  for (detail::WorkItem w = TileRing::receive(pipe_t, ss.tiles, ts); w.tile < p.num_tiles;
+       w = TileRing::receive(pipe_t, ss.tiles, ts)) {
+    TileInfo ti = make_tile_info<Kt::kBlockM, Kt::kBlockN>(p, w.tile);  // has rows (producer skips others)
+    restrict_keys(ti, w);
     const float sink_log2 = p.sink ? p.sink[ti.c.head] * detail::kLog2e : -INFINITY;
     float o_scale[2], lse[2];
     if (!ti.has_keys()) {  // no key visible to any row: O = 0, LSE = -inf (or the sink)
@@ -85,7 +89,14 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
       softmax.finalize(p.softmax_scale_log2, sink_log2, o_scale, lse);
       Epilogue<Kt>::store_direct(p, ti, tid, tOrO, o_scale);
     } else {
-      Mma::run(p, ss, pipe_k, pipe_v, pipe_q, rd, rq, ti, tid, tOrO, softmax);
+      const bool partial = w.role < 0;  // a stream-K contributor: no epilogue, its Q is freed now
+      Mma::run(p, ss, pipe_k, pipe_v, pipe_q, rd, rq, ti, tid, !p.out_tma || partial, tOrO, softmax);
+      if (partial) {
+        StreamK<Kt>::store_partial(p, tid, tOrO, softmax);
+        ++rq;
+        continue;  // the combiner writes O and LSE
+      }
+      if (w.role > 0) StreamK<Kt>::combine(p, tid, w.role, tOrO, softmax);
       softmax.finalize(p.softmax_scale_log2, sink_log2, o_scale, lse);
       if (p.out_tma) Epilogue<Kt>::store_tma(p, ss, pipe_q, rq, ti, tid, tOrO, o_scale);
       else Epilogue<Kt>::store_direct(p, ti, tid, tOrO, o_scale);

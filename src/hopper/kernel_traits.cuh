@@ -175,6 +175,9 @@ struct FwdKernelTraits {
     int32_t heads_per_section{};  // L2-aware grouping of (batch, head) pairs
     bool lpt{};                 // longest-processing-time first (reverse m-blocks)
     int32_t* tile_counter{};    // dynamic schedule: zeroed claim counter; nullptr: static stride
+    detail::StreamKPlan sk{};   // static item order (grid, stream-K tail); fa4/detail/stream_k.h
+    float* sk_partial{};        // stream-K partials (stream_k.cuh), when sk.tail_ctas > 0
+    int32_t* sk_flags{};        // zeroed; one per (tail CTA, consumer warpgroup): partial stored
   };
 };
 

@@ -137,27 +137,77 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   auto kernel = fwd_kernel<Kt>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kt::kSmemBytes),
              "cudaFuncSetAttribute(max dynamic smem)");
-  const int grid = int(std::min<int64_t>(num_tiles, ctx.num_sms));
   const cudaStream_t stream = static_cast<cudaStream_t>(fp.device.stream);
-  // Dynamic schedule: a zeroed int32 claim counter. Stream-ordered allocation gives every call
-  // its own counter, so concurrent calls on other streams (and graph replays) never share one.
-  // If it cannot be had (no memory pools, out of memory), the static stride gives the same result.
-  if (ctx.dynamic_schedule && num_tiles > grid) {
-    if (cudaMallocAsync(reinterpret_cast<void**>(&p.tile_counter), sizeof(int32_t), stream) != cudaSuccess) {
+  const int32_t plain_grid = int32_t(std::min<int64_t>(num_tiles, ctx.num_sms));
+  const bool dynamic = ctx.dynamic_schedule && num_tiles > plain_grid;
+  // Stream-K tail (fa4/detail/stream_k.h): dense problems (every tile has the same key blocks) in
+  // the static order.
+  const bool sk_eligible = !fp.is_varlen && !fp.mask.is_local() && !dynamic && fp.seqlen_k > 0;
+  const int32_t blocks_per_tile = int32_t((int64_t(fp.seqlen_k) + Kt::kBlockN - 1) / Kt::kBlockN);
+  p.sk = detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, sk_eligible ? ctx.stream_k : 0);
+
+  // Per-call device scratch, stream-ordered so that concurrent calls on other streams (and graph
+  // replays) never share it: the dynamic schedule's zeroed claim counter, or the stream-K flags
+  // (zeroed) and partials. If it cannot be had (no memory pools, out of memory), the static stride
+  // without a split runs instead (same O up to the rounding of the split).
+  char* scratch = nullptr;
+  int64_t zeroed = 0, total = 0;
+  if (dynamic) {
+    zeroed = total = sizeof(int32_t);
+  } else if (p.sk.tail_ctas > 0) {
+    zeroed = (int64_t(p.sk.tail_ctas) * 2 * int64_t(sizeof(int32_t)) + 255) / 256 * 256;
+    total = zeroed + StreamK<Kt>::workspace_bytes(p.sk.tail_ctas);
+  }
+  if (total > 0) {
+    if (cudaMallocAsync(reinterpret_cast<void**>(&scratch), size_t(total), stream) != cudaSuccess) {
       cudaGetLastError();
-      p.tile_counter = nullptr;
-    } else if (cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream) != cudaSuccess) {
+      scratch = nullptr;
+    } else if (cudaMemsetAsync(scratch, 0, size_t(zeroed), stream) != cudaSuccess) {
       cudaGetLastError();
-      cudaFreeAsync(p.tile_counter, stream);
+      cudaFreeAsync(scratch, stream);
       cudaGetLastError();
-      p.tile_counter = nullptr;
+      scratch = nullptr;
     }
   }
-  kernel<<<grid, Kt::kNumThreads, Kt::kSmemBytes, stream>>>(p);
-  const cudaError_t launched = cudaGetLastError();
-  const cudaError_t freed = p.tile_counter ? cudaFreeAsync(p.tile_counter, stream) : cudaSuccess;
+  if (scratch && dynamic) {
+    p.tile_counter = reinterpret_cast<int32_t*>(scratch);
+  } else if (scratch && p.sk.tail_ctas > 0) {
+    p.sk_flags = reinterpret_cast<int32_t*>(scratch);
+    p.sk_partial = reinterpret_cast<float*>(scratch + zeroed);
+  } else {
+    p.sk = detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, 0);
+  }
+
+  cudaError_t launched = cudaSuccess;
+  if (p.sk.tail_ctas > 0) {
+    // A combiner waits for other CTAs' partials: launched cooperatively, all CTAs are co-resident
+    // (one per SM), so those CTAs are running, never queued behind the waiting one.
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeCooperative;
+    attr.val.cooperative = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(p.sk.grid));
+    cfg.blockDim = dim3(unsigned(Kt::kNumThreads));
+    cfg.dynamicSmemBytes = size_t(Kt::kSmemBytes);
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    launched = cudaLaunchKernelEx(&cfg, kernel, p);
+    if (launched == cudaErrorCooperativeLaunchTooLarge) {  // fewer SMs usable (MPS, green contexts)
+      cudaGetLastError();
+      p.sk = detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, 0);
+      p.sk_flags = nullptr;
+      p.sk_partial = nullptr;
+      launched = cudaSuccess;
+    }
+  }
+  if (p.sk.tail_ctas == 0) {
+    kernel<<<p.sk.grid, Kt::kNumThreads, Kt::kSmemBytes, stream>>>(p);
+    launched = cudaGetLastError();
+  }
+  const cudaError_t freed = scratch ? cudaFreeAsync(scratch, stream) : cudaSuccess;
   check_cuda(launched, "kernel launch");  // reported first: a failed free is its consequence
-  check_cuda(freed, "cudaFreeAsync(tile counter)");
+  check_cuda(freed, "cudaFreeAsync(scratch)");
 }
 
 }  // namespace fa4::hopper

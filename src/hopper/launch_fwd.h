@@ -25,6 +25,10 @@ struct LaunchContext {
   /// O through smem + TMA store (hopper_api.cu sets it where out is batched and TMA-aligned;
   /// FA4_HOPPER_EPILOGUE=direct forces the direct register stores, for the ablation).
   bool tma_epilogue = false;
+  /// Stream-K split of the last partial round (fa4/detail/stream_k.h; dense problems only): -1
+  /// where the cost model predicts a gain, 0 never, 1 wherever there is a partial round
+  /// (FA4_HOPPER_STREAMK=0/1 forces; tests and the ablation).
+  int stream_k = -1;
 };
 
 /// kDType: 0 = bf16, 1 = fp16 (values of fa4::DType). Defined in launch_fwd.cuh; explicitly

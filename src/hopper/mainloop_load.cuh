@@ -27,7 +27,7 @@ struct MainloopLoad {
   static constexpr int kBlockM = Kt::kBlockM;
   static constexpr int kBlockN = Kt::kBlockN;
 
-  /// Runs on the whole producer warp 0 (TileRing::claim_next shuffles over the full warp); only
+  /// Runs on the whole producer warp 0 (TileRing::item shuffles over the full warp); only
   /// lane 0 issues TMAs and touches the barriers.
   template <class SharedStorage>
   __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, Pipeline& pipe_k, Pipeline& pipe_v,
@@ -55,19 +55,21 @@ struct MainloopLoad {
     PipelineState wr = cutlass::make_producer_start_state<Pipeline>();
     PipelineStateQ wq = cutlass::make_producer_start_state<PipelineQ>();
     uint32_t published = 0;
-    int32_t t = TileRing::first();
-    while (t < p.num_tiles) {
+    int32_t i = 0;
+    detail::WorkItem w = TileRing::item(p, ss.tiles, i);
+    while (w.tile < p.num_tiles) {
       // Tiles past the end of their sequence (varlen: most m-blocks of the short sequences) need
       // nobody: they are not handed to the consumers, and claiming the next one overlaps the
       // consumers' current work instead of costing them a handoff each.
-      const TileInfo ti = make_tile_info<kBlockM, kBlockN>(p, t);
+      TileInfo ti = make_tile_info<kBlockM, kBlockN>(p, w.tile);
       if (ti.has_rows) {
-        TileRing::publish(pipe_t, ss.tiles, published++, t);
+        TileRing::publish(pipe_t, ss.tiles, published++, w);
+        restrict_keys(ti, w);
         if (ti.has_keys()) load_tile(p, pipe_k, pipe_v, pipe_q, ti, wr, wq, tQsQ, tKsK, tVsV, mQ_all, mK_all, mVt_all);
       }
-      t = TileRing::claim_next(p.tile_counter, t);
+      w = TileRing::item(p, ss.tiles, ++i);
     }
-    TileRing::publish(pipe_t, ss.tiles, published, t);  // an index >= num_tiles stops the consumers
+    TileRing::publish(pipe_t, ss.tiles, published, w);  // a tile >= num_tiles stops the consumers
     if (leader) {
       // Wait until the consumers released every stage: no TMA may still target this CTA's smem
       // (and no TMA store may still read a Q buffer).

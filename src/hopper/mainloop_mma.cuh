@@ -88,14 +88,14 @@ struct MainloopMma {
     }
   }
 
-  /// Runs the key loop of one tile (which has keys), reading Q from buffer rq. On return tOrO holds
-  /// the unnormalised O and softmax the row statistics. The Q buffer is released here unless
-  /// p.out_tma (the epilogue then stages O in it and releases it). `tid` is the thread index among
-  /// the 256 consumer threads.
+  /// Runs the key loop of one tile (which has keys; a stream-K piece: the blocks of ti.keys), reading
+  /// Q from buffer rq. On return tOrO holds the unnormalised O and softmax the row statistics. The Q
+  /// buffer is released here if release_q (else the epilogue stages O in it and releases it).
+  /// `tid` is the thread index among the 256 consumer threads.
   template <class SharedStorage, class FragO>
   __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, Pipeline& pipe_k, Pipeline& pipe_v,
                              PipelineQ& pipe_q, PipelineState& rd, PipelineStateQ rq, const TileInfo& ti,
-                             int tid, FragO& tOrO, OnlineSoftmax<kFragS>& softmax) {
+                             int tid, bool release_q, FragO& tOrO, OnlineSoftmax<kFragS>& softmax) {
     using namespace cute;
     // Broadcast from lane 0: the compiler then knows wg is warp-uniform and keeps the wgmma
     // descriptors derived from it in uniform registers.
@@ -205,7 +205,7 @@ struct MainloopMma {
       convert_p();
     }
     // Every Q K^T of this tile is done: the producer may load another Q into this buffer.
-    if (!p.out_tma) pipe_q.consumer_release(rq);
+    if (release_q) pipe_q.consumer_release(rq);
     consumer_wait(pipe_v, rd);
     wgmma<false, 0>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);
     pipe_v.consumer_release(rd);

@@ -45,4 +45,13 @@ __device__ __forceinline__ TileInfo make_tile_info(const Params& p, int32_t t) {
   return ti;
 }
 
+/// A stream-K piece (fa4/detail/stream_k.h) runs only key blocks [n_lo, n_hi) of its tile. The
+/// element masks stay those of the whole tile (TileKeyRange::needs_mask is per block).
+__device__ __forceinline__ void restrict_keys(TileInfo& ti, const detail::WorkItem& w) {
+  if (w.n_lo < w.n_hi) {
+    ti.keys.n_block_min = w.n_lo;
+    ti.keys.n_block_max = w.n_hi;
+  }
+}
+
 }  // namespace fa4::hopper

@@ -20,14 +20,18 @@
 //     longest-first list scheduling. A static stride over an LPT-sorted list is badly unbalanced:
 //     CTA 0 gets the longest tile of every round (simulated for causal d128 16k: makespan 1.29x the
 //     mean CTA load static, 1.00x greedy).
-// The producer warp claims tiles and hands each index to the two consumer warpgroups through a
-// two-slot shared-memory ring (mbarriers), so it can claim and load the next tile while the
-// consumers finish the current one. An index >= num_tiles ends the CTA.
+//   * stream-K tail (dense problems, static order; fa4/detail/stream_k.h): whole tiles as in
+//     `static`, then the last, partial round's key blocks spread evenly over the CTAs; a tile cut
+//     between CTAs is merged by the CTA holding its first piece (stream_k.cuh).
+// The producer warp claims work items (a tile, or a key-block range of one) and hands each to the
+// two consumer warpgroups through a two-slot shared-memory ring (mbarriers), so it can claim and
+// load the next one while the consumers finish the current one. A tile >= num_tiles ends the CTA.
 #pragma once
 
 #include <cstdint>
 
 #include "fa4/detail/macros.h"
+#include "fa4/detail/stream_k.h"
 
 #if defined(__CUDACC__)
 #include <cutlass/pipeline/pipeline.hpp>
@@ -60,14 +64,15 @@ FA4_HD TileCoord tile_coord(const Params& p, int32_t t) {
 }
 
 #if defined(__CUDACC__)
-/// Tile indices from the producer warp to the consumers: a 2-slot ring in shared memory.
+/// Work items from the producer warp to the consumers: a 2-slot ring in shared memory.
 struct TileRing {
   static constexpr int kSlots = 2;
   using Pipeline = cutlass::PipelineAsync<kSlots>;
   using State = typename Pipeline::PipelineState;
   struct SharedStorage {
     typename Pipeline::SharedStorage barriers;
-    int32_t tile[kSlots];
+    detail::WorkItem item[kSlots];
+    detail::StreamKCtaItems sk;  // this CTA's stream-K tail (set_up)
   };
 
   /// Constructed by every thread of the CTA before the __syncthreads that publishes barrier
@@ -81,39 +86,52 @@ struct TileRing {
     return Pipeline(ss.barriers, pp);
   }
 
-  /// First tile of this CTA.
-  __device__ static int32_t first() { return int32_t(blockIdx.x); }
-
-  /// The tile after `t` for this CTA. Called by the whole producer warp right after issuing the
-  /// current tile's loads (the atomic's round trip then overlaps the consumers' work on the tiles
-  /// already loaded, since the producer runs ahead of them); lane 0 sends the atomicAdd and a
-  /// full-mask shuffle broadcasts it. tile_counter == nullptr: the static stride t + grid.
-  __device__ static int32_t claim_next(int32_t* tile_counter, int32_t t) {
-    if (!tile_counter) return t + int32_t(gridDim.x);
-    const int32_t claimed = threadIdx.x % 32 == 0 ? atomicAdd(tile_counter, 1) : 0;
-    return __shfl_sync(0xffffffffu, claimed, 0) + int32_t(gridDim.x);
+  /// Thread 0, before the __syncthreads that publishes the barrier inits (and before the producer
+  /// warpgroup gives up its registers): this CTA's stream-K tail, for `item`.
+  template <class Params>
+  __device__ static void set_up(const Params& p, SharedStorage& ss) {
+    ss.sk = detail::stream_k_cta_items(p.sk, int32_t(blockIdx.x));
   }
 
-  /// Producer warp: hands `t` to the consumers as the n-th published index (lane 0 writes; the
+  /// Item `i` of this CTA (i counts from 0), or, under the dynamic schedule (tile_counter set), the
+  /// next claimed tile. Called by the whole producer warp right after issuing the current item's
+  /// loads (the atomic's round trip then overlaps the consumers' work on the tiles already loaded,
+  /// since the producer runs ahead of them); lane 0 sends the atomicAdd and a full-mask shuffle
+  /// broadcasts it. The first item of a CTA is never claimed: it is tile blockIdx.x.
+  template <class Params>
+  __device__ static detail::WorkItem item(const Params& p, const SharedStorage& ss, int32_t i) {
+    if (!p.tile_counter || i == 0) return detail::stream_k_item(p.sk, ss.sk, p.num_tiles, int32_t(blockIdx.x), i);
+    const int32_t claimed = threadIdx.x % 32 == 0 ? atomicAdd(p.tile_counter, 1) : 0;
+    detail::WorkItem w;
+    w.tile = __shfl_sync(0xffffffffu, claimed, 0) + int32_t(gridDim.x);
+    return w;
+  }
+
+  /// Producer warp: hands `w` to the consumers as the n-th published item (lane 0 writes; the
   /// mbarrier arrive releases it). The ring position is derived from n so the producer, which
   /// runs on 24 registers, keeps one counter live instead of a pipeline state.
-  __device__ static void publish(Pipeline& pipe, SharedStorage& ss, uint32_t n, int32_t t) {
+  __device__ static void publish(Pipeline& pipe, SharedStorage& ss, uint32_t n, const detail::WorkItem& w) {
     if (threadIdx.x % 32 == 0) {
       const State st(int(n % kSlots), ((n / kSlots) & 1u) ^ 1u, n);  // producer starts at phase 1
       pipe.producer_acquire(st);
-      ss.tile[st.index()] = t;
+      ss.item[st.index()] = w;
       pipe.producer_commit(st);
     }
   }
 
-  /// Consumer thread: the next tile index of this CTA. Broadcast from lane 0 (every lane read the
-  /// same word) so the compiler knows it is warp-uniform: the consumers branch on it per tile.
-  __device__ static int32_t receive(Pipeline& pipe, SharedStorage& ss, State& st) {
+  /// Consumer thread: the next item of this CTA. Broadcast from lane 0 (every lane read the same
+  /// words) so the compiler knows it is warp-uniform: the consumers branch on it per tile.
+  __device__ static detail::WorkItem receive(Pipeline& pipe, SharedStorage& ss, State& st) {
     pipe.consumer_wait(st);
-    const int32_t t = __shfl_sync(0xffffffffu, ss.tile[st.index()], 0);
+    const detail::WorkItem& s = ss.item[st.index()];
+    detail::WorkItem w;
+    w.tile = __shfl_sync(0xffffffffu, s.tile, 0);
+    w.n_lo = __shfl_sync(0xffffffffu, s.n_lo, 0);
+    w.n_hi = __shfl_sync(0xffffffffu, s.n_hi, 0);
+    w.role = __shfl_sync(0xffffffffu, s.role, 0);
     pipe.consumer_release(st);
     ++st;
-    return t;
+    return w;
   }
 };
 #endif

@@ -591,6 +591,47 @@ TEST(HopperFwd, SchedulesAgreeBitwise) {
   }
 }
 
+// Stream-K tail (fa4/detail/stream_k.h, src/hopper/stream_k.cuh), forced on: tiles cut into pieces
+// of ~8 key blocks across 2-32 CTAs, the combiner merging partials whose maxima differ (rising
+// scores, so every piece has its own max), masked tail keys in the combiner's first block, sink,
+// softcap, GQA, fp16, every bucket. Each case is checked against the references by run_case (and run
+// twice: the merge order is fixed, so the split is deterministic). The same random-input case
+// without the split must give a different rounding somewhere, or the split did not run.
+TEST(HopperFwd, StreamKTailMatchesReference) {
+  REQUIRE_HOPPER();
+  std::vector<Case> cases;
+  for (int d : {64, 96, 128, 192, 256}) {
+    Case c; c.heads = 3; c.heads_kv = 1; c.seqlen_q = 200; c.seqlen_k = 5000; c.d = c.dv = d;
+    cases.push_back(c);  // 6 tiles of 40-63 blocks on many CTAs: pieces of ~8 blocks
+  }
+  {
+    Case c; c.heads = 2; c.seqlen_q = 256; c.seqlen_k = 3000; c.sink = true; c.dtype = DType::kFP16;
+    cases.push_back(c);
+    c.sink = false; c.softcap = 30.f; c.d = 192; c.dv = 128; c.dtype = DType::kBF16;
+    cases.push_back(c);
+    Case r; r.heads = 2; r.seqlen_q = 128; r.seqlen_k = 4096; r.ramp_log2 = 20.f;
+    cases.push_back(r);  // every block moves the max: pieces carry different maxima
+    r.ramp_log2 = 300.f;
+    cases.push_back(r);  // partials 2^300 apart: the merge must rescale, not overflow
+    // More tiles than SMs: whole-tile rounds first, then the tail (batch 2 x 70 heads = 140 tiles).
+    Case m; m.batch = 2; m.heads = 70; m.heads_kv = 14; m.seqlen_q = 100; m.seqlen_k = 1500; m.d = m.dv = 64;
+    cases.push_back(m);
+  }
+  for (const Case& c : cases) {
+    setenv("FA4_HOPPER_STREAMK", "1", 1);
+    Result split, whole;
+    run_case(c, 2, &split);
+    setenv("FA4_HOPPER_STREAMK", "0", 1);
+    run_case(c, 1, &whole);
+    unsetenv("FA4_HOPPER_STREAMK");
+    // (Rising scores put every row's mass in the combiner's own first block: the other pieces add
+    // below bf16 rounding there, so those two cases may round identically.)
+    if (c.ramp_log2 == 0.f)
+      EXPECT_NE(0, std::memcmp(split.out.data(), whole.out.data(), split.out.size() * 2))
+          << c.name() << ": bitwise equal with and without the split; did the split run?";
+  }
+}
+
 // Random inputs move a row's running max almost only in the first key block, so the lazy-rescaling
 // paths (a warp votes to rescale O and l mid-tile) barely run elsewhere. Here the scores rise from
 // each 128-key block to the one before it, i.e. at every step of the descending key loop: by 7 log2
