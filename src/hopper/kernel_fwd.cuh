@@ -1,6 +1,7 @@
 // src/hopper/kernel_fwd.cuh — the persistent, warp-specialised forward kernel.
 //
-// CTA = 3 warpgroups (384 threads), one CTA per SM, grid = min(tiles, SMs):
+// CTA = 3 warpgroups (384 threads), one CTA per SM, grid = min(tiles, SMs) (or, with the stream-K
+// split of fa4/detail/stream_k.h, up to SMs CTAs for fewer tiles):
 //   warpgroup 0  producer: setmaxnreg down to 24 registers; warp 0 issues the TMA loads
 //                (mainloop_load.cuh); warps 1-3 exit.
 //   warpgroups 1, 2  consumers: setmaxnreg up to 240; each owns 64 of the tile's 128 query rows and

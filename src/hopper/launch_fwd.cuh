@@ -193,8 +193,8 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     launched = cudaLaunchKernelEx(&cfg, kernel, p);
+    if (launched != cudaSuccess) cudaGetLastError();  // not reported again by a later check
     if (launched == cudaErrorCooperativeLaunchTooLarge) {  // fewer SMs usable (MPS, green contexts)
-      cudaGetLastError();
       p.sk = detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, 0);
       p.sk_flags = nullptr;
       p.sk_partial = nullptr;
