@@ -22,7 +22,8 @@
 //     mean CTA load static, 1.00x greedy).
 //   * stream-K tail (dense problems, static order; fa4/detail/stream_k.h): whole tiles as in
 //     `static`, then the last, partial round's key blocks spread evenly over the CTAs; a tile cut
-//     between CTAs is merged by the CTA holding its first piece (stream_k.cuh).
+//     between CTAs is merged by the CTA holding its first piece (stream_k.cuh). Automatic only with
+//     fewer tiles than SMs (split-KV); FA4_HOPPER_STREAMK=1 forces it for any partial round.
 // The producer warp claims work items (a tile, or a key-block range of one) and hands each to the
 // two consumer warpgroups through a two-slot shared-memory ring (mbarriers), so it can claim and
 // load the next one while the consumers finish the current one. A tile >= num_tiles ends the CTA.
