@@ -168,13 +168,15 @@ std::string forward_support(const detail::FwdParams& p, std::string* kernel_name
   return "";
 }
 
-/// Ablation switch from the environment: unset -> `automatic`; `off`/`on` -> false/true; anything
-/// else is an error (a typo must not silently measure the default).
-static bool env_switch(const char* name, const char* off, const char* on, bool automatic) {
+/// Ablation switch from the environment: unset -> `automatic`; `off`/`on` -> T(0)/T(1) (false/true,
+/// or 0/1 for a tri-state int whose automatic value is -1); anything else is an error (a typo must
+/// not silently measure the default).
+template <class T>
+static T env_switch(const char* name, const char* off, const char* on, T automatic) {
   const char* v = std::getenv(name);
   if (!v || !*v) return automatic;
-  if (std::string(v) == off) return false;
-  if (std::string(v) == on) return true;
+  if (std::string(v) == off) return T(0);
+  if (std::string(v) == on) return T(1);
   throw Error(ErrorCode::kInvalidArgument, std::string("fa4::forward (hopper): environment variable ") + name +
                                                "='" + v + "' must be '" + off + "' or '" + on + "' (or unset)");
 }
@@ -205,10 +207,7 @@ void forward(const detail::FwdParams& p) {
 
   // Stream-K split-KV (fa4/detail/stream_k.h): automatic for dense problems with fewer tiles than
   // SMs; FA4_HOPPER_STREAMK=0/1 forces it off, or on for any partial last round (tests, ablation).
-  {
-    const char* v = std::getenv("FA4_HOPPER_STREAMK");
-    if (v && *v) ctx.stream_k = env_switch("FA4_HOPPER_STREAMK", "0", "1", false) ? 1 : 0;
-  }
+  ctx.stream_k = env_switch("FA4_HOPPER_STREAMK", "0", "1", -1);
 
   int prev = 0;
   if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
