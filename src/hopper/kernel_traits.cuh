@@ -56,6 +56,10 @@ struct FwdKernelTraits {
       GMMA::rs_op_selector<Element, Element, ElementAccum, TileShapePV, GMMA::Major::K,
                            GMMA::Major::MN>(),
       AtomLayout{}));
+  // One wgmma instruction per k-step must cover the whole key tile (and dv): CuTe otherwise falls
+  // back to narrower atoms, e.g. 64x16 when the extended shapes are not enabled (hopper.cmake).
+  static_assert(size<1>(typename TiledMmaQK::AtomShape_MNK{}) == kBlockN, "Q K^T wgmma atom is narrower than tile_n");
+  static_assert(size<1>(typename TiledMmaPV::AtomShape_MNK{}) == kHeadDimV, "P V wgmma atom is narrower than headdim_v");
 
   // Swizzled layouts: the widest swizzle (128/64/32 B) that divides the row, so TMA writes and
   // wgmma reads are bank-conflict free.
