@@ -86,6 +86,23 @@ def time_sdpa(q, k, v, causal, backend):
         return None
 
 
+def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
+    """Time fa4 and torch SDPA's cuDNN and FLASH backends on (q, k, v) and fill row r, in this order:
+    r["fa4"]; with no_split, r["fa4_no_split"] (fa4 again with FA4_HOPPER_STREAMK=0, which is then
+    unset); r["cudnn"], r["flash"] (None where the backend fails); all in TFLOP/s for `flops`; then
+    r["ratio_cudnn"] = fa4/cudnn (None without cuDNN). Returns r."""
+    r["fa4"] = tflops(flops, time_fa4(q, k, v, causal))
+    if no_split:
+        os.environ["FA4_HOPPER_STREAMK"] = "0"
+        r["fa4_no_split"] = tflops(flops, time_fa4(q, k, v, causal))
+        os.environ.pop("FA4_HOPPER_STREAMK", None)
+    for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+        ms = time_sdpa(q, k, v, causal, be)
+        r[name] = tflops(flops, ms) if ms else None
+    r["ratio_cudnn"] = round(r["fa4"] / r["cudnn"], 3) if r["cudnn"] else None
+    return r
+
+
 def check_close(q, k, v, causal):
     """Sanity check of the timed kernel against SDPA (math on fp32) on the same inputs."""
     o = fa4.flash_attn_func(q, k, v, causal=causal)
@@ -121,11 +138,7 @@ def main():
                 flops = 4 * batch * nheads * seqlen * seqlen * hdim * (0.5 if causal else 1.0)
                 r = {"kind": "standard", "hdim": hdim, "causal": causal, "seqlen": seqlen, "batch": batch,
                      "nheads": nheads}
-                r["fa4"] = tflops(flops, time_fa4(q, k, v, causal))
-                for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
-                    ms = time_sdpa(q, k, v, causal, be)
-                    r[name] = tflops(flops, ms) if ms else None
-                r["ratio_cudnn"] = round(r["fa4"] / r["cudnn"], 3) if r["cudnn"] else None
+                time_vs_sdpa(r, q, k, v, causal, flops)
                 if seqlen == seqlens[0]:
                     r["max_abs_err_vs_fp32"] = check_close(q, k, v, causal)
                 add(r)
@@ -136,13 +149,8 @@ def main():
         q = torch.randn(1, 8192, 32, 128, device="cuda", dtype=dt)
         k, v = (torch.randn(1, 8192, 8, 128, device="cuda", dtype=dt) for _ in range(2))
         flops = 4 * 32 * 8192 * 8192 * 128 * 0.5
-        r = {"kind": "llama3.1-8b", "hdim": 128, "causal": True, "seqlen": 8192, "batch": 1, "nheads": 32}
-        r["fa4"] = tflops(flops, time_fa4(q, k, v, True))
-        for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
-            ms = time_sdpa(q, k, v, True, be)
-            r[name] = tflops(flops, ms) if ms else None
-        r["ratio_cudnn"] = round(r["fa4"] / r["cudnn"], 3) if r["cudnn"] else None
-        add(r)
+        add(time_vs_sdpa({"kind": "llama3.1-8b", "hdim": 128, "causal": True, "seqlen": 8192, "batch": 1,
+                          "nheads": 32}, q, k, v, True, flops))
 
         # Few query tiles, long keys (chunked prefill / prefix reuse): fewer tiles than SMs, where
         # fa4 splits the keys over the idle SMs (stream-K split-KV, fa4/detail/stream_k.h).
@@ -150,16 +158,8 @@ def main():
             q = torch.randn(batch, sq, 16, 128, device="cuda", dtype=dt)
             k, v = (torch.randn(batch, sk, 16, 128, device="cuda", dtype=dt) for _ in range(2))
             flops = 4 * batch * 16 * sq * sk * 128
-            r = {"kind": "long_kv", "hdim": 128, "causal": False, "seqlen_q": sq, "seqlen_k": sk, "batch": batch,
-                 "nheads": 16, "fa4": tflops(flops, time_fa4(q, k, v, False))}
-            os.environ["FA4_HOPPER_STREAMK"] = "0"
-            r["fa4_no_split"] = tflops(flops, time_fa4(q, k, v, False))
-            os.environ.pop("FA4_HOPPER_STREAMK", None)
-            for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
-                ms = time_sdpa(q, k, v, False, be)
-                r[name] = tflops(flops, ms) if ms else None
-            r["ratio_cudnn"] = round(r["fa4"] / r["cudnn"], 3) if r["cudnn"] else None
-            add(r)
+            add(time_vs_sdpa({"kind": "long_kv", "hdim": 128, "causal": False, "seqlen_q": sq, "seqlen_k": sk,
+                              "batch": batch, "nheads": 16}, q, k, v, False, flops, no_split=True))
             del q, k, v
 
         # Varlen batch: mixed lengths packed, d128, 16 heads, causal.
