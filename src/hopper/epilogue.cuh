@@ -2,8 +2,9 @@
 //
 // Two ways out for O:
 //   * TMA (p.out_tma: batched layout, TMA-aligned out, the tile ran its key loop): each warpgroup
-//     writes its 64 x dv slice with stmatrix into the smem of its own Q rows (dead after its last
-//     Q K^T), and one thread TMA-stores it. The consumers go on to the next tile at once instead of
+//     writes its 64 x dv slice with stmatrix into smem — its half of the O buffer where the config
+//     has one (o_buffer), else the smem of its own Q rows (dead after its last Q K^T) — and one
+//     thread TMA-stores it. The consumers go on to the next tile at once instead of
 //     issuing dv/4 scattered 4-byte stores per thread (measured on H200: the direct store cost 3-6%
 //     of the d128 forward). TMA clips rows past seqlen_q and columns past the real headdim_v.
 //   * direct (varlen — a TMA box would spill into the next sequence's rows —, misaligned out, tiles
@@ -74,8 +75,11 @@ struct Epilogue {
     }
   }
 
-  /// TMA store of O staged in Q buffer `q_stage`; then releases that buffer to the producer (the
-  /// issuing thread only after the TMA engine has read the smem). Correct because, without a
+  /// TMA store of O staged in smem. With an O buffer (Kt::kOBuffer) the mainloop has released Q
+  /// already; the issuing thread waits for the PREVIOUS tile's store to have read the buffer before
+  /// the warpgroup overwrites it (the kernel waits for the last one before it exits). Without one,
+  /// O goes to this tile's Q buffer `rq`, released here (the issuing thread only after the TMA
+  /// engine has read the smem). Correct because, without a
   /// cluster (the kernel's pipelines are built for cluster shape 1x1x1), PipelineTmaAsync's empty
   /// barrier counts an arrival from EVERY consumer thread, the issuing one included; with
   /// clusters only one thread per warpgroup would signal and this would need its own barrier.
@@ -85,7 +89,12 @@ struct Epilogue {
                                                    const float (&o_scale)[2]) {
     using namespace cute;
     const int wg = tid / 128;
-    Element* half = ss.smem_q.data() + rq.index() * Kt::kQStageElems + wg * kHalfOffset;
+    Element* stage = Kt::kOBuffer ? ss.smem_o.data() : ss.smem_q.data() + rq.index() * Kt::kQStageElems;
+    Element* half = stage + wg * kHalfOffset;
+    if constexpr (Kt::kOBuffer) {
+      if (tid % 128 == 0) tma_store_wait<0>();
+      arch::named_barrier_sync(arch::kBarrierEpilogueWG1 + wg, cutlass::NumThreadsPerWarpGroup);
+    }
     Tensor sO = make_tensor(make_smem_ptr(half), typename Kt::SmemLayoutOHalf{});  // (64, dv)
 
     // Normalise and convert to 16 bits in the accumulator's register order.
@@ -110,9 +119,9 @@ struct Epilogue {
       auto cta = p.tma_o.get_slice(_0{});
       cute::copy(p.tma_o, cta.partition_S(sO), cta.partition_D(gO));
       tma_store_arrive();
-      tma_store_wait<0>();  // smem read done (the global writes complete on their own)
+      if constexpr (!Kt::kOBuffer) tma_store_wait<0>();  // smem read done (global writes complete on their own)
     }
-    pipe_q.consumer_release(rq);
+    if constexpr (!Kt::kOBuffer) pipe_q.consumer_release(rq);
   }
 };
 

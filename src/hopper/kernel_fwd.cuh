@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
       Epilogue<Kt>::store_direct(p, ti, tid, tOrO, o_scale);
     } else {
       const bool partial = w.role < 0;  // a stream-K contributor: no epilogue, its Q is freed now
-      Mma::run(p, ss, pipe_k, pipe_v, pipe_q, rd, rq, ti, tid, !p.out_tma || partial, tOrO, softmax);
+      Mma::run(p, ss, pipe_k, pipe_v, pipe_q, rd, rq, ti, tid, !p.out_tma || partial || Kt::kOBuffer, tOrO, softmax);
       if (partial) {
         StreamK<Kt>::store_partial(p, tid, tOrO, softmax);
         ++rq;
@@ -104,6 +104,10 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
       ++rq;
     }
     Epilogue<Kt>::store_lse(p, ti, tid, lse);
+  }
+  // The TMA engine must have read the last staged O before the CTA's smem goes away.
+  if constexpr (Kt::kOBuffer) {
+    if (tid % 128 == 0) tma_store_wait<0>();
   }
 #endif
 }

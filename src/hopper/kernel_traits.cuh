@@ -78,12 +78,14 @@ struct FwdKernelTraits {
   using SmemLayoutVt = decltype(tile_to_shape(
       SmemLayoutAtomVt{}, Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{}));
 
-  // The epilogue stages each warpgroup's 64 x dv slice of O (16-bit) in the tile's Q buffer, dead
-  // once that warpgroup's last Q K^T completed, and TMA-stores it from there. A warpgroup writes
-  // exactly the smem of ITS OWN 64 Q rows (the Q layout restricted to those rows and the first dv
-  // columns), so it never races with the other warpgroup's Q K^T still reading the buffer.
+  // The epilogue stages each warpgroup's 64 x dv slice of O (16-bit) in a buffer laid out like one
+  // Q buffer — its own (o_buffer) or the tile's Q buffer, dead once that warpgroup's last Q K^T
+  // completed — and TMA-stores it from there. A warpgroup writes exactly the smem of ITS OWN 64 Q
+  // rows (the Q layout restricted to those rows and the first dv columns), so it never races with
+  // the other warpgroup's Q K^T still reading a shared Q buffer.
   using SmemLayoutQStage = decltype(tile_to_shape(SmemLayoutAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   static constexpr int kQStageElems = kBlockM * kHeadDim;
+  static constexpr bool kOBuffer = kConfig.o_buffer;  // O staged in smem_o instead (same layout)
   static_assert(cosize_v<SmemLayoutQ> == kQStages * kQStageElems, "Q stages are back to back");
   static_assert(kHeadDimV <= kHeadDim, "O is staged in the Q buffer");
   using SmemLayoutOHalf = decltype(composition(
@@ -124,10 +126,21 @@ struct FwdKernelTraits {
   using PipelineQ = cutlass::PipelineTmaAsync<kQStages>;
   using PipelineStateQ = cutlass::PipelineState<kQStages>;
 
+  /// O staging buffer of the TMA epilogue (laid out like one Q buffer); empty without o_buffer.
+  template <bool kHas, class Dummy = void>
+  struct SmemO {
+    cute::array_aligned<Element, kQStageElems, 1024> buf;
+    __device__ Element* data() { return buf.data(); }
+  };
+  template <class Dummy>
+  struct SmemO<false, Dummy> {
+    __device__ Element* data() { return nullptr; }
+  };
   struct SharedStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> smem_q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> smem_k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutVt>, 1024> smem_v;
+    [[no_unique_address]] SmemO<kOBuffer> smem_o;
     alignas(16) typename PipelineQ::SharedStorage pipeline_q;
     alignas(16) typename MainloopPipeline::SharedStorage pipeline_k;
     alignas(16) typename MainloopPipeline::SharedStorage pipeline_v;
