@@ -80,8 +80,7 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
   TileRing::State ts;  // consumer start state: slot 0, phase 0
   for (detail::WorkItem w = TileRing::receive(pipe_t, ss.tiles, ts); w.tile < p.num_tiles;
        w = TileRing::receive(pipe_t, ss.tiles, ts)) {
-    TileInfo ti = make_tile_info<Kt::kBlockM, Kt::kBlockN>(p, w.tile);  // has rows (producer skips others)
-    restrict_keys(ti, w);
+    const TileInfo ti = make_tile_info<Kt::kBlockM, Kt::kBlockN>(p, w);  // has rows (producer skips others)
     const float sink_log2 = p.sink ? p.sink[ti.c.head] * detail::kLog2e : -INFINITY;
     float o_scale[2], lse[2];
     if (!ti.has_keys()) {  // no key visible to any row: O = 0, LSE = -inf (or the sink)

@@ -145,6 +145,8 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   const bool sk_eligible = !fp.is_varlen && !fp.mask.is_local() && !dynamic && fp.seqlen_k > 0;
   const int32_t blocks_per_tile = int32_t((int64_t(fp.seqlen_k) + Kt::kBlockN - 1) / Kt::kBlockN);
   p.sk = detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, sk_eligible ? ctx.stream_k : 0);
+  // The fallback when the split cannot run (no scratch, or a cooperative launch refused).
+  const detail::StreamKPlan whole_tiles = detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, 0);
 
   // Per-call device scratch, stream-ordered so that concurrent calls on other streams (and graph
   // replays) never share it: the dynamic schedule's zeroed claim counter, or the stream-K flags
@@ -175,7 +177,7 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
     p.sk_flags = reinterpret_cast<int32_t*>(scratch);
     p.sk_partial = reinterpret_cast<float*>(scratch + zeroed);
   } else {
-    p.sk = detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, 0);
+    p.sk = whole_tiles;
   }
 
   cudaError_t launched = cudaSuccess;
@@ -195,7 +197,7 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
     launched = cudaLaunchKernelEx(&cfg, kernel, p);
     if (launched != cudaSuccess) cudaGetLastError();  // not reported again by a later check
     if (launched == cudaErrorCooperativeLaunchTooLarge) {  // fewer SMs usable (MPS, green contexts)
-      p.sk = detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, 0);
+      p.sk = whole_tiles;
       p.sk_flags = nullptr;
       p.sk_partial = nullptr;
       launched = cudaSuccess;

@@ -64,6 +64,8 @@ struct MainloopLoad {
       TileInfo ti = make_tile_info<kBlockM, kBlockN>(p, w.tile);
       if (ti.has_rows) {
         TileRing::publish(pipe_t, ss.tiles, published++, w);
+        // After the publish: the piece's key range is not live across it (the 24-register
+        // producer spilled more with it computed before).
         restrict_keys(ti, w);
         if (ti.has_keys()) load_tile(p, pipe_k, pipe_v, pipe_q, ti, wr, wq, tQsQ, tKsK, tVsV, mQ_all, mK_all, mVt_all);
       }

@@ -77,14 +77,17 @@ struct StreamK {
       const float4* src = slot(p, cta, wg, tid % 128);
       const float4 st = __ldcg(src + (kSlotVec4 - 1) * 128);  // L2: written by another SM
       const float m_o[2] = {st.x, st.y}, l_o[2] = {st.z, st.w};
+      // Weight of a piece with row max m_piece in the merged row (max m). A piece whose row saw only
+      // masked keys (max -inf) has O = 0 and l = 0: factor 0, and no -inf - -inf.
+      auto factor = [s](float m_piece, float m) {
+        return m_piece == -INFINITY ? 0.f : arch::ex2_approx((m_piece - m) * s);
+      };
       float f_self[2], f_o[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float m = fmaxf(softmax.row_max[r], m_o[r]);
-        // A piece whose row saw only masked keys (max -inf) has O = 0 and l = 0: factor 0, and no
-        // -inf - -inf.
-        f_self[r] = softmax.row_max[r] == -INFINITY ? 0.f : arch::ex2_approx((softmax.row_max[r] - m) * s);
-        f_o[r] = m_o[r] == -INFINITY ? 0.f : arch::ex2_approx((m_o[r] - m) * s);
+        f_self[r] = factor(softmax.row_max[r], m);
+        f_o[r] = factor(m_o[r], m);
         softmax.row_max[r] = m;
         softmax.row_sum[r] = softmax.row_sum[r] * f_self[r] + l_o[r] * f_o[r];
       }

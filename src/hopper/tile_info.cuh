@@ -54,4 +54,13 @@ __device__ __forceinline__ void restrict_keys(TileInfo& ti, const detail::WorkIt
   }
 }
 
+/// The tile of work item w, with the key range of its stream-K piece (the producer and the
+/// consumers must agree on it block for block).
+template <int kBlockM, int kBlockN, class Params>
+__device__ __forceinline__ TileInfo make_tile_info(const Params& p, const detail::WorkItem& w) {
+  TileInfo ti = make_tile_info<kBlockM, kBlockN>(p, w.tile);
+  restrict_keys(ti, w);
+  return ti;
+}
+
 }  // namespace fa4::hopper
