@@ -9,9 +9,10 @@
 // The producer warp claims work items (static stride, a dynamic LPT counter, or the static stride
 // with a stream-K tail; tile_scheduler.cuh) and passes each to the consumers through a small smem
 // ring; shared memory holds TMA stage rings
-// for Q, K and V. Q has q_stages buffers (with 2, the next tile's Q loads during this tile; with 1
-// — every d >= 96, measured faster — it loads after this tile's epilogue, which stages O in the
-// finished tile's Q buffer for the TMA store and then frees it).
+// for Q, K and V. Q has q_stages buffers (with 2 — d64 — the next tile's Q loads during this tile;
+// with 1 it loads once the buffer is free). O is staged for its TMA store in its own buffer where
+// the config has one (o_buffer: d64-d128; the Q buffer is then free after the tile's last Q K^T),
+// else in the finished tile's Q buffer, which the epilogue frees after the store has read it.
 #pragma once
 
 #include <cute/tensor.hpp>

@@ -140,7 +140,7 @@ struct FwdKernelTraits {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> smem_q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> smem_k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutVt>, 1024> smem_v;
-    [[no_unique_address]] SmemO<kOBuffer> smem_o;
+    SmemO<kOBuffer> smem_o;  // empty: 1 byte (sizeof is taken by the host compiler too)
     alignas(16) typename PipelineQ::SharedStorage pipeline_q;
     alignas(16) typename MainloopPipeline::SharedStorage pipeline_k;
     alignas(16) typename MainloopPipeline::SharedStorage pipeline_v;

@@ -73,8 +73,9 @@ struct MainloopLoad {
     }
     TileRing::publish(pipe_t, ss.tiles, published, w);  // a tile >= num_tiles stops the consumers
     if (leader) {
-      // Wait until the consumers released every stage: no TMA may still target this CTA's smem
-      // (and no TMA store may still read a Q buffer).
+      // Wait until the consumers released every stage: no TMA load may still target this CTA's
+      // smem. (A TMA store still reading staged O is waited for by its issuing consumer thread,
+      // before it releases a Q buffer or, with an O buffer, before the kernel exits.)
       pipe_k.producer_tail(wr);
       pipe_v.producer_tail(wr);
       pipe_q.producer_tail(wq);
@@ -121,8 +122,8 @@ struct MainloopLoad {
     };
 
     // Q is read once per tile, so it comes from HBM. With one Q buffer its TMA load below waits
-    // until the previous tile's epilogue has stored O from that buffer, and then pays the full HBM
-    // latency before the first Q K^T. The producer gets here when it has issued the previous
+    // until the previous tile's last Q K^T (with an O buffer) or its epilogue's store of O from
+    // that buffer, and then pays the full HBM latency before the first Q K^T. The producer gets here when it has issued the previous
     // tile's last K/V block, i.e. about `stages` key blocks before that tile ends (fewer if it had
     // fewer): pull Q into L2 now (A/B runs 26-27: d128 seqlen 512-1024 +3..10%, >= 4k within
     // +-1.5%). With two Q buffers the load itself is issued this early; a prefetch would only
@@ -133,7 +134,7 @@ struct MainloopLoad {
     int32_t n = ti.keys.n_block_max - 1;
     load_k(n, wr);
     // A Q buffer is free once the consumers finished the Q K^T products of the tile that used it
-    // (and the TMA store of its O, which the epilogue stages there).
+    // (and, without an O buffer, the TMA store of its O, which the epilogue stages there).
     if (leader) {
       pipe_q.producer_acquire(wq);
       copy(p.tma_q.with(*pipe_q.producer_get_barrier(wq), 0, TMA::CacheHintSm90::EVICT_FIRST),

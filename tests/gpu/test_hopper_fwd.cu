@@ -400,10 +400,11 @@ TEST(HopperFwd, Varlen) {  // C10, C12 (padding rows untouched), seqused_k
 // and softmax state. These shapes give every CTA several consecutive tiles (>= 3x the 132 SMs)
 // with what can differ between neighbours: key-block counts (causal), tiles without keys in
 // between (seqlen_q > seqlen_k, bottom-right causal), varlen V tails zeroed in smem (NaN in unused
-// K/V rows), the sink, softcap and windows; d64 has two Q buffers, d128 one.
+// K/V rows), the sink, softcap and windows; d64 has two Q buffers, d128 and d256 one; d64/d128
+// stage O in their own O buffer, d256 in the tile's Q buffer (freed only after the TMA store).
 TEST(HopperFwd, TileChainsAcrossBoundaries) {
   REQUIRE_HOPPER();
-  for (int d : {64, 128}) {
+  for (int d : {64, 128, 256}) {
     Case c; c.d = c.dv = d; c.batch = 4; c.heads = c.heads_kv = 40; c.seqlen_q = c.seqlen_k = 300;
     run_case(c, 1);  // 480 tiles of 3 key blocks
     c.causal = true; c.heads_kv = 8; run_case(c, 1);
@@ -662,8 +663,10 @@ TEST(HopperFwd, SanitizeSmall) {
   // More tiles than SMs with a causal mask: the dynamic tile counter and the tile-index ring.
   Case d; d.batch = 2; d.heads = d.heads_kv = 80; d.seqlen_q = d.seqlen_k = 129; d.causal = true;
   d.d = d.dv = 64; run_case(d, 1);
-  // d128, two tiles or more per CTA with the TMA epilogue (the Q buffer stages O between tiles).
+  // Two tiles or more per CTA with the TMA epilogue: d128 stages O in its O buffer (the next Q
+  // loads before the store), d256 in the tile's Q buffer (the next Q loads after it).
   Case f; f.heads = f.heads_kv = 140; f.seqlen_q = f.seqlen_k = 200; run_case(f, 1);
+  f.d = f.dv = 256; run_case(f, 1);
 }
 
 }  // namespace

@@ -8,7 +8,8 @@
 //
 // Tile geometry follows FlashAttention-3 (hopper/tile_size.h) for 16-bit inputs: 128 query rows per
 // CTA split over two consumer warpgroups (64 rows each, one wgmma M-extent), key tile chosen so
-// q_stages * Q + stages * (K + V) fits in the 227 KB of shared memory an sm_90 CTA may use.
+// q_stages * Q + stages * (K + V) (+ one Q-sized O buffer with o_buffer) fits in the 227 KB of
+// shared memory an sm_90 CTA may use.
 #pragma once
 
 #include <cstdint>
@@ -33,7 +34,8 @@ struct HopperFwdConfig {
   /// O is staged for its TMA store in its own smem buffer (tile_m x headdim) instead of the tile's
   /// dead Q buffer: Q is then released right after the last Q K^T, so the next tile's Q loads
   /// under the last P V and the epilogue, and the TMA store is waited for one tile later. Measured
-  /// +1.0..1.3% causal and Llama, +-0.7% non-causal at d128 (A/B run 51). Only where the smem fits.
+  /// at d128 +1.0..1.3% causal and Llama, +-0.7% non-causal (A/B run 51); d96 +1.7% / +1.5%,
+  /// d64 +0.2..0.3% at 8k and +1.0% / +3.1% at 512 (run 56). Only where the smem fits.
   bool o_buffer;
 };
 
@@ -47,10 +49,10 @@ inline constexpr int32_t kHopperTileM = 128;
 // per exponential. d >= 192 is MMA-bound, so everything stays on MUFU there.
 inline constexpr HopperFwdConfig kHopperFwdConfigs[] = {
     // d, dv, tile_m, tile_n, stages, q_stages, exp2_split, regs (consumer, producer), pingpong, o_buffer
-    {64, 64, kHopperTileM, 128, 3, 2, Exp2Split{16, 4}, kHopperConsumerRegs, kHopperProducerRegs, true, false},
+    {64, 64, kHopperTileM, 128, 3, 2, Exp2Split{16, 4}, kHopperConsumerRegs, kHopperProducerRegs, true, true},
     {96, 96, kHopperTileM, 128, 2, 1, Exp2Split{16, 3}, kHopperConsumerRegs, kHopperProducerRegs, true, true},
     {128, 128, kHopperTileM, 128, 2, 1, Exp2Split{16, 2}, kHopperConsumerRegs, kHopperProducerRegs, true, true},
-    // d192x128: key tile 128 measured +2.6% / +1.7% (non-causal / causal 8k) over 112 (A/B run 51).
+    // d192x128: key tile 128 measured +2.4% / +1.7% (non-causal / causal 8k) over 112 (A/B run 51).
     {192, 128, kHopperTileM, 128, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false},
     {192, 192, kHopperTileM, 96, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false},
     {256, 256, kHopperTileM, 80, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false},
