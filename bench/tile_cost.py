@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Per-tile fixed cost of the forward kernel, fa4 next to cuDNN (an H200 diagnostic).
+
+The query side is held fixed (batch x seqlen_q x num_heads, i.e. a fixed number of 128-row query
+tiles) while seqlen_k grows, non-causal, bf16. For each kernel the median times are fitted (least
+squares) with
+
+    time(seqlen_k) = a + b * seqlen_k
+
+b is the steady-state cost of the key loop per key; a is what does not grow with the keys: each
+tile's pipeline fill and drain (Q load, first Q K^T and softmax without overlap, last P V,
+epilogue), the partly idle last round of tiles, and the launch. Reported: a in microseconds, a per
+round of tiles (tiles / SMs, what one CTA pays per tile), and a as a share of the time at
+seqlen_k = seqlen_q. fa4 and cuDNN are timed interleaved in one process, like bench/ab_variants.py.
+
+Usage (GPU machine, repo root):
+    PYTHONPATH=python python3 bench/tile_cost.py OUT.json [--headdim 128] [--rounds 3]
+"""
+import argparse
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import fa4
+from bench_fwd import bench, run_meta  # same directory
+
+BATCH, SEQLEN_Q, TILE_M = 4, 4096, 128
+SEQLENS_K = [1024, 2048, 4096, 8192, 16384]
+
+
+def fit_line(xs, ys):
+    """Least-squares (a, b) of y = a + b x."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_json")
+    ap.add_argument("--headdim", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    d = args.headdim
+    heads = 2048 // d
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tiles = BATCH * heads * (SEQLEN_Q // TILE_M)
+    torch.manual_seed(0)
+    q = torch.randn(BATCH, SEQLEN_Q, heads, d, device="cuda", dtype=torch.bfloat16)
+    qt = q.transpose(1, 2).contiguous()
+    ms = {"fa4": {}, "cudnn": {}}
+    for sk in SEQLENS_K:
+        k, v = (torch.randn(BATCH, sk, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        kt, vt = (x.transpose(1, 2).contiguous() for x in (k, v))
+        fns = {"fa4": lambda: fa4.flash_attn_func(q, k, v),
+               "cudnn": lambda: F.scaled_dot_product_attention(qt, kt, vt)}
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            err = float((fns["fa4"]().float() - fns["cudnn"]().transpose(1, 2).float()).abs().max())
+            times = {n: [] for n in fns}
+            for r in range(args.rounds):
+                for n in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+                    times[n].append(bench(fns[n]))
+        for n in fns:
+            ms[n][sk] = statistics.median(times[n])
+        print(f"d{d} seqlen_k={sk:6} fa4 {ms['fa4'][sk]:.4f} ms  cuDNN {ms['cudnn'][sk]:.4f} ms  "
+              f"max |fa4 - cuDNN| {err:.1e}", flush=True)
+    fits = {}
+    for n, t in ms.items():
+        a, b = fit_line(SEQLENS_K, [t[s] for s in SEQLENS_K])
+        resid = max(abs(t[s] - (a + b * s)) / t[s] for s in SEQLENS_K)
+        fits[n] = {"a_us": round(a * 1e3, 2), "b_us_per_1k_keys": round(b * 1e6, 2),
+                   "a_per_tile_round_us": round(a * 1e3 / (tiles / sms), 3),
+                   "a_share_at_seqlen_q": round(a / t[SEQLEN_Q], 4), "max_rel_residual": round(resid, 4)}
+        print(f"{n:6} a = {fits[n]['a_us']:8.2f} us ({fits[n]['a_per_tile_round_us']:.3f} us per round of "
+              f"{sms} tiles, {100 * fits[n]['a_share_at_seqlen_q']:.1f}% of seqlen_k = {SEQLEN_Q}); "
+              f"b = {fits[n]['b_us_per_1k_keys']:.2f} us per 1k keys; worst fit residual "
+              f"{100 * resid:.2f}%", flush=True)
+    with open(args.out_json, "w") as f:
+        json.dump({"meta": run_meta(), "headdim": d, "batch": BATCH, "seqlen_q": SEQLEN_Q, "num_heads": heads,
+                   "tiles": tiles, "sms": sms, "seqlens_k": SEQLENS_K,
+                   "median_ms": {n: {str(s): t[s] for s in SEQLENS_K} for n, t in ms.items()},
+                   "fit": fits}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
