@@ -63,9 +63,10 @@ def parse(spec):
 
 
 def use(lib, env):
+    """Routes fa4's calls to `lib` with exactly `env`'s FA4_HOPPER_* switches set."""
     _capi._lib = lib
-    for k in ("FA4_HOPPER_SCHED", "FA4_HOPPER_LPT", "FA4_HOPPER_EPILOGUE"):
-        os.environ.pop(k, None)
+    for k in [k for k in os.environ if k.startswith("FA4_HOPPER_")]:
+        os.environ.pop(k)
     os.environ.update(env)
 
 

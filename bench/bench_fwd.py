@@ -6,13 +6,15 @@ Shapes (FA3/FA4 papers' convention): batch*seqlen = 16k tokens, num_heads*headdi
 dims 64/128/256, seqlen 512..16k, causal and not; Llama-3.1-8B prefill (32 q heads, 8 kv heads,
 d128, causal, seqlen 8k); few query tiles with long keys (split-KV); a varlen batch; and an
 ablation of the FA4 knobs (exp2 emulation share, lazy rescaling tau, tile schedule via
-FA4_HOPPER_SCHED and FA4_HOPPER_LPT, the stream-K split of the last round via FA4_HOPPER_STREAMK). FLOPs = 4*b*h*sq*sk*d (x0.5 causal).
+FA4_HOPPER_SCHED and FA4_HOPPER_LPT, the stream-K split of the last round via
+FA4_HOPPER_STREAMK). FLOPs = 4*b*h*sq*sk*d (x0.5 causal).
 
 Usage (on the GPU machine, from the repo root):
     PYTHONPATH=python FA4_LIBRARY=build-hopper/src/libfa4.so python3 bench/bench_fwd.py OUT.json [--quick]
 Writes OUT.json (git commit, GPU, clocks, date, versions, rows) and OUT.png (plot).
 """
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -47,6 +49,23 @@ def run_meta():
         "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "triton": triton.__version__,
         "cuda": torch.version.cuda, "fa4": fa4.version(),
     }
+
+
+@contextlib.contextmanager
+def hopper_env(**switches):
+    """Sets the library's FA4_HOPPER_<NAME> ablation switches (read per call) for the block, then
+    restores what was there: hopper_env(SCHED="static", LPT="1")."""
+    names = {f"FA4_HOPPER_{k}": v for k, v in switches.items()}
+    saved = {n: os.environ.get(n) for n in names}
+    os.environ.update(names)
+    try:
+        yield
+    finally:
+        for n, v in saved.items():
+            if v is None:
+                os.environ.pop(n, None)
+            else:
+                os.environ[n] = v
 
 
 def bench(fn):
@@ -88,14 +107,12 @@ def time_sdpa(q, k, v, causal, backend):
 
 def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
     """Time fa4 and torch SDPA's cuDNN and FLASH backends on (q, k, v) and fill row r, in this order:
-    r["fa4"]; with no_split, r["fa4_no_split"] (fa4 again with FA4_HOPPER_STREAMK=0, which is then
-    unset); r["cudnn"], r["flash"] (None where the backend fails); all in TFLOP/s for `flops`; then
+    r["fa4"]; with no_split, r["fa4_no_split"] (fa4 again with FA4_HOPPER_STREAMK=0); r["cudnn"], r["flash"] (None where the backend fails); all in TFLOP/s for `flops`; then
     r["ratio_cudnn"] = fa4/cudnn (None without cuDNN). Returns r."""
     r["fa4"] = tflops(flops, time_fa4(q, k, v, causal))
     if no_split:
-        os.environ["FA4_HOPPER_STREAMK"] = "0"
-        r["fa4_no_split"] = tflops(flops, time_fa4(q, k, v, causal))
-        os.environ.pop("FA4_HOPPER_STREAMK", None)
+        with hopper_env(STREAMK="0"):
+            r["fa4_no_split"] = tflops(flops, time_fa4(q, k, v, causal))
     for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
         ms = time_sdpa(q, k, v, causal, be)
         r[name] = tflops(flops, ms) if ms else None
@@ -117,7 +134,6 @@ def main():
     ap.add_argument("out_json")
     ap.add_argument("--quick", action="store_true", help="d64/d128 only, fewer seqlens, no ablation")
     args = ap.parse_args()
-    dev = torch.cuda.get_device_name()
     meta = run_meta()
     print(json.dumps(meta), flush=True)
     rows = []
@@ -182,18 +198,14 @@ def main():
                 # Tile schedule: (claiming, order). static = CTA c takes tiles c, c+grid, ...;
                 # dynamic = atomic tile counter (greedy). lpt = longest-first order + L2 sections.
                 for sched, lpt in [("static", "0"), ("static", "1"), ("dynamic", "0"), ("dynamic", "1")]:
-                    os.environ["FA4_HOPPER_SCHED"] = sched
-                    os.environ["FA4_HOPPER_LPT"] = lpt
-                    add({"kind": "ablation_schedule", "hdim": hdim, "causal": causal, "sched": sched,
-                         "lpt": lpt == "1", "fa4": tflops(flops, time_fa4(q, k, v, causal))})
-                os.environ.pop("FA4_HOPPER_LPT", None)
-                os.environ.pop("FA4_HOPPER_SCHED", None)
+                    with hopper_env(SCHED=sched, LPT=lpt):
+                        add({"kind": "ablation_schedule", "hdim": hdim, "causal": causal, "sched": sched,
+                             "lpt": lpt == "1", "fa4": tflops(flops, time_fa4(q, k, v, causal))})
                 if not causal:  # stream-K tail split: dense problems only (fa4/detail/stream_k.h)
                     for sk in ["0", "1"]:
-                        os.environ["FA4_HOPPER_STREAMK"] = sk
-                        add({"kind": "ablation_stream_k", "hdim": hdim, "causal": causal, "stream_k": sk == "1",
-                             "fa4": tflops(flops, time_fa4(q, k, v, causal))})
-                    os.environ.pop("FA4_HOPPER_STREAMK", None)
+                        with hopper_env(STREAMK=sk):
+                            add({"kind": "ablation_stream_k", "hdim": hdim, "causal": causal,
+                                 "stream_k": sk == "1", "fa4": tflops(flops, time_fa4(q, k, v, causal))})
                 del q, k, v
 
     json.dump({"meta": meta, "rows": rows}, open(args.out_json, "w"), indent=1)
@@ -215,7 +227,7 @@ def main():
                 ax.set_xlabel("seqlen")
                 ax.set_ylabel("TFLOP/s")
                 ax.legend()
-        fig.suptitle(f"{dev} bf16 forward")
+        fig.suptitle(f"{meta['gpu']} bf16 forward")
         fig.tight_layout()
         fig.savefig(os.path.splitext(args.out_json)[0] + ".png", dpi=90)
     except Exception as e:  # the JSON is the result; the plot is a convenience
