@@ -138,15 +138,15 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kt::kSmemBytes),
              "cudaFuncSetAttribute(max dynamic smem)");
   const cudaStream_t stream = static_cast<cudaStream_t>(fp.device.stream);
-  const int32_t plain_grid = int32_t(std::min<int64_t>(num_tiles, ctx.num_sms));
-  const bool dynamic = ctx.dynamic_schedule && num_tiles > plain_grid;
+  const int32_t blocks_per_tile = int32_t((int64_t(fp.seqlen_k) + Kt::kBlockN - 1) / Kt::kBlockN);
+  // Whole tiles on min(tiles, SMs) CTAs: the plain launch, and the fallback when the split cannot
+  // run (no scratch, or a cooperative launch refused).
+  const detail::StreamKPlan whole_tiles = detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, 0);
+  const bool dynamic = ctx.dynamic_schedule && num_tiles > whole_tiles.grid;
   // Stream-K tail (fa4/detail/stream_k.h): dense problems (every tile has the same key blocks) in
   // the static order.
   const bool sk_eligible = !fp.is_varlen && !fp.mask.is_local() && !dynamic && fp.seqlen_k > 0;
-  const int32_t blocks_per_tile = int32_t((int64_t(fp.seqlen_k) + Kt::kBlockN - 1) / Kt::kBlockN);
-  p.sk = detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, sk_eligible ? ctx.stream_k : 0);
-  // The fallback when the split cannot run (no scratch, or a cooperative launch refused).
-  const detail::StreamKPlan whole_tiles = detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, 0);
+  p.sk = sk_eligible ? detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, ctx.stream_k) : whole_tiles;
 
   // Per-call device scratch, stream-ordered so that concurrent calls on other streams (and graph
   // replays) never share it: the dynamic schedule's zeroed claim counter, or the stream-K flags

@@ -1,9 +1,10 @@
 // fa4/detail/stream_k.h — stream-K split of the last, partial round of a persistent tile schedule.
 //
 // Why: a dense problem has num_tiles equal tiles on `grid` persistent CTAs. When num_tiles is not a
-// multiple of grid, the last round keeps only num_tiles % grid CTAs busy: the benchmark's shapes
-// (d128: 2048 tiles on 132 SMs = 15.5 rounds) lose ~3% to it at every seqlen, and a small batch
-// (fewer tiles than SMs) leaves most of the GPU idle. Stream-K (Osama et al., "Stream-K:
+// multiple of grid, the last round keeps only num_tiles % grid CTAs busy. A small batch (fewer
+// tiles than SMs) then leaves most of the GPU idle: that is where the split runs automatically.
+// (Splitting the half-empty last round of the benchmark's shapes, d128: 2048 tiles on 132 SMs =
+// 15.5 rounds, was priced at ~3% on paper but measured no gain on H200; see plan_stream_k.) Stream-K (Osama et al., "Stream-K:
 // Work-centric Parallel Decomposition for Dense Matrix-Multiplication on the GPU", PPoPP 2023)
 // spreads the tail's key blocks evenly over the CTAs instead: every CTA first runs whole tiles
 // ("data-parallel" rounds) and a contiguous share of the tail's (tile, key block) sequence. A
