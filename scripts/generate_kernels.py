@@ -31,7 +31,7 @@ def buckets():
     text = CONFIG.read_text()
     table = text[text.index("kHopperFwdConfigs[] = {"):]
     table = table[: table.index("};")]
-    rows = re.findall(r"\{\s*(\d+)\s*,\s*(\d+)\s*,\s*kHopperTileM", table)
+    rows = re.findall(r"^\s*\{\s*(\d+)\s*,\s*(\d+)\s*,", table, re.M)
     if not rows:
         sys.exit("generate_kernels.py: could not parse kHopperFwdConfigs")
     return [(int(d), int(dv)) for d, dv in rows]

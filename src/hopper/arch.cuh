@@ -21,10 +21,25 @@ namespace fa4::hopper::arch {
 enum NamedBarrierId : uint32_t {
   kBarrierSchedulerWG1 = 2,    ///< ping-pong: consumer warpgroup 1 may issue its wgmmas
   kBarrierSchedulerWG2 = 3,    ///< ping-pong: consumer warpgroup 2 may issue its wgmmas
-  kBarrierConsumers = 4,       ///< both consumer warpgroups (e.g. after zeroing a V tail in smem)
+  kBarrierConsumers = 4,       ///< all consumer warpgroups (e.g. after zeroing a V tail in smem)
   kBarrierEpilogueWG1 = 5,     ///< one consumer warpgroup: its O slice is in smem, TMA may store it
   kBarrierEpilogueWG2 = 6,
+  kBarrierSchedulerWG3 = 7,    ///< the third consumer warpgroup (tile_m 192) of the two kinds above
+  kBarrierEpilogueWG3 = 8,
 };
+
+/// Per-warpgroup barrier ids: WG1/WG2 are adjacent (base + wg, as the two-warpgroup kernels have
+/// always used them), the third warpgroup's come after the shared ones.
+template <int kNumWarpGroups>
+__device__ __forceinline__ uint32_t scheduler_barrier(int wg) {
+  if constexpr (kNumWarpGroups == 2) return kBarrierSchedulerWG1 + wg;
+  else return wg == 2 ? uint32_t(kBarrierSchedulerWG3) : kBarrierSchedulerWG1 + wg;
+}
+template <int kNumWarpGroups>
+__device__ __forceinline__ uint32_t epilogue_barrier(int wg) {
+  if constexpr (kNumWarpGroups == 2) return kBarrierEpilogueWG1 + wg;
+  else return wg == 2 ? uint32_t(kBarrierEpilogueWG3) : kBarrierEpilogueWG1 + wg;
+}
 
 /// Blocks until `num_threads` threads (multiple of 32, whole warps) have arrived at barrier `id`.
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t num_threads) {

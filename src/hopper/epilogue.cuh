@@ -93,7 +93,7 @@ struct Epilogue {
     Element* half = stage + wg * kHalfOffset;
     if constexpr (Kt::kOBuffer) {
       if (tid % 128 == 0) tma_store_wait<0>();
-      arch::named_barrier_sync(arch::kBarrierEpilogueWG1 + wg, cutlass::NumThreadsPerWarpGroup);
+      arch::named_barrier_sync(arch::epilogue_barrier<Kt::kNumMmaWarpGroups>(wg), cutlass::NumThreadsPerWarpGroup);
     }
     Tensor sO = make_tensor(make_smem_ptr(half), typename Kt::SmemLayoutOHalf{});  // (64, dv)
 
@@ -111,7 +111,7 @@ struct Epilogue {
     cute::copy(copy_o, thr.retile_S(rO), thr.partition_D(sO));
     // stmatrix writes are generic-proxy; the TMA engine reads through the async proxy.
     cutlass::arch::fence_view_async_shared();
-    arch::named_barrier_sync(arch::kBarrierEpilogueWG1 + wg, cutlass::NumThreadsPerWarpGroup);
+    arch::named_barrier_sync(arch::epilogue_barrier<Kt::kNumMmaWarpGroups>(wg), cutlass::NumThreadsPerWarpGroup);
     if (tid % 128 == 0) {
       Tensor mO = p.tma_o.get_tma_tensor(p.shape_o);
       Tensor gO = local_tile(mO(_, _, ti.c.head, ti.c.batch), Shape<_64, Int<Kt::kHeadDimV>>{},

@@ -1,11 +1,13 @@
 // src/hopper/kernel_fwd.cuh — the persistent, warp-specialised forward kernel.
 //
-// CTA = 3 warpgroups (384 threads), one CTA per SM, grid = min(tiles, SMs) (or, with the stream-K
-// split of fa4/detail/stream_k.h, up to SMs CTAs for fewer tiles):
+// CTA = 3 warpgroups (384 threads; d64: 4 warpgroups, 512 threads), one CTA per SM, grid =
+// min(tiles, SMs) (or, with the stream-K split of fa4/detail/stream_k.h, up to SMs CTAs for fewer
+// tiles):
 //   warpgroup 0  producer: setmaxnreg down to 24 registers; warp 0 issues the TMA loads
 //                (mainloop_load.cuh); warps 1-3 exit.
-//   warpgroups 1, 2  consumers: setmaxnreg up to 240; each owns 64 of the tile's 128 query rows and
-//                runs QK^T / softmax / PV (mainloop_mma.cuh) and the epilogue (epilogue.cuh).
+//   warpgroups 1..  consumers (tile_m / 64 of them): setmaxnreg up to 240 (two) or 160 (three);
+//                each owns 64 of the tile's query rows and runs QK^T / softmax / PV
+//                (mainloop_mma.cuh) and the epilogue (epilogue.cuh).
 // The producer warp claims work items (static stride, a dynamic LPT counter, or the static stride
 // with a stream-K tail; tile_scheduler.cuh) and passes each to the consumers through a small smem
 // ring; shared memory holds TMA stage rings

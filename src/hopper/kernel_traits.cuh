@@ -39,14 +39,18 @@ struct FwdKernelTraits {
   static constexpr int kNumThreads = kNumMmaThreads + cutlass::NumThreadsPerWarpGroup;
   static constexpr int kSplitPeriod = kConfig.exp2_split.period;
   static constexpr int kSplitEmulated = kConfig.exp2_split.emulated;
-  static constexpr bool kPingPong = kConfig.pingpong && kNumMmaWarpGroups == 2;
-  static_assert(kNumMmaWarpGroups == 2, "the kernel is written for two consumer warpgroups");
+  static constexpr bool kPingPong = kConfig.pingpong;
+  static_assert(kBlockM % 64 == 0 && (kNumMmaWarpGroups == 2 || kNumMmaWarpGroups == 3),
+                "two or three consumer warpgroups of 64 query rows (named barrier ids in arch.cuh)");
+  static_assert(kNumMmaThreads * kConfig.consumer_regs + cutlass::NumThreadsPerWarpGroup * kConfig.producer_regs <=
+                    64 * 1024,
+                "setmaxnreg split over the SM's 64K registers");
   static_assert(kBlockN % 16 == 0, "tile_n is the k-extent of the PV wgmma (multiple of 16)");
 
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;    // (M, N, K=d)
   using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kBlockN>>;   // (M, N=dv, K=n)
 
-  // One wgmma atom covers 64 rows; two warpgroups stacked along M cover the 128-row tile.
+  // One wgmma atom covers 64 rows; the warpgroups stacked along M cover the tile (128 or 192 rows).
   using AtomLayout = Layout<Shape<Int<kNumMmaWarpGroups>, _1, _1>>;
   using TiledMmaQK = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, ElementAccum, TileShapeQK>(), AtomLayout{}));

@@ -157,7 +157,7 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   if (dynamic) {
     zeroed = total = sizeof(int32_t);
   } else if (p.sk.tail_ctas > 0) {
-    zeroed = (int64_t(p.sk.tail_ctas) * 2 * int64_t(sizeof(int32_t)) + 255) / 256 * 256;
+    zeroed = (StreamK<Kt>::num_flags(p.sk.tail_ctas) * int64_t(sizeof(int32_t)) + 255) / 256 * 256;
     total = zeroed + StreamK<Kt>::workspace_bytes(p.sk.tail_ctas);
   }
   if (total > 0) {

@@ -8,9 +8,9 @@
 //         wait for S_j only            -> softmax of S_j runs while the PV wgmma computes
 //         wait for PV ; rescale O if the warp's maxima moved (lazy, FA4) ; P = convert(S_j)
 //     O += P V_first
-// Ping-pong: the two warpgroups take turns issuing their wgmmas (named barriers), so while one
-// warpgroup's tensor-core work runs, the other does its softmax — MUFU/FMA and tensor cores stay
-// busy together.
+// Ping-pong: the consumer warpgroups (two, or three at tile_m 192) take turns issuing their wgmmas
+// (named barriers, round robin), so while one warpgroup's tensor-core work runs, the others do
+// their softmax — MUFU/FMA and tensor cores stay busy together.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -76,10 +76,14 @@ struct MainloopMma {
   static constexpr int kFragS = kBlockN / 2;  // fp32 S values per thread (64 rows x N / 128)
 
   __device__ __forceinline__ static void scheduler_sync(int wg) {
-    if constexpr (Kt::kPingPong) arch::named_barrier_sync(arch::kBarrierSchedulerWG1 + wg, 2 * 128);
+    if constexpr (Kt::kPingPong) arch::named_barrier_sync(arch::scheduler_barrier<Kt::kNumMmaWarpGroups>(wg), 2 * 128);
   }
+  /// Hands the turn to the next warpgroup (round robin over the two or three consumer warpgroups).
   __device__ __forceinline__ static void scheduler_arrive(int wg) {
-    if constexpr (Kt::kPingPong) arch::named_barrier_arrive(arch::kBarrierSchedulerWG1 + (1 - wg), 2 * 128);
+    if constexpr (Kt::kPingPong) {
+      const int next = Kt::kNumMmaWarpGroups == 2 ? 1 - wg : (wg + 1) % Kt::kNumMmaWarpGroups;
+      arch::named_barrier_arrive(arch::scheduler_barrier<Kt::kNumMmaWarpGroups>(next), 2 * 128);
+    }
   }
   /// Warpgroup 0 takes the first turn.
   __device__ __forceinline__ static void scheduler_init(int wg) {

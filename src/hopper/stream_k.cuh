@@ -28,13 +28,16 @@ struct StreamK {
   static constexpr int kSlotVec4 = kOFloats / 4 + 1;  // + one float4 of row statistics
   static_assert(kOFloats % 4 == 0, "O fragment in float4s");
 
-  /// Bytes of partial storage the launch allocates for `tail_ctas` CTAs (two warpgroups each).
+  /// Bytes of partial storage the launch allocates for `tail_ctas` CTAs (one slot per consumer
+  /// warpgroup).
   static constexpr int64_t workspace_bytes(int32_t tail_ctas) {
-    return int64_t(tail_ctas) * 2 * kSlotVec4 * 128 * int64_t(sizeof(float4));
+    return int64_t(tail_ctas) * Kt::kNumMmaWarpGroups * kSlotVec4 * 128 * int64_t(sizeof(float4));
   }
+  /// Flags the launch zeroes for `tail_ctas` CTAs: one per (CTA, consumer warpgroup).
+  static constexpr int64_t num_flags(int32_t tail_ctas) { return int64_t(tail_ctas) * Kt::kNumMmaWarpGroups; }
 
   __device__ __forceinline__ static float4* slot(const typename Kt::Params& p, int32_t cta, int wg, int lane128) {
-    return reinterpret_cast<float4*>(p.sk_partial) + (int64_t(cta) * 2 + wg) * kSlotVec4 * 128 + lane128;
+    return reinterpret_cast<float4*>(p.sk_partial) + (int64_t(cta) * Kt::kNumMmaWarpGroups + wg) * kSlotVec4 * 128 + lane128;
   }
 
   /// Contributor: store this warpgroup's partial in the CTA's slot and publish it (release).
@@ -51,9 +54,9 @@ struct StreamK {
     // Every thread's writes are ordered before the warpgroup barrier; the flag's release store
     // (after the barrier) then publishes all of them to the combiner's acquire load.
     __threadfence();
-    arch::named_barrier_sync(arch::kBarrierEpilogueWG1 + wg, cutlass::NumThreadsPerWarpGroup);
+    arch::named_barrier_sync(arch::epilogue_barrier<Kt::kNumMmaWarpGroups>(wg), cutlass::NumThreadsPerWarpGroup);
     if (tid % 128 == 0) {
-      cuda::atomic_ref<int32_t, cuda::thread_scope_device> flag(p.sk_flags[blockIdx.x * 2 + wg]);
+      cuda::atomic_ref<int32_t, cuda::thread_scope_device> flag(p.sk_flags[blockIdx.x * Kt::kNumMmaWarpGroups + wg]);
       flag.store(1, cuda::memory_order_release);
     }
   }
@@ -69,7 +72,7 @@ struct StreamK {
     const float s = p.softmax_scale_log2;
     for (int32_t j = 1; j <= count; ++j) {
       const int32_t cta = int32_t(blockIdx.x) + j;
-      cuda::atomic_ref<int32_t, cuda::thread_scope_device> flag(p.sk_flags[cta * 2 + wg]);
+      cuda::atomic_ref<int32_t, cuda::thread_scope_device> flag(p.sk_flags[cta * Kt::kNumMmaWarpGroups + wg]);
       // The exit is voted over the warp so the trip count is warp-uniform: a loop whose exit may
       // diverge, on a path back into the key loop, makes ptxas move the key loop's wgmma
       // descriptors out of uniform registers (R2UR before every wgmma; src/hopper/README.md).

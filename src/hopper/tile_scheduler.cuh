@@ -1,7 +1,7 @@
 // src/hopper/tile_scheduler.cuh — persistent tile order of the forward kernel.
 //
 // The grid has min(num_tiles, num_SMs) CTAs, each running tiles until none is left (which ones:
-// "Which CTA runs which tile" below). A tile is (m_block, head, batch): 128 query rows of one head.
+// "Which CTA runs which tile" below). A tile is (m_block, head, batch): tile_m (128; d64: 192) query rows of one head.
 // The linear tile index is mapped to coordinates so that
 //   * LPT: under causal/window masks the bottom m-blocks see the most keys; handing them out first
 //     (longest-processing-time first) keeps the last wave short. Used for masked (causal/window)
@@ -25,7 +25,7 @@
 //     between CTAs is merged by the CTA holding its first piece (stream_k.cuh). Automatic only with
 //     fewer tiles than SMs (split-KV); FA4_HOPPER_STREAMK=1 forces it for any partial round.
 // The producer warp claims work items (a tile, or a key-block range of one) and hands each to the
-// two consumer warpgroups through a two-slot shared-memory ring (mbarriers), so it can claim and
+// consumer warpgroups through a two-slot shared-memory ring (mbarriers), so it can claim and
 // load the next one while the consumers finish the current one. A tile >= num_tiles ends the CTA.
 #pragma once
 

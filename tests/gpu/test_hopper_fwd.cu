@@ -406,7 +406,7 @@ TEST(HopperFwd, TileChainsAcrossBoundaries) {
   REQUIRE_HOPPER();
   for (int d : {64, 128, 256}) {
     Case c; c.d = c.dv = d; c.batch = 4; c.heads = c.heads_kv = 40; c.seqlen_q = c.seqlen_k = 300;
-    run_case(c, 1);  // 480 tiles of 3 key blocks
+    run_case(c, 1);  // d128: 480 tiles of 3 key blocks (d64: 320 tiles of 192 rows)
     c.causal = true; c.heads_kv = 8; run_case(c, 1);
     c.seqlen_q = 700; c.seqlen_k = 300; c.batch = 2; c.sink = true; run_case(c, 1);  // keyless m-blocks
     c.sink = false; c.softcap = 20.f; c.causal = false; c.window_left = 100; c.window_right = 30;

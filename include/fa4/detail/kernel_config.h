@@ -7,7 +7,8 @@
 // host code (g++) and device code (nvcc) alike.
 //
 // Tile geometry follows FlashAttention-3 (hopper/tile_size.h) for 16-bit inputs: 128 query rows per
-// CTA split over two consumer warpgroups (64 rows each, one wgmma M-extent), key tile chosen so
+// CTA split over two consumer warpgroups (64 rows each, one wgmma M-extent; d64: 192 rows over
+// three), key tile chosen so
 // q_stages * Q + stages * (K + V) (+ one Q-sized O buffer with o_buffer) fits in the 227 KB of
 // shared memory an sm_90 CTA may use.
 #pragma once
@@ -21,7 +22,7 @@ namespace fa4::detail {
 struct HopperFwdConfig {
   int32_t headdim;        ///< compiled q/k head dim (inputs with a smaller multiple of 8 are padded)
   int32_t headdim_v;      ///< compiled v/out head dim
-  int32_t tile_m;         ///< query rows per CTA (2 consumer warpgroups x 64 rows)
+  int32_t tile_m;         ///< query rows per CTA: 64 per consumer warpgroup (128 or 192)
   int32_t tile_n;         ///< keys per pipeline stage; multiple of 16 (k-extent of the PV wgmma)
   int32_t stages;         ///< depth of the K and V shared-memory rings
   /// Q buffers. 2 lets the next tile's Q load during this tile, but measured 1-5% SLOWER on H200
@@ -39,17 +40,25 @@ struct HopperFwdConfig {
   bool o_buffer;
 };
 
-/// Registers: 2 x 128 x 240 + 128 x 24 = 64512 <= 65536 per SM (one CTA of 384 threads per SM).
+/// Registers: 2 x 128 x 240 + 128 x 24 = 64512 <= 65536 per SM (one CTA of 384 threads per SM);
+/// with three consumer warpgroups (tile_m 192, 512 threads) 3 x 128 x 160 + 128 x 24 = 64512.
 inline constexpr int32_t kHopperConsumerRegs = 240;
+inline constexpr int32_t kHopperConsumerRegs3WG = 160;
 inline constexpr int32_t kHopperProducerRegs = 24;
 inline constexpr int32_t kHopperTileM = 128;
 
 // Exp2 splits are in 8-column groups out of a period of 16 groups (fa4/exp2.h). Emulation pays
-// where the MUFU unit (16 ex2/clk/SM) is the bottleneck: small head dims do the fewest MMA FLOPs
-// per exponential. d >= 192 is MMA-bound, so everything stays on MUFU there.
+// where the MUFU unit (16 ex2/clk/SM) is the bottleneck and the FMA pipe has room: d96/d128 (+3%
+// at d128 over all-MUFU). d >= 192 is MMA-bound, and d64's three warpgroups fill the FMA pipe with
+// softmax work already (measured below), so everything stays on MUFU there.
 inline constexpr HopperFwdConfig kHopperFwdConfigs[] = {
     // d, dv, tile_m, tile_n, stages, q_stages, exp2_split, regs (consumer, producer), pingpong, o_buffer
-    {64, 64, kHopperTileM, 128, 3, 2, Exp2Split{16, 4}, kHopperConsumerRegs, kHopperProducerRegs, true, true},
+    // d64: three consumer warpgroups (192 query rows, FA3's tile): at d64 a warpgroup's softmax of a
+    // block takes ~2x its Q K^T + P V, so two warpgroups leave the tensor core idle half the time.
+    // A/B runs 65-66 at 8k (x cuDNN): two warpgroups 0.90 / 0.91 (non-causal / causal); three with
+    // exp2 split 4/16 1.02-1.03 / 0.98-0.99, 2/16 1.06 / 1.01, 1/16 1.10 / 1.03, 0 1.11 / 1.06-1.07:
+    // with three warpgroups the FMA pipe, not MUFU, is the scarcer unit, so d64 emulates nothing.
+    {64, 64, 192, 128, 3, 2, Exp2Split{16, 0}, kHopperConsumerRegs3WG, kHopperProducerRegs, true, true},
     {96, 96, kHopperTileM, 128, 2, 1, Exp2Split{16, 3}, kHopperConsumerRegs, kHopperProducerRegs, true, true},
     {128, 128, kHopperTileM, 128, 2, 1, Exp2Split{16, 2}, kHopperConsumerRegs, kHopperProducerRegs, true, true},
     // d192x128: key tile 128 measured +2.4% / +1.7% (non-causal / causal 8k) over 112 (A/B run 51).
