@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Per-tile fixed cost of the forward kernel, fa4 next to cuDNN (an H200 diagnostic).
 
-The query side is held fixed (batch x seqlen_q x num_heads, i.e. a fixed number of 128-row query
-tiles) while seqlen_k grows, non-causal, bf16. For each kernel the median times are fitted (least
+The query side is held fixed (batch x seqlen_q x num_heads, i.e. a fixed number of query tiles of
+the bucket's tile_m rows) while seqlen_k grows, non-causal, bf16. For each kernel the median times are fitted (least
 squares) with
 
     time(seqlen_k) = a + b * seqlen_k
@@ -18,6 +18,8 @@ Usage (GPU machine, repo root):
 """
 import argparse
 import json
+import pathlib
+import re
 import statistics
 
 import torch
@@ -27,7 +29,18 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import fa4
 from bench_fwd import bench, run_meta  # same directory
 
-BATCH, SEQLEN_Q, TILE_M = 4, 4096, 128
+BATCH, SEQLEN_Q = 4, 4096
+CONFIG = pathlib.Path(__file__).resolve().parent.parent / "include/fa4/detail/kernel_config.h"
+
+
+def tile_m(headdim):
+    """Query rows per tile of the (headdim, headdim) bucket, from the kernel's tuning table."""
+    text = CONFIG.read_text()
+    consts = dict(re.findall(r"constexpr int32_t (kHopperTileM\w*) = (\d+);", text))
+    for d, dv, tm in re.findall(r"^\s*\{\s*(\d+)\s*,\s*(\d+)\s*,\s*(\w+)\s*,", text, re.M):
+        if int(d) == headdim and int(dv) == headdim:
+            return int(consts.get(tm, tm))
+    raise SystemExit(f"tile_cost.py: no ({headdim}, {headdim}) row in {CONFIG}")
 SEQLENS_K = [1024, 2048, 4096, 8192, 16384]
 
 
@@ -48,7 +61,7 @@ def main():
     d = args.headdim
     heads = 2048 // d
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    tiles = BATCH * heads * (SEQLEN_Q // TILE_M)
+    tiles = BATCH * heads * -(-SEQLEN_Q // tile_m(d))
     torch.manual_seed(0)
     q = torch.randn(BATCH, SEQLEN_Q, heads, d, device="cuda", dtype=torch.bfloat16)
     qt = q.transpose(1, 2).contiguous()

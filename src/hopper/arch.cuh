@@ -3,7 +3,7 @@
 // Everything else goes through CuTe/CUTLASS. What is here has no CuTe wrapper with the exact
 // semantics we need, or we want the id/count explicit:
 //   * named barriers (bar.sync / bar.arrive) with our own ids: warpgroups synchronise in pairs
-//     (consumer WG <-> consumer WG for the ping-pong of wgmma issue) or alone (a warpgroup's O
+//     (a consumer WG and the one before it in the ping-pong of wgmma issue) or alone (a warpgroup's O
 //     slice staged for the TMA store) without stalling the whole CTA as __syncthreads would;
 //   * ex2.approx.ftz.f32: the MUFU exponential (2^x, ~2 ulp, flushes subnormals) that the FA4
 //     softmax splits against the FMA-pipe polynomial fa4::exp2_emulated;
@@ -28,17 +28,19 @@ enum NamedBarrierId : uint32_t {
   kBarrierEpilogueWG3 = 8,
 };
 
-/// Per-warpgroup barrier ids: WG1/WG2 are adjacent (base + wg, as the two-warpgroup kernels have
-/// always used them), the third warpgroup's come after the shared ones.
-template <int kNumWarpGroups>
-__device__ __forceinline__ uint32_t scheduler_barrier(int wg) {
-  if constexpr (kNumWarpGroups == 2) return kBarrierSchedulerWG1 + wg;
-  else return wg == 2 ? uint32_t(kBarrierSchedulerWG3) : kBarrierSchedulerWG1 + wg;
+/// Id of consumer warpgroup `wg`'s barrier of one per-warpgroup kind: the first two are adjacent
+/// (base + wg, as the two-warpgroup kernels have always numbered them, so their code is unchanged),
+/// a third warpgroup's (tile_m 192) comes after the shared ids.
+__host__ __device__ constexpr uint32_t per_warpgroup_barrier(uint32_t base, uint32_t third, int num_wg, int wg) {
+  return num_wg == 3 && wg == 2 ? third : base + uint32_t(wg);
 }
 template <int kNumWarpGroups>
-__device__ __forceinline__ uint32_t epilogue_barrier(int wg) {
-  if constexpr (kNumWarpGroups == 2) return kBarrierEpilogueWG1 + wg;
-  else return wg == 2 ? uint32_t(kBarrierEpilogueWG3) : kBarrierEpilogueWG1 + wg;
+__host__ __device__ constexpr uint32_t scheduler_barrier(int wg) {
+  return per_warpgroup_barrier(kBarrierSchedulerWG1, kBarrierSchedulerWG3, kNumWarpGroups, wg);
+}
+template <int kNumWarpGroups>
+__host__ __device__ constexpr uint32_t epilogue_barrier(int wg) {
+  return per_warpgroup_barrier(kBarrierEpilogueWG1, kBarrierEpilogueWG3, kNumWarpGroups, wg);
 }
 
 /// Blocks until `num_threads` threads (multiple of 32, whole warps) have arrived at barrier `id`.

@@ -2,7 +2,7 @@
 //
 // Two ways out for O:
 //   * TMA (p.out_tma: batched layout, TMA-aligned out, the tile ran its key loop): each warpgroup
-//     writes its 64 x dv slice with stmatrix into smem — its half of the O buffer where the config
+//     writes its 64 x dv slice with stmatrix into smem — its rows of the O buffer where the config
 //     has one (o_buffer: d64-d128), else the smem of its own Q rows (dead after its last Q K^T) —
 //     and one thread TMA-stores it. The consumers go on to the next tile at once instead of
 //     issuing dv/4 scattered 4-byte stores per thread (measured on H200: the direct store cost 3-6%
@@ -27,9 +27,14 @@ struct Epilogue {
   using Element = typename Kt::Element;
 
   /// Row offset (in elements) of a warpgroup's 64 Q rows inside one Q buffer: whole swizzle atoms,
-  /// so the swizzled layout restricted to those rows is SmemLayoutOHalf from that offset.
-  static constexpr int kHalfOffset = int(cute::get_nonswizzle_portion(typename Kt::SmemLayoutQStage{})(64, 0));
-  static_assert(kHalfOffset * sizeof(Element) % 1024 == 0, "warpgroup rows must start a swizzle atom");
+  /// so the swizzled layout restricted to those rows is SmemLayoutOSlice from that offset.
+  /// Swizzle atoms are tiled down the rows first (tile_to_shape's order), so warpgroup wg's rows
+  /// start at wg * kSliceOffset (asserted for the last warpgroup).
+  static constexpr int kSliceOffset = int(cute::get_nonswizzle_portion(typename Kt::SmemLayoutQStage{})(64, 0));
+  static_assert(kSliceOffset * sizeof(Element) % 1024 == 0, "warpgroup rows must start a swizzle atom");
+  static_assert(int(cute::get_nonswizzle_portion(typename Kt::SmemLayoutQStage{})(64 * (Kt::kNumMmaWarpGroups - 1), 0)) ==
+                    (Kt::kNumMmaWarpGroups - 1) * kSliceOffset,
+                "the last warpgroup's rows are not at a whole multiple of one warpgroup's offset");
 
   /// LSE of this thread's two rows (one lane per quad writes).
   __device__ __forceinline__ static void store_lse(const Params& p, const TileInfo& ti, int tid, const float (&lse)[2]) {
@@ -90,12 +95,12 @@ struct Epilogue {
     using namespace cute;
     const int wg = tid / 128;
     Element* stage = Kt::kOBuffer ? ss.smem_o.data() : ss.smem_q.data() + rq.index() * Kt::kQStageElems;
-    Element* half = stage + wg * kHalfOffset;
+    Element* slice = stage + wg * kSliceOffset;
     if constexpr (Kt::kOBuffer) {
       if (tid % 128 == 0) tma_store_wait<0>();
       arch::named_barrier_sync(arch::epilogue_barrier<Kt::kNumMmaWarpGroups>(wg), cutlass::NumThreadsPerWarpGroup);
     }
-    Tensor sO = make_tensor(make_smem_ptr(half), typename Kt::SmemLayoutOHalf{});  // (64, dv)
+    Tensor sO = make_tensor(make_smem_ptr(slice), typename Kt::SmemLayoutOSlice{});  // (64, dv)
 
     // Normalise and convert to 16 bits in the accumulator's register order.
     Tensor rO = make_tensor<Element>(tOrO.layout());

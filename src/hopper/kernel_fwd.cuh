@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
     return;
   }
   arch::warpgroup_reg_alloc<Kt::kConfig.consumer_regs>();
-  const int tid = threadIdx.x - cutlass::NumThreadsPerWarpGroup;  // 0..255
+  const int tid = threadIdx.x - cutlass::NumThreadsPerWarpGroup;  // 0..kNumMmaThreads-1
   const int wg = tid / 128;
   using Mma = MainloopMma<Kt>;
   Mma::scheduler_init(wg);

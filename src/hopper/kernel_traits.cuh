@@ -43,8 +43,8 @@ struct FwdKernelTraits {
   static_assert(kBlockM % 64 == 0 && (kNumMmaWarpGroups == 2 || kNumMmaWarpGroups == 3),
                 "two or three consumer warpgroups of 64 query rows (named barrier ids in arch.cuh)");
   static_assert(kNumMmaThreads * kConfig.consumer_regs + cutlass::NumThreadsPerWarpGroup * kConfig.producer_regs <=
-                    64 * 1024,
-                "setmaxnreg split over the SM's 64K registers");
+                    detail::kHopperRegisterFile,
+                "setmaxnreg split over the SM's register file");
   static_assert(kBlockN % 16 == 0, "tile_n is the k-extent of the PV wgmma (multiple of 16)");
 
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;    // (M, N, K=d)
@@ -86,16 +86,16 @@ struct FwdKernelTraits {
   // Q buffer — its own (o_buffer) or the tile's Q buffer, dead once that warpgroup's last Q K^T
   // completed — and TMA-stores it from there. A warpgroup writes exactly the smem of ITS OWN 64 Q
   // rows (the Q layout restricted to those rows and the first dv columns), so it never races with
-  // the other warpgroup's Q K^T still reading a shared Q buffer.
+  // another warpgroup's Q K^T still reading a shared Q buffer.
   using SmemLayoutQStage = decltype(tile_to_shape(SmemLayoutAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   static constexpr int kQStageElems = kBlockM * kHeadDim;
   static constexpr bool kOBuffer = kConfig.o_buffer;  // O staged in smem_o instead (same layout)
   static_assert(cosize_v<SmemLayoutQ> == kQStages * kQStageElems, "Q stages are back to back");
   static_assert(kHeadDimV <= kHeadDim, "O is staged in the Q buffer");
-  using SmemLayoutOHalf = decltype(composition(
+  using SmemLayoutOSlice = decltype(composition(
       SmemLayoutQStage{}, make_layout(Shape<_64, Int<kHeadDimV>>{}, Stride<_1, Int<kBlockM>>{})));
-  // One warpgroup's O accumulators (64 x dv): the same per-thread fragment as its half of the
-  // two-warpgroup TiledMmaPV, used to partition the stmatrix copy.
+  // One warpgroup's O accumulators (64 x dv): the same per-thread fragment as its slice of the
+  // tile's TiledMmaPV, used to partition the stmatrix copy.
   using TiledMmaPVWG = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, ElementAccum, Shape<_64, Int<kHeadDimV>, Int<kBlockN>>,
                            GMMA::Major::K, GMMA::Major::MN>()));
@@ -112,7 +112,7 @@ struct FwdKernelTraits {
       take<0, 2>(SmemLayoutQ{}), Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
   using TMA_O = decltype(make_tma_copy(
       SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeQKV{}, StrideQKV{}),
-      SmemLayoutOHalf{}, Shape<_64, Int<kHeadDimV>>{}, _1{}));
+      SmemLayoutOSlice{}, Shape<_64, Int<kHeadDimV>>{}, _1{}));
   using TMA_K = decltype(make_tma_copy(
       SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
       take<0, 2>(SmemLayoutK{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));

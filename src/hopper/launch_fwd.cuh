@@ -84,7 +84,7 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
       make_tma_copy(SM90_TMA_LOAD{}, mVt, take<0, 2>(typename Kt::SmemLayoutVt{}),
                     Shape<Int<kHeadDimV>, Int<Kt::kBlockN>>{}, _1{}),
       // A placeholder descriptor when out_tma is false (never used by the kernel then).
-      make_tma_copy(SM90_TMA_STORE{}, mO, typename Kt::SmemLayoutOHalf{}, Shape<_64, Int<kHeadDimV>>{}, _1{}),
+      make_tma_copy(SM90_TMA_STORE{}, mO, typename Kt::SmemLayoutOSlice{}, Shape<_64, Int<kHeadDimV>>{}, _1{}),
       shape_q, shape_k, shape_vt, shape_o};
   p.out = fp.out;
   p.out_batch_stride = fp.out_stride.batch;

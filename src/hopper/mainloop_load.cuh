@@ -4,7 +4,7 @@
 // hands each index to the consumers; lane 0 issues every TMA (one thread is enough: a TMA moves a
 // whole box asynchronously and signals an mbarrier with the byte count).
 // K and V go through separate stage rings (cutlass::PipelineTmaAsync: a "full" mbarrier per stage
-// completed by TMA bytes, an "empty" mbarrier completed by the 256 consumer threads). V of block j
+// completed by TMA bytes, an "empty" mbarrier completed by every consumer thread). V of block j
 // is issued after K of block j-1 because the consumers use them in that order (S_{j-1} = Q K^T is
 // issued before O += P_j V_j: intra-warpgroup overlap), so neither ring waits on the other.
 // Key blocks are walked from the highest down: the masked diagonal/tail block comes first.

@@ -75,27 +75,31 @@ struct MainloopMma {
   static constexpr int kBlockN = Kt::kBlockN;
   static constexpr int kFragS = kBlockN / 2;  // fp32 S values per thread (64 rows x N / 128)
 
+  /// A turn's barrier counts this warpgroup's 128 threads (sync) and the previous one's (arrive).
+  static constexpr uint32_t kTurnThreads = 2 * cutlass::NumThreadsPerWarpGroup;
   __device__ __forceinline__ static void scheduler_sync(int wg) {
-    if constexpr (Kt::kPingPong) arch::named_barrier_sync(arch::scheduler_barrier<Kt::kNumMmaWarpGroups>(wg), 2 * 128);
+    if constexpr (Kt::kPingPong)
+      arch::named_barrier_sync(arch::scheduler_barrier<Kt::kNumMmaWarpGroups>(wg), kTurnThreads);
   }
   /// Hands the turn to the next warpgroup (round robin over the two or three consumer warpgroups).
   __device__ __forceinline__ static void scheduler_arrive(int wg) {
     if constexpr (Kt::kPingPong) {
+      // (1 - wg for two warpgroups: the modulo costs instructions on the path to every wgmma.)
       const int next = Kt::kNumMmaWarpGroups == 2 ? 1 - wg : (wg + 1) % Kt::kNumMmaWarpGroups;
-      arch::named_barrier_arrive(arch::scheduler_barrier<Kt::kNumMmaWarpGroups>(next), 2 * 128);
+      arch::named_barrier_arrive(arch::scheduler_barrier<Kt::kNumMmaWarpGroups>(next), kTurnThreads);
     }
   }
   /// Warpgroup 0 takes the first turn.
   __device__ __forceinline__ static void scheduler_init(int wg) {
     if constexpr (Kt::kPingPong) {
-      if (wg == 0) arch::named_barrier_arrive(arch::kBarrierSchedulerWG1, 2 * 128);
+      if (wg == 0) arch::named_barrier_arrive(arch::scheduler_barrier<Kt::kNumMmaWarpGroups>(0), kTurnThreads);
     }
   }
 
   /// Runs the key loop of one tile (which has keys; a stream-K piece: the blocks of ti.keys), reading
   /// Q from buffer rq. On return tOrO holds the unnormalised O and softmax the row statistics. The Q
   /// buffer is released here if release_q (else the epilogue stages O in it and releases it).
-  /// `tid` is the thread index among the 256 consumer threads.
+  /// `tid` is the thread index among the consumer threads (0..kNumMmaThreads-1).
   template <class SharedStorage, class FragO>
   __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, Pipeline& pipe_k, Pipeline& pipe_v,
                              PipelineQ& pipe_q, PipelineState& rd, PipelineStateQ rq, const TileInfo& ti,
@@ -172,7 +176,7 @@ struct MainloopMma {
     convert_p();
     // Varlen: rows of the last key block past seqlen_k are another sequence's (or unused seqused_k)
     // rows, not TMA zero fill. Their P is exactly 0, but 0 * NaN = NaN in the PV wgmma, so zero
-    // those V rows in smem once (both warpgroups read the stage; fence for the async proxy).
+    // those V rows in smem once (every consumer warpgroup reads the stage; fence for the async proxy).
     const int32_t valid_in_last = ti.seqlen_k - (ti.keys.n_block_max - 1) * kBlockN;
     if (p.is_varlen && valid_in_last < kBlockN) {
       consumer_wait(pipe_v, rd);

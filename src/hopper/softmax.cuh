@@ -49,8 +49,8 @@ constexpr int kRuntimeSplitPeriod = 16;
 using detail::kLn2;
 using detail::kLog2e;
 
-/// Tile row (0..127) of fragment row r = 0 of consumer thread `tid` (0..255: warpgroup tid / 128);
-/// its row r = 1 is 8 below (layout above).
+/// Tile row (0..tile_m-1) of fragment row r = 0 of consumer thread `tid` (warpgroup tid / 128, 64
+/// rows each); its row r = 1 is 8 below (layout above).
 __device__ __forceinline__ int fragment_row(int tid) {
   return (tid / 128) * 64 + ((tid % 128) / 32) * 16 + (tid % 32) / 4;
 }

@@ -1,6 +1,7 @@
 // tests/gpu/test_hopper_arch.cu — the raw-PTX layer of the Hopper kernels (src/hopper/arch.cuh) on
-// its own: ex2.approx against exp2, quad reductions, named barriers ordering two warp groups, and
-// setmaxnreg accepted in a warp-specialised kernel.
+// its own: ex2.approx against exp2, quad reductions, named barriers ordering two warp groups and
+// three in round robin (with the per-warpgroup barrier ids), and setmaxnreg accepted in a
+// warp-specialised kernel (384 threads with 24/240 registers, 512 with 24/160).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -44,6 +45,65 @@ __global__ void __launch_bounds__(384, 1) barrier_kernel(int* flag_seen, float* 
     quad_out[2 * (threadIdx.x - 256)] = quad_max(float(lane));
     quad_out[2 * (threadIdx.x - 256) + 1] = quad_sum(float(lane));
   }
+}
+
+// 512 threads: three consumer warpgroups take turns through their scheduler barriers exactly as
+// the d64 kernel's ping-pong does (warpgroup 0 pre-arrives on its own barrier; each waits on its
+// own, 128 threads of its own + the previous one's 128-thread arrive, takes its turn and hands it
+// on). The turn log must read 0, 1, 2, 0, 1, 2, ...
+constexpr int kTurnRounds = 16;
+__global__ void __launch_bounds__(512, 1) round_robin_kernel(int* order) {
+  __shared__ volatile int log[3 * kTurnRounds];
+  __shared__ int pos;  // next log slot, claimed atomically (each slot is written once)
+  using namespace fa4::hopper::arch;
+  if (threadIdx.x == 0) pos = 0;
+  __syncthreads();
+  const int wg = threadIdx.x / 128 - 1;  // consumer warpgroup 0..2; -1: the producer
+  if (wg < 0) {
+    warpgroup_reg_dealloc<24>();
+    return;
+  }
+  warpgroup_reg_alloc<160>();
+  if (wg == 0) named_barrier_arrive(scheduler_barrier<3>(0), 256);
+  for (int r = 0; r < kTurnRounds; ++r) {
+    named_barrier_sync(scheduler_barrier<3>(wg), 256);
+    if (threadIdx.x % 128 == 0) log[atomicAdd(&pos, 1)] = wg;
+    named_barrier_arrive(scheduler_barrier<3>((wg + 1) % 3), 256);
+  }
+  named_barrier_sync(kBarrierConsumers, 384);
+  if (threadIdx.x == 128)
+    for (int i = 0; i < 3 * kTurnRounds; ++i) order[i] = log[i];
+}
+
+// Ids of the per-warpgroup barriers: distinct from each other and the shared ones, in 1..15
+// (0 is __syncthreads); two-warpgroup kernels keep base + wg.
+static_assert(fa4::hopper::arch::scheduler_barrier<2>(1) == fa4::hopper::arch::kBarrierSchedulerWG2);
+static_assert(fa4::hopper::arch::epilogue_barrier<2>(1) == fa4::hopper::arch::kBarrierEpilogueWG2);
+TEST(HopperArch, BarrierIdsAreDistinct) {
+  using namespace fa4::hopper::arch;
+  std::vector<uint32_t> ids = {kBarrierConsumers};
+  for (int wg = 0; wg < 3; ++wg) {
+    ids.push_back(scheduler_barrier<3>(wg));
+    ids.push_back(epilogue_barrier<3>(wg));
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_GE(ids[i], 1u);
+    EXPECT_LE(ids[i], 15u);
+    for (size_t j = 0; j < i; ++j) EXPECT_NE(ids[i], ids[j]) << i << " " << j;
+  }
+}
+
+TEST(HopperArch, ThreeWarpgroupRoundRobin) {
+  REQUIRE_HOPPER();
+  int* order;
+  ASSERT_EQ(cudaMalloc(&order, 3 * kTurnRounds * 4), cudaSuccess);
+  cudaMemset(order, 0xff, 3 * kTurnRounds * 4);  // poison: -1
+  round_robin_kernel<<<1, 512>>>(order);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  std::vector<int> h(3 * kTurnRounds);
+  ASSERT_EQ(cudaMemcpy(h.data(), order, h.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaFree(order);
+  for (int i = 0; i < 3 * kTurnRounds; ++i) EXPECT_EQ(h[i], i % 3) << "turn " << i;
 }
 
 TEST(HopperArch, Ex2ApproxMatchesExp2) {

@@ -306,10 +306,11 @@ void run_case(const Case& c, int repeats = 2, Result* first = nullptr) {
 
 TEST(HopperFwd, SeqlenSweepD64D128) {  // C13: every tail length, Sq = Sk and Sq = 1
   REQUIRE_HOPPER();
+  // Around the 128-key and 128-row (d128) / 192-row (d64) tile edges.
   for (DType t : {DType::kBF16, DType::kFP16})
     for (int d : {64, 128})
       for (bool causal : {false, true})
-        for (int s : {1, 17, 63, 65, 113, 127, 129, 1023}) {
+        for (int s : {1, 17, 63, 65, 113, 127, 129, 191, 192, 193, 383, 385, 1023}) {
           Case c; c.dtype = t; c.d = c.dv = d; c.causal = causal; c.seqlen_q = c.seqlen_k = s;
           run_case(c);
           c.seqlen_q = 1; run_case(c, 1);
@@ -397,7 +398,7 @@ TEST(HopperFwd, Varlen) {  // C10, C12 (padding rows untouched), seqused_k
 }
 
 // A persistent CTA runs many tiles in a row through the same Q/K/V stage rings, tile-index ring
-// and softmax state. These shapes give every CTA several consecutive tiles (>= 3x the 132 SMs)
+// and softmax state. These shapes give every CTA several consecutive tiles (>= 2x the 132 SMs)
 // with what can differ between neighbours: key-block counts (causal), tiles without keys in
 // between (seqlen_q > seqlen_k, bottom-right causal), varlen V tails zeroed in smem (NaN in unused
 // K/V rows), the sink, softcap and windows; d64 has two Q buffers, d128 and d256 one; d64/d128
@@ -664,9 +665,11 @@ TEST(HopperFwd, SanitizeSmall) {
   Case d; d.batch = 2; d.heads = d.heads_kv = 80; d.seqlen_q = d.seqlen_k = 129; d.causal = true;
   d.d = d.dv = 64; run_case(d, 1);
   // Two tiles or more per CTA with the TMA epilogue: d128 stages O in its O buffer (the next Q
-  // loads before the store), d256 in the tile's Q buffer (the next Q loads after it).
+  // loads before the store), d256 in the tile's Q buffer (the next Q loads after it), d64 from
+  // three warpgroups (two full 192-row tiles and a 16-row one per head).
   Case f; f.heads = f.heads_kv = 140; f.seqlen_q = f.seqlen_k = 200; run_case(f, 1);
   f.d = f.dv = 256; run_case(f, 1);
+  f.d = f.dv = 64; f.seqlen_q = f.seqlen_k = 400; run_case(f, 1);
 }
 
 }  // namespace

@@ -29,9 +29,9 @@ struct HopperFwdConfig {
   /// at d128 non-causal 4k-16k (bench/results/README.md), so only d64 keeps 2 (equal there).
   int32_t q_stages;
   Exp2Split exp2_split;   ///< default share of exp2 done on the FMA pipe (FA4 Sec. 3)
-  int32_t consumer_regs;  ///< setmaxnreg for the two softmax/MMA warpgroups
+  int32_t consumer_regs;  ///< setmaxnreg for the softmax/MMA warpgroups
   int32_t producer_regs;  ///< setmaxnreg for the TMA producer warpgroup
-  bool pingpong;          ///< named-barrier ordering of the two warpgroups' wgmma issue
+  bool pingpong;          ///< named-barrier ordering (round robin) of the warpgroups' wgmma issue
   /// O is staged for its TMA store in its own smem buffer (tile_m x headdim) instead of the tile's
   /// dead Q buffer: Q is then released right after the last Q K^T, so the next tile's Q loads
   /// under the last P V and the epilogue, and the TMA store is waited for one tile later. Measured
@@ -45,7 +45,9 @@ struct HopperFwdConfig {
 inline constexpr int32_t kHopperConsumerRegs = 240;
 inline constexpr int32_t kHopperConsumerRegs3WG = 160;
 inline constexpr int32_t kHopperProducerRegs = 24;
-inline constexpr int32_t kHopperTileM = 128;
+inline constexpr int32_t kHopperRegisterFile = 64 * 1024;  ///< 32-bit registers per SM (sm_90)
+inline constexpr int32_t kHopperTileM = 128;      ///< two consumer warpgroups
+inline constexpr int32_t kHopperTileM3WG = 192;   ///< three consumer warpgroups
 
 // Exp2 splits are in 8-column groups out of a period of 16 groups (fa4/exp2.h). Emulation pays
 // where the MUFU unit (16 ex2/clk/SM) is the bottleneck and the FMA pipe has room: d96/d128 (+3%
@@ -58,7 +60,7 @@ inline constexpr HopperFwdConfig kHopperFwdConfigs[] = {
     // A/B runs 65-66 at 8k (x cuDNN): two warpgroups 0.90 / 0.91 (non-causal / causal); three with
     // exp2 split 4/16 1.02-1.03 / 0.98-0.99, 2/16 1.06 / 1.01, 1/16 1.10 / 1.03, 0 1.11 / 1.06-1.07:
     // with three warpgroups the FMA pipe, not MUFU, is the scarcer unit, so d64 emulates nothing.
-    {64, 64, 192, 128, 3, 2, Exp2Split{16, 0}, kHopperConsumerRegs3WG, kHopperProducerRegs, true, true},
+    {64, 64, kHopperTileM3WG, 128, 3, 2, Exp2Split{16, 0}, kHopperConsumerRegs3WG, kHopperProducerRegs, true, true},
     {96, 96, kHopperTileM, 128, 2, 1, Exp2Split{16, 3}, kHopperConsumerRegs, kHopperProducerRegs, true, true},
     {128, 128, kHopperTileM, 128, 2, 1, Exp2Split{16, 2}, kHopperConsumerRegs, kHopperProducerRegs, true, true},
     // d192x128: key tile 128 measured +2.4% / +1.7% (non-causal / causal 8k) over 112 (A/B run 51).
