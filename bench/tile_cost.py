@@ -19,8 +19,8 @@ Usage (GPU machine, repo root):
 import argparse
 import json
 import pathlib
-import re
 import statistics
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -29,19 +29,19 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import fa4
 from bench_fwd import bench, run_meta  # same directory
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "scripts"))
+from generate_kernels import config_rows  # noqa: E402  (the one parser of the tuning table)
+
 BATCH, SEQLEN_Q = 4, 4096
-CONFIG = pathlib.Path(__file__).resolve().parent.parent / "include/fa4/detail/kernel_config.h"
+SEQLENS_K = [1024, 2048, 4096, 8192, 16384]
 
 
 def tile_m(headdim):
     """Query rows per tile of the (headdim, headdim) bucket, from the kernel's tuning table."""
-    text = CONFIG.read_text()
-    consts = dict(re.findall(r"constexpr int32_t (kHopperTileM\w*) = (\d+);", text))
-    for d, dv, tm in re.findall(r"^\s*\{\s*(\d+)\s*,\s*(\d+)\s*,\s*(\w+)\s*,", text, re.M):
-        if int(d) == headdim and int(dv) == headdim:
-            return int(consts.get(tm, tm))
-    raise SystemExit(f"tile_cost.py: no ({headdim}, {headdim}) row in {CONFIG}")
-SEQLENS_K = [1024, 2048, 4096, 8192, 16384]
+    for d, dv, tm in config_rows():
+        if d == headdim and dv == headdim:
+            return tm
+    raise SystemExit(f"tile_cost.py: no ({headdim}, {headdim}) row in the tuning table")
 
 
 def fit_line(xs, ys):

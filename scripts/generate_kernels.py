@@ -27,14 +27,21 @@ template void fa4::hopper::run_fwd<{code}, {d}, {dv}>(const fa4::detail::FwdPara
 """
 
 
-def buckets():
+def config_rows():
+    """(headdim, headdim_v, tile_m) of every kHopperFwdConfigs row, tile_m resolved from its named
+    constant (kHopperTileM...) or literal. Also used by bench/tile_cost.py."""
     text = CONFIG.read_text()
+    consts = dict(re.findall(r"constexpr int32_t (kHopperTileM\w*) = (\d+);", text))
     table = text[text.index("kHopperFwdConfigs[] = {"):]
     table = table[: table.index("};")]
-    rows = re.findall(r"^\s*\{\s*(\d+)\s*,\s*(\d+)\s*,", table, re.M)
+    rows = re.findall(r"^\s*\{\s*(\d+)\s*,\s*(\d+)\s*,\s*(\w+)\s*,", table, re.M)
     if not rows:
         sys.exit("generate_kernels.py: could not parse kHopperFwdConfigs")
-    return [(int(d), int(dv)) for d, dv in rows]
+    return [(int(d), int(dv), int(consts.get(tm, tm))) for d, dv, tm in rows]
+
+
+def buckets():
+    return [(d, dv) for d, dv, _ in config_rows()]
 
 
 def files():
