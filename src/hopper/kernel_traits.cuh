@@ -185,6 +185,7 @@ struct FwdKernelTraits {
     float softcap_inv_scale{};   // softmax_scale / softcap (0 when softcap is off)
     bool has_softcap{};
     float tau{};                 // lazy-rescaling threshold, log2 units
+    float lazy_sum_limit{};      // 2^tau: softmax.cuh's step_from_running_max rescales above it
     detail::MaskSpec mask{};
 
     bool exp2_runtime{};         // true: exp2_split below, chosen per call; false: the table's

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "fa4/error.h"
@@ -116,6 +117,7 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   p.softmax_scale_log2 = p.has_softcap ? float(double(fp.softcap) * detail::kLog2eF64) : fp.softmax_scale_log2;
   p.softcap_inv_scale = p.has_softcap ? fp.softmax_scale / fp.softcap : 0.f;
   p.tau = fp.rescale_threshold;
+  p.lazy_sum_limit = std::exp2(fp.rescale_threshold);
   p.mask = fp.mask;
   p.exp2_split = fp.exp2_split;
   p.exp2_runtime = fp.exp2_fraction_given &&

@@ -155,6 +155,26 @@ struct MainloopMma {
 #pragma unroll
       for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= o_scale[(v >> 1) & 1];
     };
+    // S of key block n again, from the Q and K tiles still in smem, for this thread's own entries
+    // (scalar fp32 dot products: warp-local, no wgmma, which would need all four warps). Only for
+    // the rare block whose exponentials overflowed in step_from_running_max.
+    auto recompute_scores = [&](int k_stage) {
+      const int row = fragment_row(tid);
+      // Staged in a local array: a runtime index into tSrS itself would move the whole fragment
+      // to local memory for the entire loop, and unrolling this cold loop cost the hot one spills.
+      float scores[kFragS];
+#pragma unroll 1
+      for (int v = 0; v < kFragS; ++v) {
+        const int m = row + 8 * ((v >> 1) & 1);
+        const int j = (v >> 2) * 8 + col_lane + (v & 1);
+        float acc = 0.f;
+#pragma unroll 1
+        for (int k = 0; k < Kt::kHeadDim; ++k) acc = fmaf(float(sQ(m, k)), float(sK(j, k, k_stage)), acc);
+        scores[v] = acc;
+      }
+#pragma unroll
+      for (int v = 0; v < kFragS; ++v) tSrS(v) = scores[v];
+    };
     auto consumer_wait = [](auto& pipe, auto st) {
       auto token = pipe.consumer_try_wait(st);
       pipe.consumer_wait(st, token);
@@ -202,11 +222,23 @@ struct MainloopMma {
       consumer_wait(pipe_v, rd_v);
       wgmma<false, -1>(mma_pv, tOrP, tOrV(_, _, _, rd_v.index()), tOrO);
       scheduler_arrive(wg);
+      // Rows that have seen a key can start their exponentials from the running max (no block max
+      // in front; softmax.cuh). A row still at -inf (masked so far) needs the block max first.
+      const bool from_running_max = __all_sync(0xffffffffu, softmax.has_finite_max());
       warpgroup_wait<1>();  // S_j ready; the PV wgmma keeps running under the softmax
-      pipe_k.consumer_release(rd);
       score_mod(n);
-      const bool rescale = softmax.template step<Kt::kSplitPeriod, Kt::kSplitEmulated>(tSrS, p.softmax_scale_log2, p.tau, o_scale,
-                                                               p.exp2_runtime, p.exp2_split);
+      bool rescale = false;
+      if (!(from_running_max &&
+            softmax.template step_from_running_max<Kt::kSplitPeriod, Kt::kSplitEmulated>(
+                tSrS, p.softmax_scale_log2, p.lazy_sum_limit, o_scale, p.exp2_runtime, p.exp2_split, rescale))) {
+        if (from_running_max) {  // an exponential overflowed and S is gone: compute it again
+          recompute_scores(rd.index());
+          score_mod(n);
+        }
+        rescale = softmax.template step<Kt::kSplitPeriod, Kt::kSplitEmulated>(tSrS, p.softmax_scale_log2, p.tau, o_scale,
+                                                                              p.exp2_runtime, p.exp2_split);
+      }
+      pipe_k.consumer_release(rd);  // after the softmax: recompute_scores may still read this K
       warpgroup_wait<0>();
       pipe_v.consumer_release(rd_v);
       if (rescale) rescale_o(o_scale);  // warp-uniform branch: skipped for most blocks (lazy)

@@ -11,9 +11,10 @@
 //   * lazy rescaling: the running max m of a row only moves when the block max exceeds it by more
 //     than tau (log2 units). P = 2^(x - m) then stays <= 2^tau (representable in bf16/fp16 P and
 //     harmless to the fp32 O/l accumulators), and the O rescale (dv/2 FMULs per thread) is skipped
-//     for most blocks. The decision is voted per WARP (__any_sync), so the skip is a uniform branch;
-//     when any row of the warp moves, every row of the warp moves to its exact max. The final
-//     normalisation divides by the exact l computed with the same stale m, so the result is exact.
+//     for most blocks. The decision is voted per WARP (__any_sync), so the skip is a uniform branch.
+//     The final normalisation divides by the exact l computed with the same stale m, so the result
+//     is exact. In the key loop's steady state the test runs on the exponentials themselves
+//     (step_from_running_max): no block max sits in front of the exps.
 //   * split exp2: entries of 8-column groups picked by Exp2Split::uses_emulation (same rule as the
 //     CPU) use the FMA-pipe polynomial fa4::exp2_emulated, the rest MUFU ex2.approx; the two pipes
 //     run in parallel.
@@ -61,6 +62,8 @@ template <int kFragSize>
 struct OnlineSoftmax {
   static_assert(kFragSize % 4 == 0, "fragment is ((2,2,N/8))");
   static constexpr float kNegInf = -INFINITY;
+  static constexpr float kOverflowP = 0x1p120f;  ///< step_from_running_max: p this large may have saturated
+  static constexpr float kMaxEmulatedInput = 127.f;  ///< fa4::exp2_emulated's domain (exp2.h)
 
   float row_max[2];  ///< running max in RAW score units (before softmax_scale_log2)
   float row_sum[2];  ///< thread-partial sum of P (quad-reduced at the end)
@@ -70,28 +73,60 @@ struct OnlineSoftmax {
     row_sum[0] = row_sum[1] = 0.f;
   }
 
-  /// Processes one score block in place (S -> P, fp32). Returns true if the warp moved its maxima;
-  /// then o_scale[r] is the factor to apply to O row r (1 for rows that did not move).
-  /// Exponentials of one block: S -> P in place, row sums added. The split rule is a compile-time
-  /// property of each register for StaticExp2Split, a uniform branch for RuntimeExp2Split.
-  template <class Frag, class Split>
-  __device__ __forceinline__ void exp_pass(Frag& s, float scale_log2, const float (&neg_m_scaled)[2],
-                                           const Split& split) {
-    float sum[2] = {0.f, 0.f};
+  /// Exponentials of one block: S -> P = 2^(s * scale_log2 + neg_m_scaled[r]) in place; this
+  /// thread's sums of its P per row go to `sum` (the caller adds them to row_sum). The split rule is
+  /// a compile-time property of each register for StaticExp2Split, a uniform branch for
+  /// RuntimeExp2Split.
+  /// kUnbounded: x may exceed 127 (step_from_running_max), where fa4::exp2_emulated's exponent
+  /// bit-add would wrap into garbage; its input is then capped at 127 (p = 2^127 flags the block
+  /// as overflowed; a NaN passes the comparison unchanged). MUFU saturates to +inf by itself.
+  template <bool kUnbounded = false, class Frag, class Split>
+  __device__ __forceinline__ static void exp_pass(Frag& s, float scale_log2, const float (&neg_m_scaled)[2],
+                                                  const Split& split, float (&sum)[2]) {
+    sum[0] = sum[1] = 0.f;
 #pragma unroll
     for (int v = 0; v < kFragSize; ++v) {
       const int r = (v >> 1) & 1;
-      const float x = fmaf(s(v), scale_log2, neg_m_scaled[r]);
+      float x = fmaf(s(v), scale_log2, neg_m_scaled[r]);
+      if (kUnbounded && split.emulate(v >> 2)) x = x > kMaxEmulatedInput ? kMaxEmulatedInput : x;
       const float p = split.emulate(v >> 2) ? fa4::exp2_emulated(x) : arch::ex2_approx(x);
       s(v) = p;
       sum[r] += p;
     }
-    row_sum[0] += sum[0];
-    row_sum[1] += sum[1];
   }
 
-  /// kPeriod/kEmulated: the config table's default split. runtime_split: use `split` instead (a
-  /// per-call exp2 fraction); only this exp loop is instantiated twice, not the main loop.
+  /// exp_pass with the split in force: the config table's (kPeriod, kEmulated), or `split` when
+  /// runtime_split (a per-call exp2 fraction). The shares the benchmark ablates (0, 1/8, 1/4, 1/2 of
+  /// a 16-group period) get compile-time per-register choices too: a per-register runtime branch
+  /// breaks the MUFU/FMA interleaving the split exists for (measured 2.5-6x slower). Other shares
+  /// take the uniform runtime branch.
+  template <int kPeriod, int kEmulated, bool kUnbounded = false, class Frag>
+  __device__ __forceinline__ static void exp_pass_split(Frag& s, float scale_log2, const float (&neg_m_scaled)[2],
+                                                        bool runtime_split, Exp2Split split, float (&sum)[2]) {
+    if (!runtime_split) {
+      exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, StaticExp2Split<kPeriod, kEmulated>{}, sum);
+    } else if (split.period == kRuntimeSplitPeriod) {
+      switch (split.emulated) {
+        case 0: exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, StaticExp2Split<kRuntimeSplitPeriod, 0>{}, sum); break;
+        case 2: exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, StaticExp2Split<kRuntimeSplitPeriod, 2>{}, sum); break;
+        case 4: exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, StaticExp2Split<kRuntimeSplitPeriod, 4>{}, sum); break;
+        case 8: exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, StaticExp2Split<kRuntimeSplitPeriod, 8>{}, sum); break;
+        default: exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, RuntimeExp2Split{split}, sum); break;
+      }
+    } else {
+      exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, RuntimeExp2Split{split}, sum);
+    }
+  }
+
+  /// True if both of this thread's rows have a finite running max (some key seen), the condition
+  /// for step_from_running_max.
+  __device__ __forceinline__ bool has_finite_max() const {
+    return row_max[0] != kNegInf && row_max[1] != kNegInf;
+  }
+
+  /// Processes one score block in place (S -> P, fp32), block max first. Returns true if the warp
+  /// moved its maxima; then o_scale[r] is the factor to apply to O row r (1 for rows that did not
+  /// move).
   template <int kPeriod, int kEmulated, class Frag>
   __device__ __forceinline__ bool step(Frag& s, float scale_log2, float tau, float (&o_scale)[2],
                                        bool runtime_split, Exp2Split split) {
@@ -134,23 +169,72 @@ struct OnlineSoftmax {
     float neg_m_scaled[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) neg_m_scaled[r] = row_max[r] == kNegInf ? 0.f : -row_max[r] * scale_log2;
-    if (!runtime_split) {
-      exp_pass(s, scale_log2, neg_m_scaled, StaticExp2Split<kPeriod, kEmulated>{});
-    } else if (split.period == kRuntimeSplitPeriod) {
-      // The shares the benchmark ablates (0, 1/8, 1/4, 1/2) get compile-time per-register
-      // choices too: a per-register runtime branch breaks the MUFU/FMA interleaving the split
-      // exists for (measured 2.5-6x slower). Other shares take the uniform runtime branch.
-      switch (split.emulated) {
-        case 0: exp_pass(s, scale_log2, neg_m_scaled, StaticExp2Split<kRuntimeSplitPeriod, 0>{}); break;
-        case 2: exp_pass(s, scale_log2, neg_m_scaled, StaticExp2Split<kRuntimeSplitPeriod, 2>{}); break;
-        case 4: exp_pass(s, scale_log2, neg_m_scaled, StaticExp2Split<kRuntimeSplitPeriod, 4>{}); break;
-        case 8: exp_pass(s, scale_log2, neg_m_scaled, StaticExp2Split<kRuntimeSplitPeriod, 8>{}); break;
-        default: exp_pass(s, scale_log2, neg_m_scaled, RuntimeExp2Split{split}); break;
-      }
-    } else {
-      exp_pass(s, scale_log2, neg_m_scaled, RuntimeExp2Split{split});
-    }
+    float sum[2];
+    exp_pass_split<kPeriod, kEmulated>(s, scale_log2, neg_m_scaled, runtime_split, split, sum);
+    row_sum[0] += sum[0];
+    row_sum[1] += sum[1];
     return rescale;
+  }
+
+  /// The same block without a block max first (the steady state of the key loop): the
+  /// exponentials start from the running max m as it stands, so they begin as soon as S is ready
+  /// and no max reduction (two FMNMX per score, quad shuffles, a vote) sits in front of them.
+  /// The lazy-rescaling test then runs on the exponentials: every p <= 2^tau iff no max moved by
+  /// more than tau, and a thread's sum of its p in a row bounds each of them, so
+  ///     sum <= 2^tau_sum_limit for every row of the warp  ->  no rescale (the common case);
+  /// otherwise (a superset of "the max grew by more than tau": a sum can pass 2^tau with no single
+  /// p above it, which then only costs a rescale FA4 would have skipped) the block maxima are
+  /// read off the exponentials (max p = 2^(blk_max - m)), the rows whose max grew move to it, and
+  /// P, l and O are multiplied by the same factor, so P <= 2^tau holds and out = acc / l stays
+  /// exact. Needs a finite running max in every row (has_finite_max); returns false, with s and
+  /// the statistics unusable for this block, if an exponential overflowed (a max jump of >= 120 in
+  /// log2 units since the last rescale) — the caller recomputes S and runs step() on it.
+  /// Measured on H200 (A/B run 71, d128): the block max in front of the exponentials cost ~2-3%
+  /// of the forward; all of it costs ~5-7% (no max at all, an unusable upper bound).
+  template <int kPeriod, int kEmulated, class Frag>
+  __device__ __forceinline__ bool step_from_running_max(Frag& s, float scale_log2, float sum_limit,
+                                                        float (&o_scale)[2], bool runtime_split, Exp2Split split,
+                                                        bool& rescale) {
+    float neg_m_scaled[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) neg_m_scaled[r] = -row_max[r] * scale_log2;
+    float sum[2];
+    exp_pass_split<kPeriod, kEmulated, /*kUnbounded=*/true>(s, scale_log2, neg_m_scaled, runtime_split, split, sum);
+    o_scale[0] = o_scale[1] = 1.f;
+    // (A NaN sum compares false: NaN scores propagate to O and l as in step().)
+    rescale = __any_sync(0xffffffffu, sum[0] > sum_limit || sum[1] > sum_limit);
+    if (!rescale) {
+      row_sum[0] += sum[0];
+      row_sum[1] += sum[1];
+      return true;
+    }
+    // Rare: max p per row = 2^(block max - m).
+    float pmax[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) pmax[r] = 0.f;
+#pragma unroll
+    for (int v = 0; v < kFragSize; ++v) pmax[(v >> 1) & 1] = fmaxf(pmax[(v >> 1) & 1], s(v));
+    bool overflow = false;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      pmax[r] = arch::quad_max(pmax[r]);
+      // Past 2^120 the exponent may have saturated (MUFU: +inf at 2^128; the FMA-pipe polynomial
+      // has no upper clamp): those p do not tell their scores apart any more.
+      overflow |= !(pmax[r] < kOverflowP);
+    }
+    if (__any_sync(0xffffffffu, overflow)) return false;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (pmax[r] > 1.f) {
+        const float m_new = row_max[r] + log2f(pmax[r]) / scale_log2;
+        o_scale[r] = arch::ex2_approx((row_max[r] - m_new) * scale_log2);
+        row_max[r] = m_new;
+      }
+      row_sum[r] = (row_sum[r] + sum[r]) * o_scale[r];
+    }
+#pragma unroll
+    for (int v = 0; v < kFragSize; ++v) s(v) *= o_scale[(v >> 1) & 1];
+    return true;
   }
 
   /// Final normalisation. o_scale[r] multiplies O row r; lse[r] is the natural-log LSE.

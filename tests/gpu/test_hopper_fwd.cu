@@ -637,10 +637,13 @@ TEST(HopperFwd, StreamKTailMatchesReference) {
 // Random inputs move a row's running max almost only in the first key block, so the lazy-rescaling
 // paths (a warp votes to rescale O and l mid-tile) barely run elsewhere. Here the scores rise from
 // each 128-key block to the one before it, i.e. at every step of the descending key loop: by 7 log2
-// units (below tau = 8: lazily skipped, P up to 2^7), by 20 (a rescale at every block) and by 300
-// (2^300 overflows fp32: a missed rescale would give inf/NaN), with tau = 8 and tau = 0, both
-// exp2 paths, and rows whose keys start only in a later block (causal, seqlen_q < seqlen_k);
-// d256 has 80-key tiles and no exp2 split.
+// units (below tau = 8: no max moves, but a thread's sum of P can pass 2^8, which takes
+// step_from_running_max's rescale path), by 20 (a rescale at every block), by 100 (the block max
+// read off exponentials up to 2^100), by 124 (exponentials past 2^120 count as overflowed: S is
+// recomputed from smem) and by 300 (MUFU gives +inf, the emulated exp2 is capped at 2^127: the
+// same recompute; 2^300 overflows fp32, so a missed rescale would give inf/NaN), with tau = 8 and
+// tau = 0, both exp2 paths, and rows whose keys start only in a later block (causal, seqlen_q <
+// seqlen_k); d256 has 80-key tiles and no exp2 split.
 TEST(HopperFwd, RisingScoresMoveTheMax) {
   REQUIRE_HOPPER();
   for (float ramp : {20.f, 300.f}) {
@@ -648,7 +651,7 @@ TEST(HopperFwd, RisingScoresMoveTheMax) {
     run_case(c, 1);
   }
   for (int d : {64, 128})
-    for (float ramp : {7.f, 20.f, 300.f}) {
+    for (float ramp : {7.f, 20.f, 100.f, 124.f, 300.f}) {
       Case c; c.d = c.dv = d; c.seqlen_q = 300; c.seqlen_k = 600; c.ramp_log2 = ramp; c.seed = 11 + d;
       run_case(c, 1);
       c.causal = true; c.dtype = DType::kFP16; run_case(c, 1);
