@@ -224,21 +224,24 @@ struct MainloopMma {
       scheduler_arrive(wg);
       // Rows that have seen a key can start their exponentials from the running max (no block max
       // in front; softmax.cuh). A row still at -inf (masked so far) needs the block max first.
-      const bool from_running_max = __all_sync(0xffffffffu, softmax.has_finite_max());
+      const bool from_running_max = Kt::kExpFromRunningMax && __all_sync(0xffffffffu, softmax.has_finite_max());
       warpgroup_wait<1>();  // S_j ready; the PV wgmma keeps running under the softmax
+      if constexpr (!Kt::kExpFromRunningMax) pipe_k.consumer_release(rd);
       score_mod(n);
       bool rescale = false;
       if (!(from_running_max &&
             softmax.template step_from_running_max<Kt::kSplitPeriod, Kt::kSplitEmulated>(
                 tSrS, p.softmax_scale_log2, p.lazy_sum_limit, o_scale, p.exp2_runtime, p.exp2_split, rescale))) {
-        if (from_running_max) {  // an exponential overflowed and S is gone: compute it again
-          recompute_scores(rd.index());
-          score_mod(n);
+        if constexpr (Kt::kExpFromRunningMax) {
+          if (from_running_max) {  // an exponential overflowed and S is gone: compute it again
+            recompute_scores(rd.index());
+            score_mod(n);
+          }
         }
         rescale = softmax.template step<Kt::kSplitPeriod, Kt::kSplitEmulated>(tSrS, p.softmax_scale_log2, p.tau, o_scale,
                                                                               p.exp2_runtime, p.exp2_split);
       }
-      pipe_k.consumer_release(rd);  // after the softmax: recompute_scores may still read this K
+      if constexpr (Kt::kExpFromRunningMax) pipe_k.consumer_release(rd);  // recompute_scores may read K
       warpgroup_wait<0>();
       pipe_v.consumer_release(rd_v);
       if (rescale) rescale_o(o_scale);  // warp-uniform branch: skipped for most blocks (lazy)

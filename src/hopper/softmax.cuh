@@ -189,8 +189,10 @@ struct OnlineSoftmax {
   /// exact. Needs a finite running max in every row (has_finite_max); returns false, with s and
   /// the statistics unusable for this block, if an exponential overflowed (a max jump of >= 120 in
   /// log2 units since the last rescale) — the caller recomputes S and runs step() on it.
-  /// Measured on H200 (A/B run 71, d128): the block max in front of the exponentials cost ~2-3%
-  /// of the forward; all of it costs ~5-7% (no max at all, an unusable upper bound).
+  /// Measured on H200 (bench/results/README.md, session 8): with the block max in front, the d128
+  /// forward ran 4-9% slower and d64 8-11% (A/B runs 72, 74); computing that max in parallel with
+  /// the exponentials instead recovered only 0-3% (run 71). Per bucket: kernel_config.h's
+  /// exp_from_running_max.
   template <int kPeriod, int kEmulated, class Frag>
   __device__ __forceinline__ bool step_from_running_max(Frag& s, float scale_log2, float sum_limit,
                                                         float (&o_scale)[2], bool runtime_split, Exp2Split split,

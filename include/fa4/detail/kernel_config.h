@@ -38,6 +38,14 @@ struct HopperFwdConfig {
   /// at d128 +1.0..1.3% causal and Llama, +-0.7% non-causal (A/B run 51); d96 +1.7% / +1.5%,
   /// d64 +0.2..0.3% at 8k and +1.0% / +3.1% at 512 (run 56). Only where the smem fits.
   bool o_buffer;
+  /// Key loop: the exponentials of a block start from the running row max, with no block max in
+  /// front of them; the lazy-rescaling test runs on the exponentials afterwards
+  /// (src/hopper/softmax.cuh, OnlineSoftmax::step). Pays where the softmax sets the pace (A/B runs
+  /// 72/74, x cuDNN at 8k non-causal / causal: d64 1.11 -> 1.20 / 1.04 -> 1.15, d96 1.06 -> 1.13 /
+  /// 1.11 -> 1.17, d128 1.01 -> 1.07 / 1.03 -> 1.10, d192x128 1.09 -> 1.14 / 1.20 -> 1.23); the
+  /// MMA-bound d192 and d256 kernels measured 0.92 / 0.97 of the max-first loop at d192 8k and
+  /// 0.92 at d256 causal 512, so they keep the block max first.
+  bool exp_from_running_max;
 };
 
 /// Registers: 2 x 128 x 240 + 128 x 24 = 64512 <= 65536 per SM (one CTA of 384 threads per SM);
@@ -54,19 +62,20 @@ inline constexpr int32_t kHopperTileM3WG = 192;   ///< three consumer warpgroups
 // at d128 over all-MUFU). d >= 192 is MMA-bound, and d64's three warpgroups fill the FMA pipe with
 // softmax work already (measured below), so everything stays on MUFU there.
 inline constexpr HopperFwdConfig kHopperFwdConfigs[] = {
-    // d, dv, tile_m, tile_n, stages, q_stages, exp2_split, regs (consumer, producer), pingpong, o_buffer
+    // d, dv, tile_m, tile_n, stages, q_stages, exp2_split, regs (consumer, producer), pingpong, o_buffer,
+    // exp_from_running_max
     // d64: three consumer warpgroups (192 query rows, FA3's tile): at d64 a warpgroup's softmax of a
     // block takes ~2x its Q K^T + P V, so two warpgroups leave the tensor core idle half the time.
     // A/B runs 65-66 at 8k (x cuDNN): two warpgroups 0.90 / 0.91 (non-causal / causal); three with
     // exp2 split 4/16 1.02-1.03 / 0.98-0.99, 2/16 1.06 / 1.01, 1/16 1.10 / 1.03, 0 1.11 / 1.06-1.07:
     // with three warpgroups the FMA pipe, not MUFU, is the scarcer unit, so d64 emulates nothing.
-    {64, 64, kHopperTileM3WG, 128, 3, 2, Exp2Split{16, 0}, kHopperConsumerRegs3WG, kHopperProducerRegs, true, true},
-    {96, 96, kHopperTileM, 128, 2, 1, Exp2Split{16, 3}, kHopperConsumerRegs, kHopperProducerRegs, true, true},
-    {128, 128, kHopperTileM, 128, 2, 1, Exp2Split{16, 2}, kHopperConsumerRegs, kHopperProducerRegs, true, true},
+    {64, 64, kHopperTileM3WG, 128, 3, 2, Exp2Split{16, 0}, kHopperConsumerRegs3WG, kHopperProducerRegs, true, true, true},
+    {96, 96, kHopperTileM, 128, 2, 1, Exp2Split{16, 3}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true},
+    {128, 128, kHopperTileM, 128, 2, 1, Exp2Split{16, 2}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true},
     // d192x128: key tile 128 measured +2.4% / +1.7% (non-causal / causal 8k) over 112 (A/B run 51).
-    {192, 128, kHopperTileM, 128, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false},
-    {192, 192, kHopperTileM, 96, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false},
-    {256, 256, kHopperTileM, 80, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false},
+    {192, 128, kHopperTileM, 128, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, true},
+    {192, 192, kHopperTileM, 96, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false},
+    {256, 256, kHopperTileM, 80, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false},
 };
 inline constexpr int32_t kHopperNumFwdConfigs =
     int32_t(sizeof(kHopperFwdConfigs) / sizeof(kHopperFwdConfigs[0]));
