@@ -9,7 +9,7 @@ ablation of the FA4 knobs (exp2 emulation share, lazy rescaling tau, tile schedu
 FA4_HOPPER_SCHED and FA4_HOPPER_LPT, the stream-K split of the last round via
 FA4_HOPPER_STREAMK). FLOPs = 4*b*h*sq*sk*d (x0.5 causal).
 
-Usage (on the GPU machine, from the repo root):
+Usage (on the GPU machine, from the repo root; --rounds N interleaved rounds per comparison, default 3):
     PYTHONPATH=python FA4_LIBRARY=build-hopper/src/libfa4.so python3 bench/bench_fwd.py OUT.json [--quick]
 Writes OUT.json (git commit, GPU, clocks, date, versions, rows) and OUT.png (plot).
 """
@@ -18,6 +18,7 @@ import contextlib
 import datetime
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -92,30 +93,54 @@ def time_fa4(q, k, v, causal, **kw):
     return bench(lambda: fa4.flash_attn_func(q, k, v, causal=causal, **kw))
 
 
-def time_sdpa(q, k, v, causal, backend):
+def sdpa_fn(q, k, v, causal, backend):
+    """A call of torch SDPA restricted to `backend` on (q, k, v), or None where the backend fails."""
     # SDPA takes (b, h, s, d); give it its natural contiguous layout. GQA via enable_gqa.
     qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
     gqa = qt.shape[1] != kt.shape[1]
+
+    def fn():
+        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=gqa)
     try:
         with sdpa_kernel([backend]):
-            fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=gqa)
             fn()
-            return bench(fn)
+        return fn
     except Exception:
         return None
 
 
+ROUNDS = 3  # set by --rounds
+
+
 def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
-    """Time fa4 and torch SDPA's cuDNN and FLASH backends on (q, k, v) and fill row r, in this order:
-    r["fa4"]; with no_split, r["fa4_no_split"] (fa4 again with FA4_HOPPER_STREAMK=0); r["cudnn"], r["flash"] (None where the backend fails); all in TFLOP/s for `flops`; then
-    r["ratio_cudnn"] = fa4/cudnn (None without cuDNN). Returns r."""
-    r["fa4"] = tflops(flops, time_fa4(q, k, v, causal))
+    """Time fa4 and torch SDPA's cuDNN and FLASH backends on (q, k, v) and fill row r: r["fa4"]; with
+    no_split, r["fa4_no_split"] (fa4 again with FA4_HOPPER_STREAMK=0); r["cudnn"], r["flash"] (None
+    where the backend fails); all in TFLOP/s for `flops`; then r["ratio_cudnn"] = fa4/cudnn (None
+    without cuDNN). Each is the median over ROUNDS rounds that run every contender once, in an
+    order rotated per round, so clock and thermal drift hit all of them alike (one pass measured
+    cuDNN 7-12% apart between neighbouring runs of session 7-8). Returns r."""
+    fns = {"fa4": lambda: fa4.flash_attn_func(q, k, v, causal=causal)}
+    backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
     if no_split:
-        with hopper_env(STREAMK="0"):
-            r["fa4_no_split"] = tflops(flops, time_fa4(q, k, v, causal))
-    for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
-        ms = time_sdpa(q, k, v, causal, be)
-        r[name] = tflops(flops, ms) if ms else None
+        def no_split_fn():
+            with hopper_env(STREAMK="0"):
+                return fa4.flash_attn_func(q, k, v, causal=causal)
+        fns["fa4_no_split"] = no_split_fn
+    for name, be in backends.items():
+        fn = sdpa_fn(q, k, v, causal, be)
+        if fn:
+            fns[name] = fn
+        else:
+            r[name] = None
+    names = list(fns)
+    times = {n: [] for n in names}
+    for i in range(ROUNDS):
+        for n in names[i % len(names):] + names[:i % len(names)]:
+            with sdpa_kernel([backends[n]]) if n in backends else contextlib.nullcontext():
+                times[n].append(bench(fns[n]))
+    for n in names:
+        r[n] = tflops(flops, statistics.median(times[n]))
+    r["rounds"] = ROUNDS
     r["ratio_cudnn"] = round(r["fa4"] / r["cudnn"], 3) if r["cudnn"] else None
     return r
 
@@ -133,7 +158,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out_json")
     ap.add_argument("--quick", action="store_true", help="d64/d128 only, fewer seqlens, no ablation")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved rounds per fa4/SDPA comparison (median); ablation rows run once")
     args = ap.parse_args()
+    global ROUNDS
+    ROUNDS = args.rounds
     meta = run_meta()
     print(json.dumps(meta), flush=True)
     rows = []
