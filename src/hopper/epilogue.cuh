@@ -3,7 +3,7 @@
 // Two ways out for O:
 //   * TMA (p.out_tma: batched layout, TMA-aligned out, the tile ran its key loop): each warpgroup
 //     writes its 64 x dv slice with stmatrix into smem — its rows of the O buffer where the config
-//     has one (o_buffer: d64-d128), else the smem of its own Q rows (dead after its last Q K^T) —
+//     has one (o_buffer: d64-d128), else the smem of its own Q rows (dead after its last softmax) —
 //     and one thread TMA-stores it. The consumers go on to the next tile at once instead of
 //     issuing dv/4 scattered 4-byte stores per thread (measured on H200: the direct store cost 3-6%
 //     of the d128 forward). TMA clips rows past seqlen_q and columns past the real headdim_v.

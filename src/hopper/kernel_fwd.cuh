@@ -13,7 +13,7 @@
 // ring; shared memory holds TMA stage rings
 // for Q, K and V. Q has q_stages buffers (with 2 — d64 — the next tile's Q loads during this tile;
 // with 1 it loads once the buffer is free). O is staged for its TMA store in its own buffer where
-// the config has one (o_buffer: d64-d128; the Q buffer is then free after the tile's last Q K^T),
+// the config has one (o_buffer: d64-d128; the Q buffer is then free after the tile's key loop),
 // else in the finished tile's Q buffer, which the epilogue frees after the store has read it.
 #pragma once
 

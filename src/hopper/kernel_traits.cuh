@@ -84,8 +84,9 @@ struct FwdKernelTraits {
       SmemLayoutAtomVt{}, Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{}));
 
   // The epilogue stages each warpgroup's 64 x dv slice of O (16-bit) in a buffer laid out like one
-  // Q buffer — its own (o_buffer) or the tile's Q buffer, dead once that warpgroup's last Q K^T
-  // completed — and TMA-stores it from there. A warpgroup writes exactly the smem of ITS OWN 64 Q
+  // Q buffer — its own (o_buffer) or the tile's Q buffer, dead once that warpgroup's key loop is
+  // done (its last Q K^T, and its last softmax, whose overflow path re-reads Q: softmax.cuh) — and
+  // TMA-stores it from there. A warpgroup writes exactly the smem of ITS OWN 64 Q
   // rows (the Q layout restricted to those rows and the first dv columns), so it never races with
   // another warpgroup's Q K^T still reading a shared Q buffer.
   using SmemLayoutQStage = decltype(tile_to_shape(SmemLayoutAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));

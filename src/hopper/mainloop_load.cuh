@@ -122,7 +122,7 @@ struct MainloopLoad {
     };
 
     // Q is read once per tile, so it comes from HBM. With one Q buffer its TMA load below waits
-    // until the previous tile's last Q K^T (with an O buffer) or its epilogue's store of O from
+    // until the previous tile's key loop (with an O buffer) or its epilogue's store of O from
     // that buffer, and then pays the full HBM latency before the first Q K^T. The producer gets
     // here when it has issued the previous tile's last K/V block, i.e. about `stages` key blocks
     // before that tile ends (fewer if it had fewer): pull Q into L2 now (A/B runs 26-27: d128

@@ -155,25 +155,17 @@ struct MainloopMma {
 #pragma unroll
       for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= o_scale[(v >> 1) & 1];
     };
-    // S of key block n again, from the Q and K tiles still in smem, for this thread's own entries
-    // (scalar fp32 dot products: warp-local, no wgmma, which would need all four warps). Only for
-    // the rare block whose exponentials overflowed in step_from_running_max.
-    auto recompute_scores = [&](int k_stage) {
-      const int row = fragment_row(tid);
-      // Staged in a local array: a runtime index into tSrS itself would move the whole fragment
-      // to local memory for the entire loop, and unrolling this cold loop cost the hot one spills.
-      float scores[kFragS];
+    // The raw score (softcap applied, no mask) of this thread's fragment entry v of the key block
+    // in K stage `k_stage`, again, from the Q and K tiles still in smem (a scalar fp32 dot
+    // product: warp-local, where a wgmma would need all four warps). Only for the exponentials
+    // that overflowed in step_from_running_max (softmax.cuh).
+    auto score_at = [&](int k_stage, int v) {
+      const int m = fragment_row(tid) + 8 * ((v >> 1) & 1);
+      const int j = (v >> 2) * 8 + col_lane + (v & 1);
+      float acc = 0.f;
 #pragma unroll 1
-      for (int v = 0; v < kFragS; ++v) {
-        const int m = row + 8 * ((v >> 1) & 1);
-        const int j = (v >> 2) * 8 + col_lane + (v & 1);
-        float acc = 0.f;
-#pragma unroll 1
-        for (int k = 0; k < Kt::kHeadDim; ++k) acc = fmaf(float(sQ(m, k)), float(sK(j, k, k_stage)), acc);
-        scores[v] = acc;
-      }
-#pragma unroll
-      for (int v = 0; v < kFragS; ++v) tSrS(v) = scores[v];
+      for (int k = 0; k < Kt::kHeadDim; ++k) acc = fmaf(float(sQ(m, k)), float(sK(j, k, k_stage)), acc);
+      return p.has_softcap ? tanhf(acc * p.softcap_inv_scale) : acc;
     };
     auto consumer_wait = [](auto& pipe, auto st) {
       auto token = pipe.consumer_try_wait(st);
@@ -224,30 +216,32 @@ struct MainloopMma {
       scheduler_arrive(wg);
       // Rows that have seen a key can start their exponentials from the running max (no block max
       // in front; softmax.cuh). A row still at -inf (masked so far) needs the block max first.
-      const bool from_running_max = Kt::kExpFromRunningMax && __all_sync(0xffffffffu, softmax.has_finite_max());
+      bool from_running_max = false;
+      if constexpr (Kt::kExpFromRunningMax) from_running_max = __all_sync(0xffffffffu, softmax.has_finite_max());
       warpgroup_wait<1>();  // S_j ready; the PV wgmma keeps running under the softmax
       if constexpr (!Kt::kExpFromRunningMax) pipe_k.consumer_release(rd);
       score_mod(n);
       bool rescale = false;
-      if (!(from_running_max &&
-            softmax.template step_from_running_max<Kt::kSplitPeriod, Kt::kSplitEmulated>(
-                tSrS, p.softmax_scale_log2, p.lazy_sum_limit, o_scale, p.exp2_runtime, p.exp2_split, rescale))) {
-        if constexpr (Kt::kExpFromRunningMax) {
-          if (from_running_max) {  // an exponential overflowed and S is gone: compute it again
-            recompute_scores(rd.index());
-            score_mod(n);
-          }
+      if constexpr (Kt::kExpFromRunningMax) {
+        if (from_running_max) {
+          const int k_stage = rd.index();
+          softmax.template step_from_running_max<Kt::kSplitPeriod, Kt::kSplitEmulated>(
+              tSrS, p.softmax_scale_log2, p.lazy_sum_limit, o_scale, p.exp2_runtime, p.exp2_split, rescale,
+              [&](int v) { return score_at(k_stage, v); });
         }
+      }
+      if (!from_running_max) {
         rescale = softmax.template step<Kt::kSplitPeriod, Kt::kSplitEmulated>(tSrS, p.softmax_scale_log2, p.tau, o_scale,
                                                                               p.exp2_runtime, p.exp2_split);
       }
-      if constexpr (Kt::kExpFromRunningMax) pipe_k.consumer_release(rd);  // recompute_scores may read K
+      if constexpr (Kt::kExpFromRunningMax) pipe_k.consumer_release(rd);  // (score_at may read this K)
       warpgroup_wait<0>();
       pipe_v.consumer_release(rd_v);
       if (rescale) rescale_o(o_scale);  // warp-uniform branch: skipped for most blocks (lazy)
       convert_p();
     }
-    // Every Q K^T of this tile is done: the producer may load another Q into this buffer.
+    // Every Q K^T and softmax of this tile is done (score_at reads Q): the producer may load
+    // another Q into this buffer.
     if (release_q) pipe_q.consumer_release(rq);
     consumer_wait(pipe_v, rd);
     wgmma<false, 0>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);

@@ -14,7 +14,8 @@
 //     for most blocks. The decision is voted per WARP (__any_sync), so the skip is a uniform branch.
 //     The final normalisation divides by the exact l computed with the same stale m, so the result
 //     is exact. In the key loop's steady state the test runs on the exponentials themselves
-//     (step_from_running_max): no block max sits in front of the exps.
+//     (step_from_running_max): no block max sits in front of the exps, and a moved max is read off
+//     them (up to the ex2/log2 rounding, which l and O share).
 //   * split exp2: entries of 8-column groups picked by Exp2Split::uses_emulation (same rule as the
 //     CPU) use the FMA-pipe polynomial fa4::exp2_emulated, the rest MUFU ex2.approx; the two pipes
 //     run in parallel.
@@ -62,7 +63,7 @@ template <int kFragSize>
 struct OnlineSoftmax {
   static_assert(kFragSize % 4 == 0, "fragment is ((2,2,N/8))");
   static constexpr float kNegInf = -INFINITY;
-  static constexpr float kOverflowP = 0x1p120f;  ///< step_from_running_max: p this large may have saturated
+  static constexpr float kOverflowP = 0x1p120f;  ///< step_from_running_max: an exponential this large may have saturated
   static constexpr float kMaxEmulatedInput = 127.f;  ///< fa4::exp2_emulated's domain (exp2.h)
 
   float row_max[2];  ///< running max in RAW score units (before softmax_scale_log2)
@@ -179,64 +180,108 @@ struct OnlineSoftmax {
   /// The same block without a block max first (the steady state of the key loop): the
   /// exponentials start from the running max m as it stands, so they begin as soon as S is ready
   /// and no max reduction (two FMNMX per score, quad shuffles, a vote) sits in front of them.
-  /// The lazy-rescaling test then runs on the exponentials: every p <= 2^tau iff no max moved by
-  /// more than tau, and a thread's sum of its p in a row bounds each of them, so
-  ///     sum <= 2^tau_sum_limit for every row of the warp  ->  no rescale (the common case);
-  /// otherwise (a superset of "the max grew by more than tau": a sum can pass 2^tau with no single
-  /// p above it, which then only costs a rescale FA4 would have skipped) the block maxima are
-  /// read off the exponentials (max p = 2^(blk_max - m)), the rows whose max grew move to it, and
-  /// P, l and O are multiplied by the same factor, so P <= 2^tau holds and out = acc / l stays
-  /// exact. Needs a finite running max in every row (has_finite_max); returns false, with s and
-  /// the statistics unusable for this block, if an exponential overflowed (a max jump of >= 120 in
-  /// log2 units since the last rescale) — the caller recomputes S and runs step() on it.
+  /// The lazy-rescaling test then runs on the exponentials: a max grew by more than tau iff some
+  /// p > 2^tau, and a thread's sum of its p in a row bounds each of them, so
+  ///     every sum <= sum_limit (= 2^tau) in the warp  ->  no rescale (the common case).
+  /// Otherwise the block maxima are read off the exponentials (max p = 2^(block max - m)); if none
+  /// passes 2^tau (the sum was large, no single p) nothing moves either, so the trigger is exactly
+  /// FA4's. If one does, the rows whose max grew move to it and P, l and O are multiplied by one
+  /// factor: P <= 2^tau holds and out = acc / l stays exact. An exponential at or past 2^120 may
+  /// have saturated (MUFU gives +inf from 2^128, exp_pass caps the emulated ones at 2^127): those
+  /// entries' scores are computed again by score_at(v) (the raw score of fragment entry v after
+  /// softcap, from the tiles in smem) and the block is rescaled from log2 units
+  /// (rescale_after_overflow). Needs a finite running max in every row of the warp
+  /// (has_finite_max).
   /// Measured on H200 (bench/results/README.md, session 8): with the block max in front, the d128
   /// forward ran 4-9% slower and d64 8-11% (A/B runs 72, 74); computing that max in parallel with
   /// the exponentials instead recovered only 0-3% (run 71). Per bucket: kernel_config.h's
   /// exp_from_running_max.
-  template <int kPeriod, int kEmulated, class Frag>
-  __device__ __forceinline__ bool step_from_running_max(Frag& s, float scale_log2, float sum_limit,
+  template <int kPeriod, int kEmulated, class Frag, class ScoreAt>
+  __device__ __forceinline__ void step_from_running_max(Frag& s, float scale_log2, float sum_limit,
                                                         float (&o_scale)[2], bool runtime_split, Exp2Split split,
-                                                        bool& rescale) {
+                                                        bool& rescale, const ScoreAt& score_at) {
     float neg_m_scaled[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) neg_m_scaled[r] = -row_max[r] * scale_log2;
     float sum[2];
     exp_pass_split<kPeriod, kEmulated, /*kUnbounded=*/true>(s, scale_log2, neg_m_scaled, runtime_split, split, sum);
     o_scale[0] = o_scale[1] = 1.f;
+    rescale = false;
     // (A NaN sum compares false: NaN scores propagate to O and l as in step().)
-    rescale = __any_sync(0xffffffffu, sum[0] > sum_limit || sum[1] > sum_limit);
-    if (!rescale) {
-      row_sum[0] += sum[0];
-      row_sum[1] += sum[1];
-      return true;
+    if (__any_sync(0xffffffffu, sum[0] > sum_limit || sum[1] > sum_limit)) {
+      // Rare: max p per row = 2^(block max - m).
+      float pmax[2] = {0.f, 0.f};
+#pragma unroll
+      for (int v = 0; v < kFragSize; ++v) pmax[(v >> 1) & 1] = fmaxf(pmax[(v >> 1) & 1], s(v));
+#pragma unroll
+      for (int r = 0; r < 2; ++r) pmax[r] = arch::quad_max(pmax[r]);
+      if (__any_sync(0xffffffffu, !(pmax[0] < kOverflowP) || !(pmax[1] < kOverflowP))) {
+        rescale_after_overflow(s, scale_log2, neg_m_scaled, o_scale, score_at);
+        rescale = true;
+        return;
+      }
+      rescale = __any_sync(0xffffffffu, pmax[0] > sum_limit || pmax[1] > sum_limit);
+      if (rescale) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          if (pmax[r] > 1.f) {
+            const float m_new = row_max[r] + log2f(pmax[r]) / scale_log2;
+            o_scale[r] = arch::ex2_approx((row_max[r] - m_new) * scale_log2);
+            row_max[r] = m_new;
+          }
+          sum[r] *= o_scale[r];
+          row_sum[r] *= o_scale[r];
+        }
+#pragma unroll
+        for (int v = 0; v < kFragSize; ++v) s(v) *= o_scale[(v >> 1) & 1];
+      }
     }
-    // Rare: max p per row = 2^(block max - m).
-    float pmax[2];
+    row_sum[0] += sum[0];
+    row_sum[1] += sum[1];
+  }
+
+  /// step_from_running_max's block after an exponential reached 2^120: every entry back to log2
+  /// units relative to m (x = log2 p, or, where p may have saturated, from score_at), the rows'
+  /// maxima from those, and P recomputed against them (MUFU only). Rarer still than a rescale: a
+  /// score jump of >= 120 log2 units since the last one. Runs through a local array with
+  /// non-unrolled loops (unrolled, the 64 inlined score_at loops cost the hot loop spills; an index
+  /// into the register fragment itself would put the fragment in local memory for the whole loop).
+  template <class Frag, class ScoreAt>
+  __device__ __forceinline__ void rescale_after_overflow(Frag& s, float scale_log2, const float (&neg_m_scaled)[2],
+                                                      float (&o_scale)[2], const ScoreAt& score_at) {
+    float x[kFragSize];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) pmax[r] = 0.f;
-#pragma unroll
-    for (int v = 0; v < kFragSize; ++v) pmax[(v >> 1) & 1] = fmaxf(pmax[(v >> 1) & 1], s(v));
-    bool overflow = false;
+    for (int v = 0; v < kFragSize; ++v) x[v] = s(v);
+    float xmax[2] = {kNegInf, kNegInf};
+#pragma unroll 1
+    for (int v = 0; v < kFragSize; ++v) {
+      const int r = (v >> 1) & 1;
+      // (A NaN p takes the score_at branch and stays NaN.)
+      x[v] = x[v] < kOverflowP ? log2f(x[v]) : fmaf(score_at(v), scale_log2, neg_m_scaled[r]);
+      xmax[r] = fmaxf(xmax[r], x[v]);
+    }
+    float shift[2], sum[2] = {0.f, 0.f};
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      pmax[r] = arch::quad_max(pmax[r]);
-      // Past 2^120 the exponent may have saturated (MUFU: +inf at 2^128; the FMA-pipe polynomial
-      // has no upper clamp): those p do not tell their scores apart any more.
-      overflow |= !(pmax[r] < kOverflowP);
-    }
-    if (__any_sync(0xffffffffu, overflow)) return false;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      if (pmax[r] > 1.f) {
-        const float m_new = row_max[r] + log2f(pmax[r]) / scale_log2;
-        o_scale[r] = arch::ex2_approx((row_max[r] - m_new) * scale_log2);
+      xmax[r] = arch::quad_max(xmax[r]);
+      shift[r] = 0.f;
+      if (xmax[r] > 0.f) {  // the row's max grew: move it (never down)
+        const float m_new = row_max[r] + xmax[r] / scale_log2;
+        shift[r] = (m_new - row_max[r]) * scale_log2;
+        o_scale[r] = arch::ex2_approx(-shift[r]);
         row_max[r] = m_new;
       }
-      row_sum[r] = (row_sum[r] + sum[r]) * o_scale[r];
+    }
+#pragma unroll 1
+    for (int v = 0; v < kFragSize; ++v) {
+      const int r = (v >> 1) & 1;
+      x[v] = arch::ex2_approx(x[v] - shift[r]);
+      sum[r] += x[v];
     }
 #pragma unroll
-    for (int v = 0; v < kFragSize; ++v) s(v) *= o_scale[(v >> 1) & 1];
-    return true;
+    for (int v = 0; v < kFragSize; ++v) s(v) = x[v];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) row_sum[r] = row_sum[r] * o_scale[r] + sum[r];
   }
 
   /// Final normalisation. o_scale[r] multiplies O row r; lse[r] is the natural-log LSE.

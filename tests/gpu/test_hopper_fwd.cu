@@ -636,14 +636,20 @@ TEST(HopperFwd, StreamKTailMatchesReference) {
 
 // Random inputs move a row's running max almost only in the first key block, so the lazy-rescaling
 // paths (a warp votes to rescale O and l mid-tile) barely run elsewhere. Here the scores rise from
-// each 128-key block to the one before it, i.e. at every step of the descending key loop: by 7 log2
-// units (below tau = 8: no max moves, but a thread's sum of P can pass 2^8, which takes
-// step_from_running_max's rescale path), by 20 (a rescale at every block), by 100 (the block max
-// read off exponentials up to 2^100), by 124 (exponentials past 2^120 count as overflowed: S is
-// recomputed from smem) and by 300 (MUFU gives +inf, the emulated exp2 is capped at 2^127: the
-// same recompute; 2^300 overflows fp32, so a missed rescale would give inf/NaN), with tau = 8 and
-// tau = 0, both exp2 paths, and rows whose keys start only in a later block (causal, seqlen_q <
-// seqlen_k); d256 has 80-key tiles and no exp2 split.
+// each key block to the one before it, i.e. at every step of the descending key loop, by:
+//   * 7 log2 units: below tau = 8, so no max moves, but a thread's sum of P passes 2^8 and takes
+//     step_from_running_max's read-off path, which must then leave m alone;
+//   * 20: a rescale at every block;
+//   * 100: the block max read off exponentials up to 2^100;
+//   * 124: exponentials past 2^120 count as overflowed; their scores are recomputed from smem
+//     (rescale_after_overflow);
+//   * 300: MUFU gives +inf and the emulated exp2 is capped at 2^127: the same recompute. 2^300
+//     overflows fp32, so a missed rescale would give inf/NaN.
+// Each with tau = 8 and tau = 0, both exp2 paths and every exponential emulated (the 127 cap
+// alone must flag the overflow), and rows whose keys start only in a later block (causal,
+// seqlen_q < seqlen_k). Also: d96 and d192x128 (other smem layouts for the recompute), head dim 112
+// on the 128 bucket (zero-filled columns), a left window (masked entries inside the key loop) and
+// d256 (80-key tiles, the max-first loop of the MMA-bound buckets).
 TEST(HopperFwd, RisingScoresMoveTheMax) {
   REQUIRE_HOPPER();
   for (float ramp : {20.f, 300.f}) {
@@ -656,7 +662,15 @@ TEST(HopperFwd, RisingScoresMoveTheMax) {
       run_case(c, 1);
       c.causal = true; c.dtype = DType::kFP16; run_case(c, 1);
       c.tau = 0.f; c.exp2_fraction = 0.5f; run_case(c, 1);
+      c.tau = 8.f; c.exp2_fraction = 1.f; run_case(c, 1);
     }
+  for (float ramp : {100.f, 300.f}) {
+    Case c; c.seqlen_q = 300; c.seqlen_k = 600; c.ramp_log2 = ramp;
+    c.d = c.dv = 96; run_case(c, 1);
+    c.d = 192; c.dv = 128; c.causal = true; run_case(c, 1);
+    c.d = c.dv = 112; c.causal = false; run_case(c, 1);
+    c.d = c.dv = 128; c.window_left = 300; c.window_right = 0; run_case(c, 1);
+  }
 }
 
 // ---- sanitizer subset (small, every code path once) ----------------------------------------------
