@@ -84,16 +84,19 @@ struct OnlineSoftmax {
   template <bool kUnbounded = false, class Frag, class Split>
   __device__ __forceinline__ static void exp_pass(Frag& s, float scale_log2, const float (&neg_m_scaled)[2],
                                                   const Split& split, float (&sum)[2]) {
-    sum[0] = sum[1] = 0.f;
+    // Accumulated in locals, written out once: accumulating through the reference kept the sums in
+    // local memory (a store per exponential) in the runtime-split branch.
+    float acc0 = 0.f, acc1 = 0.f;
 #pragma unroll
     for (int v = 0; v < kFragSize; ++v) {
-      const int r = (v >> 1) & 1;
-      float x = fmaf(s(v), scale_log2, neg_m_scaled[r]);
+      float x = fmaf(s(v), scale_log2, neg_m_scaled[(v >> 1) & 1]);
       if (kUnbounded && split.emulate(v >> 2)) x = x > kMaxEmulatedInput ? kMaxEmulatedInput : x;
       const float p = split.emulate(v >> 2) ? fa4::exp2_emulated(x) : arch::ex2_approx(x);
       s(v) = p;
-      sum[r] += p;
+      if ((v >> 1) & 1) acc1 += p; else acc0 += p;
     }
+    sum[0] = acc0;
+    sum[1] = acc1;
   }
 
   /// exp_pass with the split in force: the config table's (kPeriod, kEmulated), or `split` when
