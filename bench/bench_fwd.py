@@ -130,7 +130,7 @@ def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
             fns[name] = (fn, lambda be=be: sdpa_kernel([be]))
     names = list(fns)
     times = {n: [] for n in names}
-    for i in range(max(ROUNDS, 1)):
+    for i in range(ROUNDS):
         for n in names[i % len(names):] + names[:i % len(names)]:
             fn, ctx = fns[n]
             try:
@@ -138,10 +138,10 @@ def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
                     times[n].append(bench(fn))
             except Exception as e:  # a backend failing mid-run: record None, keep the run
                 print(f"# {n} failed: {str(e).splitlines()[0][:120]}", file=sys.stderr)
-    for n in ("fa4", "fa4_no_split", "cudnn", "flash"):
-        if n in fns or n in ("cudnn", "flash"):
-            r[n] = tflops(flops, statistics.median(times[n])) if times.get(n) else None
-    r["rounds"] = max(ROUNDS, 1)
+    # Every contender gets a key (None if it could not be timed), fa4_no_split only when asked for.
+    for n in ["fa4"] + (["fa4_no_split"] if no_split else []) + ["cudnn", "flash"]:
+        r[n] = tflops(flops, statistics.median(times[n])) if times.get(n) else None
+    r["rounds"] = ROUNDS
     r["ratio_cudnn"] = round(r["fa4"] / r["cudnn"], 3) if r["fa4"] and r["cudnn"] else None
     return r
 
@@ -162,6 +162,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3,
                     help="interleaved rounds per fa4/SDPA comparison (median); ablation rows run once")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
     global ROUNDS
     ROUNDS = args.rounds
     meta = run_meta()

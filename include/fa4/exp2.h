@@ -67,8 +67,9 @@ struct Exp2EmulationConsts {
 ///   5. add j << 23 to p's bits as an integer, i.e. multiply by 2^j through the exponent field.
 /// Domain: inputs are assumed <= 127 (larger inputs overflow the exponent field into garbage; in
 /// attention with the block max first the argument is s - m <= rescale_threshold <= 8, and the
-/// Hopper key loop, which starts from the running max, caps it at 127 itself: softmax.cuh). Special values: NaN -> NaN (the
-/// input NaN itself), -inf -> exactly +0, x <= -127 -> +0, integers -> exact powers of two.
+/// Hopper key loop, which starts from the running max, caps it at 127 itself: softmax.cuh).
+/// Special values: NaN -> NaN (the input NaN itself), -inf -> exactly +0, x <= -127 -> +0,
+/// integers -> exact powers of two.
 /// Accuracy: relative error <= Exp2Poly3::max_rel_error where the result is a normal float
 /// (x >= -126). For x in (-127, -126) the true result is subnormal, which the exponent bit-add
 /// cannot form: the result is (p - 1) * 2^-126 instead of p * 2^-127 (absolute error <= 2^-127,
