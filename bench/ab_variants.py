@@ -10,15 +10,14 @@ stored next to its time, so a broken variant shows up in the same line.
 
 Usage (on the GPU machine, repo root):
     PYTHONPATH=python python3 bench/ab_variants.py OUT.json base=path/libfa4.so new=other/libfa4.so
-A variant may also set environment variables for its calls (the library reads its FA4_HOPPER_*
-ablation switches per call):  static=path/libfa4.so?FA4_HOPPER_SCHED=static&FA4_HOPPER_LPT=1
+A variant may also force libfa4's kernel choices for its calls (bench_fwd.set_overrides: lpt,
+schedule, epilogue, stream_k):  static=path/libfa4.so?schedule=static&lpt=1
 """
 import argparse
 import contextlib
 import ctypes
 import datetime
 import json
-import os
 import statistics
 
 import torch
@@ -26,7 +25,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa4
-from bench_fwd import VARLEN_LENS, bench, sh, tflops, varlen_batch  # same directory
+from bench_fwd import VARLEN_LENS, bench, set_overrides, sh, tflops, varlen_batch  # same directory
 from fa4 import _capi
 
 # (headdim, causal, seqlen, num_heads, num_heads_kv[, headdim_v]); batch = 16384 // seqlen.
@@ -55,19 +54,26 @@ def load(path):
 
 
 def parse(spec):
-    """name=path[?VAR=value&VAR=value] -> (name, path, {VAR: value})."""
+    """name=path[?override=value&override=value] -> (name, path, {override: value})."""
     name, rest = spec.split("=", 1)
     path, _, query = rest.partition("?")
     env = dict(kv.split("=", 1) for kv in query.split("&")) if query else {}
     return name, path, env
 
 
+_in_use = None  # (lib, env) of the last use(): timed loops call use() before every call
+
+
 def use(lib, env):
-    """Routes fa4's calls to `lib` with exactly `env`'s FA4_HOPPER_* switches set."""
+    """Routes fa4's calls to `lib` with exactly `env`'s overrides forced."""
+    global _in_use
+    if _in_use is not None and _in_use[0] is lib and _in_use[1] == env:
+        return
+    if _in_use is not None and _in_use[0] is not lib:
+        set_overrides(_in_use[0])  # the library left behind goes back to its own choices
     _capi._lib = lib
-    for k in [k for k in os.environ if k.startswith("FA4_HOPPER_")]:
-        os.environ.pop(k)
-    os.environ.update(env)
+    set_overrides(lib, **env)
+    _in_use = (lib, env)
 
 
 def main():

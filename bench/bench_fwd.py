@@ -5,9 +5,8 @@ in ONE process, on one GPU, timed with triton.testing.do_bench (median, CUDA eve
 Shapes (FA3/FA4 papers' convention): batch*seqlen = 16k tokens, num_heads*headdim = 2048, head
 dims 64/128/256, seqlen 512..16k, causal and not; Llama-3.1-8B prefill (32 q heads, 8 kv heads,
 d128, causal, seqlen 8k); few query tiles with long keys (split-KV); a varlen batch; and an
-ablation of the FA4 knobs (exp2 emulation share, lazy rescaling tau, tile schedule via
-FA4_HOPPER_SCHED and FA4_HOPPER_LPT, the stream-K split of the last round via
-FA4_HOPPER_STREAMK). FLOPs = 4*b*h*sq*sk*d (x0.5 causal).
+ablation of the FA4 knobs (exp2 emulation share, lazy rescaling tau, tile schedule and the stream-K
+split of the last round through libfa4's overrides: set_overrides below). FLOPs = 4*b*h*sq*sk*d (x0.5 causal).
 
 Usage (on the GPU machine, from the repo root; --rounds N interleaved rounds per comparison, default 3):
     PYTHONPATH=python FA4_LIBRARY=build-hopper/src/libfa4.so python3 bench/bench_fwd.py OUT.json [--quick]
@@ -15,6 +14,7 @@ Writes OUT.json (git commit, GPU, clocks, date, versions, rows) and OUT.png (plo
 """
 import argparse
 import contextlib
+import ctypes
 import datetime
 import json
 import os
@@ -28,6 +28,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa4
+from fa4 import _capi
 
 
 def sh(cmd):
@@ -52,21 +53,43 @@ def run_meta():
     }
 
 
+# libfa4's kernel-choice overrides (src/common/overrides.h), and the environment variables that
+# builds from before them read per call instead.
+OVERRIDES = {"lpt": "FA4_HOPPER_LPT", "schedule": "FA4_HOPPER_SCHED", "epilogue": "FA4_HOPPER_EPILOGUE",
+             "stream_k": "FA4_HOPPER_STREAMK"}
+
+
+def set_overrides(lib, **switches):
+    """Sets `lib`'s kernel-choice overrides to `switches` (e.g. schedule="static", lpt="1") and every
+    other one back to the selector's choice."""
+    bad = set(switches) - set(OVERRIDES)
+    if bad:
+        raise ValueError(f"unknown overrides {sorted(bad)}; known: {sorted(OVERRIDES)}")
+    setter = getattr(lib, "fa4_internal_set_override", None)
+    if setter is None:  # an older build: it reads the environment per call
+        for name, env in OVERRIDES.items():
+            if name in switches:
+                os.environ[env] = switches[name]
+            else:
+                os.environ.pop(env, None)
+        return
+    setter.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    setter.restype = ctypes.c_int32
+    for name in OVERRIDES:
+        if setter(name.encode(), switches.get(name, "auto").encode()) != 0:
+            raise RuntimeError(f"fa4_internal_set_override({name}): " + lib.fa4_last_error().decode())
+
+
 @contextlib.contextmanager
-def hopper_env(**switches):
-    """Sets the library's FA4_HOPPER_<NAME> ablation switches (read per call) for the block, then
-    restores what was there: hopper_env(SCHED="static", LPT="1")."""
-    names = {f"FA4_HOPPER_{k}": v for k, v in switches.items()}
-    saved = {n: os.environ.get(n) for n in names}
-    os.environ.update(names)
+def hopper_overrides(**switches):
+    """The loaded libfa4 with `switches` forced for the block (hopper_overrides(schedule="static",
+    lpt="1")); every override is back on the selector's choice afterwards."""
+    lib = _capi.library()
+    set_overrides(lib, **switches)
     try:
         yield
     finally:
-        for n, v in saved.items():
-            if v is None:
-                os.environ.pop(n, None)
-            else:
-                os.environ[n] = v
+        set_overrides(lib)
 
 
 def bench(fn):
@@ -114,7 +137,7 @@ ROUNDS = 3  # set by --rounds
 
 def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
     """Time fa4 and torch SDPA's cuDNN and FLASH backends on (q, k, v) and fill row r: r["fa4"]; with
-    no_split, r["fa4_no_split"] (fa4 again with FA4_HOPPER_STREAMK=0); r["cudnn"], r["flash"] (None
+    no_split, r["fa4_no_split"] (fa4 again with the stream_k override at 0); r["cudnn"], r["flash"] (None
     where the backend fails); all in TFLOP/s for `flops`; then r["ratio_cudnn"] = fa4/cudnn (None
     without cuDNN). Each is the median over ROUNDS rounds that run every contender once, in an
     order rotated per round, so clock and thermal drift hit all of them alike (one pass measured
@@ -123,7 +146,7 @@ def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
     # name -> (call, context the timing runs in)
     fns = {"fa4": (fa4_fn, contextlib.nullcontext)}
     if no_split:
-        fns["fa4_no_split"] = (fa4_fn, lambda: hopper_env(STREAMK="0"))
+        fns["fa4_no_split"] = (fa4_fn, lambda: hopper_overrides(stream_k="0"))
     for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
         fn = sdpa_fn(q, k, v, causal, be)
         if fn:
@@ -232,12 +255,12 @@ def main():
                 # Tile schedule: (claiming, order). static = CTA c takes tiles c, c+grid, ...;
                 # dynamic = atomic tile counter (greedy). lpt = longest-first order + L2 sections.
                 for sched, lpt in [("static", "0"), ("static", "1"), ("dynamic", "0"), ("dynamic", "1")]:
-                    with hopper_env(SCHED=sched, LPT=lpt):
+                    with hopper_overrides(schedule=sched, lpt=lpt):
                         add({"kind": "ablation_schedule", "hdim": hdim, "causal": causal, "sched": sched,
                              "lpt": lpt == "1", "fa4": tflops(flops, time_fa4(q, k, v, causal))})
                 if not causal:  # stream-K tail split: dense problems only (fa4/detail/stream_k.h)
                     for sk in ["0", "1"]:
-                        with hopper_env(STREAMK=sk):
+                        with hopper_overrides(stream_k=sk):
                             add({"kind": "ablation_stream_k", "hdim": hdim, "causal": causal,
                                  "stream_k": sk == "1", "fa4": tflops(flops, time_fa4(q, k, v, causal))})
                 del q, k, v

@@ -1,30 +1,62 @@
 #!/bin/bash
-# bench/device_run.sh — one device call: GPU tests + SASS check + quick timing vs torch SDPA.
-# Runs from the repo root on the GPU machine; expects build-hopper/{src/libfa4.so,tests/fa4_gpu_tests}
-# built here (carried), and falls back to building on the device (build-hopper/devcarry holds the
-# CuTe and GoogleTest headers/libs for that). Writes logs to $OUT.
+# bench/device_run.sh — one device call: build, GPU tests, sanitizers, same-process A/B, host time.
+# Runs from the repo root on the GPU machine (nothing there can be downloaded): carry
+# build-hopper/devcarry (include/ = the CuTe/CUTLASS headers of `pip install nvidia-cutlass`,
+# gtest/{include,lib} = GoogleTest) and, for an A/B, the old tree in OLD (git archive of a commit).
+# Switches (environment): HD buckets to build (default all), OLD=dir of the old tree (builds it
+# too and runs bench/ab_variants.py old vs new), SANITIZE=1, HOST=1 (bench/host_overhead.py),
+# BENCH=1 (bench/bench_fwd.py, BENCH_ARGS), AB_ARGS (extra ab_variants.py arguments).
+# Everything is logged under $OUT; the last lines printed are the summary.
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem --format=csv,noheader
-B=build-hopper
-export LD_LIBRARY_PATH=$PWD/$B/src:/usr/local/cuda/lib64:$LD_LIBRARY_PATH
-if ! $B/tests/fa4_gpu_tests --gtest_list_tests > /dev/null 2>&1; then
-  echo "prebuilt test binary does not run here:"; ldd $B/tests/fa4_gpu_tests | grep "not found"
-  T0=$(date +%s)
-  cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DFA4_BUILD_CLI=OFF \
-    -DFA4_CUTLASS_INCLUDE_DIR=$PWD/$B/devcarry/include -DGTEST_ROOT=$PWD/$B/devcarry/gtest \
-    -DFA4_HOPPER_HEADDIMS="${HD:-all}" > $OUT/cmake.log 2>&1 || tail -20 $OUT/cmake.log
-  ninja -C build-dev fa4 fa4_gpu_tests > $OUT/build.log 2>&1 || grep -E "error" $OUT/build.log | head -20
-  echo "device build: $(( $(date +%s) - T0 )) s"
-  B=build-dev
-  export LD_LIBRARY_PATH=$PWD/$B/src:/usr/local/cuda/lib64:$LD_LIBRARY_PATH
+CARRY=$PWD/build-hopper/devcarry
+configure() {  # src_dir build_dir
+  cmake -S $1 -B $2 -G Ninja -DCMAKE_BUILD_TYPE=Release -DFA4_BUILD_CLI=OFF -DFA4_HOPPER_PTXAS_VERBOSE=ON \
+    -DFA4_CUTLASS_INCLUDE_DIR=$CARRY/include -DGTEST_ROOT=$CARRY/gtest -DFA4_HOPPER_HEADDIMS="${HD:-all}"
+}
+T0=$(date +%s)
+configure . build-dev > $OUT/cmake.log 2>&1 || tail -20 $OUT/cmake.log
+if [ -n "$OLD" ]; then
+  configure $OLD build-old > $OUT/cmake_old.log 2>&1 || tail -20 $OUT/cmake_old.log
+  (ninja -C build-old fa4 > $OUT/build_old.log 2>&1 || grep -E "error" $OUT/build_old.log | head) &
 fi
+ninja -C build-dev fa4 fa4_gpu_tests > $OUT/build.log 2>&1 || grep -E "error" $OUT/build.log | head -20
+wait
+echo "device build: $(( $(date +%s) - T0 )) s"
+for log in build ${OLD:+build_old}; do  # ptxas: spill stores of each instantiation's kernels
+  awk '/Building CUDA object.*instantiations/ {match($0, /fwd_[a-z0-9]+_hdim[0-9x]+/); f=substr($0, RSTART, RLENGTH)}
+       /spill stores/ && f != "" {match($0, /[0-9]+ bytes spill stores/); s[f]=s[f] " " substr($0, RSTART, RLENGTH-19)}
+       END {for (f in s) printf "%s:%s  ", f, s[f]}' $OUT/$log.log > $OUT/spills_$log.txt
+done
+export LD_LIBRARY_PATH=$PWD/build-dev/src:/usr/local/cuda/lib64:$LD_LIBRARY_PATH
+B=build-dev
 echo "HGMMA in SASS: $(cuobjdump --dump-sass $B/src/libfa4.so 2>/dev/null | grep -c HGMMA)"
-summ() { grep -E "^\[  (PASSED|FAILED)|^\[  FAILED|Failure|err |Expected|Which is|which is|actual|skipped|SKIPPED" | head -${1:-60}; }
-timeout 90 $B/tests/fa4_gpu_tests --gtest_filter='HopperArch.*:HopperFwd.SanitizeSmall' > $OUT/smoke.log 2>&1
-echo "smoke rc=$?"; summ 40 < $OUT/smoke.log
-timeout ${TEST_TIMEOUT:-240} $B/tests/fa4_gpu_tests --gtest_filter='HopperFwd.*:-HopperFwd.SanitizeSmall' > $OUT/gpu_tests.log 2>&1
-echo "tests rc=$?"; summ 80 < $OUT/gpu_tests.log; grep -E "^\[       OK|^\[  FAILED" $OUT/gpu_tests.log | head -30
+summ() { grep -E "^\[  (PASSED|FAILED)|^\[  FAILED|Failure|Expected|Which is|which is|actual|SKIPPED" | head -${1:-60}; }
+timeout ${TEST_TIMEOUT:-300} $B/tests/fa4_gpu_tests > $OUT/gpu_tests.log 2>&1
+echo "gpu tests rc=$?"; summ 60 < $OUT/gpu_tests.log
 if [ "${SANITIZE:-0}" = 1 ]; then
-  timeout 120 compute-sanitizer --tool memcheck $B/tests/fa4_gpu_tests --gtest_filter='HopperFwd.SanitizeSmall' 2>&1 | tail -5
+  F='HopperArch.*:HopperFwd.Sanitize*'
+  for tool in memcheck racecheck synccheck; do
+    timeout 150 compute-sanitizer --tool $tool $B/tests/fa4_gpu_tests --gtest_filter="$F" > $OUT/sanitize_$tool.log 2>&1
+    echo "$tool rc=$?: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" $OUT/sanitize_$tool.log | tr '\n' ' ')"
+  done
 fi
-PYTHONPATH=python FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout ${BENCH_TIMEOUT:-150} python3 bench/bench_fwd.py $OUT/bench.json ${BENCH_ARGS:---quick} 2>&1 | tail -${BENCH_TAIL:-30}
+if [ "${HOST:-0}" = 1 ]; then
+  PYTHONPATH=python FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout 150 python3 bench/host_overhead.py $OUT/host_new.json > $OUT/host_new.log 2>&1
+  echo "host_overhead (new) rc=$?"; tail -15 $OUT/host_new.log
+  if [ -n "$OLD" ]; then
+    PYTHONPATH=$OLD/python FA4_LIBRARY=$PWD/build-old/src/libfa4.so timeout 150 python3 $OLD/bench/host_overhead.py $OUT/host_old.json > $OUT/host_old.log 2>&1
+    echo "host_overhead (old) rc=$?"; tail -15 $OUT/host_old.log
+  fi
+fi
+if [ -n "$OLD" ]; then
+  PYTHONPATH=${PYPKG:-python}:bench timeout ${AB_TIMEOUT:-300} python3 bench/ab_variants.py $OUT/ab.json \
+    old=$PWD/build-old/src/libfa4.so new=$PWD/$B/src/libfa4.so ${AB_ARGS:---headdims 64,96,128,192,256} > $OUT/ab.log 2>&1
+  echo "ab rc=$?"; tail -25 $OUT/ab.log
+fi
+if [ "${BENCH:-0}" = 1 ]; then
+  PYTHONPATH=python FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout ${BENCH_TIMEOUT:-300} python3 bench/bench_fwd.py $OUT/bench.json ${BENCH_ARGS:---quick} > $OUT/bench.log 2>&1
+  echo "bench rc=$?"; tail -${BENCH_TAIL:-30} $OUT/bench.log
+fi
+echo "spills new: $(cat $OUT/spills_build.txt)"
+[ -n "$OLD" ] && echo "spills old: $(cat $OUT/spills_build_old.txt)"

@@ -38,9 +38,12 @@
 //     writes zeros to dk/dv (and dsink), whose gradient is then exactly 0.
 //   * varlen: rows of out/lse/dq/dk/dv outside every [cu_seqlens[b], cu_seqlens[b+1]) range, and
 //     dk/dv rows past seqused_k, are left untouched.
+//   * varlen on CUDA: device-resident cu_seqlens/seqused_k are checked by the kernel, not before
+//     the call (see check_async_errors): a sequence breaking a rule is skipped and reported by the
+//     next call on the device. Nothing is ever read or written out of bounds.
 //
-// ERRORS. fa4::Error (fa4/error.h). Every argument is validated before anything is written. The
-// one exception: ErrorCode::kInternal from the CPU backward's consistency check (P = exp(s - lse)
+// ERRORS. fa4::Error (fa4/error.h). Every argument is validated before anything is written, except
+// the contents of device-resident varlen indices (above). The other exception: ErrorCode::kInternal from the CPU backward's consistency check (P = exp(s - lse)
 // must be <= 1, i.e. lse belongs to these inputs and options) is raised after dq/dk/dv were written.
 #pragma once
 
@@ -105,6 +108,16 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
               const TensorView& dq, const TensorView& dk, const TensorView& dv,
               const BackwardOptions& options = {},
               const std::optional<TensorView>& dsink = std::nullopt);
+
+/// Reports invalid varlen indices met by an earlier kernel on CUDA device `device_index`.
+/// Device-resident cu_seqlens_q/k and seqused_k are not read by the host (that would cost a sync
+/// per call and break CUDA graph capture): the kernel checks them, computes nothing for a sequence
+/// that breaks a rule (its out/lse rows stay unwritten) and records the rule in host-visible
+/// memory. This throws fa4::Error(kInvalidArgument) naming the broken rules, once, and clears the
+/// record. It does not wait for the GPU: synchronise the stream first to see the calls issued on
+/// it. Every CUDA forward() also calls it first, so an earlier error fails the next call on the
+/// device (which then writes nothing). Without CUDA, or before any varlen CUDA call, a no-op.
+void check_async_errors(int device_index);
 
 /// Answers "would forward() run on these arguments, and with which kernel?" without running.
 /// Returns an empty string if supported plus the kernel name in *kernel_name; otherwise the

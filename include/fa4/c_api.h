@@ -157,6 +157,11 @@ FA4_C_EXPORT int32_t fa4_forward_support(const fa4_tensor* q, const fa4_tensor* 
                                          const fa4_tensor* lse, const fa4_options* options,
                                          char* kernel_name, size_t kernel_name_capacity);
 
+/** fa4::check_async_errors (fa4/attention.h): INVALID_ARGUMENT, with the message, if an earlier
+ *  kernel on CUDA device `device_index` met invalid device-resident varlen indices (the record is
+ *  then cleared); OK otherwise. Does not wait for the GPU. */
+FA4_C_EXPORT int32_t fa4_check_async_errors(int32_t device_index);
+
 /** Message of the calling thread's most recent failed fa4 call; "" after a success. Never NULL. */
 FA4_C_EXPORT const char* fa4_last_error(void);
 

@@ -146,6 +146,14 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
   throw Error(ErrorCode::kInternal, std::string(kFn) + ": selector picked no implementation");
 }
 
+void check_async_errors(int device_index) {
+#if FA4_WITH_CUDA
+  hopper::check_async_errors(device_index);
+#else
+  (void)device_index;  // no kernel ever ran
+#endif
+}
+
 namespace detail {
 
 ErrorCode forward_support_code(const TensorView& q, const TensorView& k, const TensorView& v,

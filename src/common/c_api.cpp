@@ -13,6 +13,7 @@
 #include <sstream>
 #include <string>
 
+#include "common/overrides.h"
 #include "common/validate.h"
 #include "fa4/attention.h"
 #include "fa4/error.h"
@@ -297,6 +298,14 @@ const char* fa4_status_name(int32_t status) {
 const char* fa4_version(void) { return FA4_VERSION_STRING; }
 
 int32_t fa4_abi_version(void) { return FA4_C_API_VERSION; }
+
+int32_t fa4_check_async_errors(int32_t device_index) {
+  return guarded("fa4_check_async_errors", [&] { fa4::check_async_errors(device_index); });
+}
+
+int32_t fa4_internal_set_override(const char* name, const char* value) {
+  return guarded("fa4_internal_set_override", [&] { fa4::detail::set_kernel_override(name, value); });
+}
 
 int32_t fa4_has_cuda(void) {
 #if defined(FA4_WITH_CUDA)

@@ -3,8 +3,9 @@
 // Order of checks: each view on its own (ndim, extents, strides, data), then the layout mode
 // (batched / varlen), ranks, dtypes, devices, the contiguous head dim, every shape relation through
 // one table of named dims, the per-dim rules (heads, head dims), the options, the auxiliary
-// tensors (sink, cu_seqlens, seqused_k), and last the CONTENTS of cu_seqlens / seqused_k, because
-// indices that disagree with the tensor sizes would read or write out of bounds (case C35).
+// tensors (sink, cu_seqlens, seqused_k), and last the CONTENTS of host-resident cu_seqlens /
+// seqused_k, because indices that disagree with the tensor sizes would read or write out of bounds
+// (case C35; device-resident ones are checked by the kernel, see below).
 // Nothing is written anywhere; the caller runs an implementation only after this returns.
 #include "common/validate.h"
 #include "fa4/detail/constants.h"
@@ -15,10 +16,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#if FA4_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
 
 namespace fa4::detail {
 namespace {
@@ -174,37 +171,12 @@ int32_t to_int32(const Checker& c, const DimTable& dims, const char* dim) {
   return static_cast<int32_t>(v);
 }
 
-/// Copies a 1-D int32 tensor to the host. CUDA tensors are read with cudaMemcpyAsync on their own
-/// stream + cudaStreamSynchronize, so the read is ordered after the caller's earlier work on that
-/// stream (which typically produced cu_seqlens). This is a host sync per varlen CUDA call.
-std::vector<int32_t> read_int32_host(const Checker& c, const Named& x) {
+/// The contents of a host-resident 1-D int32 tensor (stride 1 checked).
+std::vector<int32_t> read_int32_host(const Named& x) {
   const int64_t n = x.t.shape[0];
   std::vector<int32_t> h(static_cast<size_t>(n));
-  if (n == 0) return h;
-  if (!x.t.is_cuda()) {
-    std::memcpy(h.data(), x.t.data, static_cast<size_t>(n) * sizeof(int32_t));  // stride 1 checked
-    return h;
-  }
-#if FA4_WITH_CUDA
-  int prev = 0;
-  cudaError_t err = cudaGetDevice(&prev);
-  if (err == cudaSuccess) err = cudaSetDevice(x.t.device.index);
-  if (err == cudaSuccess) {
-    auto stream = static_cast<cudaStream_t>(x.t.device.stream);
-    err = cudaMemcpyAsync(h.data(), x.t.data, static_cast<size_t>(n) * sizeof(int32_t),
-                          cudaMemcpyDeviceToHost, stream);
-    if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
-    cudaSetDevice(prev);
-  }
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // clear a non-sticky error so it does not surface in a later call
-    c.fail(ErrorCode::kCudaError, "copying ", x.name, " to the host for validation failed: ",
-           cudaGetErrorString(err));
-  }
+  if (n > 0) std::memcpy(h.data(), x.t.data, static_cast<size_t>(n) * sizeof(int32_t));
   return h;
-#else
-  c.fail(ErrorCode::kNoDevice, x.name, " is a CUDA tensor but fa4 was built without CUDA");
-#endif
 }
 
 /// cu_seqlens contents: starts at 0, non-decreasing, each length <= max_seqlen, ends within the
@@ -434,22 +406,27 @@ FwdParams make_fwd_params(const TensorView& q_in, const TensorView& k_in, const 
     if (o.max_seqlen_q < 0 || o.max_seqlen_k < 0)
       c.invalid("options.max_seqlen_q / max_seqlen_k must be >= 0");
 
-    // Contents (case C35): every offset the implementations will follow is checked here.
-    const std::vector<int32_t> hq = read_int32_host(c, cu_q);
-    const std::vector<int32_t> hk = read_int32_host(c, cu_k);
-    check_cu_seqlens(c, hq, "cu_seqlens_q", dims.get("total_q"), "q.shape[0] (total_q)",
-                     o.max_seqlen_q, "max_seqlen_q");
-    const std::vector<int64_t> len_k =
-        check_cu_seqlens(c, hk, "cu_seqlens_k", dims.get("total_k"), "k.shape[0] (total_k)",
-                         o.max_seqlen_k, "max_seqlen_k");
-    if (used) {
-      const std::vector<int32_t> hu = read_int32_host(c, *used);
-      for (size_t b = 0; b < hu.size(); ++b)
-        if (hu[b] < 0 || hu[b] > len_k[b])
-          c.invalid("seqused_k[", b, "] = ", hu[b], " must be in [0, ", len_k[b],
-                    "] (the length of key sequence ", b, " from cu_seqlens_k)");
-      p.seqused_k = static_cast<const int32_t*>(used->t.data);
+    // Contents (case C35). Host-resident indices are checked here, before anything runs. Device-
+    // resident ones cannot be read without a host sync per call (and not at all under CUDA graph
+    // capture): the kernel checks the same rules for every sequence, computes nothing for one that
+    // breaks them, and reports it through fa4::check_async_errors (src/hopper/device_state.h).
+    if (!cu_q.t.is_cuda()) {
+      const std::vector<int32_t> hq = read_int32_host(cu_q);
+      const std::vector<int32_t> hk = read_int32_host(cu_k);
+      check_cu_seqlens(c, hq, "cu_seqlens_q", dims.get("total_q"), "q.shape[0] (total_q)",
+                       o.max_seqlen_q, "max_seqlen_q");
+      const std::vector<int64_t> len_k =
+          check_cu_seqlens(c, hk, "cu_seqlens_k", dims.get("total_k"), "k.shape[0] (total_k)",
+                           o.max_seqlen_k, "max_seqlen_k");
+      if (used) {
+        const std::vector<int32_t> hu = read_int32_host(*used);
+        for (size_t b = 0; b < hu.size(); ++b)
+          if (hu[b] < 0 || hu[b] > len_k[b])
+            c.invalid("seqused_k[", b, "] = ", hu[b], " must be in [0, ", len_k[b],
+                      "] (the length of key sequence ", b, " from cu_seqlens_k)");
+      }
     }
+    if (used) p.seqused_k = static_cast<const int32_t*>(used->t.data);
     p.cu_seqlens_q = static_cast<const int32_t*>(cu_q.t.data);
     p.cu_seqlens_k = static_cast<const int32_t*>(cu_k.t.data);
     p.seqlen_q = o.max_seqlen_q;

@@ -5,9 +5,10 @@
 // Violations throw fa4::Error whose message starts with `fn` and names the tensor and the rule,
 // e.g. "fa4::forward: k.shape[3] (headdim) = 72 must equal q.shape[3] = 64".
 //
-// Device-resident cu_seqlens_q/k and seqused_k are copied to the host to check their contents
-// (cudaMemcpyAsync on the tensors' stream followed by cudaStreamSynchronize): a host sync per call
-// with varlen CUDA tensors, the price of never reading or writing out of bounds (case C35).
+// The contents of host-resident cu_seqlens_q/k and seqused_k are checked here too. Device-resident
+// ones are not read (that would cost a host sync per call and break CUDA graph capture): the
+// kernel checks the same rules per sequence, computes nothing for a sequence that breaks them and
+// reports it asynchronously (fa4::check_async_errors); it never reads or writes out of bounds.
 #pragma once
 
 #include <optional>

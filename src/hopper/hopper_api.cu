@@ -3,13 +3,14 @@
 // in seconds; the kernels live in src/hopper/instantiations/*.cu.
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "fa4/detail/kernel_config.h"
 #include "fa4/error.h"
+#include "common/overrides.h"
+#include "hopper/device_state.h"
 #include "hopper/hopper_api.h"
 #include "hopper/launch_fwd.h"
 
@@ -32,12 +33,15 @@ struct DeviceFacts {
 DeviceFacts device_facts(int index) {
   static std::mutex mu;
   static std::vector<DeviceFacts> cache;
+  static const int count = [] {  // fixed for the life of the process
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();
+      n = 0;
+    }
+    return n;
+  }();
   std::lock_guard<std::mutex> lock(mu);
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();
-    count = 0;
-  }
   if (index < 0 || index >= count) {
     DeviceFacts none;
     none.queried = true;
@@ -168,46 +172,37 @@ std::string forward_support(const detail::FwdParams& p, std::string* kernel_name
   return "";
 }
 
-/// Ablation switch from the environment: unset -> `automatic`; `off`/`on` -> T(0)/T(1) (false/true,
-/// or 0/1 for a tri-state int whose automatic value is -1); anything else is an error (a typo must
-/// not silently measure the default).
-template <class T>
-static T env_switch(const char* name, const char* off, const char* on, T automatic) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return automatic;
-  if (std::string(v) == off) return T(0);
-  if (std::string(v) == on) return T(1);
-  throw Error(ErrorCode::kInvalidArgument, std::string("fa4::forward (hopper): environment variable ") + name +
-                                               "='" + v + "' must be '" + off + "' or '" + on + "' (or unset)");
-}
-
 void forward(const detail::FwdParams& p) {
   const std::string why = forward_support(p, nullptr);
   if (!why.empty()) throw Error(ErrorCode::kUnsupported, "fa4::forward (hopper): " + why);
+  // An earlier kernel on this device may have met invalid varlen indices: report it now (a read of
+  // host memory, no sync), before this call writes anything.
+  check_async_errors(p.device.index);
   const DeviceFacts f = device_facts(p.device.index);
+  const detail::KernelOverrides o = detail::kernel_overrides();
+  auto pick = [](int8_t forced, bool automatic) { return forced < 0 ? automatic : forced == 1; };
   LaunchContext ctx;
   ctx.num_sms = f.num_sms;
   ctx.l2_bytes = f.l2_bytes;
   // LPT + L2 sections pay where tiles differ in cost (causal/window masks, varlen). For dense
   // non-causal problems the plain order (m fastest) already keeps one head's K/V hot in L2, and
-  // interleaving heads measured 5% slower (bench/results, d128). FA4_HOPPER_LPT=0/1 forces it
-  // off/on for the ablation.
+  // interleaving heads measured 5% slower (bench/results, d128).
   const bool unequal_tiles = p.mask.is_local() || p.is_varlen;
-  ctx.lpt = env_switch("FA4_HOPPER_LPT", "0", "1", unequal_tiles);
+  ctx.lpt = pick(o.lpt, unequal_tiles);
   // Causal/window tiles are claimed dynamically, longest first (H200, d128 causal 16k: 0.93x ->
   // 1.04x cuDNN). Varlen keeps the static stride: its tile grid (max m-blocks for every sequence)
   // is mostly empty tiles, and claiming those one atomic at a time measured 3% slower on the
   // benchmark's varlen batch.
-  ctx.dynamic_schedule = env_switch("FA4_HOPPER_SCHED", "static", "dynamic", p.mask.is_local() && !p.is_varlen);
+  ctx.dynamic_schedule = pick(o.dynamic_schedule, p.mask.is_local() && !p.is_varlen);
   // O leaves through smem + TMA store (epilogue.cuh) where out obeys the same TMA rule as q/k/v
   // and is batched (a varlen box would cross into the next sequence's rows).
-  ctx.tma_epilogue = env_switch("FA4_HOPPER_EPILOGUE", "direct", "tma", true) && !p.is_varlen &&
+  ctx.tma_epilogue = pick(o.tma_epilogue, true) && !p.is_varlen &&
                      check_tma_tensor("out", p.out, p.out_stride, p.seqlen_q, p.num_heads, p.batch,
                                       false, dtype_size(p.dtype)).empty();
-
-  // Stream-K split-KV (fa4/detail/stream_k.h): automatic for dense problems with fewer tiles than
-  // SMs; FA4_HOPPER_STREAMK=0/1 forces it off, or on for any partial last round (tests, ablation).
-  ctx.stream_k = env_switch("FA4_HOPPER_STREAMK", "0", "1", -1);
+  // Stream-K split-KV (fa4/detail/stream_k.h): automatic (-1) for dense problems with fewer tiles
+  // than SMs; the override forces it off (0), or on for any partial last round (1).
+  ctx.stream_k = o.stream_k;
+  if (p.is_varlen) ctx.async_error = async_error_word(p.device.index);
 
   int prev = 0;
   if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;

@@ -15,4 +15,7 @@ std::string forward_support(const detail::FwdParams& p, std::string* kernel_name
 /// Enqueues the forward on p.device.stream. Precondition: forward_support(p) == "".
 void forward(const detail::FwdParams& p);
 
+/// fa4::check_async_errors for the Hopper kernels (device_state.h).
+void check_async_errors(int device);
+
 }  // namespace fa4::hopper

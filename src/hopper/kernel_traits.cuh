@@ -181,6 +181,8 @@ struct FwdKernelTraits {
     const int32_t* cu_seqlens_q{};
     const int32_t* cu_seqlens_k{};
     const int32_t* seqused_k{};
+    int32_t total_q{}, total_k{};  // varlen: packed rows of q and k/v (the bounds cu_seqlens must keep)
+    uint32_t* async_error{};       // varlen: mapped error word (device_state.h) for invalid indices
     const float* sink{};
 
     float softmax_scale_log2{};  // multiplies raw q.k (or tanh(.) under softcap) into log2 units
@@ -198,10 +200,10 @@ struct FwdKernelTraits {
     int32_t num_tiles{};
     int32_t heads_per_section{};  // L2-aware grouping of (batch, head) pairs
     bool lpt{};                 // longest-processing-time first (reverse m-blocks)
-    int32_t* tile_counter{};    // dynamic schedule: zeroed claim counter; nullptr: static stride
+    int32_t* tile_counter{};    // dynamic schedule: claim counter, zero at launch and left zero; nullptr: static stride
     detail::StreamKPlan sk{};   // static item order (grid, stream-K tail); fa4/detail/stream_k.h
     float* sk_partial{};        // stream-K partials (stream_k.cuh), when sk.tail_ctas > 0
-    int32_t* sk_flags{};        // zeroed; one per (tail CTA, consumer warpgroup): partial stored
+    int32_t* sk_flags{};        // zero at launch and left zero; one per (tail CTA, consumer warpgroup): partial stored
   };
 };
 

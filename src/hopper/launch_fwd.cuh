@@ -6,10 +6,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
 
 #include "fa4/error.h"
+#include "hopper/device_state.h"
 #include "hopper/kernel_fwd.cuh"
 #include "hopper/kernel_traits.cuh"
 #include "hopper/launch_fwd.h"
@@ -110,6 +112,9 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   p.cu_seqlens_q = fp.cu_seqlens_q;
   p.cu_seqlens_k = fp.cu_seqlens_k;
   p.seqused_k = fp.seqused_k;
+  p.total_q = int32_t(fp.total_q);  // forward_support: at most 2^31-1 rows
+  p.total_k = int32_t(fp.total_k);
+  p.async_error = ctx.async_error;
   p.sink = fp.sink;
   p.has_softcap = fp.softcap > 0.f;
   // Under softcap the kernel turns raw q.k into tanh(q.k * scale / softcap); the log2-unit logit
@@ -137,12 +142,19 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   p.heads_per_section = int32_t(std::clamp<int64_t>(ctx.l2_bytes / 2 / kv_bytes_per_head, 1, bh));
 
   auto kernel = fwd_kernel<Kt>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kt::kSmemBytes),
-             "cudaFuncSetAttribute(max dynamic smem)");
+  // The shared-memory limit is a property of the function in each device's context: raised once
+  // per device, not per call (a driver call costs more host time than a short kernel's launch).
+  static std::atomic<uint64_t> smem_raised{0};
+  const uint64_t device_bit = uint64_t(1) << (fp.device.index & 63);
+  if (fp.device.index >= 64 || !(smem_raised.load(std::memory_order_acquire) & device_bit)) {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kt::kSmemBytes),
+               "cudaFuncSetAttribute(max dynamic smem)");
+    if (fp.device.index < 64) smem_raised.fetch_or(device_bit, std::memory_order_release);
+  }
   const cudaStream_t stream = static_cast<cudaStream_t>(fp.device.stream);
   const int32_t blocks_per_tile = int32_t((int64_t(fp.seqlen_k) + Kt::kBlockN - 1) / Kt::kBlockN);
-  // Whole tiles on min(tiles, SMs) CTAs: the plain launch, and the fallback when the split cannot
-  // run (no scratch, or a cooperative launch refused).
+  // Whole tiles on min(tiles, SMs) CTAs: the plain launch, and the fallback when the cooperative
+  // launch the split needs is refused.
   const detail::StreamKPlan whole_tiles = detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, 0);
   const bool dynamic = ctx.dynamic_schedule && num_tiles > whole_tiles.grid;
   // Stream-K tail (fa4/detail/stream_k.h): dense problems (every tile has the same key blocks) in
@@ -150,36 +162,24 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   const bool sk_eligible = !fp.is_varlen && !fp.mask.is_local() && !dynamic && fp.seqlen_k > 0;
   p.sk = sk_eligible ? detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, ctx.stream_k) : whole_tiles;
 
-  // Per-call device scratch, stream-ordered so that concurrent calls on other streams (and graph
-  // replays) never share it: the dynamic schedule's zeroed claim counter, or the stream-K flags
-  // (zeroed) and partials. If it cannot be had (no memory pools, out of memory), the static stride
-  // without a split runs instead (same O up to the rounding of the split).
-  char* scratch = nullptr;
-  int64_t zeroed = 0, total = 0;
+  // Device scratch (device_state.h): the dynamic schedule's claim counter, or the stream-K flags and
+  // partials. It is zero when a launch starts and the kernel leaves it zero (the last claim resets
+  // the counter, each combiner the flags it consumed), so no call zeroes or allocates it.
+  size_t flag_bytes = 0, scratch_bytes = 0;
   if (dynamic) {
-    zeroed = total = sizeof(int32_t);
+    scratch_bytes = sizeof(int32_t);
   } else if (p.sk.tail_ctas > 0) {
-    zeroed = (StreamK<Kt>::num_flags(p.sk.tail_ctas) * int64_t(sizeof(int32_t)) + 255) / 256 * 256;
-    total = zeroed + StreamK<Kt>::workspace_bytes(p.sk.tail_ctas);
+    flag_bytes = size_t(StreamK<Kt>::num_flags(p.sk.tail_ctas) * int64_t(sizeof(int32_t)) + 255) / 256 * 256;
+    scratch_bytes = flag_bytes + size_t(StreamK<Kt>::workspace_bytes(p.sk.tail_ctas));
   }
-  if (total > 0) {
-    if (cudaMallocAsync(reinterpret_cast<void**>(&scratch), size_t(total), stream) != cudaSuccess) {
-      cudaGetLastError();
-      scratch = nullptr;
-    } else if (cudaMemsetAsync(scratch, 0, size_t(zeroed), stream) != cudaSuccess) {
-      cudaGetLastError();
-      cudaFreeAsync(scratch, stream);
-      cudaGetLastError();
-      scratch = nullptr;
+  if (scratch_bytes > 0) {
+    char* scratch = launch_scratch(fp.device.index, stream, scratch_bytes);
+    if (dynamic) {
+      p.tile_counter = reinterpret_cast<int32_t*>(scratch);
+    } else {
+      p.sk_flags = reinterpret_cast<int32_t*>(scratch);
+      p.sk_partial = reinterpret_cast<float*>(scratch + flag_bytes);
     }
-  }
-  if (scratch && dynamic) {
-    p.tile_counter = reinterpret_cast<int32_t*>(scratch);
-  } else if (scratch && p.sk.tail_ctas > 0) {
-    p.sk_flags = reinterpret_cast<int32_t*>(scratch);
-    p.sk_partial = reinterpret_cast<float*>(scratch + zeroed);
-  } else {
-    p.sk = whole_tiles;
   }
 
   cudaError_t launched = cudaSuccess;
@@ -209,9 +209,7 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
     kernel<<<p.sk.grid, Kt::kNumThreads, Kt::kSmemBytes, stream>>>(p);
     launched = cudaGetLastError();
   }
-  const cudaError_t freed = scratch ? cudaFreeAsync(scratch, stream) : cudaSuccess;
-  check_cuda(launched, "kernel launch");  // reported first: a failed free is its consequence
-  check_cuda(freed, "cudaFreeAsync(scratch)");
+  check_cuda(launched, "kernel launch");
 }
 
 }  // namespace fa4::hopper

@@ -17,18 +17,20 @@ inline constexpr int64_t kMaxTiles = int64_t(INT32_MAX) - (int64_t(1) << 16);
 struct LaunchContext {
   int32_t num_sms = 0;
   int64_t l2_bytes = 0;
-  bool lpt = true;  ///< LPT order + L2 sections (auto: masked/varlen only; FA4_HOPPER_LPT=0/1 forces)
+  bool lpt = true;  ///< LPT order + L2 sections (auto: masked/varlen only; override "lpt" forces)
   /// Tiles claimed from an atomic counter (greedy, tile_scheduler.cuh) instead of a static stride
-  /// (hopper_api.cu sets it: causal/window, not varlen; FA4_HOPPER_SCHED=static/dynamic forces).
+  /// (hopper_api.cu sets it: causal/window, not varlen; override "schedule" forces).
   /// Used only when there are more tiles than CTAs.
   bool dynamic_schedule = false;
   /// O through smem + TMA store (hopper_api.cu sets it where out is batched and TMA-aligned;
-  /// FA4_HOPPER_EPILOGUE=direct forces the direct register stores, for the ablation).
+  /// override "epilogue" = direct forces the direct register stores, for the ablation).
   bool tma_epilogue = false;
   /// Stream-K split of the last partial round (fa4/detail/stream_k.h; dense problems only): -1
   /// where the cost model predicts a gain, 0 never, 1 wherever there is a partial round
-  /// (FA4_HOPPER_STREAMK=0/1 forces; tests and the ablation).
+  /// (override "stream_k" forces; tests and the ablation; common/overrides.h).
   int stream_k = -1;
+  /// Varlen: the device's asynchronous error word (device_state.h); nullptr otherwise.
+  uint32_t* async_error = nullptr;
 };
 
 /// kDType: 0 = bf16, 1 = fp16 (values of fa4::DType). Defined in launch_fwd.cuh; explicitly

@@ -2,7 +2,7 @@
 // un-normalised O and row statistics, the combiner merges them into its own before the epilogue.
 // Plan and item order: fa4/detail/stream_k.h.
 //
-// Workspace (one per launch, launch_fwd.cuh): a slot per (tail CTA, consumer warpgroup) in the
+// Workspace (launch scratch, device_state.h; flags zero at launch and left zero): a slot per (tail CTA, consumer warpgroup) in the
 // accumulator's own register order, float4 k of thread t at [slot][k][t]: each thread writes and
 // later reads back exactly its own registers, so no layout conversion or shared memory is involved
 // and every access is a coalesced 16-byte vector (128 threads x 16 B per k). The last float4 holds
@@ -33,7 +33,8 @@ struct StreamK {
   static constexpr int64_t workspace_bytes(int32_t tail_ctas) {
     return int64_t(tail_ctas) * Kt::kNumMmaWarpGroups * kSlotVec4 * 128 * int64_t(sizeof(float4));
   }
-  /// Flags the launch zeroes for `tail_ctas` CTAs: one per (CTA, consumer warpgroup).
+  /// Flags for `tail_ctas` CTAs, one per (CTA, consumer warpgroup): zero at launch, set by the
+  /// contributor, cleared by the combiner.
   static constexpr int64_t num_flags(int32_t tail_ctas) { return int64_t(tail_ctas) * Kt::kNumMmaWarpGroups; }
 
   __device__ __forceinline__ static float4* slot(const typename Kt::Params& p, int32_t cta, int wg, int lane128) {
@@ -104,6 +105,11 @@ struct StreamK {
         tOrO(4 * k + 3) = tOrO(4 * k + 3) * f_self[1] + v.w * f_o[1];
       }
     }
+    // Each flag has one reader, this warpgroup: once all its threads have seen them set, it
+    // clears them for the next launch (the scratch is zeroed only when allocated).
+    arch::named_barrier_sync(arch::epilogue_barrier<Kt::kNumMmaWarpGroups>(wg), cutlass::NumThreadsPerWarpGroup);
+    if (tid % 128 == 0)
+      for (int32_t j = 1; j <= count; ++j) p.sk_flags[(int32_t(blockIdx.x) + j) * Kt::kNumMmaWarpGroups + wg] = 0;
   }
 };
 

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "hopper/device_state.h"
 #include "hopper/mask.cuh"
 #include "hopper/tile_scheduler.cuh"
 
@@ -27,10 +28,31 @@ __device__ __forceinline__ TileInfo make_tile_info(const Params& p, int32_t t) {
     // warp-uniform, so the key loop bounds and everything derived from them stay in uniform
     // registers (a loop whose trip count might diverge demotes its loop-carried pipeline states).
     const int32_t b = ti.c.batch;
-    ti.q_row0 = __shfl_sync(0xffffffffu, p.cu_seqlens_q[b], 0);
-    ti.k_row0 = __shfl_sync(0xffffffffu, p.cu_seqlens_k[b], 0);
-    ti.seqlen_q = __shfl_sync(0xffffffffu, p.cu_seqlens_q[b + 1], 0) - ti.q_row0;
-    ti.seqlen_k = __shfl_sync(0xffffffffu, p.seqused_k ? p.seqused_k[b] : p.cu_seqlens_k[b + 1] - ti.k_row0, 0);
+    const int32_t q0 = __shfl_sync(0xffffffffu, p.cu_seqlens_q[b], 0);
+    const int32_t q1 = __shfl_sync(0xffffffffu, p.cu_seqlens_q[b + 1], 0);
+    const int32_t k0 = __shfl_sync(0xffffffffu, p.cu_seqlens_k[b], 0);
+    const int32_t k1 = __shfl_sync(0xffffffffu, p.cu_seqlens_k[b + 1], 0);
+    const int32_t used = p.seqused_k ? __shfl_sync(0xffffffffu, p.seqused_k[b], 0) : k1 - k0;
+    // The host cannot read these without a sync, so the rules are checked here: a sequence that
+    // breaks one is not computed (no row of it is read or written) and the producer's leader
+    // (thread 0; the consumers only see tiles it published) reports it through the error word.
+    uint32_t bad = 0;
+    if ((b == 0 && q0 != 0) || q0 < 0 || q1 < q0 || q1 > p.total_q || q1 - q0 > p.seqlen_q) bad |= kBadCuSeqlensQ;
+    if ((b == 0 && k0 != 0) || k0 < 0 || k1 < k0 || k1 > p.total_k || k1 - k0 > p.seqlen_k) bad |= kBadCuSeqlensK;
+    else if (used < 0 || used > k1 - k0) bad |= kBadSequsedK;
+    if (bad == 0) {
+      ti.q_row0 = q0;
+      ti.k_row0 = k0;
+      ti.seqlen_q = q1 - q0;
+      ti.seqlen_k = used;
+    } else {
+      if (threadIdx.x == 0) {
+        volatile uint32_t* word = p.async_error;
+        *word = *word | bad;  // mapped host memory: plain stores (PCIe need not carry atomics)
+        __threadfence_system();
+      }
+      ti.q_row0 = ti.k_row0 = ti.seqlen_q = ti.seqlen_k = 0;
+    }
   } else {
     ti.q_row0 = ti.k_row0 = 0;
     ti.seqlen_q = p.seqlen_q;

@@ -94,8 +94,8 @@ struct TileRing {
     ss.sk = detail::stream_k_cta_items(p.sk, int32_t(blockIdx.x));
   }
 
-  /// Item `i` of this CTA (i counts from 0), or, under the dynamic schedule (tile_counter set), the
-  /// next claimed tile. Called by the whole producer warp right after issuing the current item's
+  /// Item `i` of this CTA (i counts from 0), or, under the dynamic schedule (tile_counter set, zero
+  /// at launch), the next claimed tile. Called by the whole producer warp right after issuing the current item's
   /// loads (the atomic's round trip then overlaps the consumers' work on the tiles already loaded,
   /// since the producer runs ahead of them); lane 0 sends the atomicAdd and a full-mask shuffle
   /// broadcasts it. The first item of a CTA is never claimed: it is tile blockIdx.x.
@@ -103,6 +103,11 @@ struct TileRing {
   __device__ static detail::WorkItem item(const Params& p, const SharedStorage& ss, int32_t i) {
     if (!p.tile_counter || i == 0) return detail::stream_k_item(p.sk, ss.sk, p.num_tiles, int32_t(blockIdx.x), i);
     const int32_t claimed = threadIdx.x % 32 == 0 ? atomicAdd(p.tile_counter, 1) : 0;
+    // Every CTA claims until it gets no tile, exactly once each, so one launch claims the values
+    // 0 .. num_tiles - 1 (num_tiles - grid successes + grid failures). The last value is the last
+    // claim of the launch: its CTA leaves the counter at zero for the next launch, which therefore
+    // needs no memset.
+    if (claimed == p.num_tiles - 1 && threadIdx.x % 32 == 0) atomicExch(p.tile_counter, 0);
     detail::WorkItem w;
     w.tile = __shfl_sync(0xffffffffu, claimed, 0) + int32_t(gridDim.x);
     return w;

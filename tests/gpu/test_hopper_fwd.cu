@@ -460,15 +460,16 @@ TEST(HopperFwd, OutputStorePaths) {
     }
   Case p; p.d = 192; p.dv = 128; p.seqlen_q = 77; p.seqlen_k = 500; p.out_offset = 2; run_case(p, 1);
   p.out_offset = 0; run_case(p, 1);
-  // The TMA and the direct store of the same O must agree bitwise (FA4_HOPPER_EPILOGUE=direct
+  // The TMA and the direct store of the same O must agree bitwise (override epilogue = direct
   // forces the direct path where TMA would run).
   for (int d : {64, 128, 256}) {
     Case c; c.batch = 2; c.heads = c.heads_kv = 2; c.seqlen_q = 333; c.seqlen_k = 257; c.d = c.dv = d; c.causal = true;
     Result tma, direct;
     run_case(c, 1, &tma);
-    setenv("FA4_HOPPER_EPILOGUE", "direct", 1);
-    run_case(c, 1, &direct);
-    unsetenv("FA4_HOPPER_EPILOGUE");
+    {
+      fa4::test::ScopedOverride direct_store("epilogue", "direct");
+      run_case(c, 1, &direct);
+    }
     EXPECT_EQ(0, std::memcmp(tma.out.data(), direct.out.data(), tma.out.size() * 2)) << c.name();
   }
 }
@@ -557,11 +558,11 @@ TEST(HopperFwd, MissingDeviceIsAClearError) {
 // more tiles than the GPU has SMs, so the dynamic path really runs (it is skipped otherwise).
 TEST(HopperFwd, SchedulesAgreeBitwise) {
   REQUIRE_HOPPER();
-  struct Env {
+  struct Choice {
     const char* sched;
     const char* lpt;
   };
-  const Env envs[] = {{"static", "0"}, {"static", "1"}, {"dynamic", "1"}, {"dynamic", "0"}};
+  const Choice choices[] = {{"static", "0"}, {"static", "1"}, {"dynamic", "1"}, {"dynamic", "0"}};
   std::vector<Case> cases;
   {
     Case c; c.batch = 3; c.heads = c.heads_kv = 8; c.seqlen_q = c.seqlen_k = 1024; c.causal = true;
@@ -577,19 +578,16 @@ TEST(HopperFwd, SchedulesAgreeBitwise) {
   }
   for (const Case& c : cases) {
     Result ref;
-    for (size_t e = 0; e < sizeof(envs) / sizeof(envs[0]); ++e) {
-      setenv("FA4_HOPPER_SCHED", envs[e].sched, 1);
-      setenv("FA4_HOPPER_LPT", envs[e].lpt, 1);
+    for (size_t e = 0; e < sizeof(choices) / sizeof(choices[0]); ++e) {
+      fa4::test::ScopedOverride sched("schedule", choices[e].sched), lpt("lpt", choices[e].lpt);
       Result r;
       run_case(c, 1, &r);
       if (e == 0) { ref = r; continue; }
       EXPECT_EQ(0, std::memcmp(ref.out.data(), r.out.data(), r.out.size() * 2))
-          << c.name() << " sched=" << envs[e].sched << " lpt=" << envs[e].lpt;
+          << c.name() << " sched=" << choices[e].sched << " lpt=" << choices[e].lpt;
       EXPECT_EQ(0, std::memcmp(ref.lse.data(), r.lse.data(), r.lse.size() * 4))
-          << c.name() << " sched=" << envs[e].sched << " lpt=" << envs[e].lpt;
+          << c.name() << " sched=" << choices[e].sched << " lpt=" << choices[e].lpt;
     }
-    unsetenv("FA4_HOPPER_SCHED");
-    unsetenv("FA4_HOPPER_LPT");
   }
 }
 
@@ -620,12 +618,15 @@ TEST(HopperFwd, StreamKTailMatchesReference) {
     cases.push_back(m);
   }
   for (const Case& c : cases) {
-    setenv("FA4_HOPPER_STREAMK", "1", 1);
     Result split, whole;
-    run_case(c, 2, &split);
-    setenv("FA4_HOPPER_STREAMK", "0", 1);
-    run_case(c, 1, &whole);
-    unsetenv("FA4_HOPPER_STREAMK");
+    {
+      fa4::test::ScopedOverride on("stream_k", "1");
+      run_case(c, 2, &split);
+    }
+    {
+      fa4::test::ScopedOverride off("stream_k", "0");
+      run_case(c, 1, &whole);
+    }
     // (Rising scores put every row's mass in the combiner's own first block: the other pieces add
     // below bf16 rounding there, so those two cases may round identically.)
     if (c.ramp_log2 == 0.f)

@@ -1,0 +1,59 @@
+// src/common/overrides.cpp — storage of the kernel-choice overrides (overrides.h).
+#include "common/overrides.h"
+
+#include <atomic>
+#include <cstring>
+#include <string>
+
+#include "fa4/error.h"
+
+namespace fa4::detail {
+namespace {
+
+struct Knob {
+  const char* name;
+  const char* off;  ///< value for 0
+  const char* on;   ///< value for 1
+  std::atomic<int8_t>* slot;
+};
+
+std::atomic<int8_t> g_lpt{-1}, g_schedule{-1}, g_epilogue{-1}, g_stream_k{-1};
+
+const Knob kKnobs[] = {
+    {"lpt", "0", "1", &g_lpt},
+    {"schedule", "static", "dynamic", &g_schedule},
+    {"epilogue", "direct", "tma", &g_epilogue},
+    {"stream_k", "0", "1", &g_stream_k},
+};
+
+}  // namespace
+
+KernelOverrides kernel_overrides() {
+  KernelOverrides o;
+  o.lpt = g_lpt.load(std::memory_order_relaxed);
+  o.dynamic_schedule = g_schedule.load(std::memory_order_relaxed);
+  o.tma_epilogue = g_epilogue.load(std::memory_order_relaxed);
+  o.stream_k = g_stream_k.load(std::memory_order_relaxed);
+  return o;
+}
+
+void set_kernel_override(const char* name, const char* value) {
+  constexpr const char* kFn = "fa4_internal_set_override";
+  if (!name || !value) throw Error(ErrorCode::kInvalidArgument, std::string(kFn) + ": name and value must not be NULL");
+  for (const Knob& k : kKnobs) {
+    if (std::strcmp(name, k.name) != 0) continue;
+    int8_t v;
+    if (std::strcmp(value, "auto") == 0) v = -1;
+    else if (std::strcmp(value, k.off) == 0) v = 0;
+    else if (std::strcmp(value, k.on) == 0) v = 1;
+    else
+      throw Error(ErrorCode::kInvalidArgument, std::string(kFn) + ": " + name + " = '" + value + "' must be '" +
+                                                   k.off + "', '" + k.on + "' or 'auto'");
+    k.slot->store(v, std::memory_order_relaxed);
+    return;
+  }
+  throw Error(ErrorCode::kInvalidArgument, std::string(kFn) + ": unknown override '" + name +
+                                               "' (lpt, schedule, epilogue, stream_k)");
+}
+
+}  // namespace fa4::detail

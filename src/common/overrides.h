@@ -1,0 +1,37 @@
+// src/common/overrides.h — kernel-choice overrides for tests and benchmarks (ablations).
+//
+// The selector picks the tile order, the tile claiming, the epilogue and the stream-K split by
+// itself; tests and benchmarks force them through these process-wide overrides, set once through
+// fa4_internal_set_override (declared below, exported from libfa4 but not part of the public
+// headers). Reading them on the call path is a few relaxed atomic loads: no environment lookup.
+#pragma once
+
+#include <cstdint>
+
+#include "fa4/c_api.h"
+
+namespace fa4::detail {
+
+/// -1: the selector decides; 0 / 1: forced off / on.
+struct KernelOverrides {
+  int8_t lpt = -1;               ///< "lpt": LPT order + L2 sections
+  int8_t dynamic_schedule = -1;  ///< "schedule": tiles claimed from an atomic counter (1) or a static stride (0)
+  int8_t tma_epilogue = -1;      ///< "epilogue": O through smem + TMA store (1) or direct stores (0)
+  int8_t stream_k = -1;          ///< "stream_k": split the partial last round (1) or never (0)
+};
+
+/// The current overrides.
+KernelOverrides kernel_overrides();
+
+/// Sets one override: name "lpt" (value "0" | "1"), "schedule" ("static" | "dynamic"), "epilogue"
+/// ("direct" | "tma") or "stream_k" ("0" | "1"); the value "auto" returns the choice to the
+/// selector. Throws fa4::Error(kInvalidArgument) naming the rule for any other name or value.
+void set_kernel_override(const char* name, const char* value);
+
+}  // namespace fa4::detail
+
+extern "C" {
+/// C entry point of set_kernel_override for the Python tests and benchmarks; returns an
+/// fa4_status (fa4_last_error() has the message). Not part of the stable ABI.
+FA4_C_EXPORT int32_t fa4_internal_set_override(const char* name, const char* value);
+}

@@ -1,0 +1,321 @@
+// tests/gpu/test_hopper_host_path.cu — what the host path promises a serving engine: no
+// allocation, sync or environment lookup per call (src/hopper/device_state.h), so that
+//   * a varlen forward captures into a CUDA graph and its replays give the eager result bitwise,
+//     also after the inputs change (the graph reads live memory);
+//   * the launch scratch (dynamic claim counter, stream-K flags) is left zero by every kernel,
+//     eager or replayed, so the next launch needs no memset;
+//   * device-resident cu_seqlens / seqused_k that break a rule are checked by the kernel: nothing
+//     is read or written out of bounds (run under compute-sanitizer: Sanitize* filter), the bad
+//     sequences are skipped (their rows keep the poison), the good ones are computed as if alone,
+//     and the next call on the device reports the broken rule, once.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fa4/attention.h"
+#include "fa4/detail/float16.h"
+#include "hopper/device_state.h"
+
+#include "gpu_test_util.cuh"
+
+namespace {
+
+using fa4::DType;
+using fa4::TensorView;
+
+#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << cudaGetErrorString(x)
+
+constexpr uint16_t kPoison16 = 0xFFFF;  // NaN in bf16
+
+/// A bf16 problem in device memory: q (rows_q, H, d), k/v (rows_k, HK, d), out, lse (H, rows_q)
+/// for varlen, or the batched 4-D layout when `batch` > 0.
+struct Problem {
+  int64_t rows_q, rows_k;
+  int H, HK, d, batch;  // batch 0: varlen
+  int seqlen_q = 0, seqlen_k = 0;
+  uint16_t *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr;
+  float* lse = nullptr;
+
+  Problem(int64_t rq, int64_t rk, int h, int hk, int dim, int b, uint32_t seed, int sq = 0, int sk = 0)
+      : rows_q(rq), rows_k(rk), H(h), HK(hk), d(dim), batch(b), seqlen_q(sq), seqlen_k(sk) {
+    cudaMalloc(&q, rows_q * H * d * 2);
+    cudaMalloc(&k, rows_k * HK * d * 2);
+    cudaMalloc(&v, rows_k * HK * d * 2);
+    cudaMalloc(&out, rows_q * H * d * 2);
+    cudaMalloc(&lse, rows_q * H * 4);
+    randomize(seed);
+  }
+  ~Problem() { cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(out); cudaFree(lse); }
+  Problem(const Problem&) = delete;
+
+  void randomize(uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    auto put = [&](uint16_t* dst, int64_t n) {
+      std::vector<uint16_t> h(n);
+      for (auto& x : h) x = fa4::detail::float_to_bf16(nd(rng));
+      cudaMemcpy(dst, h.data(), n * 2, cudaMemcpyHostToDevice);
+    };
+    put(q, rows_q * H * d);
+    put(k, rows_k * HK * d);
+    put(v, rows_k * HK * d);
+  }
+  void poison(cudaStream_t s) {
+    cudaMemsetAsync(out, 0xFF, rows_q * H * d * 2, s);
+    cudaMemsetAsync(lse, 0xFF, rows_q * H * 4, s);
+  }
+  void run(const fa4::AttentionOptions& o, cudaStream_t s) const {
+    const auto dev = fa4::Device::cuda(0, s);
+    if (batch == 0) {
+      fa4::forward(TensorView::contiguous(q, DType::kBF16, {rows_q, H, d}, dev),
+                   TensorView::contiguous(k, DType::kBF16, {rows_k, HK, d}, dev),
+                   TensorView::contiguous(v, DType::kBF16, {rows_k, HK, d}, dev),
+                   TensorView::contiguous(out, DType::kBF16, {rows_q, H, d}, dev),
+                   TensorView::contiguous(lse, DType::kFP32, {H, rows_q}, dev), o);
+    } else {
+      fa4::forward(TensorView::contiguous(q, DType::kBF16, {batch, seqlen_q, H, d}, dev),
+                   TensorView::contiguous(k, DType::kBF16, {batch, seqlen_k, HK, d}, dev),
+                   TensorView::contiguous(v, DType::kBF16, {batch, seqlen_k, HK, d}, dev),
+                   TensorView::contiguous(out, DType::kBF16, {batch, seqlen_q, H, d}, dev),
+                   TensorView::contiguous(lse, DType::kFP32, {batch, H, seqlen_q}, dev), o);
+    }
+  }
+  std::vector<uint16_t> out_host() const {
+    std::vector<uint16_t> h(rows_q * H * d);
+    cudaMemcpy(h.data(), out, h.size() * 2, cudaMemcpyDeviceToHost);
+    return h;
+  }
+  std::vector<float> lse_host() const {
+    std::vector<float> h(rows_q * H);
+    cudaMemcpy(h.data(), lse, h.size() * 4, cudaMemcpyDeviceToHost);
+    return h;
+  }
+};
+
+Problem batched(int batch, int seqlen_q, int seqlen_k, int H, int HK, int d, uint32_t seed) {
+  return Problem(int64_t(batch) * seqlen_q, int64_t(batch) * seqlen_k, H, HK, d, batch, seed, seqlen_q, seqlen_k);
+}
+
+bool any_nan16(const std::vector<uint16_t>& v) {
+  for (uint16_t x : v)
+    if ((x & 0x7F80) == 0x7F80 && (x & 0x7F)) return true;
+  return false;
+}
+
+/// The first `bytes` of the (device 0, stream) launch scratch, which every kernel must leave zero.
+std::vector<uint8_t> scratch_head(cudaStream_t s, size_t bytes) {
+  const char* base = fa4::hopper::launch_scratch(0, s, bytes);
+  std::vector<uint8_t> h(bytes);
+  cudaMemcpy(h.data(), base, bytes, cudaMemcpyDeviceToHost);
+  return h;
+}
+
+TEST(HopperFwd, ScratchLeftZero) {
+  REQUIRE_HOPPER();
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  // Dynamic claiming: causal, 3 x 8 x 8 = 192 tiles > SMs. A counter left non-zero would make the
+  // next launch skip tiles, whose rows would keep the poison.
+  {
+    Problem p = batched(3, 1024, 1024, 8, 8, 128, 11);
+    fa4::AttentionOptions o;
+    o.causal = true;
+    fa4::test::ScopedOverride dynamic("schedule", "dynamic");
+    std::vector<uint16_t> first;
+    for (int r = 0; r < 3; ++r) {
+      p.poison(s);
+      p.run(o, s);
+      CUDA_OK(cudaStreamSynchronize(s));
+      const auto now = p.out_host();
+      ASSERT_FALSE(any_nan16(now)) << "run " << r << ": a tile was not computed";
+      if (r == 0) first = now;
+      ASSERT_EQ(0, std::memcmp(first.data(), now.data(), now.size() * 2)) << "run " << r;
+      for (uint8_t b : scratch_head(s, 256)) ASSERT_EQ(b, 0) << "claim counter left non-zero";
+    }
+  }
+  // Stream-K forced: 16 tiles of 3000 keys split over the SMs; every flag must be cleared.
+  {
+    Problem p = batched(1, 128, 3000, 16, 16, 128, 12);
+    fa4::test::ScopedOverride split("stream_k", "1");
+    for (int r = 0; r < 2; ++r) {
+      p.poison(s);
+      p.run({}, s);
+      CUDA_OK(cudaStreamSynchronize(s));
+      ASSERT_FALSE(any_nan16(p.out_host()));
+      for (uint8_t b : scratch_head(s, 256)) ASSERT_EQ(b, 0) << "stream-K flags left set";
+    }
+  }
+  CUDA_OK(cudaStreamDestroy(s));
+}
+
+TEST(HopperFwd, VarlenGraphReplay) {
+  REQUIRE_HOPPER();
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const std::vector<int> cu_q = {0, 300, 301, 301, 1100}, cu_k = {0, 500, 900, 1000, 1900};
+  Problem p(cu_q.back(), cu_k.back(), 8, 2, 128, 0, 21);
+  int* dcu = nullptr;
+  CUDA_OK(cudaMalloc(&dcu, 2 * cu_q.size() * sizeof(int)));
+  CUDA_OK(cudaMemcpy(dcu, cu_q.data(), cu_q.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dcu + cu_q.size(), cu_k.data(), cu_k.size() * 4, cudaMemcpyHostToDevice));
+  const int64_t nb = int64_t(cu_q.size());
+  const auto dev = fa4::Device::cuda(0, s);
+  fa4::AttentionOptions o;
+  o.causal = true;
+  o.cu_seqlens_q = TensorView::contiguous(dcu, DType::kInt32, {nb}, dev);
+  o.cu_seqlens_k = TensorView::contiguous(dcu + nb, DType::kInt32, {nb}, dev);
+  o.max_seqlen_q = 800;
+  o.max_seqlen_k = 900;
+
+  auto eager = [&] {
+    p.poison(s);
+    p.run(o, s);
+    EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    return std::make_pair(p.out_host(), p.lse_host());
+  };
+  const auto want = eager();
+  ASSERT_FALSE(any_nan16(want.first));
+
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  p.poison(s);
+  p.run(o, s);
+  CUDA_OK(cudaStreamEndCapture(s, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int r = 0; r < 3; ++r) {
+    CUDA_OK(cudaGraphLaunch(exec, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    EXPECT_EQ(0, std::memcmp(want.first.data(), p.out_host().data(), want.first.size() * 2)) << "replay " << r;
+    EXPECT_EQ(0, std::memcmp(want.second.data(), p.lse_host().data(), want.second.size() * 4)) << "replay " << r;
+  }
+  // New inputs in the same memory: the replay computes them (eager on the new inputs is the truth).
+  p.randomize(22);
+  const auto want2 = eager();
+  CUDA_OK(cudaGraphLaunch(exec, s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  EXPECT_NE(0, std::memcmp(want.first.data(), want2.first.data(), want.first.size() * 2));
+  EXPECT_EQ(0, std::memcmp(want2.first.data(), p.out_host().data(), want2.first.size() * 2));
+
+  // A batched causal forward with dynamic claiming (its own scratch under capture) replays too.
+  Problem b = batched(2, 2048, 2048, 8, 8, 64, 23);
+  fa4::AttentionOptions oc;
+  oc.causal = true;
+  b.poison(s);
+  b.run(oc, s);
+  CUDA_OK(cudaStreamSynchronize(s));
+  const auto want_b = b.out_host();
+  cudaGraph_t graph_b;
+  cudaGraphExec_t exec_b;
+  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  b.poison(s);
+  b.run(oc, s);
+  CUDA_OK(cudaStreamEndCapture(s, &graph_b));
+  CUDA_OK(cudaGraphInstantiate(&exec_b, graph_b, 0));
+  for (int r = 0; r < 3; ++r) {
+    CUDA_OK(cudaGraphLaunch(exec_b, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    EXPECT_EQ(0, std::memcmp(want_b.data(), b.out_host().data(), want_b.size() * 2)) << "dynamic replay " << r;
+  }
+  cudaGraphExecDestroy(exec_b);
+  cudaGraphDestroy(graph_b);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaFree(dcu);
+  CUDA_OK(cudaStreamDestroy(s));
+}
+
+/// Runs varlen sequences (cu_q, cu_k, optional used) on a fresh poisoned output and returns it.
+struct VarlenRun {
+  std::vector<uint16_t> out;
+  std::string later_error;  // what the next call on the device reported ("" if nothing)
+};
+VarlenRun run_varlen(Problem& p, const std::vector<int>& cu_q, const std::vector<int>& cu_k,
+                     const std::vector<int>& used, int max_q, int max_k) {
+  VarlenRun r;
+  int* d = nullptr;
+  cudaMalloc(&d, (cu_q.size() + cu_k.size() + used.size() + 1) * sizeof(int));
+  cudaMemcpy(d, cu_q.data(), cu_q.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(d + cu_q.size(), cu_k.data(), cu_k.size() * 4, cudaMemcpyHostToDevice);
+  if (!used.empty()) cudaMemcpy(d + cu_q.size() + cu_k.size(), used.data(), used.size() * 4, cudaMemcpyHostToDevice);
+  const auto dev = fa4::Device::cuda(0);
+  fa4::AttentionOptions o;
+  o.cu_seqlens_q = TensorView::contiguous(d, DType::kInt32, {int64_t(cu_q.size())}, dev);
+  o.cu_seqlens_k = TensorView::contiguous(d + cu_q.size(), DType::kInt32, {int64_t(cu_k.size())}, dev);
+  if (!used.empty())
+    o.seqused_k = TensorView::contiguous(d + cu_q.size() + cu_k.size(), DType::kInt32, {int64_t(used.size())}, dev);
+  o.max_seqlen_q = max_q;
+  o.max_seqlen_k = max_k;
+  p.poison(nullptr);
+  p.run(o, nullptr);  // the call itself cannot know yet: it must not throw
+  cudaDeviceSynchronize();
+  r.out = p.out_host();
+  try {
+    fa4::check_async_errors(0);
+  } catch (const fa4::Error& e) {
+    EXPECT_EQ(e.code(), fa4::ErrorCode::kInvalidArgument);
+    r.later_error = e.what();
+  }
+  fa4::check_async_errors(0);  // reported once: cleared now
+  cudaFree(d);
+  return r;
+}
+
+TEST(HopperFwd, SanitizeBadVarlenIndices) {
+  REQUIRE_HOPPER();
+  const int H = 2, D = 64;
+  Problem p(400, 400, H, H, D, 0, 31);
+  const int64_t row = int64_t(H) * D;
+  // Sequence 0 alone (rows 0..99, keys 0..149) is the truth for its rows in every bad batch below.
+  const VarlenRun alone = run_varlen(p, {0, 100}, {0, 150}, {}, 100, 150);
+  ASSERT_EQ(alone.later_error, "");
+  ASSERT_FALSE(any_nan16(std::vector<uint16_t>(alone.out.begin(), alone.out.begin() + 100 * row)));
+  struct Bad {
+    std::vector<int> cu_q, cu_k, used;
+    int max_q, max_k;
+    const char* names;  // the tensor the report must name
+  };
+  const Bad bad[] = {
+      {{0, 100, 50}, {0, 150, 300}, {}, 300, 300, "cu_seqlens_q"},          // decreasing
+      {{0, 100, 4000}, {0, 150, 300}, {}, 4000, 300, "cu_seqlens_q"},       // past total_q
+      {{0, 100, 390}, {0, 150, 300}, {}, 200, 300, "cu_seqlens_q"},         // longer than max_seqlen_q
+      {{0, 100, 200}, {0, 150, 1 << 30}, {}, 300, 1 << 30, "cu_seqlens_k"}, // past total_k
+      {{0, 100, 200}, {0, 150, -5}, {}, 300, 300, "cu_seqlens_k"},          // negative
+      {{0, 100, 200}, {0, 150, 300}, {150, 151}, 300, 300, "seqused_k"},    // used > length
+      {{0, 100, 200}, {0, 150, 300}, {150, -1}, 300, 300, "seqused_k"},     // negative
+  };
+  for (const Bad& c : bad) {
+    const VarlenRun r = run_varlen(p, c.cu_q, c.cu_k, c.used, c.max_q, c.max_k);
+    EXPECT_NE(r.later_error.find(c.names), std::string::npos) << c.names << ": " << r.later_error;
+    EXPECT_EQ(0, std::memcmp(alone.out.data(), r.out.data(), 100 * row * 2)) << c.names << ": sequence 0 changed";
+    for (int64_t i = 100 * row; i < int64_t(r.out.size()); ++i)
+      ASSERT_EQ(r.out[i], kPoison16) << c.names << ": a skipped sequence wrote element " << i;
+  }
+  // The report fails the next forward (which writes nothing), once.
+  {
+    int* d = nullptr;
+    CUDA_OK(cudaMalloc(&d, 6 * sizeof(int)));
+    const std::vector<int> idx = {0, 100, 50, 0, 150, 300};
+    CUDA_OK(cudaMemcpy(d, idx.data(), 24, cudaMemcpyHostToDevice));
+    fa4::AttentionOptions o;
+    const auto dev = fa4::Device::cuda(0);
+    o.cu_seqlens_q = TensorView::contiguous(d, DType::kInt32, {3}, dev);
+    o.cu_seqlens_k = TensorView::contiguous(d + 3, DType::kInt32, {3}, dev);
+    o.max_seqlen_q = o.max_seqlen_k = 300;
+    p.run(o, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    p.poison(nullptr);
+    EXPECT_THROW(p.run(o, nullptr), fa4::Error);
+    CUDA_OK(cudaDeviceSynchronize());
+    for (uint16_t x : p.out_host()) ASSERT_EQ(x, kPoison16) << "the reporting call wrote";
+    fa4::check_async_errors(0);  // nothing left: the throw cleared it
+    cudaFree(d);
+  }
+}
+
+}  // namespace
