@@ -4,7 +4,8 @@
 # build-hopper/devcarry (include/ = the CuTe/CUTLASS headers of `pip install nvidia-cutlass`,
 # gtest/{include,lib} = GoogleTest) and, for an A/B, the old tree in OLD (git archive of a commit).
 # Switches (environment): HD buckets to build (default all), OLD=dir of the old tree (builds it
-# too and runs bench/ab_variants.py old vs new), SANITIZE=1, HOST=1 (bench/host_overhead.py),
+# too and runs bench/ab_variants.py old vs new), SANITIZE=1, PYTEST=1 (python/tests against this
+# build), HOST=1 (bench/host_overhead.py),
 # BENCH=1 (bench/bench_fwd.py, BENCH_ARGS), AB_ARGS (extra ab_variants.py arguments).
 # Everything is logged under $OUT; the last lines printed are the summary.
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
@@ -41,11 +42,15 @@ if [ "${SANITIZE:-0}" = 1 ]; then
     echo "$tool rc=$?: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" $OUT/sanitize_$tool.log | tr '\n' ' ')"
   done
 fi
+if [ "${PYTEST:-0}" = 1 ]; then
+  PYTHONPATH=python FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout 200 python3 -m pytest python/tests -q -rs -x > $OUT/pytest.log 2>&1
+  echo "pytest rc=$?: $(tail -1 $OUT/pytest.log)"; grep -E "FAILED|Error" $OUT/pytest.log | head -10
+fi
 if [ "${HOST:-0}" = 1 ]; then
   PYTHONPATH=python FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout 150 python3 bench/host_overhead.py $OUT/host_new.json > $OUT/host_new.log 2>&1
   echo "host_overhead (new) rc=$?"; tail -15 $OUT/host_new.log
   if [ -n "$OLD" ]; then
-    PYTHONPATH=$OLD/python FA4_LIBRARY=$PWD/build-old/src/libfa4.so timeout 150 python3 $OLD/bench/host_overhead.py $OUT/host_old.json > $OUT/host_old.log 2>&1
+    PYTHONPATH=$OLD/python:bench FA4_LIBRARY=$PWD/build-old/src/libfa4.so timeout 150 python3 bench/host_overhead.py $OUT/host_old.json > $OUT/host_old.log 2>&1
     echo "host_overhead (old) rc=$?"; tail -15 $OUT/host_old.log
   fi
 fi

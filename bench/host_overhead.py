@@ -7,37 +7,53 @@ whether the GPU is still busy with the flush: the measured time of one library j
 values. This script measures (a) the host time per call at a tiny shape, for fa4's eager route
 (fa4.flash_attn_func), its custom-op route (torch.ops.fa4.fwd, which torch.compile uses and every
 eager call used before 0c7650c), libfa4's C entry point alone and SDPA cuDNN; (b) short d128
-shapes with do_bench four times in a row and with events around 50 back-to-back calls.
+shapes with do_bench four times in a row and with events around 50 back-to-back calls; (c) the
+serving shapes (a 128-query chunk over 1024 keys, one decode query over 1024 keys with GQA 32/8):
+time per eager call back to back and per replay of the call captured in a CUDA graph.
+
+--cpu measures (a) only, on CPU tensors of shape (1, 1, 1, 8) where the CPU kernel is ~1 us: the
+same Python path minus the CUDA-only steps (current stream and device lookups, the CUDA
+allocator), for work on the host code without a GPU. libfa4_forward_support is libfa4's argument
+checking without a kernel: libfa4_fa4_forward minus it is the CPU kernel's share.
 
 Usage (on the GPU machine, repo root):
     PYTHONPATH=python FA4_LIBRARY=build-hopper/src/libfa4.so python3 bench/host_overhead.py OUT.json
+Anywhere (a CPU-only libfa4 will do):
+    PYTHONPATH=python FA4_LIBRARY=build/src/libfa4.so python3 bench/host_overhead.py --cpu OUT.json
 """
 import argparse
+import ctypes
+import datetime
 import json
 import statistics
 import time
 
 import torch
 import torch.nn.functional as F
-import triton
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa4
-from bench_fwd import run_meta, tflops  # same directory
 from fa4 import _capi, _core, _torch_ops
 
 
-def host_us(fn, n=400):
-    """Mean host time per call (us) over n calls issued back to back (GPU work is negligible)."""
+def _sync():
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def host_us(fn, n=400, rounds=1):
+    """Mean host time per call (us) over n calls issued back to back (GPU work is negligible);
+    with rounds > 1, the median of that many such means."""
     for _ in range(20):
         fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    us = (time.perf_counter() - t) / n * 1e6
-    torch.cuda.synchronize()
-    return round(us, 1)
+    _sync()
+    means = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        means.append((time.perf_counter() - t) / n * 1e6)
+        _sync()
+    return round(statistics.median(means), 2)
 
 
 def back_to_back_ms(fn, n=50):
@@ -61,36 +77,145 @@ def op_route(q, k, v, causal):
                              0 if causal else -1, 0.0, None, None, "auto", False)[0]
 
 
+def host_rows(device, dt, host):
+    """Host time at (1, 128, 16, 128) on CUDA or (1, 1, 1, 8) on CPU: fa4's routes, libfa4 alone,
+    describing the five tensors, and SDPA (cuDNN on CUDA, the default backend on CPU)."""
+    shape = [1, 128, 16, 128] if device == "cuda" else [1, 1, 1, 8]
+    b, s, h, d = shape
+    q, k, v = (torch.randn(*shape, device=device, dtype=dt) for _ in range(3))
+    qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+    out, lse = torch.empty_like(q), torch.empty(b, h, s, device=device, dtype=torch.float32)
+    opts = _torch_ops._options("host", None, None, None, None, 0, 0, None, True, -1, 0, 0.0, None,
+                               None, "auto", False)
+
+    def describe_all():  # the five fa4_tensor views of one forward call, each with its own stream lookup
+        return [_core.describe(x, n, "host") for x, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse"))]
+
+    ts = describe_all()
+    name_buf = ctypes.create_string_buffer(256)
+    lib = _capi.library()
+
+    def sdpa(causal):
+        if device != "cuda":
+            return lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def call():
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        return call
+
+    rows = []
+    for causal in (False, True):
+        row = {"kind": "host_us", "device": device, "shape": shape, "causal": causal,
+               "fa4_eager": host(lambda: fa4.flash_attn_func(q, k, v, causal=causal)),
+               "fa4_custom_op": host(lambda: op_route(q, k, v, causal)),
+               ("cudnn" if device == "cuda" else "sdpa"): host(sdpa(causal))}
+        if device != "cuda":  # the CUDA backward does not exist yet
+            row["fa4_eager_requires_grad"] = host(lambda: fa4.flash_attn_func(qg, kg, vg,
+                                                                              causal=causal))
+        rows.append(row)
+    rows.append({"kind": "host_us_parts", "device": device,
+                 "libfa4_fa4_forward": host(lambda: _capi.forward(*ts, opts.struct)),
+                 "libfa4_forward_support": host(lambda: lib.fa4_forward_support(
+                     *ts, opts.struct, name_buf, 256)),
+                 "describe_5_tensors_uncached_stream": host(describe_all),
+                 "call_options": host(lambda: _torch_ops._options(
+                     "host", None, None, None, None, 0, 0, None, True, -1, 0, 0.0, None, None,
+                     "auto", False))})
+    return rows
+
+
+# The serving shapes of the layers issue: (name, batch, seqlen_q, seqlen_k, heads, heads_kv, d).
+SERVING_SHAPES = [("prefill_chunk", 1, 128, 1024, 8, 8, 64), ("decode", 1, 1, 1024, 32, 8, 128)]
+
+
+def per_call_us(fn, n=200):
+    """Wall time per call (us) of n calls issued back to back, synchronised at the end: the host
+    cost or the GPU time, whichever bounds."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    res = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        res.append((time.perf_counter() - t) / n * 1e6)
+    return round(statistics.median(res), 2)
+
+
+def graph_replay_us(fn, n=200):
+    """Per-call time (us) when one call captured in a CUDA graph is replayed n times back to back."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return per_call_us(g.replay, n)
+
+
+def serving_rows(add):
+    """Eager calls and graph replays at the serving shapes, fa4 next to SDPA cuDNN (causal)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for name, b, sq, sk, h, hkv, d in SERVING_SHAPES:
+        q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+
+        def cudnn():
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                # SDPA's is_causal is top-left; for sq <= sk bottom-right is what fa4 computes, so
+                # both run their causal kernels on equal work only when sq == 1; time the masks as is.
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=sq > 1, enable_gqa=h != hkv)
+
+        fa4_call = lambda: fa4.flash_attn_func(q, k, v, causal=True)
+        row = {"kind": "serving", "shape": name, "batch": b, "seqlen_q": sq, "seqlen_k": sk,
+               "num_heads": h, "num_heads_kv": hkv, "headdim": d}
+        for lib, fn in (("fa4", fa4_call), ("cudnn", cudnn)):
+            try:
+                row[lib + "_eager_us"] = per_call_us(fn)
+                row[lib + "_graph_us"] = graph_replay_us(fn)
+            except RuntimeError as e:  # a backend that refuses the shape or the capture
+                row[lib + "_error"] = str(e).splitlines()[0][:120]
+        add(row)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out_json")
+    ap.add_argument("--cpu", action="store_true",
+                    help="host time of the call path on CPU tensors only (no GPU needed)")
     args = ap.parse_args()
-    meta = run_meta()
-    dt = torch.bfloat16
     rows = []
 
     def add(row):
         rows.append(row)
         print(json.dumps(row), flush=True)
 
-    q, k, v = (torch.randn(1, 128, 16, 128, device="cuda", dtype=dt) for _ in range(3))
-    qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-    out, lse = torch.empty_like(q), torch.empty(1, 16, 128, device="cuda", dtype=torch.float32)
-    opts = _torch_ops._options("host", None, None, None, None, 0, 0, None, True, -1, 0, 0.0, None,
-                               None, "auto", False)
-    def describe_all():  # the five fa4_tensor views of one forward call, each with its own stream lookup
-        return [_core.describe(x, n, "host") for x, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse"))]
+    if args.cpu:
+        torch.set_num_threads(1)
+        meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                "device": "cpu", "torch": torch.__version__, "fa4": fa4.version()}
+        for row in host_rows("cpu", torch.float32,
+                             lambda fn: host_us(fn, n=20000, rounds=5)):
+            add(row)
+        json.dump({"meta": meta, "rows": rows}, open(args.out_json, "w"), indent=1)
+        return
 
-    ts = describe_all()
-    for causal in (False, True):
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            cudnn = host_us(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal))
-        add({"kind": "host_us", "shape": [1, 128, 16, 128], "causal": causal,
-             "fa4_eager": host_us(lambda: fa4.flash_attn_func(q, k, v, causal=causal)),
-             "fa4_custom_op": host_us(lambda: op_route(q, k, v, causal)),
-             "cudnn": cudnn})
-    add({"kind": "host_us_parts", "libfa4_fa4_forward": host_us(lambda: _capi.forward(*ts, opts.struct)),
-         "describe_5_tensors_uncached_stream": host_us(describe_all)})
+    import triton
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from bench_fwd import run_meta, tflops  # same directory
+
+    meta = run_meta()
+    dt = torch.bfloat16
+    for row in host_rows("cuda", dt, host_us):
+        add(row)
+    serving_rows(add)
 
     for s, causal in [(512, True), (512, False), (1024, True)]:
         b = 16384 // s

@@ -23,12 +23,14 @@ try:  # torch is optional; when present the custom ops are registered at import
     import torch as _torch_module  # noqa: F401
 except ImportError:
     _torch_ops = None
+    _Tensor = None
 else:
     from . import _torch_ops
+    from torch import Tensor as _Tensor
 
 __all__ = [
     "flash_attn_func", "flash_attn_varlen_func", "forward", "backward", "forward_support",
-    "version", "has_cuda", "library_path", "Fa4Error", "InvalidArgumentError", "UnsupportedError",
+    "version", "has_cuda", "library_path", "check_async_errors", "Fa4Error", "InvalidArgumentError", "UnsupportedError",
     "CudaError", "NoDeviceError", "InternalError", "LibraryNotFoundError",
 ]
 
@@ -49,6 +51,18 @@ def version() -> str:
 def has_cuda() -> bool:
     """True if the loaded libfa4 was built with the CUDA (Hopper) kernels."""
     return _capi.has_cuda()
+
+
+def check_async_errors(device=0) -> None:
+    """Raises :class:`InvalidArgumentError` if an earlier varlen call on CUDA device `device` (an
+    index or torch.device) met invalid cu_seqlens_q/k or seqused_k contents, then clears the record.
+
+    CUDA tensors' indices are checked by the kernel, not before the call (reading them would cost a
+    host sync and break CUDA graph capture): a sequence that breaks a rule is not computed (its
+    out/lse rows stay unwritten) and the next call on the device raises instead of running. This
+    function does not wait for the GPU: synchronise first to see the calls already issued."""
+    index = getattr(device, "index", device)
+    _capi.check_async_errors(0 if index is None else int(index))
 
 
 def library_path() -> str:
@@ -105,6 +119,14 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     Algorithm: FlashAttention-4 (arXiv 2603.05451): tiled online softmax with software exp2 and
     lazy rescaling; see include/fa4/attention.h for the full semantics.
     """
+    if _torch_ops is not None and (isinstance(q, _Tensor) or isinstance(k, _Tensor)
+                                   or isinstance(v, _Tensor)):
+        # _dispatch's torch branch with positional arguments (host time per call matters here)
+        out, lse = _torch_ops.attention(q, k, v, "fa4.flash_attn_func", None, None, None, 0, 0,
+                                        softmax_scale, causal, window_size, softcap, sink,
+                                        deterministic, rescale_threshold,
+                                        exp2_emulation_fraction, backend)
+        return (out, lse) if return_lse else out
     return _dispatch(q, k, v, fn="fa4.flash_attn_func", varlen=False, return_lse=return_lse,
                      softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                      softcap=softcap, sink=sink, deterministic=deterministic,
@@ -132,6 +154,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         out (total_q, num_heads, headdim_v); with return_lse also lse (num_heads, total_q) fp32.
         Rows outside every sequence: out 0, lse -inf.
     """
+    if _torch_ops is not None and (isinstance(q, _Tensor) or isinstance(k, _Tensor)
+                                   or isinstance(v, _Tensor)):
+        out, lse = _torch_ops.attention(q, k, v, "fa4.flash_attn_varlen_func", cu_seqlens_q,
+                                        cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                                        softmax_scale, causal, window_size, softcap, sink,
+                                        deterministic, rescale_threshold,
+                                        exp2_emulation_fraction, backend)
+        return (out, lse) if return_lse else out
     return _dispatch(q, k, v, fn="fa4.flash_attn_varlen_func", varlen=True,
                      return_lse=return_lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                      seqused_k=seqused_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,

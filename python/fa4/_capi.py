@@ -179,6 +179,9 @@ def _declare(lib):
     lib.fa4_abi_version.restype = ctypes.c_int32
     lib.fa4_has_cuda.argtypes = []
     lib.fa4_has_cuda.restype = ctypes.c_int32
+    if hasattr(lib, "fa4_check_async_errors"):  # absent from older builds (benchmarks load those)
+        lib.fa4_check_async_errors.argtypes = [ctypes.c_int32]
+        lib.fa4_check_async_errors.restype = ctypes.c_int32
 
 
 def library():
@@ -233,6 +236,19 @@ def default_options() -> Options:
     return o
 
 
+_default_options_bytes = None  # fa4_options_init's output, taken once: the defaults are constants
+
+
+def new_options() -> Options:
+    """Same as :func:`default_options`, copied from the first call's bytes (a C call and a byref
+    fewer per attention call)."""
+    global _default_options_bytes
+    b = _default_options_bytes
+    if b is None:
+        b = _default_options_bytes = bytes(default_options())
+    return Options.from_buffer_copy(b)
+
+
 def version() -> str:
     """libfa4's version string (the CMake project version)."""
     return library().fa4_version().decode()
@@ -251,16 +267,19 @@ def library_path() -> str:
     return library()._name
 
 
+# The structs are passed as they are: for a POINTER(Tensor) / POINTER(Options) argtype ctypes
+# passes an instance by reference itself, faster than a ctypes.byref object per argument.
 def forward(q, k, v, out, lse, options) -> None:
-    check(library().fa4_forward(ctypes.byref(q), ctypes.byref(k), ctypes.byref(v),
-                                ctypes.byref(out), ctypes.byref(lse), ctypes.byref(options)))
+    status = (_lib if _lib is not None else library()).fa4_forward(q, k, v, out, lse, options)
+    if status:
+        check(status)
 
 
 def backward(dout, q, k, v, out, lse, dq, dk, dv, dsink, options) -> None:
-    check(library().fa4_backward(
-        ctypes.byref(dout), ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(out),
-        ctypes.byref(lse), ctypes.byref(dq), ctypes.byref(dk), ctypes.byref(dv),
-        ctypes.byref(dsink) if dsink is not None else None, ctypes.byref(options)))
+    status = (_lib if _lib is not None else library()).fa4_backward(
+        dout, q, k, v, out, lse, dq, dk, dv, dsink, options)
+    if status:
+        check(status)
 
 
 def forward_support(q, k, v, out, lse, options):
@@ -274,3 +293,9 @@ def forward_support(q, k, v, out, lse, options):
     if status == STATUS_OK:
         return True, buf.value.decode()
     return False, lib.fa4_last_error().decode("utf-8", errors="replace")
+
+
+def check_async_errors(device_index: int) -> None:
+    """fa4_check_async_errors: raises InvalidArgumentError if an earlier kernel on CUDA device
+    `device_index` met invalid device-resident varlen indices."""
+    check(library().fa4_check_async_errors(device_index))

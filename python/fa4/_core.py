@@ -7,6 +7,7 @@ as views, without copies. The layouts and rules are those of include/fa4/attenti
 from __future__ import annotations
 
 import ctypes
+import struct
 import sys
 
 from . import _capi
@@ -47,7 +48,7 @@ def _numpy_dtype_code(dtype):
 _TORCH_DTYPE_CODES = None  # built on first use: fa4 never imports torch itself
 
 
-def _torch_dtype_code(dtype):
+def _torch_dtype_codes():
     global _TORCH_DTYPE_CODES
     if _TORCH_DTYPE_CODES is None:
         torch = _torch()
@@ -57,73 +58,129 @@ def _torch_dtype_code(dtype):
             torch.float32: _capi.DTYPE_FP32,
             torch.int32: _capi.DTYPE_INT32,
         }
-    return _TORCH_DTYPE_CODES.get(dtype)
+    return _TORCH_DTYPE_CODES
+
+
+def _torch_dtype_code(dtype):
+    return _torch_dtype_codes().get(dtype)
+
+
+def _struct_packers():
+    """pack_into of a whole fa4_tensor for each ndim 0..MAX_DIMS: one call writes every field
+    (unused shape/stride entries zero), a fifth of the time of setting the ctypes fields one by
+    one. The format follows the struct's own field offsets, so it cannot drift from _capi.Tensor."""
+    T = _capi.Tensor
+    assert (T.data.offset, T.dtype.offset, T.ndim.offset, T.shape.offset, T.stride.offset,
+            T.device_type.offset, T.device_index.offset, T.stream.offset,
+            ctypes.sizeof(T)) == (0, 8, 12, 16, 16 + 8 * _capi.MAX_DIMS,
+                                  16 + 16 * _capi.MAX_DIMS, 20 + 16 * _capi.MAX_DIMS,
+                                  24 + 16 * _capi.MAX_DIMS, 32 + 16 * _capi.MAX_DIMS)
+    packers = []
+    for n in range(_capi.MAX_DIMS + 1):
+        pad = f"{8 * (_capi.MAX_DIMS - n)}x" if n < _capi.MAX_DIMS else ""
+        fmt = "=Qii" + f"{n}q" + pad + f"{n}q" + pad + "iiQ"
+        packer = struct.Struct(fmt)
+        assert packer.size == ctypes.sizeof(T)
+        packers.append(packer.pack_into)
+    return tuple(packers)
+
+
+_PACK = _struct_packers()
+_BACKENDS = _capi.BACKENDS
+_MAX_DIMS = _capi.MAX_DIMS
+_Tensor = _capi.Tensor
+_DEVICE_CPU, _DEVICE_CUDA = _capi.DEVICE_CPU, _capi.DEVICE_CUDA
+_raw_stream = None  # current-stream lookup, resolved on first use (torch may lack CUDA)
+
+
+def current_cuda_stream(index: int) -> int:
+    """Handle (cudaStream_t as an int) of torch's current stream on CUDA device `index`.
+
+    torch._C._cuda_getCurrentRawStream returns it directly (what torch's own generated code
+    calls); torch.cuda.current_stream(i).cuda_stream builds a Stream object first, several
+    microseconds per call. The public call is the fallback where the private one is missing."""
+    global _raw_stream
+    get = _raw_stream
+    if get is None:
+        torch = _torch()
+        get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if get is None:
+            def get(i):
+                return torch.cuda.current_stream(i).cuda_stream
+        _raw_stream = get
+    return get(index)
 
 
 def describe(x, name: str, fn: str, streams=None) -> _capi.Tensor:
     """fa4_tensor view of a NumPy array or torch tensor `x` (named `name` in error messages).
 
     streams: optional dict {CUDA device index: current stream handle} shared by the tensors of
-    one call, so the current stream is looked up once per device rather than once per tensor
-    (a few microseconds each, which added up to a third of the per-call host time)."""
-    t = _capi.Tensor()
-    if is_torch_tensor(x):
-        code = _torch_dtype_code(x.dtype)
-        if code is None:
-            raise InvalidArgumentError(
-                f"{fn}: {name}.dtype = {x.dtype} is not supported; use torch.bfloat16, "
-                f"torch.float16 or torch.float32 (int32 for cu_seqlens/seqused_k)")
-        shape, strides = x.shape, x.stride()
-        device = x.device
-        if device.type == "cuda":
-            t.device_type = _capi.DEVICE_CUDA
-            index = device.index if device.index is not None else 0
-            t.device_index = index
-            stream = streams.get(index) if streams is not None else None
-            if stream is None:
-                stream = _torch().cuda.current_stream(device).cuda_stream
-                if streams is not None:
-                    streams[index] = stream
-            t.stream = stream
-        elif device.type == "cpu":
-            t.device_type = _capi.DEVICE_CPU
-        else:
-            raise InvalidArgumentError(
-                f"{fn}: {name} is on device '{device}'; fa4 takes CPU or CUDA tensors")
-        t.data = x.data_ptr()
-    else:
-        import numpy as np
+    one call, so the current stream is looked up once per device rather than once per tensor."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return describe_torch(x, name, fn, streams)
+    import numpy as np
 
-        if not isinstance(x, np.ndarray):
-            raise InvalidArgumentError(
-                f"{fn}: {name} is a {type(x).__name__}; fa4 takes numpy.ndarray or torch.Tensor")
-        code = _numpy_dtype_code(x.dtype)
-        if code is None:
-            raise InvalidArgumentError(
-                f"{fn}: {name}.dtype = {x.dtype} is not supported; use float16, float32 or "
-                f"ml_dtypes.bfloat16 (int32 for cu_seqlens/seqused_k)")
-        shape = x.shape
-        item = x.itemsize
-        if any(s % item for s in x.strides):
-            raise InvalidArgumentError(
-                f"{fn}: {name}.strides = {x.strides} bytes are not multiples of the element size "
-                f"{item}; fa4 needs element-aligned strides")
-        strides = tuple(s // item for s in x.strides)
-        t.device_type = _capi.DEVICE_CPU
-        t.data = x.ctypes.data
-    if len(shape) > _capi.MAX_DIMS:
+    if not isinstance(x, np.ndarray):
         raise InvalidArgumentError(
-            f"{fn}: {name} has {len(shape)} dims {tuple(shape)}; fa4 tensors have at most "
-            f"{_capi.MAX_DIMS}")
-    t.dtype = code
-    t.ndim = len(shape)
-    for d, (n, s) in enumerate(zip(shape, strides)):
-        t.shape[d] = n
-        t.stride[d] = s
+            f"{fn}: {name} is a {type(x).__name__}; fa4 takes numpy.ndarray or torch.Tensor")
+    code = _numpy_dtype_code(x.dtype)
+    if code is None:
+        raise InvalidArgumentError(
+            f"{fn}: {name}.dtype = {x.dtype} is not supported; use float16, float32 or "
+            f"ml_dtypes.bfloat16 (int32 for cu_seqlens/seqused_k)")
+    shape = x.shape
+    item = x.itemsize
+    if any(s % item for s in x.strides):
+        raise InvalidArgumentError(
+            f"{fn}: {name}.strides = {x.strides} bytes are not multiples of the element size "
+            f"{item}; fa4 needs element-aligned strides")
+    strides = tuple(s // item for s in x.strides)
+    data = x.ctypes.data
+    n = len(shape)
+    if n > _MAX_DIMS:
+        raise InvalidArgumentError(
+            f"{fn}: {name} has {n} dims {tuple(shape)}; fa4 tensors have at most {_MAX_DIMS}")
+    t = _Tensor()
+    _PACK[n](t, 0, data, code, n, *shape, *strides, _DEVICE_CPU, 0, 0)
+    return t
+
+
+def describe_torch(x, name: str, fn: str, streams=None) -> _capi.Tensor:
+    """:func:`describe` of a torch tensor (the caller has checked that `x` is one)."""
+    code = (_TORCH_DTYPE_CODES or _torch_dtype_codes()).get(x.dtype)
+    if code is None:
+        raise InvalidArgumentError(
+            f"{fn}: {name}.dtype = {x.dtype} is not supported; use torch.bfloat16, "
+            f"torch.float16 or torch.float32 (int32 for cu_seqlens/seqused_k)")
+    shape, strides = x.shape, x.stride()
+    if x.is_cuda:
+        device_type = _DEVICE_CUDA
+        index = x.get_device()
+        if streams is None:
+            stream = current_cuda_stream(index)
+        else:
+            stream = streams.get(index)
+            if stream is None:
+                stream = streams[index] = current_cuda_stream(index)
+    elif x.is_cpu:
+        device_type, index, stream = _DEVICE_CPU, 0, 0
+    else:
+        raise InvalidArgumentError(
+            f"{fn}: {name} is on device '{x.device}'; fa4 takes CPU or CUDA tensors")
+    data = x.data_ptr()
+    n = len(shape)
+    if n > _MAX_DIMS:
+        raise InvalidArgumentError(
+            f"{fn}: {name} has {n} dims {tuple(shape)}; fa4 tensors have at most {_MAX_DIMS}")
+    t = _Tensor()
+    _PACK[n](t, 0, data, code, n, *shape, *strides, device_type, index, stream or 0)
     return t
 
 
 def _int32(value, what: str, fn: str) -> int:
+    if type(value) is int and _INT32_MIN <= value <= _INT32_MAX:  # the common case, first
+        return value
     if isinstance(value, bool) or not isinstance(value, int):
         try:
             import numpy as np
@@ -141,6 +198,8 @@ def _int32(value, what: str, fn: str) -> int:
 
 
 def _float(value, what: str, fn: str) -> float:
+    if type(value) is float:
+        return value
     try:
         return float(value)
     except (TypeError, ValueError):
@@ -149,6 +208,11 @@ def _float(value, what: str, fn: str) -> float:
 
 def normalize_window(window_size, fn: str):
     """(left, right) ints from flash-attn's (-1, -1) convention; None also means unbounded."""
+    if type(window_size) is tuple and len(window_size) == 2:  # fast path: two int32 ints
+        left, right = window_size
+        if (type(left) is int and type(right) is int and _INT32_MIN <= left <= _INT32_MAX
+                and _INT32_MIN <= right <= _INT32_MAX):
+            return left, right
     try:
         left, right = window_size
     except (TypeError, ValueError):
@@ -160,6 +224,9 @@ def normalize_window(window_size, fn: str):
 
 
 def backend_code(backend, fn: str) -> int:
+    code = _BACKENDS.get(backend) if type(backend) is str else None  # the common case, first
+    if code is not None:
+        return code
     if isinstance(backend, str) and backend in _capi.BACKENDS:
         return _capi.BACKENDS[backend]
     raise InvalidArgumentError(
@@ -167,17 +234,22 @@ def backend_code(backend, fn: str) -> int:
 
 
 class CallOptions:
-    """fa4_options plus the fa4_tensor objects its pointers refer to (kept alive with it)."""
+    """fa4_options plus the fa4_tensor objects its pointers refer to (kept alive with it).
 
-    def __init__(self, fn: str, *, softmax_scale=None, causal=False, window_size=(-1, -1),
+    The parameters may be given by position in this order (the torch ops do, to save the cost of
+    keyword passing on every call)."""
+
+    __slots__ = ("struct", "_keep")
+
+    def __init__(self, fn: str, softmax_scale=None, causal=False, window_size=(-1, -1),
                  softcap=0.0, sink=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
                  max_seqlen_q=0, max_seqlen_k=0, rescale_threshold=None,
                  exp2_emulation_fraction=None, backend="auto", deterministic=False, streams=None):
-        o = _capi.default_options()
+        o = _capi.new_options()
         if softmax_scale is not None:
             o.has_softmax_scale = 1
             o.softmax_scale = _float(softmax_scale, "softmax_scale", fn)  # fp32, as in the C++ API
-        o.causal = 1 if bool(causal) else 0
+        o.causal = 1 if causal else 0
         o.window_size_left, o.window_size_right = normalize_window(window_size, fn)
         o.softcap = _float(softcap, "softcap", fn)
         o.max_seqlen_q = _int32(max_seqlen_q, "max_seqlen_q", fn)
@@ -189,14 +261,16 @@ class CallOptions:
             o.exp2_emulation_fraction = _float(exp2_emulation_fraction,
                                                "exp2_emulation_fraction", fn)
         o.backend = backend_code(backend, fn)
-        o.deterministic = 1 if bool(deterministic) else 0
+        o.deterministic = 1 if deterministic else 0
         self._keep = []
-        for field, value in (("sink", sink), ("cu_seqlens_q", cu_seqlens_q),
-                             ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k)):
-            if value is not None:
-                t = describe(value, field, fn, streams)
-                self._keep.append(t)
-                setattr(o, field, ctypes.pointer(t))
+        if (sink is not None or cu_seqlens_q is not None or cu_seqlens_k is not None
+                or seqused_k is not None):
+            for field, value in (("sink", sink), ("cu_seqlens_q", cu_seqlens_q),
+                                 ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k)):
+                if value is not None:
+                    t = describe(value, field, fn, streams)
+                    self._keep.append(t)
+                    setattr(o, field, ctypes.pointer(t))
         self.struct = o
 
 
@@ -248,12 +322,10 @@ def output_shapes(q_shape, v_shape, varlen: bool, fn: str):
         raise InvalidArgumentError(
             f"{fn}: q and v must be {want}-D, q {layout}; got q {tuple(q_shape)}, "
             f"v {tuple(v_shape)}")
-    out_shape = tuple(q_shape[:-1]) + (v_shape[-1],)
     if varlen:
-        lse_shape = (q_shape[1], q_shape[0])
-    else:
-        lse_shape = (q_shape[0], q_shape[2], q_shape[1])
-    return out_shape, lse_shape
+        return (q_shape[0], q_shape[1], v_shape[2]), (q_shape[1], q_shape[0])
+    return ((q_shape[0], q_shape[1], q_shape[2], v_shape[3]),
+            (q_shape[0], q_shape[2], q_shape[1]))
 
 
 def numpy_forward(q, k, v, *, varlen: bool, fn: str, **options):

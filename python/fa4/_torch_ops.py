@@ -33,7 +33,8 @@ _FN_BWD = "fa4::bwd"
 def _last_dim_contiguous(x: Tensor) -> Tensor:
     # libfa4 needs stride 1 on the last dim; other strides are free, so only that case is copied
     # (e.g. autograd's expanded gradients, which have stride 0 everywhere).
-    if x.dim() > 0 and x.size(-1) > 1 and x.stride(-1) != 1:
+    shape = x.shape
+    if shape and shape[-1] > 1 and x.stride()[-1] != 1:
         return x.contiguous()
     return x
 
@@ -41,31 +42,27 @@ def _last_dim_contiguous(x: Tensor) -> Tensor:
 def _options(fn, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
              softmax_scale, causal, window_size_left, window_size_right, softcap,
              rescale_threshold, exp2_emulation_fraction, backend, deterministic, streams=None):
+    # By position: CallOptions(fn, softmax_scale, causal, window_size, softcap, sink,
+    # cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, rescale_threshold,
+    # exp2_emulation_fraction, backend, deterministic, streams).
     return _core.CallOptions(
-        fn, softmax_scale=softmax_scale, causal=causal,
-        window_size=(window_size_left, window_size_right), softcap=softcap, sink=sink,
-        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
-        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-        rescale_threshold=rescale_threshold, exp2_emulation_fraction=exp2_emulation_fraction,
-        backend=backend, deterministic=deterministic, streams=streams)
+        fn, softmax_scale, causal, (window_size_left, window_size_right), softcap, sink,
+        cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, rescale_threshold,
+        exp2_emulation_fraction, backend, deterministic, streams)
 
 
-class _DeviceGuard:
-    """Makes the tensor's CUDA device current for the call (a no-op for CPU tensors)."""
+# torch.cuda.current_device() minus its Python-level lazy-init check: the C function initialises
+# CUDA itself when needed (and a CUDA tensor exists, so it has been). Public call as the fallback.
+_current_cuda_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
-    def __init__(self, x: Tensor):
-        # Entering torch.cuda.device costs a few microseconds per call: skip it when x's device
-        # is already current (the common case).
-        switch = x.device.type == "cuda" and x.device.index != torch.cuda.current_device()
-        self._ctx = torch.cuda.device(x.device) if switch else None
 
-    def __enter__(self):
-        if self._ctx is not None:
-            self._ctx.__enter__()
-
-    def __exit__(self, *exc):
-        if self._ctx is not None:
-            self._ctx.__exit__(*exc)
+def _device_switch(x: Tensor):
+    """torch.cuda.device(x.device) if x is a CUDA tensor of a device that is not the current one,
+    else None. Entering torch.cuda.device costs a few microseconds per call, so the common case
+    (a CPU tensor, or x's device already current) builds no context manager at all."""
+    if x.is_cuda and x.get_device() != _current_cuda_device():
+        return torch.cuda.device(x.device)
+    return None
 
 
 def _is_varlen(cu_seqlens_q, cu_seqlens_k) -> bool:
@@ -90,18 +87,27 @@ def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tensor],
               deterministic: bool) -> tuple[Tensor, Tensor]:
     """fa4 forward: (out, lse). Layouts of include/fa4/attention.h (batched, or varlen when
     cu_seqlens are given). `deterministic` is only carried to the backward."""
-    q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
-    out, lse = _fwd_outputs(q, v, _is_varlen(cu_seqlens_q, cu_seqlens_k), fake=False)
+    q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
+    out, lse = _fwd_outputs(q, v, cu_seqlens_q is not None or cu_seqlens_k is not None, fake=False)
     streams = {}
     opts = _options(_FN_FWD, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                     max_seqlen_k, softmax_scale, causal, window_size_left, window_size_right,
                     softcap, rescale_threshold, exp2_emulation_fraction, backend, deterministic,
                     streams)
-    with _DeviceGuard(q):
-        ts = [_core.describe(x, n, _FN_FWD, streams)
-              for x, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse"))]
-        _capi.forward(*ts, opts.struct)
+    switch = _device_switch(q)
+    if switch is None:
+        _run_fwd(q, k, v, out, lse, opts, streams)
+    else:
+        with switch:
+            _run_fwd(q, k, v, out, lse, opts, streams)
     return out, lse
+
+
+def _run_fwd(q, k, v, out, lse, opts, streams):
+    describe = _core.describe_torch
+    _capi.forward(describe(q, "q", _FN_FWD, streams), describe(k, "k", _FN_FWD, streams),
+                  describe(v, "v", _FN_FWD, streams), describe(out, "out", _FN_FWD, streams),
+                  describe(lse, "lse", _FN_FWD, streams), opts.struct)
 
 
 fwd = torch.library.custom_op(_FN_FWD, _fwd_impl, mutates_args=())
@@ -140,13 +146,21 @@ def _bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
                     max_seqlen_k, softmax_scale, causal, window_size_left, window_size_right,
                     softcap, rescale_threshold, exp2_emulation_fraction, backend, deterministic,
                     streams)
-    with _DeviceGuard(q):
-        ts = [_core.describe(x, n, _FN_BWD, streams)
-              for x, n in ((dout, "dout"), (q, "q"), (k, "k"), (v, "v"), (out, "out"),
-                           (lse, "lse"), (dq, "dq"), (dk, "dk"), (dv, "dv"))]
-        tsink = _core.describe(dsink, "dsink", _FN_BWD, streams) if sink is not None else None
-        _capi.backward(*ts, tsink, opts.struct)
+    switch = _device_switch(q)
+    if switch is None:
+        _run_bwd(dout, q, k, v, out, lse, dq, dk, dv, dsink, sink, opts, streams)
+    else:
+        with switch:
+            _run_bwd(dout, q, k, v, out, lse, dq, dk, dv, dsink, sink, opts, streams)
     return dq, dk, dv, dsink
+
+
+def _run_bwd(dout, q, k, v, out, lse, dq, dk, dv, dsink, sink, opts, streams):
+    ts = [_core.describe_torch(x, n, _FN_BWD, streams)
+          for x, n in ((dout, "dout"), (q, "q"), (k, "k"), (v, "v"), (out, "out"),
+                       (lse, "lse"), (dq, "dq"), (dk, "dk"), (dv, "dv"))]
+    tsink = _core.describe_torch(dsink, "dsink", _FN_BWD, streams) if sink is not None else None
+    _capi.backward(*ts, tsink, opts.struct)
 
 
 bwd = torch.library.custom_op(_FN_BWD, _bwd_impl, mutates_args=())
@@ -196,29 +210,40 @@ torch.library.register_autograd(_FN_FWD, _backward, setup_context=_setup_context
 # modes (flop counters, debug modes, `with torch.device(...)`), and tensor subclasses (FakeTensor,
 # DTensor, ...; nn.Parameter is a plain tensor here).
 _PLAIN_TENSOR_TYPES = (Tensor, torch.nn.Parameter)
+# Looked up once: each costs a few attribute lookups per call otherwise.
+_dispatch_stack_len = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+_function_mode_enabled = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
 
 
 def _modes_active() -> bool:
-    c = torch._C
-    return (getattr(c, "_len_torch_dispatch_stack", lambda: 0)() > 0
-            or getattr(c, "_is_torch_function_mode_enabled", lambda: False)())
+    return _dispatch_stack_len() > 0 or _function_mode_enabled()
 
 
 def _use_custom_op(*tensors) -> bool:
     if torch.compiler.is_compiling() or torch.jit.is_tracing() or _modes_active():
         return True
-    return any(t is not None and (type(t) not in _PLAIN_TENSOR_TYPES
-                                  or t.device.type not in ("cuda", "cpu"))
-               for t in tensors)
+    for t in tensors:
+        # is_cuda / is_cpu: device.type without building a torch.device and a string.
+        if t is not None and (type(t) not in _PLAIN_TENSOR_TYPES
+                              or not (t.is_cuda or t.is_cpu)):
+            return True
+    return False
+
+
+_N_FN_INPUTS = 8  # _FwdFunction's arguments: the 7 tensor slots of fa4::fwd, then its scalars
 
 
 class _FwdFunction(torch.autograd.Function):
     """Eager autograd for _fwd_impl: the same saved state and backward as the custom op's.
     First-order only, like the op (whose backward op has no autograd formula): a double backward
-    raises instead of silently dropping the second-order term."""
+    raises instead of silently dropping the second-order term.
+
+    The op's 11 scalar arguments come as one tuple: autograd.Function.apply costs ~0.1 us per
+    argument, so 8 arguments instead of 18 save a microsecond per call."""
 
     @staticmethod
-    def forward(ctx, *inputs):
+    def forward(ctx, q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, scalars):
+        inputs = (q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, *scalars)
         out, lse = _fwd_impl(*inputs)
         _setup_context(ctx, inputs, (out, lse))
         return out, lse
@@ -226,28 +251,32 @@ class _FwdFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, dlse):
-        return _backward(ctx, dout, dlse)
+        return _backward(ctx, dout, dlse)[:_N_FN_INPUTS]
 
 
 # ---- the user-facing torch path -------------------------------------------------------------------
-def attention(q, k, v, *, fn, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
+def attention(q, k, v, fn, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
               max_seqlen_q=0, max_seqlen_k=0, softmax_scale=None, causal=False,
               window_size=(-1, -1), softcap=0.0, sink=None, deterministic=False,
               rescale_threshold=None, exp2_emulation_fraction=None, backend="auto"):
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, Tensor):
-            raise _capi.InvalidArgumentError(
-                f"{fn}: {name} is a {type(x).__name__}; q, k, v must all be torch.Tensor or all "
-                "numpy.ndarray")
+    """The torch route of fa4.flash_attn_func / flash_attn_varlen_func. fa4/__init__.py passes the
+    arguments by position (in this order): keyword passing cost a microsecond per call."""
+    if not (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)):
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(x, Tensor):
+                raise _capi.InvalidArgumentError(
+                    f"{fn}: {name} is a {type(x).__name__}; q, k, v must all be torch.Tensor or "
+                    "all numpy.ndarray")
     left, right = _core.normalize_window(window_size, fn)
     _core.backend_code(backend, fn)  # reject a bad name here, with this function's name
-    args = (q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-            None if softmax_scale is None else float(softmax_scale), bool(causal), left, right,
-            float(softcap), None if rescale_threshold is None else float(rescale_threshold),
-            None if exp2_emulation_fraction is None else float(exp2_emulation_fraction), backend,
-            bool(deterministic))
+    scalars = (max_seqlen_q, max_seqlen_k,
+               None if softmax_scale is None else float(softmax_scale), bool(causal), left, right,
+               float(softcap), None if rescale_threshold is None else float(rescale_threshold),
+               None if exp2_emulation_fraction is None else float(exp2_emulation_fraction),
+               backend, bool(deterministic))
     if _use_custom_op(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k):
-        return torch.ops.fa4.fwd(*args)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sink)):
-        return _FwdFunction.apply(*args)
-    return _fwd_impl(*args)
+        return torch.ops.fa4.fwd(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, *scalars)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                    or (sink is not None and sink.requires_grad)):
+        return _FwdFunction.apply(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, scalars)
+    return _fwd_impl(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, *scalars)

@@ -162,3 +162,33 @@ def test_forward_support_status_equals_forward_status(backend):
     assert support == status, (support, support_msg, status, lib.fa4_last_error())
     if status != 0:
         assert support_msg == lib.fa4_last_error()
+
+
+def _field_by_field(data, dtype, shape, strides, device_type=0, device_index=0, stream=None):
+    """The fa4_tensor built one ctypes field at a time (what _core.describe packs in one call)."""
+    t = _capi.Tensor()
+    t.data, t.dtype, t.ndim = data, dtype, len(shape)
+    for d, (n, s) in enumerate(zip(shape, strides)):
+        t.shape[d], t.stride[d] = n, s
+    t.device_type, t.device_index, t.stream = device_type, device_index, stream
+    return t
+
+
+def test_describe_packs_every_field():
+    base = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    for a in (base, base[::-1, :, ::2], base.transpose(2, 0, 3, 1), base[0, 1], base[0, 0, 0],
+              np.zeros((), np.float16), np.zeros((3, 0), np.int32)):
+        item = a.itemsize
+        want = _field_by_field(a.ctypes.data, _core._numpy_dtype_code(a.dtype), a.shape,
+                               [s // item for s in a.strides])
+        assert bytes(_core.describe(a, "x", "test")) == bytes(want), a.shape
+    with pytest.raises(fa4.InvalidArgumentError,
+                       match=r"test: x has 5 dims \(1, 1, 1, 1, 1\); fa4 tensors have at most 4"):
+        _core.describe(np.zeros((1,) * 5, np.float32), "x", "test")
+
+
+def test_default_options_copy_equals_options_init():
+    assert bytes(_capi.new_options()) == bytes(_capi.default_options())
+    a, b = _capi.new_options(), _capi.new_options()
+    a.causal = 1  # each call is a fresh struct
+    assert b.causal == 0 and bytes(_capi.new_options()) == bytes(_capi.default_options())

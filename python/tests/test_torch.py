@@ -172,6 +172,28 @@ def test_errors_are_fa4_errors(gen):
         fa4.flash_attn_func(q, q.numpy(), q)
 
 
+def test_describe_torch_packs_every_field():
+    from fa4 import _capi, _core
+
+    base = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).reshape(2, 3, 4, 5)
+    for x in (base, base[:, :, ::2], base.transpose(1, 2), base[0, 1], base[0, 0, 0],
+              torch.zeros((), dtype=torch.bfloat16), torch.zeros(3, 0, dtype=torch.int32),
+              base.half().expand(2, 3, 4, 5)[:, :1]):
+        want = _capi.Tensor()
+        want.data, want.dtype, want.ndim = x.data_ptr(), _core._torch_dtype_code(x.dtype), x.dim()
+        for d in range(x.dim()):
+            want.shape[d], want.stride[d] = x.shape[d], x.stride(d)
+        want.device_type = _capi.DEVICE_CPU
+        assert bytes(_core.describe(x, "x", "test")) == bytes(want), x.shape
+    with pytest.raises(fa4.InvalidArgumentError, match=r"test: x has 5 dims \(1, 1, 1, 1, 1\)"):
+        _core.describe(torch.zeros((1,) * 5), "x", "test")
+    with pytest.raises(fa4.InvalidArgumentError,
+                       match="test: x is on device 'meta'; fa4 takes CPU or CUDA tensors"):
+        _core.describe(torch.zeros(2, device="meta"), "x", "test")
+    with pytest.raises(fa4.InvalidArgumentError, match=r"test: x.dtype = torch.float64 is not"):
+        _core.describe(torch.zeros(2, dtype=torch.float64), "x", "test")
+
+
 def _op_args(gen, device="cpu", dtype=torch.float32):
     q = _randn(gen, (2, 16, 4, 32), dtype, device, True)
     k = _randn(gen, (2, 24, 2, 32), dtype, device, True)
@@ -349,7 +371,7 @@ def test_cuda_compile_fullgraph(gen):
 @needs_cuda
 def test_cuda_graph_capture_and_replay_split_kv(gen):
     # Few query tiles and long keys: the Hopper kernel splits the keys over the idle SMs (a
-    # cooperative launch with stream-ordered scratch, fa4/detail/stream_k.h). Both must be
+    # cooperative launch with launch scratch the kernel leaves zeroed, src/hopper/device_state.h). Both must be
     # capturable in a CUDA graph, and every replay must give the eager result bitwise, on fresh inputs
     # copied into the captured buffers.
     q = _randn(gen, (1, 128, 4, 128), torch.bfloat16, "cuda")
@@ -370,3 +392,39 @@ def test_cuda_graph_capture_and_replay_split_kv(gen):
         o64, _ = ref_attention(q, k, v)
         op, _ = ref_attention(q, k, v, upcast=False)
         _assert_rule("out", out, o64, op, torch.bfloat16)
+
+
+@needs_cuda
+def test_cuda_varlen_graph_capture_and_async_index_errors(gen):
+    # Device-resident cu_seqlens are not read by the host (no sync per call), so a varlen call
+    # captures in a CUDA graph; replays on fresh inputs give the eager result bitwise.
+    lens_q, lens_k = [300, 1, 0, 700], [500, 900, 5, 700]
+    cu_q = torch.tensor([0, 300, 301, 301, 1001], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 500, 1400, 1405, 2105], dtype=torch.int32, device="cuda")
+    q = _randn(gen, (1001, 8, 128), torch.bfloat16, "cuda")
+    k = _randn(gen, (2105, 2, 128), torch.bfloat16, "cuda")
+    v = _randn(gen, (2105, 2, 128), torch.bfloat16, "cuda")
+    args = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
+                max_seqlen_k=max(lens_k), causal=True)
+    fa4.flash_attn_varlen_func(q, k, v, **args)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fa4.flash_attn_varlen_func(q, k, v, **args)
+    for _ in range(2):
+        for t in (q, k, v):
+            t.copy_(_randn(gen, tuple(t.shape), torch.bfloat16, "cuda"))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, fa4.flash_attn_varlen_func(q, k, v, **args))
+    # A decreasing cu_seqlens_q: that sequence is skipped (rows untouched) and reported by the next
+    # call on the device, which raises instead of running; then the record is clear.
+    bad_q = torch.tensor([0, 300, 250, 301, 1001], dtype=torch.int32, device="cuda")
+    fa4.flash_attn_varlen_func(q, k, v, **dict(args, cu_seqlens_q=bad_q))
+    torch.cuda.synchronize()
+    with pytest.raises(fa4.InvalidArgumentError, match="cu_seqlens_q must start at 0, be non-decreasing"):
+        fa4.flash_attn_varlen_func(q, k, v, **args)
+    fa4.check_async_errors(q.device)  # cleared by the report
+    torch.cuda.synchronize()
+    assert torch.equal(out, fa4.flash_attn_varlen_func(q, k, v, **args))

@@ -19,7 +19,10 @@ struct TileInfo {
   __device__ __forceinline__ bool has_keys() const { return keys.n_block_max > keys.n_block_min; }
 };
 
-template <int kBlockM, int kBlockN, class Params>
+/// kValidate: check the varlen indices (the producer, which sees every tile first and publishes
+/// only tiles with rows; the consumers then recompute the same geometry without the checks, which
+/// would cost them registers in the key loop).
+template <int kBlockM, int kBlockN, bool kValidate, class Params>
 __device__ __forceinline__ TileInfo make_tile_info(const Params& p, int32_t t) {
   TileInfo ti;
   ti.c = tile_coord(p, t);
@@ -33,25 +36,31 @@ __device__ __forceinline__ TileInfo make_tile_info(const Params& p, int32_t t) {
     const int32_t k0 = __shfl_sync(0xffffffffu, p.cu_seqlens_k[b], 0);
     const int32_t k1 = __shfl_sync(0xffffffffu, p.cu_seqlens_k[b + 1], 0);
     const int32_t used = p.seqused_k ? __shfl_sync(0xffffffffu, p.seqused_k[b], 0) : k1 - k0;
-    // The host cannot read these without a sync, so the rules are checked here: a sequence that
-    // breaks one is not computed (no row of it is read or written) and the producer's leader
-    // (thread 0; the consumers only see tiles it published) reports it through the error word.
-    uint32_t bad = 0;
-    if ((b == 0 && q0 != 0) || q0 < 0 || q1 < q0 || q1 > p.total_q || q1 - q0 > p.seqlen_q) bad |= kBadCuSeqlensQ;
-    if ((b == 0 && k0 != 0) || k0 < 0 || k1 < k0 || k1 > p.total_k || k1 - k0 > p.seqlen_k) bad |= kBadCuSeqlensK;
-    else if (used < 0 || used > k1 - k0) bad |= kBadSequsedK;
-    if (bad == 0) {
-      ti.q_row0 = q0;
-      ti.k_row0 = k0;
-      ti.seqlen_q = q1 - q0;
-      ti.seqlen_k = used;
-    } else {
-      if (threadIdx.x == 0) {
-        volatile uint32_t* word = p.async_error;
-        *word = *word | bad;  // mapped host memory: plain stores (PCIe need not carry atomics)
-        __threadfence_system();
+    ti.q_row0 = q0;
+    ti.k_row0 = k0;
+    ti.seqlen_q = q1 - q0;
+    ti.seqlen_k = used;
+    if constexpr (kValidate) {
+      // The host cannot read these without a sync, so the rules are checked here: a sequence that
+      // breaks one is not computed (no row of it is read or written) and the producer's leader
+      // (thread 0) records the rule in the device's error word (device_state.h).
+      // Unsigned compares fold "< 0" into "> bound"; with both offsets in [0, total] their
+      // difference cannot overflow, and a negative length fails "<= max_seqlen" the same way.
+      auto out_of = [](int32_t x, int32_t bound) { return uint32_t(x) > uint32_t(bound); };
+      uint32_t bad = 0;
+      if ((b == 0 && q0 != 0) || out_of(q0, p.total_q) || out_of(q1, p.total_q) || out_of(q1 - q0, p.seqlen_q))
+        bad |= kBadCuSeqlensQ;
+      if ((b == 0 && k0 != 0) || out_of(k0, p.total_k) || out_of(k1, p.total_k) || out_of(k1 - k0, p.seqlen_k))
+        bad |= kBadCuSeqlensK;
+      else if (out_of(used, k1 - k0))
+        bad |= kBadSequsedK;
+      if (bad != 0) {
+        if (threadIdx.x == 0) {  // mapped host memory: a plain read-modify-write (PCIe need not carry atomics)
+          volatile uint32_t* word = p.async_error;
+          *word = *word | bad;
+        }
+        ti.q_row0 = ti.k_row0 = ti.seqlen_q = ti.seqlen_k = 0;
       }
-      ti.q_row0 = ti.k_row0 = ti.seqlen_q = ti.seqlen_k = 0;
     }
   } else {
     ti.q_row0 = ti.k_row0 = 0;
@@ -76,11 +85,12 @@ __device__ __forceinline__ void restrict_keys(TileInfo& ti, const detail::WorkIt
   }
 }
 
-/// The tile of work item w, with the key range of its stream-K piece (the producer and the
-/// consumers must agree on it block for block).
+/// The tile of work item w (published by the producer: its indices passed the checks), with the
+/// key range of its stream-K piece (the producer and the consumers must agree on it block for
+/// block).
 template <int kBlockM, int kBlockN, class Params>
 __device__ __forceinline__ TileInfo make_tile_info(const Params& p, const detail::WorkItem& w) {
-  TileInfo ti = make_tile_info<kBlockM, kBlockN>(p, w.tile);
+  TileInfo ti = make_tile_info<kBlockM, kBlockN, false>(p, w.tile);
   restrict_keys(ti, w);
   return ti;
 }
