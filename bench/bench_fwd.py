@@ -224,7 +224,7 @@ def main():
                           "nheads": 32}, q, k, v, True, flops))
 
         # Few query tiles, long keys (chunked prefill / prefix reuse): fewer tiles than SMs, where
-        # fa4 splits the keys over the idle SMs (stream-K split-KV, fa4/detail/stream_k.h).
+        # fa4 splits the keys over the idle SMs (stream-K split-KV, core/stream_k.h).
         for batch, sq, sk in [(1, 128, 32768), (2, 512, 16384)]:
             q = torch.randn(batch, sq, 16, 128, device="cuda", dtype=dt)
             k, v = (torch.randn(batch, sk, 16, 128, device="cuda", dtype=dt) for _ in range(2))
@@ -258,7 +258,7 @@ def main():
                     with hopper_overrides(schedule=sched, lpt=lpt):
                         add({"kind": "ablation_schedule", "hdim": hdim, "causal": causal, "sched": sched,
                              "lpt": lpt == "1", "fa4": tflops(flops, time_fa4(q, k, v, causal))})
-                if not causal:  # stream-K tail split: dense problems only (fa4/detail/stream_k.h)
+                if not causal:  # stream-K tail split: dense problems only (core/stream_k.h)
                     for sk in ["0", "1"]:
                         with hopper_overrides(stream_k=sk):
                             add({"kind": "ablation_stream_k", "hdim": hdim, "causal": causal,

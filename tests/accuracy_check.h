@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "cpu/naive_attention.h"
-#include "fa4/detail/params.h"
+#include "core/params.h"
 #include "fa4/exp2.h"
 #include "test_util.h"
 

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "fa4/detail/float16.h"
+#include "core/float16.h"
 #include "fa4/tensor.h"
 
 namespace fa4::test {

@@ -11,7 +11,7 @@
 #include "common/validate.h"
 #include "cpu/cpu_attention.h"
 #include "cpu/naive_attention.h"
-#include "fa4/detail/kernel_config.h"
+#include "hopper/fwd/tuning_fwd.h"
 
 namespace fa4::cli {
 

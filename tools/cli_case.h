@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "fa4/attention.h"
-#include "fa4/detail/mask.h"
+#include "core/mask.h"
 #include "test_util.h"
 
 namespace fa4::cli {

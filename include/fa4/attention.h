@@ -18,7 +18,7 @@
 // sink: P_ij = exp(s_ij - lse_i), lse_i = log(sum_j exp(s_ij) + exp(sink_h)) (sink term only if
 // given). out_i = sum_j P_ij v_j. The sink joins the denominator only; it has no value row.
 //
-// MASK (one predicate, include/fa4/detail/mask.h, shared by every implementation, fwd and bwd):
+// MASK (one predicate, src/core/mask.h, shared by every implementation, fwd and bwd):
 // query i sees key j (0 <= j < seqlen_k of its sequence) iff
 //     j >= i + seqlen_k - seqlen_q - window_size_left    (skipped when window_size_left  == -1)
 //     j <= i + seqlen_k - seqlen_q + window_size_right   (skipped when window_size_right == -1)
@@ -85,7 +85,7 @@ struct AttentionOptions {
   float rescale_threshold = 8.0f;
   /// Share of exp2 evaluations done by the FMA-pipe polynomial (fa4/exp2.h) instead of the
   /// hardware unit, picked by key-column position within a key tile. Must be a multiple of 1/16 in
-  /// [0, 1]. Unset = the tuned default of the kernel that runs (fa4/detail/kernel_config.h).
+  /// [0, 1]. Unset = the tuned default of the kernel that runs (hopper/fwd/tuning_fwd.h).
   std::optional<float> exp2_emulation_fraction;
 
   Backend backend = Backend::kAuto;

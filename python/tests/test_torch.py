@@ -371,7 +371,7 @@ def test_cuda_compile_fullgraph(gen):
 @needs_cuda
 def test_cuda_graph_capture_and_replay_split_kv(gen):
     # Few query tiles and long keys: the Hopper kernel splits the keys over the idle SMs (a
-    # cooperative launch with launch scratch the kernel leaves zeroed, src/hopper/device_state.h). Both must be
+    # cooperative launch with launch scratch the kernel leaves zeroed, src/hopper/shared/device_state.h). Both must be
     # capturable in a CUDA graph, and every replay must give the eager result bitwise, on fresh inputs
     # copied into the captured buffers.
     q = _randn(gen, (1, 128, 4, 128), torch.bfloat16, "cuda")

@@ -8,7 +8,7 @@
 // (case C35; device-resident ones are checked by the kernel, see below).
 // Nothing is written anywhere; the caller runs an implementation only after this returns.
 #include "common/validate.h"
-#include "fa4/detail/constants.h"
+#include "core/constants.h"
 
 #include <cmath>
 #include <cstring>
@@ -409,7 +409,7 @@ FwdParams make_fwd_params(const TensorView& q_in, const TensorView& k_in, const 
     // Contents (case C35). Host-resident indices are checked here, before anything runs. Device-
     // resident ones cannot be read without a host sync per call (and not at all under CUDA graph
     // capture): the kernel checks the same rules for every sequence, computes nothing for one that
-    // breaks them, and reports it through fa4::check_async_errors (src/hopper/device_state.h).
+    // breaks them, and reports it through fa4::check_async_errors (src/hopper/shared/device_state.h).
     if (!cu_q.t.is_cuda()) {
       const std::vector<int32_t> hq = read_int32_host(cu_q);
       const std::vector<int32_t> hk = read_int32_host(cu_k);

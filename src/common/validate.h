@@ -15,7 +15,7 @@
 #include <string>
 
 #include "fa4/attention.h"
-#include "fa4/detail/params.h"
+#include "core/params.h"
 
 namespace fa4::detail {
 

@@ -1,8 +1,8 @@
 // src/cpu/cpu_attention.h — the CPU implementations behind fa4::forward / fa4::backward.
-// All take validated params (include/fa4/detail/params.h) whose pointers are host memory.
+// All take validated params (src/core/params.h) whose pointers are host memory.
 #pragma once
 
-#include "fa4/detail/params.h"
+#include "core/params.h"
 
 namespace fa4::cpu {
 

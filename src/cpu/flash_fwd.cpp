@@ -19,16 +19,17 @@
 // ROUNDING OF P: for bf16/fp16 inputs P is rounded to the input dtype before the P.V product, as
 // the GPU does when it feeds P to the tensor cores; the row sum l uses the unrounded fp32 P (as the
 // GPU's fp32 row sum does). fp32 inputs keep fp32 P.
-// Finalisation: out = acc / l, lse = (m*mult + log2 l) * ln2 (natural log). The sink joins only
-// the denominator: l' = l * 2^(m*mult - M) + 2^(sink*log2e - M), M = max(m*mult, sink*log2e), so
-// neither term can overflow. A row with no visible key (l == 0): out 0, lse -inf (or the sink).
+// Finalisation (core/softmax.h, shared with the GPU): out = acc / l, lse = (m*mult + log2 l) * ln2
+// (natural log), the sink joining the denominator only. A row with no visible key (l == 0): out 0,
+// lse -inf (or the sink).
 // Key tiles wholly outside the rows' visible_key_range are skipped; within a tile the per-element
-// key_visible predicate decides (fa4/detail/mask.h).
+// key_visible predicate decides (core/mask.h).
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "cpu/cpu_attention.h"
+#include "core/softmax.h"
 #include "cpu/flash_tile.h"
 #include "fa4/exp2.h"
 
@@ -70,7 +71,7 @@ void accumulate_tile(const detail::FwdParams& p, Exp2Split split, int64_t rows, 
     // Lazy rescaling: raise m only if the new max exceeds it by more than tau (log2 units).
     if (mt > m && (m == kNegInf || (mt - m) * mult > p.rescale_threshold)) {
       if (m != kNegInf) {
-        const float f = std::exp2((m - mt) * mult);
+        const float f = detail::merge_weight(m, mt, mult, [](float x) { return std::exp2(x); });
         t.l[i] *= f;
         for (int64_t e = 0; e < dv; ++e) acc[e] *= f;
       }
@@ -105,30 +106,14 @@ void finalize_tile(const detail::FwdParams& p, const detail::SeqInfo& si, const 
     const float l = t.l[i];
     const int64_t row = si.q_row0 + w.row0 + i;
     const int64_t oo = tile::row_offset(p, p.out_stride, w.b, row, w.h);
-    float& lse = p.lse[tile::lse_offset(p, w.b, row, w.h)];
-    if (l == 0.0f) {  // no visible key (documented edge semantics; never NaN)
-      for (int64_t e = 0; e < dv; ++e) detail::store_from_float(p.out, p.dtype, oo + e, 0.0f);
-      lse = sink;
-      continue;
-    }
     const float ml = t.m[i] == kNegInf ? kNegInf : t.m[i] * mult;  // log2 units
-    float scale_out, lse_log2;
-    if (has_sink) {
-      const float sl = sink * tile::kLog2e;
-      const float big = std::max(ml, sl);
-      const float f = std::exp2(ml - big);
-      const float denom = l * f + std::exp2(sl - big);
-      scale_out = f / denom;
-      lse_log2 = big + std::log2(denom);
-    } else {
-      scale_out = 1.0f / l;
-      lse_log2 = ml + std::log2(l);
-    }
+    const detail::RowNorm n = detail::finalize_row(ml, l, sink);
     for (int64_t e = 0; e < dv; ++e) {
-      const float o = has_sink ? acc[e] * scale_out : acc[e] / l;  // no-sink: exact division
+      // No sink: an exact division (l == 0 only with acc == 0, whose row is then 0 as documented).
+      const float o = l == 0.0f ? 0.0f : has_sink ? acc[e] * n.o_scale : acc[e] / l;
       detail::store_from_float(p.out, p.dtype, oo + e, o);
     }
-    lse = lse_log2 * tile::kLn2;
+    p.lse[tile::lse_offset(p, w.b, row, w.h)] = n.lse;
   }
 }
 

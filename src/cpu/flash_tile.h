@@ -11,9 +11,9 @@
 
 #include "cpu/cpu_attention.h"
 #include "cpu/naive_attention.h"
-#include "fa4/detail/constants.h"
-#include "fa4/detail/float16.h"
-#include "fa4/detail/params.h"
+#include "core/constants.h"
+#include "core/float16.h"
+#include "core/params.h"
 
 namespace fa4::cpu::tile {
 

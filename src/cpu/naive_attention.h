@@ -22,9 +22,9 @@
 #include <limits>
 #include <vector>
 
-#include "fa4/detail/constants.h"
-#include "fa4/detail/float16.h"
-#include "fa4/detail/params.h"
+#include "core/constants.h"
+#include "core/float16.h"
+#include "core/params.h"
 #include "fa4/exp2.h"
 
 namespace fa4::cpu::naive {

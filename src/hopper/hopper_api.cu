@@ -1,18 +1,19 @@
 // src/hopper/hopper_api.cu — the Hopper selector (forward_support) and dispatcher (forward).
 // Deliberately free of CuTe: it only sees the run_fwd<dtype, d, dv> declarations, so it compiles
-// in seconds; the kernels live in src/hopper/instantiations/*.cu.
+// in seconds; the kernels live in src/hopper/fwd/instantiations/*.cu.
 #include <cuda_runtime.h>
 
 #include <mutex>
 #include <string>
 #include <vector>
 
-#include "fa4/detail/kernel_config.h"
+#include "hopper/fwd/tuning_fwd.h"
 #include "fa4/error.h"
 #include "common/overrides.h"
-#include "hopper/device_state.h"
+#include "hopper/shared/device_state.h"
+#include "hopper/buckets.h"
 #include "hopper/hopper_api.h"
-#include "hopper/launch_fwd.h"
+#include "hopper/fwd/launch_fwd.h"
 
 namespace fa4::hopper {
 namespace {
@@ -70,37 +71,17 @@ DeviceFacts device_facts(int index) {
   return f;
 }
 
-/// Which buckets this build compiled (CMake FA4_HOPPER_HEADDIMS).
+// CMake defines FA4_HOPPER_HAS_<d>_<dv> for every bucket: 1 where this build compiled it
+// (FA4_HOPPER_HEADDIMS), else 0.
+#define FA4_BUCKET_COMPILED(D, DV) \
+  if (d == D && dv == DV) return FA4_HOPPER_HAS_##D##_##DV == 1;
+
+/// Which buckets this build compiled.
 bool bucket_compiled(int d, int dv) {
-#define FA4_CHECK_BUCKET(D, DV, MACRO) \
-  if (d == D && dv == DV) return MACRO + 0 == 1;
-#ifndef FA4_HOPPER_HAS_64_64
-#define FA4_HOPPER_HAS_64_64 0
-#endif
-#ifndef FA4_HOPPER_HAS_96_96
-#define FA4_HOPPER_HAS_96_96 0
-#endif
-#ifndef FA4_HOPPER_HAS_128_128
-#define FA4_HOPPER_HAS_128_128 0
-#endif
-#ifndef FA4_HOPPER_HAS_192_128
-#define FA4_HOPPER_HAS_192_128 0
-#endif
-#ifndef FA4_HOPPER_HAS_192_192
-#define FA4_HOPPER_HAS_192_192 0
-#endif
-#ifndef FA4_HOPPER_HAS_256_256
-#define FA4_HOPPER_HAS_256_256 0
-#endif
-  FA4_CHECK_BUCKET(64, 64, FA4_HOPPER_HAS_64_64)
-  FA4_CHECK_BUCKET(96, 96, FA4_HOPPER_HAS_96_96)
-  FA4_CHECK_BUCKET(128, 128, FA4_HOPPER_HAS_128_128)
-  FA4_CHECK_BUCKET(192, 128, FA4_HOPPER_HAS_192_128)
-  FA4_CHECK_BUCKET(192, 192, FA4_HOPPER_HAS_192_192)
-  FA4_CHECK_BUCKET(256, 256, FA4_HOPPER_HAS_256_256)
-#undef FA4_CHECK_BUCKET
+  FA4_HOPPER_BUCKETS(FA4_BUCKET_COMPILED)
   return false;
 }
+#undef FA4_BUCKET_COMPILED
 
 /// TMA rules for one of q/k/v: 16-byte aligned base, positive 16-byte-multiple strides on every
 /// dimension of extent > 1 (size-1 dims are ignored, case C20).
@@ -199,7 +180,7 @@ void forward(const detail::FwdParams& p) {
   ctx.tma_epilogue = pick(o.tma_epilogue, true) && !p.is_varlen &&
                      check_tma_tensor("out", p.out, p.out_stride, p.seqlen_q, p.num_heads, p.batch,
                                       false, dtype_size(p.dtype)).empty();
-  // Stream-K split-KV (fa4/detail/stream_k.h): automatic (-1) for dense problems with fewer tiles
+  // Stream-K split-KV (core/stream_k.h): automatic (-1) for dense problems with fewer tiles
   // than SMs; the override forces it off (0), or on for any partial last round (1).
   ctx.stream_k = o.stream_k;
   if (p.is_varlen) ctx.async_error = async_error_word(p.device.index);
@@ -217,18 +198,13 @@ void forward(const detail::FwdParams& p) {
   const bool bf16 = p.dtype == DType::kBF16;
 #define FA4_DISPATCH(D, DV)                                                  \
   if (c->headdim == D && c->headdim_v == DV) {                               \
-    if constexpr (FA4_HOPPER_HAS_##D##_##DV) {                               \
+    if constexpr (FA4_HOPPER_HAS_##D##_##DV == 1) {                          \
       if (bf16) run_fwd<int(DType::kBF16), D, DV>(p, ctx);                   \
       else run_fwd<int(DType::kFP16), D, DV>(p, ctx);                        \
       return;                                                                \
     }                                                                        \
   }
-  FA4_DISPATCH(64, 64)
-  FA4_DISPATCH(96, 96)
-  FA4_DISPATCH(128, 128)
-  FA4_DISPATCH(192, 128)
-  FA4_DISPATCH(192, 192)
-  FA4_DISPATCH(256, 256)
+  FA4_HOPPER_BUCKETS(FA4_DISPATCH)
 #undef FA4_DISPATCH
   throw Error(ErrorCode::kInternal, "fa4::forward (hopper): selector and dispatcher disagree");
 }

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "fa4/detail/params.h"
+#include "core/params.h"
 
 namespace fa4::hopper {
 

@@ -18,7 +18,7 @@
 #include <limits>
 
 #include "common/bf16_reference.h"
-#include "fa4/detail/float16.h"
+#include "core/float16.h"
 #include "fa4/exp2.h"
 
 namespace {

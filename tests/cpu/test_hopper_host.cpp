@@ -1,6 +1,6 @@
 // tests/cpu/test_hopper_host.cpp — host-side checks of the Hopper kernel's tile logic (no GPU
 // needed, so these run in CI): the persistent tile order visits every tile exactly once, and the
-// per-tile key-block range / "needs element mask" decision agree with fa4/detail/mask.h.
+// per-tile key-block range / "needs element mask" decision agree with core/mask.h.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -8,9 +8,9 @@
 #include <tuple>
 #include <vector>
 
-#include "fa4/detail/mask.h"
-#include "hopper/mask.cuh"
-#include "hopper/tile_scheduler.cuh"
+#include "core/mask.h"
+#include "hopper/shared/mask.cuh"
+#include "hopper/shared/tile_scheduler.cuh"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// tests/cpu/test_stream_k.cpp — the stream-K tail plan (fa4/detail/stream_k.h) that the Hopper
+// tests/cpu/test_stream_k.cpp — the stream-K tail plan (core/stream_k.h) that the Hopper
 // kernel enumerates on the device: every (tile, key block) is run by exactly one CTA, every cut tile
 // has exactly one combiner whose contributor list is exactly the CTAs holding the tile's other
 // pieces, contributors run first and combiners last, and the automatic choice splits only few,
@@ -11,7 +11,7 @@
 #include <tuple>
 #include <vector>
 
-#include "fa4/detail/stream_k.h"
+#include "core/stream_k.h"
 
 namespace {
 

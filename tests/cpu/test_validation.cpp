@@ -19,7 +19,7 @@
 
 #include "common/validate.h"
 #include "fa4/attention.h"
-#include "fa4/detail/float16.h"
+#include "core/float16.h"
 
 namespace {
 

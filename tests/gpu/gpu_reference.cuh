@@ -1,7 +1,7 @@
 // tests/gpu/gpu_reference.cuh — plain CUDA fp32 attention for the GPU tests (no Python needed).
 //
 // One CTA per (query row, head, batch): it MATERIALISES the score row S (shared memory), applies
-// softcap and the mask (fa4/detail/mask.h: masked logits replaced by -inf), then P, l, O and LSE.
+// softcap and the mask (core/mask.h: masked logits replaced by -inf), then P, l, O and LSE.
 // It consumes the same validated FwdParams (device pointers) the kernel under test gets.
 //   exact: fp32 everywhere, output fp32 (the reference);
 //   naive16: S, P and O rounded to the input dtype, like a plain same-precision implementation
@@ -15,8 +15,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "fa4/detail/mask.h"
-#include "fa4/detail/params.h"
+#include "core/mask.h"
+#include "core/params.h"
 
 namespace fa4::test {
 

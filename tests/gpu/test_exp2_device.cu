@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "common/bf16_reference.h"
-#include "fa4/detail/float16.h"
+#include "core/float16.h"
 #include "fa4/exp2.h"
 
 namespace {

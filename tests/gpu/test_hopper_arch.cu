@@ -1,4 +1,4 @@
-// tests/gpu/test_hopper_arch.cu — the raw-PTX layer of the Hopper kernels (src/hopper/arch.cuh) on
+// tests/gpu/test_hopper_arch.cu — the raw-PTX layer of the Hopper kernels (src/hopper/arch/arch.cuh) on
 // its own: ex2.approx against exp2, quad reductions, named barriers ordering two warp groups and
 // three in round robin (with the per-warpgroup barrier ids), and setmaxnreg accepted in a
 // warp-specialised kernel (384 threads with 24/240 registers, 512 with 24/160).
@@ -8,7 +8,7 @@
 #include <cmath>
 #include <vector>
 
-#include "hopper/arch.cuh"
+#include "hopper/arch/arch.cuh"
 
 #include "gpu_test_util.cuh"
 
@@ -37,9 +37,9 @@ __global__ void __launch_bounds__(384, 1) barrier_kernel(int* flag_seen, float* 
   if (wg == 1) {
     if (threadIdx.x == 128) flag = 42;
     __threadfence_block();
-    named_barrier_arrive(kBarrierSchedulerWG1, 256);
+    named_barrier_arrive(NamedBarriers<2>::turn(0), 256);
   } else {
-    named_barrier_sync(kBarrierSchedulerWG1, 256);
+    named_barrier_sync(NamedBarriers<2>::turn(0), 256);
     flag_seen[threadIdx.x - 256] = flag;
     const int lane = threadIdx.x % 32;
     quad_out[2 * (threadIdx.x - 256)] = quad_max(float(lane));
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(384, 1) barrier_kernel(int* flag_seen, float* 
   }
 }
 
-// 512 threads: three consumer warpgroups take turns through their scheduler barriers exactly as
+// 512 threads: three consumer warpgroups take turns through their turn barriers exactly as
 // the d64 kernel's ping-pong does (warpgroup 0 pre-arrives on its own barrier; each waits on its
 // own, 128 threads of its own + the previous one's 128-thread arrive, takes its turn and hands it
 // on). The turn log must read 0, 1, 2, 0, 1, 2, ...
@@ -64,33 +64,39 @@ __global__ void __launch_bounds__(512, 1) round_robin_kernel(int* order) {
     return;
   }
   warpgroup_reg_alloc<160>();
-  if (wg == 0) named_barrier_arrive(scheduler_barrier<3>(0), 256);
+  if (wg == 0) named_barrier_arrive(NamedBarriers<3>::turn(0), 256);
   for (int r = 0; r < kTurnRounds; ++r) {
-    named_barrier_sync(scheduler_barrier<3>(wg), 256);
+    named_barrier_sync(NamedBarriers<3>::turn(wg), 256);
     if (threadIdx.x % 128 == 0) log[atomicAdd(&pos, 1)] = wg;
-    named_barrier_arrive(scheduler_barrier<3>((wg + 1) % 3), 256);
+    named_barrier_arrive(NamedBarriers<3>::turn((wg + 1) % 3), 256);
   }
-  named_barrier_sync(kBarrierConsumers, 384);
+  named_barrier_sync(NamedBarriers<3>::consumers(), 384);
   if (threadIdx.x == 128)
     for (int i = 0; i < 3 * kTurnRounds; ++i) order[i] = log[i];
 }
 
-// Ids of the per-warpgroup barriers: distinct from each other and the shared ones, in 1..15
-// (0 is __syncthreads); two-warpgroup kernels keep base + wg.
-static_assert(fa4::hopper::arch::scheduler_barrier<2>(1) == fa4::hopper::arch::kBarrierSchedulerWG2);
-static_assert(fa4::hopper::arch::epilogue_barrier<2>(1) == fa4::hopper::arch::kBarrierEpilogueWG2);
-TEST(HopperArch, BarrierIdsAreDistinct) {
-  using namespace fa4::hopper::arch;
-  std::vector<uint32_t> ids = {kBarrierConsumers};
-  for (int wg = 0; wg < 3; ++wg) {
-    ids.push_back(scheduler_barrier<3>(wg));
-    ids.push_back(epilogue_barrier<3>(wg));
+// Barrier ids: distinct from each other and in 1..15 (0 is __syncthreads) for two and three
+// warpgroups, below kFirstFree; the two-warpgroup kernels keep the ids they were tuned with.
+static_assert(fa4::hopper::arch::NamedBarriers<2>::turn(0) == 2 && fa4::hopper::arch::NamedBarriers<2>::turn(1) == 3);
+static_assert(fa4::hopper::arch::NamedBarriers<2>::local(0) == 5 && fa4::hopper::arch::NamedBarriers<2>::local(1) == 6);
+template <int kNumWG>
+void expect_distinct_barrier_ids() {
+  using B = fa4::hopper::arch::NamedBarriers<kNumWG>;
+  std::vector<uint32_t> ids = {B::consumers()};
+  for (int wg = 0; wg < kNumWG; ++wg) {
+    ids.push_back(B::turn(wg));
+    ids.push_back(B::local(wg));
   }
   for (size_t i = 0; i < ids.size(); ++i) {
     EXPECT_GE(ids[i], 1u);
+    EXPECT_LT(ids[i], B::kFirstFree);
     EXPECT_LE(ids[i], 15u);
-    for (size_t j = 0; j < i; ++j) EXPECT_NE(ids[i], ids[j]) << i << " " << j;
+    for (size_t j = 0; j < i; ++j) EXPECT_NE(ids[i], ids[j]) << kNumWG << " warpgroups: " << i << " " << j;
   }
+}
+TEST(HopperArch, BarrierIdsAreDistinct) {
+  expect_distinct_barrier_ids<2>();
+  expect_distinct_barrier_ids<3>();
 }
 
 TEST(HopperArch, ThreeWarpgroupRoundRobin) {

@@ -23,9 +23,9 @@
 
 #include "common/validate.h"
 #include "fa4/attention.h"
-#include "fa4/detail/constants.h"
-#include "fa4/detail/float16.h"
-#include "fa4/detail/kernel_config.h"
+#include "core/constants.h"
+#include "core/float16.h"
+#include "hopper/fwd/tuning_fwd.h"
 #include "gpu/gpu_reference.cuh"
 
 #include "gpu_test_util.cuh"
@@ -591,7 +591,7 @@ TEST(HopperFwd, SchedulesAgreeBitwise) {
   }
 }
 
-// Stream-K tail (fa4/detail/stream_k.h, src/hopper/stream_k.cuh), forced on: tiles cut into pieces
+// Stream-K tail (core/stream_k.h, src/hopper/shared/stream_k.cuh), forced on: tiles cut into pieces
 // of ~8 key blocks across 2-32 CTAs, the combiner merging partials whose maxima differ (rising
 // scores, so every piece has its own max), masked tail keys in the combiner's first block, sink,
 // softcap, GQA, fp16, every bucket. Each case is checked against the references by run_case (and run

@@ -1,5 +1,5 @@
 // tests/gpu/test_hopper_host_path.cu — what the host path promises a serving engine: no
-// allocation, sync or environment lookup per call (src/hopper/device_state.h), so that
+// allocation, sync or environment lookup per call (src/hopper/shared/device_state.h), so that
 //   * a varlen forward captures into a CUDA graph and its replays give the eager result bitwise,
 //     also after the inputs change (the graph reads live memory);
 //   * the launch scratch (dynamic claim counter, stream-K flags) is left zero by every kernel,
@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "fa4/attention.h"
-#include "fa4/detail/float16.h"
-#include "hopper/device_state.h"
+#include "core/float16.h"
+#include "hopper/shared/device_state.h"
 
 #include "gpu_test_util.cuh"
 

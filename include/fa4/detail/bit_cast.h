@@ -1,6 +1,6 @@
 // fa4/detail/bit_cast.h — float <-> uint32 bit casts for host and device code (nvcc device code
 // has no std::bit_cast). Used by the software exp2 (fa4/exp2.h) and the host bf16/fp16
-// conversions (fa4/detail/float16.h).
+// conversions (src/core/float16.h).
 #pragma once
 
 #include <cstdint>

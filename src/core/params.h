@@ -1,0 +1,101 @@
+// src/core/params.h — validated, implementation-ready arguments.
+//
+// User arguments (TensorView + AttentionOptions) become FwdParams/BwdParams in ONE step
+// (src/common/validate.cpp: make_fwd_params / make_bwd_params). Every implementation — CPU
+// reference, CPU FA4, Hopper kernels — consumes only these structs, so no implementation re-derives
+// shapes, defaults or masks on its own. Plain data: trivially copyable, passable to a kernel by value.
+#pragma once
+
+#include <cstdint>
+
+#include "fa4/detail/macros.h"
+#include "core/mask.h"
+#include "fa4/exp2.h"
+#include "fa4/tensor.h"
+
+namespace fa4::detail {
+
+/// Strides (elements) of a (batch, row, head, dim) tensor; dim stride is 1 by validation.
+/// Varlen tensors have batch_stride = 0 and rows are addressed by cu_seqlens offsets.
+struct RowStrides {
+  int64_t batch = 0;
+  int64_t row = 0;
+  int64_t head = 0;
+};
+
+struct FwdParams {
+  DType dtype = DType::kBF16;  ///< q, k, v, out
+  Device device{};
+
+  int32_t batch = 0;
+  int32_t num_heads = 0;
+  int32_t num_heads_kv = 0;
+  int32_t headdim = 0;    ///< real (unpadded) headdim of q and k
+  int32_t headdim_v = 0;  ///< real headdim of v and out
+  /// Batched: the sequence lengths. Varlen: max_seqlen_q / max_seqlen_k.
+  int32_t seqlen_q = 0;
+  int32_t seqlen_k = 0;
+  int64_t total_q = 0;    ///< varlen: q.shape[0]; batched: batch * seqlen_q
+  int64_t total_k = 0;    ///< varlen: k.shape[0]; batched: batch * seqlen_k
+
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;
+  RowStrides q_stride, k_stride, v_stride, out_stride;
+  /// lse element (b, h, i) is at lse[b*lse_batch_stride + h*lse_head_stride + i*lse_row_stride]
+  /// (varlen: b term is 0 and i is the packed row).
+  int64_t lse_batch_stride = 0, lse_head_stride = 0, lse_row_stride = 1;
+
+  bool is_varlen = false;
+  const int32_t* cu_seqlens_q = nullptr;  ///< (batch+1) or nullptr; same device as q
+  const int32_t* cu_seqlens_k = nullptr;
+  const int32_t* seqused_k = nullptr;     ///< (batch) or nullptr
+  const float* sink = nullptr;            ///< (num_heads) fp32 or nullptr
+
+  float softmax_scale = 1.0f;        ///< resolved default 1/sqrt(headdim)
+  float softmax_scale_log2 = 1.0f;   ///< softmax_scale * log2(e) (no softcap), for exp2
+  float softcap = 0.0f;              ///< 0 = off
+  MaskSpec mask{};                   ///< causal folded in (window_right = 0)
+  bool causal = false;               ///< as given (informational: mask already holds it)
+
+  float rescale_threshold = 8.0f;    ///< tau, log2 units
+  bool exp2_fraction_given = false;  ///< false: the kernel's tuned default applies
+  Exp2Split exp2_split{};            ///< valid when exp2_fraction_given
+
+  /// Group size: query head h uses kv head h / (num_heads / num_heads_kv).
+  FA4_HD int32_t kv_head(int32_t h) const { return h / (num_heads / num_heads_kv); }
+};
+
+struct BwdParams : FwdParams {
+  const void* dout = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  float* dsink = nullptr;  ///< (num_heads) fp32 or nullptr
+  RowStrides dout_stride, dq_stride, dk_stride, dv_stride;
+  bool deterministic = false;
+};
+
+/// Sequence b's lengths and first packed row (varlen), for either layout. Element (b, i, h, d) of q
+/// is at  q + (is_varlen ? 0 : b * q_stride.batch) + (q_row0 + i) * q_stride.row + h * q_stride.head + d
+/// and lse (b, h, i) at  (is_varlen ? 0 : b * lse_batch_stride) + h * lse_head_stride
+///                       + (q_row0 + i) * lse_row_stride;  k/v likewise with k_row0.
+struct SeqInfo {
+  int64_t q_row0;    ///< varlen: cu_seqlens_q[b]; batched: 0
+  int64_t k_row0;    ///< varlen: cu_seqlens_k[b]; batched: 0
+  int32_t seqlen_q;
+  int32_t seqlen_k;  ///< keys used (seqused_k applied)
+};
+
+/// Host-side helper (the cu_seqlens/seqused pointers must be host-readable).
+inline SeqInfo seq_info_host(const FwdParams& p, int32_t b) {
+  if (!p.is_varlen) return {0, 0, p.seqlen_q, p.seqlen_k};
+  const int32_t q0 = p.cu_seqlens_q[b], q1 = p.cu_seqlens_q[b + 1];
+  const int32_t k0 = p.cu_seqlens_k[b], k1 = p.cu_seqlens_k[b + 1];
+  const int32_t sk = p.seqused_k ? p.seqused_k[b] : k1 - k0;
+  return {q0, k0, q1 - q0, sk};
+}
+
+}  // namespace fa4::detail

@@ -1,0 +1,90 @@
+// src/hopper/arch/arch.cuh — the ONE file of the Hopper kernels that holds raw PTX.
+//
+// Everything else goes through CuTe/CUTLASS. What is here has no CuTe wrapper with the exact
+// semantics we need, or we want the id/count explicit:
+//   * named barriers (bar.sync / bar.arrive) with ids from one allocator (NamedBarriers):
+//     warpgroups synchronise in pairs (a consumer WG and the one before it in the ping-pong of wgmma
+//     issue) or alone (a warpgroup's O slice staged for the TMA store) without stalling the whole
+//     CTA as __syncthreads would;
+//   * ex2.approx.ftz.f32: the MUFU exponential (2^x, ~2 ulp, flushes subnormals) that the FA4
+//     softmax splits against the FMA-pipe polynomial fa4::exp2_emulated;
+//   * setmaxnreg: moves registers from the producer warpgroup (which only issues TMA) to the two
+//     consumer warpgroups (which hold S, P and O in registers). Needs sm_90a and a register cap at
+//     kernel entry (__launch_bounds__(threads, 1)).
+// Tested on its own by tests/gpu/test_hopper_arch.cu.
+#pragma once
+
+#include <cstdint>
+
+namespace fa4::hopper::arch {
+
+/// Named-barrier ids of a kernel with kNumWarpGroups consumer warpgroups (2 or 3). 0 is
+/// __syncthreads(); CUTLASS reserves none of these in our kernels. Every kernel takes its ids from
+/// here, so two kinds never share one:
+///   turn(wg)     ping-pong: consumer warpgroup wg may issue its wgmmas    2, 3 (third: 7)
+///   consumers()  all consumer warpgroups together                          4
+///   local(wg)    consumer warpgroup wg alone (its O slice is in smem, ...)  5, 6 (third: 8)
+/// A third warpgroup's ids come after the shared one, so the two-warpgroup kernels keep the ids
+/// they were tuned with. A kernel needing more kinds numbers them from kFirstFree up (ids < 16).
+template <int kNumWarpGroups>
+struct NamedBarriers {
+  static_assert(kNumWarpGroups == 2 || kNumWarpGroups == 3, "two or three consumer warpgroups");
+  __host__ __device__ static constexpr uint32_t turn(int wg) { return wg == 2 ? 7u : 2u + uint32_t(wg); }
+  __host__ __device__ static constexpr uint32_t consumers() { return 4u; }
+  __host__ __device__ static constexpr uint32_t local(int wg) { return wg == 2 ? 8u : 5u + uint32_t(wg); }
+  static constexpr uint32_t kFirstFree = 9;
+};
+
+/// Blocks until `num_threads` threads (multiple of 32, whole warps) have arrived at barrier `id`.
+__device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t num_threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(num_threads) : "memory");
+}
+
+/// Counts this warp's threads at barrier `id` without waiting.
+__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t num_threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(num_threads) : "memory");
+}
+
+/// 2^x on the MUFU unit. -inf -> +0, results below 2^-126 flush to 0 (irrelevant in a softmax whose
+/// row maximum contributes 2^0 to the sum).
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm volatile("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/// setmaxnreg: must be executed by every thread of a warpgroup, with the same constant.
+template <uint32_t kRegs>
+__device__ __forceinline__ void warpgroup_reg_alloc() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+template <uint32_t kRegs>
+__device__ __forceinline__ void warpgroup_reg_dealloc() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+
+/// wgmma accumulator fragment maps (m64nNk16, fp32 accumulators): consumer thread `tid` (warpgroup
+/// tid / 128 owns 64 rows; warp w of it 16 rows; lane l rows l / 4 and l / 4 + 8) holds, for each
+/// 8-column group, the value pair at columns fragment_col(tid), +1 of fragment rows 0 and 1.
+/// Tile row (0..tile_m-1) of fragment row 0 of thread `tid`; fragment row 1 is 8 below.
+__device__ __forceinline__ int fragment_row(int tid) {
+  return (tid / 128) * 64 + ((tid % 128) / 32) * 16 + (tid % 32) / 4;
+}
+/// Column, within each 8-column group, of the first of thread `tid`'s value pair.
+__device__ __forceinline__ int fragment_col(int tid) { return 2 * (tid % 4); }
+
+/// Quad reductions: the 4 lanes of a quad (lane/4 equal) hold one accumulator row of a wgmma.
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+}  // namespace fa4::hopper::arch

@@ -1,0 +1,117 @@
+// src/hopper/fwd/kernel_fwd.cuh — the persistent, warp-specialised forward kernel.
+//
+// CTA = 3 warpgroups (384 threads; d64: 4 warpgroups, 512 threads), one CTA per SM, grid =
+// min(tiles, SMs) (or, with the stream-K split of core/stream_k.h, up to SMs CTAs for fewer
+// tiles):
+//   warpgroup 0  producer: setmaxnreg down to 24 registers; warp 0 issues the TMA loads
+//                (mainloop_load.cuh); warps 1-3 exit.
+//   warpgroups 1..  consumers (tile_m / 64 of them): setmaxnreg up to 240 (two) or 160 (three);
+//                each owns 64 of the tile's query rows and runs QK^T / softmax / PV
+//                (mainloop_mma.cuh) and the epilogue (epilogue.cuh).
+// The producer warp claims work items (static stride, a dynamic LPT counter, or the static stride
+// with a stream-K tail; tile_scheduler.cuh) and passes each to the consumers through a small smem
+// ring; shared memory holds TMA stage rings
+// for Q, K and V. Q has q_stages buffers (with 2 — d64 — the next tile's Q loads during this tile;
+// with 1 it loads once the buffer is free). O is staged for its TMA store in its own buffer where
+// the config has one (o_buffer: d64-d128; the Q buffer is then free after the tile's key loop),
+// else in the finished tile's Q buffer, which the epilogue frees after the store has read it.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "core/constants.h"
+#include "hopper/arch/arch.cuh"
+#include "hopper/fwd/epilogue_fwd.cuh"
+#include "hopper/fwd/kernel_traits_fwd.cuh"
+#include "hopper/fwd/mainloop_fwd_load.cuh"
+#include "hopper/fwd/mainloop_fwd_mma.cuh"
+#include "hopper/shared/softmax.cuh"
+#include "hopper/shared/stream_k.cuh"
+#include "hopper/shared/tile_info.cuh"
+
+namespace fa4::hopper {
+
+template <class Kt>
+__global__ void __launch_bounds__(Kt::kNumThreads, 1)
+    fwd_kernel(CUTE_GRID_CONSTANT const typename Kt::Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using namespace cute;
+  using Pipeline = typename Kt::MainloopPipeline;
+  using SharedStorage = typename Kt::SharedStorage;
+  extern __shared__ __align__(1024) char smem_raw[];
+  SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_raw);
+
+  const int warp_idx = cutlass::canonical_warp_idx_sync();
+  const int warp_group = threadIdx.x / cutlass::NumThreadsPerWarpGroup;
+  typename Pipeline::Params pp;
+  pp.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  pp.is_leader = threadIdx.x == 0;  // the lane that issues the TMAs
+  pp.num_consumers = Kt::kNumMmaThreads;
+  pp.transaction_bytes = Kt::kTmaBytesK;
+  Pipeline pipe_k(ss.pipeline_k, pp, Shape<_1, _1, _1>{});
+  pp.transaction_bytes = Kt::kTmaBytesV;
+  Pipeline pipe_v(ss.pipeline_v, pp, Shape<_1, _1, _1>{});
+  typename Kt::PipelineQ::Params pq;
+  pq.role = warp_group == 0 ? Kt::PipelineQ::ThreadCategory::Producer : Kt::PipelineQ::ThreadCategory::Consumer;
+  pq.is_leader = threadIdx.x == 0;
+  pq.num_consumers = Kt::kNumMmaThreads;
+  pq.transaction_bytes = Kt::kTmaBytesQ;
+  typename Kt::PipelineQ pipe_q(ss.pipeline_q, pq, Shape<_1, _1, _1>{});
+  TileRing::Pipeline pipe_t = TileRing::make(ss.tiles, warp_group == 0, Kt::kNumMmaThreads);
+  if (threadIdx.x == 0) TileRing::set_up(p, ss.tiles);
+  __syncthreads();  // barrier inits (and the stream-K tail) visible to everyone
+
+  if (warp_group == 0) {
+    arch::warpgroup_reg_dealloc<Kt::kConfig.producer_regs>();
+    if (warp_idx == 0) MainloopLoad<Kt>::run(p, ss, pipe_k, pipe_v, pipe_q, pipe_t);
+    return;
+  }
+  arch::warpgroup_reg_alloc<Kt::kConfig.consumer_regs>();
+  const int tid = threadIdx.x - cutlass::NumThreadsPerWarpGroup;  // 0..kNumMmaThreads-1
+  const int wg = tid / 128;
+  using Mma = MainloopMma<Kt>;
+  Mma::pingpong_init(wg);
+
+  typename Kt::TiledMmaPV mma_pv;
+  Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<Kt::kBlockM>, Int<Kt::kHeadDimV>>{});
+  OnlineSoftmax<Mma::kFragS> softmax;
+  typename Kt::PipelineState rd;  // consumer start state: stage 0, phase 0
+  typename Kt::PipelineStateQ rq;
+
+  TileRing::State ts;  // consumer start state: slot 0, phase 0
+  for (detail::WorkItem w = TileRing::receive(pipe_t, ss.tiles, ts); w.tile < p.num_tiles;
+       w = TileRing::receive(pipe_t, ss.tiles, ts)) {
+    const TileInfo ti = make_tile_info<Kt::kBlockM, Kt::kBlockN>(p, w);  // has rows (producer skips others)
+    const float sink = p.sink ? p.sink[ti.c.head] : -INFINITY;
+    float o_scale[2], lse[2];
+    if (!ti.has_keys()) {  // no key visible to any row: O = 0, LSE = -inf (or the sink)
+      clear(tOrO);
+      softmax.init();
+      softmax.finalize(p.score_scale_log2, sink, o_scale, lse);
+      Epilogue<Kt>::store_direct(p, ti, tid, tOrO, o_scale);
+    } else {
+      const bool partial = w.role < 0;  // a stream-K contributor: no epilogue, its Q is freed now
+      Mma::run(p, ss, pipe_k, pipe_v, pipe_q, rd, rq, ti, tid, !p.out_tma || partial || Kt::kOBuffer, tOrO, softmax);
+      if (partial) {
+        StreamK<Kt>::store_partial(p, tid, tOrO, softmax);
+        ++rq;
+        continue;  // the combiner writes O and LSE
+      }
+      if (w.role > 0) StreamK<Kt>::combine(p, tid, w.role, tOrO, softmax);
+      softmax.finalize(p.score_scale_log2, sink, o_scale, lse);
+      if (p.out_tma) Epilogue<Kt>::store_tma(p, ss, pipe_q, rq, ti, tid, tOrO, o_scale);
+      else Epilogue<Kt>::store_direct(p, ti, tid, tOrO, o_scale);
+      ++rq;
+    }
+    Epilogue<Kt>::store_lse(p, ti, tid, lse);
+  }
+  // The TMA engine must have read the last staged O before the CTA's smem goes away.
+  if constexpr (Kt::kOBuffer) {
+    if (tid % 128 == 0) tma_store_wait<0>();
+  }
+#endif
+}
+
+}  // namespace fa4::hopper

@@ -1,0 +1,210 @@
+// src/hopper/fwd/kernel_traits_fwd.cuh — compile-time shapes, shared-memory layouts, MMA atoms, TMA types
+// and the kernel's by-value parameter block, for one (dtype, headdim, headdim_v) instantiation.
+//
+// Why CuTe: the wgmma instructions read shared memory through 64-bit matrix descriptors whose
+// swizzle mode must match the layout TMA wrote with; CuTe derives both the TMA box/swizzle and the
+// wgmma descriptors from ONE layout object (GMMA::Layout_*_SW*_Atom tiled to the tile shape), so
+// the two can never disagree. Hand-writing descriptors is the classic source of silent garbage.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/gemm/collective/builders/sm90_common.inl>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "hopper/fwd/tuning_fwd.h"
+#include "core/mask.h"
+#include "fa4/exp2.h"
+#include "hopper/shared/tile_scheduler.cuh"
+
+namespace fa4::hopper {
+
+using namespace cute;
+
+template <class Element_, int kHeadDim_, int kHeadDimV_>
+struct FwdKernelTraits {
+  using Element = Element_;
+  using ElementAccum = float;
+  static constexpr detail::HopperFwdConfig kConfig = detail::hopper_fwd_config(kHeadDim_, kHeadDimV_);
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;
+  static constexpr int kBlockM = kConfig.tile_m;
+  static constexpr int kBlockN = kConfig.tile_n;
+  static constexpr int kStages = kConfig.stages;
+  static constexpr int kQStages = kConfig.q_stages;
+  static constexpr int kNumMmaWarpGroups = kBlockM / 64;
+  static constexpr int kNumMmaThreads = kNumMmaWarpGroups * cutlass::NumThreadsPerWarpGroup;
+  static constexpr int kNumThreads = kNumMmaThreads + cutlass::NumThreadsPerWarpGroup;
+  static constexpr int kSplitPeriod = kConfig.exp2_split.period;
+  static constexpr int kSplitEmulated = kConfig.exp2_split.emulated;
+  static constexpr bool kPingPong = kConfig.pingpong;
+  static constexpr bool kExpFromRunningMax = kConfig.exp_from_running_max;  // softmax.cuh step_from_running_max
+  static_assert(kBlockM % 64 == 0 && (kNumMmaWarpGroups == 2 || kNumMmaWarpGroups == 3),
+                "two or three consumer warpgroups of 64 query rows (named barrier ids in arch.cuh)");
+  static_assert(kNumMmaThreads * kConfig.consumer_regs + cutlass::NumThreadsPerWarpGroup * kConfig.producer_regs <=
+                    detail::kHopperRegisterFile,
+                "setmaxnreg split over the SM's register file");
+  static_assert(kBlockN % 16 == 0, "tile_n is the k-extent of the PV wgmma (multiple of 16)");
+
+  using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;    // (M, N, K=d)
+  using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kBlockN>>;   // (M, N=dv, K=n)
+
+  // One wgmma atom covers 64 rows; the warpgroups stacked along M cover the tile (128 or 192 rows).
+  using AtomLayout = Layout<Shape<Int<kNumMmaWarpGroups>, _1, _1>>;
+  using TiledMmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, ElementAccum, TileShapeQK>(), AtomLayout{}));
+  // P comes from registers (RS): the S accumulator is converted to 16 bits in place, no smem trip.
+  // V is stored row-major (dv contiguous) = MN-major for the B operand of O = P V.
+  using TiledMmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, ElementAccum, TileShapePV, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      AtomLayout{}));
+  // One wgmma instruction per k-step must cover the whole key tile (and dv): CuTe otherwise falls
+  // back to narrower atoms, e.g. 64x16 when the extended shapes are not enabled (hopper.cmake).
+  static_assert(size<1>(typename TiledMmaQK::AtomShape_MNK{}) == kBlockN, "Q K^T wgmma atom is narrower than tile_n");
+  static_assert(size<1>(typename TiledMmaPV::AtomShape_MNK{}) == kHeadDimV, "P V wgmma atom is narrower than headdim_v");
+
+  // Swizzled layouts: the widest swizzle (128/64/32 B) that divides the row, so TMA writes and
+  // wgmma reads are bank-conflict free.
+  using SmemLayoutAtomQ = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+                                   GMMA::Major::K, Element, Int<kBlockM>, Int<kHeadDim>>());
+  using SmemLayoutQ = decltype(tile_to_shape(SmemLayoutAtomQ{},
+                                             Shape<Int<kBlockM>, Int<kHeadDim>, Int<kQStages>>{}));
+  using SmemLayoutAtomK = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+                                   GMMA::Major::K, Element, Int<kBlockN>, Int<kHeadDim>>());
+  using SmemLayoutK = decltype(tile_to_shape(
+      SmemLayoutAtomK{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  // V^T view (dv, n, stage) with dv contiguous: what TMA writes from row-major V and what the PV
+  // wgmma reads as an MN-major B operand.
+  using SmemLayoutAtomVt = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+                                    GMMA::Major::MN, Element, Int<kHeadDimV>, Int<kBlockN>>());
+  using SmemLayoutVt = decltype(tile_to_shape(
+      SmemLayoutAtomVt{}, Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{}));
+
+  // The epilogue stages each warpgroup's 64 x dv slice of O (16-bit) in a buffer laid out like one
+  // Q buffer — its own (o_buffer) or the tile's Q buffer, dead once that warpgroup's key loop is
+  // done (its last Q K^T, and its last softmax, whose overflow path re-reads Q: softmax.cuh) — and
+  // TMA-stores it from there. A warpgroup writes exactly the smem of ITS OWN 64 Q
+  // rows (the Q layout restricted to those rows and the first dv columns), so it never races with
+  // another warpgroup's Q K^T still reading a shared Q buffer.
+  using SmemLayoutQStage = decltype(tile_to_shape(SmemLayoutAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  static constexpr int kQStageElems = kBlockM * kHeadDim;
+  static constexpr bool kOBuffer = kConfig.o_buffer;  // O staged in smem_o instead (same layout)
+  static_assert(cosize_v<SmemLayoutQ> == kQStages * kQStageElems, "Q stages are back to back");
+  static_assert(kHeadDimV <= kHeadDim, "O is staged in the Q buffer");
+  using SmemLayoutOSlice = decltype(composition(
+      SmemLayoutQStage{}, make_layout(Shape<_64, Int<kHeadDimV>>{}, Stride<_1, Int<kBlockM>>{})));
+  // One warpgroup's O accumulators (64 x dv): the same per-thread fragment as its slice of the
+  // tile's TiledMmaPV, used to partition the stmatrix copy.
+  using TiledMmaPVWG = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, ElementAccum, Shape<_64, Int<kHeadDimV>, Int<kBlockN>>,
+                           GMMA::Major::K, GMMA::Major::MN>()));
+  using SmemCopyAtomO = Copy_Atom<SM90_U32x4_STSM_N, Element>;
+
+  // Global tensors as TMA sees them: (rows, d, head, batch) with d contiguous. V is described
+  // transposed, (d, rows, head, batch), to land in the V^T smem layout.
+  using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using StrideQKV = Stride<int64_t, _1, int64_t, int64_t>;
+  using StrideVt = Stride<_1, int64_t, int64_t, int64_t>;
+
+  using TMA_Q = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      take<0, 2>(SmemLayoutQ{}), Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TMA_O = decltype(make_tma_copy(
+      SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      SmemLayoutOSlice{}, Shape<_64, Int<kHeadDimV>>{}, _1{}));
+  using TMA_K = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      take<0, 2>(SmemLayoutK{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TMA_V = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideVt{}),
+      take<0, 2>(SmemLayoutVt{}), Shape<Int<kHeadDimV>, Int<kBlockN>>{}, _1{}));
+
+  // TMA always transfers (and counts) the full box, including out-of-bounds zero fill.
+  static constexpr uint32_t kTmaBytesQ = uint32_t(size(take<0, 2>(SmemLayoutQ{})) * sizeof(Element));
+  static constexpr uint32_t kTmaBytesK = uint32_t(size(take<0, 2>(SmemLayoutK{})) * sizeof(Element));
+  static constexpr uint32_t kTmaBytesV = uint32_t(size(take<0, 2>(SmemLayoutVt{})) * sizeof(Element));
+
+  using MainloopPipeline = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineState = cutlass::PipelineState<kStages>;
+  using PipelineQ = cutlass::PipelineTmaAsync<kQStages>;
+  using PipelineStateQ = cutlass::PipelineState<kQStages>;
+
+  /// O staging buffer of the TMA epilogue (laid out like one Q buffer); empty without o_buffer.
+  template <bool kHas, class Dummy = void>
+  struct SmemO {
+    cute::array_aligned<Element, kQStageElems, 1024> buf;
+    __device__ Element* data() { return buf.data(); }
+  };
+  template <class Dummy>
+  struct SmemO<false, Dummy> {
+    __device__ Element* data() { return nullptr; }
+  };
+  struct SharedStorage {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> smem_q;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> smem_k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutVt>, 1024> smem_v;
+    SmemO<kOBuffer> smem_o;  // empty: 1 byte (sizeof is taken by the host compiler too)
+    alignas(16) typename PipelineQ::SharedStorage pipeline_q;
+    alignas(16) typename MainloopPipeline::SharedStorage pipeline_k;
+    alignas(16) typename MainloopPipeline::SharedStorage pipeline_v;
+    alignas(16) TileRing::SharedStorage tiles;  // tile indices, producer -> consumers
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-CTA limit");
+
+  /// Everything the kernel reads, passed by value as a __grid_constant__ (TMA descriptors must
+  /// live in param/const/global memory).
+  struct Params {
+    TMA_Q tma_q;
+    TMA_K tma_k;
+    TMA_V tma_v;
+    TMA_O tma_o;        // valid only if out_tma
+    ShapeQKV shape_q;   // (rows, real d, heads, batch)
+    ShapeQKV shape_k;
+    ShapeQKV shape_vt;  // (real dv, rows, heads_kv, batch)
+    ShapeQKV shape_o;   // (rows, real dv, heads, batch)
+
+    void* out{};
+    int64_t out_batch_stride{}, out_row_stride{}, out_head_stride{};
+    bool out_aligned_pairs{};  // two adjacent output elements form one aligned 4-byte word
+    bool out_tma{};            // O through smem + TMA store (batched layout, TMA-aligned out)
+    float* lse{};
+    int64_t lse_batch_stride{}, lse_head_stride{}, lse_row_stride{};
+
+    int32_t batch{}, num_heads{}, num_heads_kv{}, group_size{};  // group_size = num_heads / num_heads_kv
+    int32_t seqlen_q{}, seqlen_k{};  // batched: lengths; varlen: maxima (tile count only)
+    int32_t headdim_v{};           // real dv: no store at or past it
+    bool is_varlen{};
+    const int32_t* cu_seqlens_q{};
+    const int32_t* cu_seqlens_k{};
+    const int32_t* seqused_k{};
+    int32_t total_q{}, total_k{};  // varlen: packed rows of q and k/v (the bounds cu_seqlens must keep)
+    uint32_t* async_error{};       // varlen: mapped error word (device_state.h) for invalid indices
+    const float* sink{};
+
+    float score_scale_log2{};    // multiplies raw q.k (or tanh(.) under softcap) into log2 units
+    float softcap_inv_scale{};   // softmax_scale / softcap (0 when softcap is off)
+    bool has_softcap{};
+    float rescale_threshold{};   // lazy rescaling: tau, log2 units
+    float rescale_sum_limit{};   // 2^rescale_threshold: step_from_running_max rescales above it
+    detail::MaskSpec mask{};
+
+    bool exp2_runtime{};         // true: exp2_split below, chosen per call; false: the table's
+    Exp2Split exp2_split{};
+
+    // Tile order (tile_scheduler.cuh).
+    int32_t num_m_blocks{};
+    int32_t num_tiles{};
+    int32_t heads_per_section{};  // L2-aware grouping of (batch, head) pairs
+    bool lpt{};                 // longest-processing-time first (reverse m-blocks)
+    int32_t* tile_counter{};    // dynamic schedule: claim counter, zero at launch and left zero; nullptr: static stride
+    detail::StreamKPlan sk{};   // static item order (grid, stream-K tail); core/stream_k.h
+    float* sk_partial{};        // stream-K partials (stream_k.cuh), when sk.tail_ctas > 0
+    int32_t* sk_flags{};        // zero at launch and left zero; one per (tail CTA, consumer warpgroup): partial stored
+  };
+};
+
+}  // namespace fa4::hopper

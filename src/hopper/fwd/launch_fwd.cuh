@@ -1,0 +1,215 @@
+// src/hopper/fwd/launch_fwd.cuh — host side of one instantiation: FwdParams -> kernel Params (TMA
+// descriptors, tile order), then the persistent launch. Preconditions (alignment, strides, device)
+// were checked by hopper::forward_support, which hopper::forward calls first.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <string>
+
+#include "fa4/error.h"
+#include "hopper/shared/device_state.h"
+#include "hopper/fwd/kernel_fwd.cuh"
+#include "hopper/fwd/kernel_traits_fwd.cuh"
+#include "hopper/fwd/launch_fwd.h"
+
+namespace fa4::hopper {
+
+inline void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear a non-sticky error so it is not reported against a later call
+    throw Error(ErrorCode::kCudaError,
+                std::string("fa4::forward (hopper): ") + what + ": " + cudaGetErrorString(e));
+  }
+}
+
+/// TMA ignores the stride of an extent-1 dimension but still requires a positive multiple of 16
+/// bytes; user strides of size-1 dims may be anything (case C20). Replace such a stride by the
+/// span of the dimensions before it (what a contiguous tensor would have): valid and monotone.
+inline int64_t tma_stride(int64_t extent, int64_t stride, int64_t span_before) {
+  return extent <= 1 ? span_before : stride;
+}
+
+template <int kDType, int kHeadDim, int kHeadDimV>
+void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
+  using namespace cute;
+  using Element = std::conditional_t<kDType == int(DType::kBF16), cutlass::bfloat16_t, cutlass::half_t>;
+  using Kt = FwdKernelTraits<Element, kHeadDim, kHeadDimV>;
+  using Params = typename Kt::Params;
+  constexpr int64_t kElem = sizeof(Element);
+
+  const int32_t batch_t = fp.is_varlen ? 1 : fp.batch;  // TMA batch extent
+  const int32_t rows_q = int32_t(std::max<int64_t>(1, fp.is_varlen ? fp.total_q : fp.seqlen_q));
+  const int32_t rows_k = int32_t(std::max<int64_t>(1, fp.is_varlen ? fp.total_k : fp.seqlen_k));
+  // Spans in elements; the row span uses the padded bucket width (a multiple of 8 elements).
+  auto strides = [&](const detail::RowStrides& s, int32_t rows, int32_t heads) {
+    constexpr int64_t kRowSpan = std::max(kHeadDim, kHeadDimV);
+    const int64_t row = tma_stride(rows, s.row, kRowSpan);
+    const int64_t head = tma_stride(heads, s.head, std::max<int64_t>(kRowSpan, rows * row));
+    const int64_t bat = tma_stride(batch_t, fp.is_varlen ? 0 : s.batch,
+                                   std::max({kRowSpan, rows * row, heads * head}));
+    return make_stride(row, _1{}, head, bat);
+  };
+  auto shape_q = make_shape(rows_q, fp.headdim, fp.num_heads, batch_t);
+  auto shape_k = make_shape(rows_k, fp.headdim, fp.num_heads_kv, batch_t);
+  auto shape_vt = make_shape(fp.headdim_v, rows_k, fp.num_heads_kv, batch_t);
+  auto sq = strides(fp.q_stride, rows_q, fp.num_heads);
+  auto sk = strides(fp.k_stride, rows_k, fp.num_heads_kv);
+  auto sv = strides(fp.v_stride, rows_k, fp.num_heads_kv);
+  auto svt = make_stride(_1{}, get<0>(sv), get<2>(sv), get<3>(sv));
+
+  Tensor mQ = make_tensor(make_gmem_ptr(static_cast<const Element*>(fp.q)), shape_q, sq);
+  // No keys at all (seqlen_k = 0): K/V may be null views. Their descriptors are never used then
+  // (every tile takes the no-key path), but the encoder wants a real address: q's stands in.
+  const void* k_base = fp.k ? fp.k : fp.q;
+  const void* v_base = fp.v ? fp.v : fp.q;
+  Tensor mK = make_tensor(make_gmem_ptr(static_cast<const Element*>(k_base)), shape_k, sk);
+  Tensor mVt = make_tensor(make_gmem_ptr(static_cast<const Element*>(v_base)), shape_vt, svt);
+  // O through TMA (epilogue.cuh): hopper_api.cu decided it (batched, TMA-aligned out).
+  auto shape_o = make_shape(rows_q, fp.headdim_v, fp.num_heads, batch_t);
+  auto so = strides(fp.out_stride, rows_q, fp.num_heads);
+  const bool out_tma = ctx.tma_epilogue;
+  // Without out_tma the descriptor is never used; it is still encoded (Params holds one), so give
+  // the encoder a valid 1-row view: 16-byte aligned address and strides.
+  auto* o_ptr = static_cast<Element*>(out_tma ? fp.out : reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(fp.out) & ~uintptr_t(15)));
+  Tensor mO = out_tma ? make_tensor(make_gmem_ptr(o_ptr), shape_o, so)
+                      : make_tensor(make_gmem_ptr(o_ptr), make_shape(1, fp.headdim_v, 1, 1),
+                                    make_stride(int64_t(kHeadDimV), _1{}, int64_t(kHeadDimV), int64_t(kHeadDimV)));
+
+  Params p{
+      make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(typename Kt::SmemLayoutQ{}),
+                    Shape<Int<Kt::kBlockM>, Int<kHeadDim>>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(typename Kt::SmemLayoutK{}),
+                    Shape<Int<Kt::kBlockN>, Int<kHeadDim>>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, mVt, take<0, 2>(typename Kt::SmemLayoutVt{}),
+                    Shape<Int<kHeadDimV>, Int<Kt::kBlockN>>{}, _1{}),
+      // A placeholder descriptor when out_tma is false (never used by the kernel then).
+      make_tma_copy(SM90_TMA_STORE{}, mO, typename Kt::SmemLayoutOSlice{}, Shape<_64, Int<kHeadDimV>>{}, _1{}),
+      shape_q, shape_k, shape_vt, shape_o};
+  p.out = fp.out;
+  p.out_batch_stride = fp.out_stride.batch;
+  p.out_row_stride = fp.out_stride.row;
+  p.out_head_stride = fp.out_stride.head;
+  p.out_tma = out_tma;
+  p.out_aligned_pairs = reinterpret_cast<uintptr_t>(fp.out) % (2 * kElem) == 0 &&
+                        (fp.is_varlen || fp.batch <= 1 || fp.out_stride.batch % 2 == 0) &&
+                        fp.out_stride.row % 2 == 0 && fp.out_stride.head % 2 == 0;
+  p.lse = fp.lse;
+  p.lse_batch_stride = fp.lse_batch_stride;
+  p.lse_head_stride = fp.lse_head_stride;
+  p.lse_row_stride = fp.lse_row_stride;
+  p.batch = fp.batch;
+  p.num_heads = fp.num_heads;
+  p.num_heads_kv = fp.num_heads_kv;
+  p.group_size = fp.num_heads / fp.num_heads_kv;
+  p.seqlen_q = fp.seqlen_q;
+  p.seqlen_k = fp.seqlen_k;
+  p.headdim_v = fp.headdim_v;
+  p.is_varlen = fp.is_varlen;
+  p.cu_seqlens_q = fp.cu_seqlens_q;
+  p.cu_seqlens_k = fp.cu_seqlens_k;
+  p.seqused_k = fp.seqused_k;
+  p.total_q = int32_t(fp.total_q);  // forward_support: at most 2^31-1 rows
+  p.total_k = int32_t(fp.total_k);
+  p.async_error = ctx.async_error;
+  p.sink = fp.sink;
+  p.has_softcap = fp.softcap > 0.f;
+  // Under softcap the kernel turns raw q.k into tanh(q.k * scale / softcap); the log2-unit logit
+  // is then softcap * log2(e) * tanh(.).
+  p.score_scale_log2 = p.has_softcap ? float(double(fp.softcap) * detail::kLog2eF64) : fp.softmax_scale_log2;
+  p.softcap_inv_scale = p.has_softcap ? fp.softmax_scale / fp.softcap : 0.f;
+  p.rescale_threshold = fp.rescale_threshold;
+  p.rescale_sum_limit = std::exp2(fp.rescale_threshold);
+  p.mask = fp.mask;
+  p.exp2_split = fp.exp2_split;
+  p.exp2_runtime = fp.exp2_fraction_given &&
+                   !(fp.exp2_split.period == Kt::kSplitPeriod && fp.exp2_split.emulated == Kt::kSplitEmulated);
+
+  p.num_m_blocks = (fp.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM;
+  const int64_t num_tiles = int64_t(p.num_m_blocks) * fp.num_heads * fp.batch;
+  if (num_tiles == 0) return;
+  if (num_tiles > kMaxTiles)
+    throw Error(ErrorCode::kUnsupported, "fa4::forward (hopper): more than 2^31 - 2^16 tiles");
+  p.num_tiles = int32_t(num_tiles);
+  p.lpt = ctx.lpt;
+  // L2 section: heads whose K+V (all of seqlen_k) together fill about half the L2.
+  const int64_t kv_bytes_per_head =
+      std::max<int64_t>(1, int64_t(fp.seqlen_k) * (fp.headdim + fp.headdim_v) * kElem);
+  const int64_t bh = int64_t(fp.num_heads) * fp.batch;
+  p.heads_per_section = int32_t(std::clamp<int64_t>(ctx.l2_bytes / 2 / kv_bytes_per_head, 1, bh));
+
+  auto kernel = fwd_kernel<Kt>;
+  // The shared-memory limit is a property of the function in each device's context: raised once
+  // per device, not per call (a driver call costs more host time than a short kernel's launch).
+  static std::atomic<uint64_t> smem_raised{0};
+  const uint64_t device_bit = uint64_t(1) << (fp.device.index & 63);
+  if (fp.device.index >= 64 || !(smem_raised.load(std::memory_order_acquire) & device_bit)) {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kt::kSmemBytes),
+               "cudaFuncSetAttribute(max dynamic smem)");
+    if (fp.device.index < 64) smem_raised.fetch_or(device_bit, std::memory_order_release);
+  }
+  const cudaStream_t stream = static_cast<cudaStream_t>(fp.device.stream);
+  const int32_t blocks_per_tile = int32_t((int64_t(fp.seqlen_k) + Kt::kBlockN - 1) / Kt::kBlockN);
+  // Whole tiles on min(tiles, SMs) CTAs: the plain launch, and the fallback when the cooperative
+  // launch the split needs is refused.
+  const detail::StreamKPlan whole_tiles = detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, 0);
+  const bool dynamic = ctx.dynamic_schedule && num_tiles > whole_tiles.grid;
+  // Stream-K tail (core/stream_k.h): dense problems (every tile has the same key blocks) in
+  // the static order.
+  const bool sk_eligible = !fp.is_varlen && !fp.mask.is_local() && !dynamic && fp.seqlen_k > 0;
+  p.sk = sk_eligible ? detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, ctx.stream_k) : whole_tiles;
+
+  // Device scratch (device_state.h): the dynamic schedule's claim counter, or the stream-K flags and
+  // partials. It is zero when a launch starts and the kernel leaves it zero (the last claim resets
+  // the counter, each combiner the flags it consumed), so no call zeroes or allocates it.
+  size_t flag_bytes = 0, scratch_bytes = 0;
+  if (dynamic) {
+    scratch_bytes = sizeof(int32_t);
+  } else if (p.sk.tail_ctas > 0) {
+    flag_bytes = size_t(StreamK<Kt>::num_flags(p.sk.tail_ctas) * int64_t(sizeof(int32_t)) + 255) / 256 * 256;
+    scratch_bytes = flag_bytes + size_t(StreamK<Kt>::workspace_bytes(p.sk.tail_ctas));
+  }
+  if (scratch_bytes > 0) {
+    char* scratch = launch_scratch(fp.device.index, stream, scratch_bytes);
+    if (dynamic) {
+      p.tile_counter = reinterpret_cast<int32_t*>(scratch);
+    } else {
+      p.sk_flags = reinterpret_cast<int32_t*>(scratch);
+      p.sk_partial = reinterpret_cast<float*>(scratch + flag_bytes);
+    }
+  }
+
+  cudaError_t launched = cudaSuccess;
+  if (p.sk.tail_ctas > 0) {
+    // A combiner waits for other CTAs' partials: launched cooperatively, all CTAs are co-resident
+    // (one per SM), so those CTAs are running, never queued behind the waiting one.
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeCooperative;
+    attr.val.cooperative = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(p.sk.grid));
+    cfg.blockDim = dim3(unsigned(Kt::kNumThreads));
+    cfg.dynamicSmemBytes = size_t(Kt::kSmemBytes);
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    launched = cudaLaunchKernelEx(&cfg, kernel, p);
+    if (launched != cudaSuccess) cudaGetLastError();  // not reported again by a later check
+    if (launched == cudaErrorCooperativeLaunchTooLarge) {  // fewer SMs usable (MPS, green contexts)
+      p.sk = whole_tiles;
+      p.sk_flags = nullptr;
+      p.sk_partial = nullptr;
+      launched = cudaSuccess;
+    }
+  }
+  if (p.sk.tail_ctas == 0) {
+    kernel<<<p.sk.grid, Kt::kNumThreads, Kt::kSmemBytes, stream>>>(p);
+    launched = cudaGetLastError();
+  }
+  check_cuda(launched, "kernel launch");
+}
+
+}  // namespace fa4::hopper

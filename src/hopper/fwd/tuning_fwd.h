@@ -1,0 +1,122 @@
+// src/hopper/fwd/tuning_fwd.h — THE tuning table of the Hopper (sm_90a) forward kernels.
+//
+// One row per bucket of src/hopper/buckets.h (checked below). Every knob that changes speed but not the maths
+// lives here, with a name, so a tuning change is a one-line diff and the host selector
+// (src/hopper/hopper_api.cu), the kernel (src/hopper/fwd/kernel_fwd.cuh), the generator
+// (scripts/generate_kernels.py) and the benchmark read the same numbers. constexpr: usable from
+// host code (g++) and device code (nvcc) alike.
+//
+// Tile geometry follows FlashAttention-3 (hopper/tile_size.h) for 16-bit inputs: 128 query rows per
+// CTA split over two consumer warpgroups (64 rows each, one wgmma M-extent; d64: 192 rows over
+// three), key tile chosen so
+// q_stages * Q + stages * (K + V) (+ one Q-sized O buffer with o_buffer) fits in the 227 KB of
+// shared memory an sm_90 CTA may use.
+#pragma once
+
+#include <cstdint>
+
+#include "fa4/exp2.h"
+#include "hopper/buckets.h"
+
+namespace fa4::detail {
+
+struct HopperFwdConfig {
+  int32_t headdim;        ///< compiled q/k head dim (inputs with a smaller multiple of 8 are padded)
+  int32_t headdim_v;      ///< compiled v/out head dim
+  int32_t tile_m;         ///< query rows per CTA: 64 per consumer warpgroup (128 or 192)
+  int32_t tile_n;         ///< keys per pipeline stage; multiple of 16 (k-extent of the PV wgmma)
+  int32_t stages;         ///< depth of the K and V shared-memory rings
+  /// Q buffers. 2 lets the next tile's Q load during this tile, but measured 1-5% SLOWER on H200
+  /// at d128 non-causal 4k-16k (bench/results/README.md), so only d64 keeps 2 (equal there).
+  int32_t q_stages;
+  Exp2Split exp2_split;   ///< default share of exp2 done on the FMA pipe (FA4 Sec. 3)
+  int32_t consumer_regs;  ///< setmaxnreg for the softmax/MMA warpgroups
+  int32_t producer_regs;  ///< setmaxnreg for the TMA producer warpgroup
+  bool pingpong;          ///< named-barrier ordering (round robin) of the warpgroups' wgmma issue
+  /// O is staged for its TMA store in its own smem buffer (tile_m x headdim) instead of the tile's
+  /// dead Q buffer: Q is then released right after the key loop, so the next tile's Q loads
+  /// under the last P V and the epilogue, and the TMA store is waited for one tile later. Measured
+  /// at d128 +1.0..1.3% causal and Llama, +-0.7% non-causal (A/B run 51); d96 +1.7% / +1.5%,
+  /// d64 +0.2..0.3% at 8k and +1.0% / +3.1% at 512 (run 56). Only where the smem fits.
+  bool o_buffer;
+  /// Key loop: the exponentials of a block start from the running row max, with no block max in
+  /// front of them; the lazy-rescaling test runs on the exponentials afterwards
+  /// (src/hopper/shared/softmax.cuh, OnlineSoftmax::step_from_running_max). Pays where the softmax sets the pace (A/B runs
+  /// 72/74, x cuDNN at 8k non-causal / causal: d64 1.11 -> 1.20 / 1.04 -> 1.15, d96 1.06 -> 1.13 /
+  /// 1.11 -> 1.17, d128 1.01 -> 1.07 / 1.03 -> 1.10, d192x128 1.09 -> 1.14 / 1.20 -> 1.23); the
+  /// MMA-bound d192 and d256 kernels measured 0.92 / 0.97 of the max-first loop at d192 8k and
+  /// 0.92 at d256 causal 512, so they keep the block max first.
+  bool exp_from_running_max;
+};
+
+/// Registers: 2 x 128 x 240 + 128 x 24 = 64512 <= 65536 per SM (one CTA of 384 threads per SM);
+/// with three consumer warpgroups (tile_m 192, 512 threads) 3 x 128 x 160 + 128 x 24 = 64512.
+inline constexpr int32_t kHopperConsumerRegs = 240;
+inline constexpr int32_t kHopperConsumerRegs3WG = 160;
+inline constexpr int32_t kHopperProducerRegs = 24;
+inline constexpr int32_t kHopperRegisterFile = 64 * 1024;  ///< 32-bit registers per SM (sm_90)
+inline constexpr int32_t kHopperTileM = 128;      ///< two consumer warpgroups
+inline constexpr int32_t kHopperTileM3WG = 192;   ///< three consumer warpgroups
+
+// Exp2 splits are in 8-column groups out of a period of 16 groups (fa4/exp2.h). Emulation pays
+// where the MUFU unit (16 ex2/clk/SM) is the bottleneck and the FMA pipe has room: d96/d128. d128:
+// A/B run 77 (session 8, with the exponentials started from the running max), x cuDNN non-causal
+// 4k/8k/16k | causal 4k/8k/16k | Llama: 0 -> 1.061/1.071/1.079 | 1.071/1.128/1.133 | 1.088,
+// 1/16 -> 1.070/1.095/1.086 | 1.072/1.133/1.131 | 1.102, 2/16 (the max-first loop's best) ->
+// 1.049/1.052/1.066 | 1.063/1.108/1.111 | 1.067. d >= 192 is MMA-bound, and d64's three
+// warpgroups fill the FMA pipe with softmax work already (measured below), so everything stays on
+// MUFU there. (d96's 3/16 was last tuned with the max-first loop.)
+inline constexpr HopperFwdConfig kHopperFwdConfigs[] = {
+    // d, dv, tile_m, tile_n, stages, q_stages, exp2_split, regs (consumer, producer), pingpong, o_buffer,
+    // exp_from_running_max
+    // d64: three consumer warpgroups (192 query rows, FA3's tile): at d64 a warpgroup's softmax of a
+    // block takes ~2x its Q K^T + P V, so two warpgroups leave the tensor core idle half the time.
+    // A/B runs 65-66 at 8k (x cuDNN): two warpgroups 0.90 / 0.91 (non-causal / causal); three with
+    // exp2 split 4/16 1.02-1.03 / 0.98-0.99, 2/16 1.06 / 1.01, 1/16 1.10 / 1.03, 0 1.11 / 1.06-1.07:
+    // with three warpgroups the FMA pipe, not MUFU, is the scarcer unit, so d64 emulates nothing.
+    {64, 64, kHopperTileM3WG, 128, 3, 2, Exp2Split{16, 0}, kHopperConsumerRegs3WG, kHopperProducerRegs, true, true, true},
+    {96, 96, kHopperTileM, 128, 2, 1, Exp2Split{16, 3}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true},
+    {128, 128, kHopperTileM, 128, 2, 1, Exp2Split{16, 1}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true},
+    // d192x128: key tile 128 measured +2.4% / +1.7% (non-causal / causal 8k) over 112 (A/B run 51).
+    {192, 128, kHopperTileM, 128, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, true},
+    {192, 192, kHopperTileM, 96, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false},
+    {256, 256, kHopperTileM, 80, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false},
+};
+inline constexpr int32_t kHopperNumFwdConfigs =
+    int32_t(sizeof(kHopperFwdConfigs) / sizeof(kHopperFwdConfigs[0]));
+
+/// Row of the table for the compiled bucket (headdim, headdim_v); nullptr if none.
+constexpr const HopperFwdConfig* find_hopper_fwd_config(int32_t headdim, int32_t headdim_v) {
+  for (int32_t i = 0; i < kHopperNumFwdConfigs; ++i)
+    if (kHopperFwdConfigs[i].headdim == headdim && kHopperFwdConfigs[i].headdim_v == headdim_v)
+      return &kHopperFwdConfigs[i];
+  return nullptr;
+}
+
+/// The row a compile-time instantiation uses (a compile error if the bucket has no row).
+constexpr HopperFwdConfig hopper_fwd_config(int32_t headdim, int32_t headdim_v) {
+  const HopperFwdConfig* c = find_hopper_fwd_config(headdim, headdim_v);
+  return c ? *c : throw "fa4: no Hopper forward config for this (headdim, headdim_v)";
+}
+
+// Exactly one row per bucket of the bucket list, and no other row.
+#define FA4_TUNING_ROW_FOUND(D, DV) +(find_hopper_fwd_config(D, DV) != nullptr ? 1 : 0)
+static_assert(0 FA4_HOPPER_BUCKETS(FA4_TUNING_ROW_FOUND) == kHopperNumFwdConfigs,
+              "kHopperFwdConfigs must have one row per bucket of src/hopper/buckets.h");
+#undef FA4_TUNING_ROW_FOUND
+
+/// Compiled bucket an input (headdim, headdim_v) runs on: the smallest row with headdim >= d and
+/// headdim_v >= dv, preferring equal q/v dims. Returns nullptr if none fits.
+constexpr const HopperFwdConfig* hopper_fwd_bucket(int32_t d, int32_t dv) {
+  const HopperFwdConfig* best = nullptr;
+  for (int32_t i = 0; i < kHopperNumFwdConfigs; ++i) {
+    const HopperFwdConfig& c = kHopperFwdConfigs[i];
+    if (c.headdim < d || c.headdim_v < dv) continue;
+    if (!best || c.headdim < best->headdim ||
+        (c.headdim == best->headdim && c.headdim_v < best->headdim_v))
+      best = &c;
+  }
+  return best;
+}
+
+}  // namespace fa4::detail

@@ -1,0 +1,126 @@
+// src/hopper/shared/device_state.cpp — launch scratch and the asynchronous error word (device_state.h).
+#include "hopper/shared/device_state.h"
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fa4/error.h"
+
+namespace fa4::hopper {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(ErrorCode::kCudaError, std::string("fa4::forward (hopper): ") + what + ": " + cudaGetErrorString(e));
+  }
+}
+
+/// Lets this thread allocate while some stream is being captured: cudaMalloc, cudaHostAlloc and a
+/// synchronous wait on a private stream are refused in the default (global) capture mode, and
+/// none of them touches the captured stream.
+struct RelaxedCapture {
+  cudaStreamCaptureMode prev = cudaStreamCaptureModeRelaxed;
+  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&prev); }
+  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&prev); }
+};
+
+std::mutex g_mu;
+std::map<std::pair<int, cudaStream_t>, std::pair<char*, size_t>> g_eager;  // (ptr, bytes)
+std::map<int, cudaStream_t> g_zero_stream;  // a private stream per device for the one-time memset
+std::vector<char*> g_kept;                  // captured calls' scratch: a graph may replay any time
+
+/// cudaMalloc + zero fill on a private non-blocking stream (never the caller's, which may be
+/// capturing). Called with g_mu held.
+char* alloc_zeroed(int device, size_t bytes) {
+  RelaxedCapture relaxed;
+  cudaStream_t& zs = g_zero_stream[device];
+  if (!zs) check(cudaStreamCreateWithFlags(&zs, cudaStreamNonBlocking), "cudaStreamCreate (scratch)");
+  char* p = nullptr;
+  check(cudaMalloc(reinterpret_cast<void**>(&p), bytes), "cudaMalloc (launch scratch)");
+  cudaError_t e = cudaMemsetAsync(p, 0, bytes, zs);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(zs);
+  if (e != cudaSuccess) {
+    cudaFree(p);
+    check(e, "zeroing the launch scratch");
+  }
+  return p;
+}
+
+uint32_t* g_error_words = nullptr;  // mapped host memory, one word per device
+int g_error_devices = 0;
+
+}  // namespace
+
+char* launch_scratch(int device, cudaStream_t stream, size_t bytes) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (capture != cudaStreamCaptureStatusNone) {
+    g_kept.push_back(alloc_zeroed(device, bytes));
+    return g_kept.back();
+  }
+  std::pair<char*, size_t>& b = g_eager[{device, stream}];
+  if (b.second >= bytes) return b.first;
+  // Grow to a power of two of at least 4 KiB, so a stream's buffer is replaced only a few times.
+  // The old buffer may still be in use by this stream's queued kernels: wait for them first (once
+  // per growth, never per call).
+  size_t size = 4096;
+  while (size < bytes) size *= 2;
+  if (b.first) {
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (growing the launch scratch)");
+    check(cudaFree(b.first), "cudaFree (launch scratch)");
+    b = {nullptr, 0};
+  }
+  b = {alloc_zeroed(device, size), size};
+  return b.first;
+}
+
+uint32_t* async_error_word(int device) {
+  // Allocated once; with unified addressing (every 64-bit platform CUDA supports) the portable
+  // mapped allocation has one address, valid on the host and on every device.
+  static std::once_flag once;
+  static uint32_t* device_words = nullptr;
+  std::call_once(once, [] {
+    RelaxedCapture relaxed;
+    int count = 0;
+    check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+    void* h = nullptr;
+    check(cudaHostAlloc(&h, size_t(count) * sizeof(uint32_t), cudaHostAllocPortable | cudaHostAllocMapped),
+          "cudaHostAlloc (error word)");
+    for (int i = 0; i < count; ++i) static_cast<volatile uint32_t*>(h)[i] = 0;
+    void* d = nullptr;
+    check(cudaHostGetDevicePointer(&d, h, 0), "cudaHostGetDevicePointer (error word)");
+    device_words = static_cast<uint32_t*>(d);
+    g_error_devices = count;
+    __atomic_store_n(&g_error_words, static_cast<uint32_t*>(h), __ATOMIC_RELEASE);
+  });
+  return device_words + device;
+}
+
+void check_async_errors(int device) {
+  uint32_t* words = __atomic_load_n(&g_error_words, __ATOMIC_ACQUIRE);
+  if (!words || device < 0 || device >= g_error_devices) return;
+  if (__atomic_load_n(&words[device], __ATOMIC_RELAXED) == 0) return;
+  const uint32_t bits = __atomic_exchange_n(&words[device], 0u, __ATOMIC_ACQ_REL);
+  if (bits == 0) return;
+  std::string what;
+  auto add = [&](uint32_t bit, const char* rule) {
+    if (bits & bit) what += std::string(what.empty() ? "" : "; ") + rule;
+  };
+  add(kBadCuSeqlensQ, "cu_seqlens_q must start at 0, be non-decreasing, end within q.shape[0] (total_q) "
+                      "and give no sequence longer than options.max_seqlen_q");
+  add(kBadCuSeqlensK, "cu_seqlens_k must start at 0, be non-decreasing, end within k.shape[0] (total_k) "
+                      "and give no sequence longer than options.max_seqlen_k");
+  add(kBadSequsedK, "seqused_k[b] must be in [0, cu_seqlens_k[b+1] - cu_seqlens_k[b]]");
+  throw Error(ErrorCode::kInvalidArgument,
+              "fa4: an earlier varlen call on cuda:" + std::to_string(device) +
+                  " found invalid indices on the device: " + what +
+                  ". The sequences concerned were not computed (their out/lse rows were left unwritten); "
+                  "the call reporting this did not run");
+}
+
+}  // namespace fa4::hopper

@@ -1,0 +1,42 @@
+// src/hopper/shared/device_state.h — the per-device state the Hopper launches keep across calls, so that
+// no call allocates, synchronises or reads the environment:
+//   * scratch: the dynamic schedule's claim counter and the stream-K flags and partials. The
+//     kernels leave the counter and the flags zeroed when they finish (the last claim resets the
+//     counter, a combiner resets the flags it consumed), so the memory is zeroed once, when it is
+//     allocated, and never again. Eager calls share one buffer per (device, stream): calls on one
+//     stream run one after another. A call made while its stream is being captured into a CUDA
+//     graph gets a buffer of its own, kept for the life of the process, so a replay never shares
+//     scratch with another call or graph, whichever stream it is replayed on.
+//   * the asynchronous error word: a kernel that meets varlen indices breaking the rules
+//     (cu_seqlens_q/k, seqused_k; checked on the device, where the host cannot read them without a
+//     sync) computes nothing for that sequence and sets a bit here, in mapped host memory; the next
+//     call on the device, or fa4::check_async_errors, reports it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace fa4::hopper {
+
+/// Zero-initialised device scratch of at least `bytes` bytes for a launch on (device, stream).
+/// The current device must be `device`. Throws fa4::Error(kCudaError) if it cannot be allocated.
+char* launch_scratch(int device, cudaStream_t stream, size_t bytes);
+
+/// Bits of the asynchronous error word.
+enum AsyncError : uint32_t {
+  kBadCuSeqlensQ = 1u << 0,  ///< cu_seqlens_q: not 0 at [0], decreasing, past total_q, or a length > max_seqlen_q
+  kBadCuSeqlensK = 1u << 1,  ///< cu_seqlens_k: likewise with total_k, max_seqlen_k
+  kBadSequsedK = 1u << 2,    ///< seqused_k[b] outside [0, cu_seqlens_k[b+1] - cu_seqlens_k[b]]
+};
+
+/// Device address of `device`'s error word (mapped host memory, allocated on first use).
+uint32_t* async_error_word(int device);
+
+/// Throws fa4::Error(kInvalidArgument) describing the bits set by earlier kernels on `device`
+/// and clears them; returns if none is set (or nothing was ever launched there). Reads host
+/// memory only: a kernel still running is not waited for.
+void check_async_errors(int device);
+
+}  // namespace fa4::hopper

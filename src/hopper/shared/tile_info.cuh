@@ -1,0 +1,107 @@
+// src/hopper/shared/tile_info.cuh — per-tile sequence geometry shared by the producer and consumers.
+#pragma once
+
+#include <cstdint>
+
+#include "hopper/arch/arch.cuh"
+#include "hopper/shared/device_state.h"
+#include "hopper/shared/mask.cuh"
+#include "hopper/shared/tile_scheduler.cuh"
+
+namespace fa4::hopper {
+
+struct TileInfo {
+  TileCoord c;
+  int32_t seqlen_q, seqlen_k;  // this sequence (seqused_k applied)
+  int32_t q_row0, k_row0;      // first packed row (varlen) or 0
+  bool has_rows;               // m-block starts inside the sequence
+  TileKeyRange keys;
+
+  __device__ __forceinline__ bool has_keys() const { return keys.n_block_max > keys.n_block_min; }
+};
+
+/// kValidate: check the varlen indices (the producer, which sees every tile first and publishes
+/// only tiles with rows; the consumers then recompute the same geometry without the checks, which
+/// would cost them registers in the key loop).
+template <int kBlockM, int kBlockN, bool kValidate, class Params>
+__device__ __forceinline__ TileInfo make_tile_info(const Params& p, int32_t t) {
+  TileInfo ti;
+  ti.c = tile_coord(p, t);
+  if (p.is_varlen) {
+    // Every lane loads the same words; the broadcast from lane 0 tells the compiler the values are
+    // warp-uniform, so the key loop bounds and everything derived from them stay in uniform
+    // registers (a loop whose trip count might diverge demotes its loop-carried pipeline states).
+    const int32_t b = ti.c.batch;
+    const int32_t q0 = __shfl_sync(0xffffffffu, p.cu_seqlens_q[b], 0);
+    const int32_t q1 = __shfl_sync(0xffffffffu, p.cu_seqlens_q[b + 1], 0);
+    const int32_t k0 = __shfl_sync(0xffffffffu, p.cu_seqlens_k[b], 0);
+    const int32_t k1 = __shfl_sync(0xffffffffu, p.cu_seqlens_k[b + 1], 0);
+    const int32_t used = p.seqused_k ? __shfl_sync(0xffffffffu, p.seqused_k[b], 0) : k1 - k0;
+    ti.q_row0 = q0;
+    ti.k_row0 = k0;
+    ti.seqlen_q = q1 - q0;
+    ti.seqlen_k = used;
+    if constexpr (kValidate) {
+      // The host cannot read these without a sync, so the rules are checked here: a sequence that
+      // breaks one is not computed (no row of it is read or written) and the producer's leader
+      // (thread 0) records the rule in the device's error word (device_state.h).
+      // Unsigned compares fold "< 0" into "> bound"; with both offsets in [0, total] their
+      // difference cannot overflow, and a negative length fails "<= max_seqlen" the same way.
+      auto out_of = [](int32_t x, int32_t bound) { return uint32_t(x) > uint32_t(bound); };
+      uint32_t bad = 0;
+      if ((b == 0 && q0 != 0) || out_of(q0, p.total_q) || out_of(q1, p.total_q) || out_of(q1 - q0, p.seqlen_q))
+        bad |= kBadCuSeqlensQ;
+      if ((b == 0 && k0 != 0) || out_of(k0, p.total_k) || out_of(k1, p.total_k) || out_of(k1 - k0, p.seqlen_k))
+        bad |= kBadCuSeqlensK;
+      else if (out_of(used, k1 - k0))
+        bad |= kBadSequsedK;
+      if (bad != 0) {
+        if (threadIdx.x == 0) {  // mapped host memory: a plain read-modify-write (PCIe need not carry atomics)
+          volatile uint32_t* word = p.async_error;
+          *word = *word | bad;
+        }
+        ti.q_row0 = ti.k_row0 = ti.seqlen_q = ti.seqlen_k = 0;
+      }
+    }
+  } else {
+    ti.q_row0 = ti.k_row0 = 0;
+    ti.seqlen_q = p.seqlen_q;
+    ti.seqlen_k = p.seqlen_k;
+  }
+  const int32_t row_lo = ti.c.m_block * kBlockM;
+  ti.has_rows = row_lo < ti.seqlen_q;
+  if (ti.has_rows) {
+    const int32_t row_hi = min(row_lo + kBlockM, ti.seqlen_q) - 1;
+    ti.keys = TileKeyRange::make(row_lo, row_hi, ti.seqlen_q, ti.seqlen_k, p.mask, kBlockN);
+  }
+  return ti;
+}
+
+/// Query row, within its sequence, of fragment row r (0 or 1) of consumer thread `tid`: the one
+/// place that says which query row a fragment row is (packing query heads into a tile changes it
+/// here, and the head with it).
+template <int kBlockM>
+__device__ __forceinline__ int32_t query_row(const TileInfo& ti, int tid, int r) {
+  return ti.c.m_block * kBlockM + arch::fragment_row(tid) + 8 * r;
+}
+
+/// A stream-K piece (core/stream_k.h) runs only key blocks [n_lo, n_hi) of its tile. The
+/// element masks stay those of the whole tile (TileKeyRange::needs_mask is per block).
+__device__ __forceinline__ void restrict_keys(TileInfo& ti, const detail::WorkItem& w) {
+  if (w.n_lo < w.n_hi) {
+    ti.keys.n_block_min = w.n_lo;
+    ti.keys.n_block_max = w.n_hi;
+  }
+}
+
+/// The tile of work item w (published by the producer: its indices passed the checks), with the
+/// key range of its stream-K piece (the producer and the consumers must agree on it block for
+/// block).
+template <int kBlockM, int kBlockN, class Params>
+__device__ __forceinline__ TileInfo make_tile_info(const Params& p, const detail::WorkItem& w) {
+  TileInfo ti = make_tile_info<kBlockM, kBlockN, false>(p, w.tile);
+  restrict_keys(ti, w);
+  return ti;
+}
+
+}  // namespace fa4::hopper
