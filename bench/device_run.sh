@@ -37,7 +37,7 @@ timeout ${TEST_TIMEOUT:-300} $B/tests/fa4_gpu_tests > $OUT/gpu_tests.log 2>&1
 echo "gpu tests rc=$?"; summ 60 < $OUT/gpu_tests.log
 if [ "${SANITIZE:-0}" = 1 ]; then
   F='HopperArch.*:HopperFwd.Sanitize*'
-  for tool in memcheck racecheck synccheck; do
+  for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
     timeout 150 compute-sanitizer --tool $tool $B/tests/fa4_gpu_tests --gtest_filter="$F" > $OUT/sanitize_$tool.log 2>&1
     echo "$tool rc=$?: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" $OUT/sanitize_$tool.log | tr '\n' ' ')"
   done

@@ -54,7 +54,8 @@ Selection accept(Impl impl, std::string kernel) {
 
 /// THE selector. `p` is validated. Never throws for an unsupported configuration: it returns the
 /// message, so forward_support can report exactly what forward would throw.
-Selection select(const detail::FwdParams& p, Backend backend, Direction dir, const char* fn) {
+Selection select(const detail::FwdParams& p, Backend backend, Direction dir, const char* fn,
+                 bool want_name = false) {
   const bool fwd = dir == Direction::kForward;
   switch (backend) {
     case Backend::kAuto: case Backend::kCpu: case Backend::kCpuReference: case Backend::kCuda:
@@ -89,8 +90,8 @@ Selection select(const detail::FwdParams& p, Backend backend, Direction dir, con
   if (!fwd)
     return reject(ErrorCode::kUnsupported, fn,
                   "the CUDA backward is not implemented yet; run the backward on CPU tensors");
-  std::string kernel;
-  const std::string why = hopper::forward_support(p, &kernel);
+  std::string kernel;  // named only for forward_support: the call path builds no strings
+  const std::string why = hopper::forward_support(p, want_name ? &kernel : nullptr);
   if (!why.empty()) return reject(ErrorCode::kUnsupported, fn, why);
   return accept(Impl::kHopper, kernel);
 #else
@@ -166,7 +167,7 @@ ErrorCode forward_support_code(const TensorView& q, const TensorView& k, const T
   if (message) message->clear();
   try {
     const FwdParams p = make_fwd_params(q, k, v, out, lse, options, kFn);
-    const Selection s = select(p, options.backend, Direction::kForward, kFn);
+    const Selection s = select(p, options.backend, Direction::kForward, kFn, kernel_name != nullptr);
     if (s.code != ErrorCode::kOk) {
       if (message) *message = s.error;
       return s.code;

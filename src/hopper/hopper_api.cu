@@ -154,8 +154,7 @@ std::string forward_support(const detail::FwdParams& p, std::string* kernel_name
 }
 
 void forward(const detail::FwdParams& p) {
-  const std::string why = forward_support(p, nullptr);
-  if (!why.empty()) throw Error(ErrorCode::kUnsupported, "fa4::forward (hopper): " + why);
+  // The selector (forward_support) has accepted p: fa4::forward calls it first, once.
   // An earlier kernel on this device may have met invalid varlen indices: report it now (a read of
   // host memory, no sync), before this call writes anything.
   check_async_errors(p.device.index);

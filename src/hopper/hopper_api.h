@@ -12,7 +12,8 @@ namespace fa4::hopper {
 /// device, else a message saying what is supported. forward() runs exactly what this picks.
 std::string forward_support(const detail::FwdParams& p, std::string* kernel_name);
 
-/// Enqueues the forward on p.device.stream. Precondition: forward_support(p) == "".
+/// Enqueues the forward on p.device.stream. Precondition: forward_support(p) == "" (fa4::forward's
+/// selector checked it; it is not checked again here).
 void forward(const detail::FwdParams& p);
 
 /// fa4::check_async_errors for the Hopper kernels (device_state.h).
