@@ -29,9 +29,14 @@ namespace fa4::hopper::arch {
 template <int kNumWarpGroups>
 struct NamedBarriers {
   static_assert(kNumWarpGroups == 2 || kNumWarpGroups == 3, "two or three consumer warpgroups");
-  __host__ __device__ static constexpr uint32_t turn(int wg) { return wg == 2 ? 7u : 2u + uint32_t(wg); }
+  // (kNumWarpGroups == 3 && ...: with two warpgroups the id is base + wg, no compare on the path.)
+  __host__ __device__ static constexpr uint32_t turn(int wg) {
+    return kNumWarpGroups == 3 && wg == 2 ? 7u : 2u + uint32_t(wg);
+  }
   __host__ __device__ static constexpr uint32_t consumers() { return 4u; }
-  __host__ __device__ static constexpr uint32_t local(int wg) { return wg == 2 ? 8u : 5u + uint32_t(wg); }
+  __host__ __device__ static constexpr uint32_t local(int wg) {
+    return kNumWarpGroups == 3 && wg == 2 ? 8u : 5u + uint32_t(wg);
+  }
   static constexpr uint32_t kFirstFree = 9;
 };
 
