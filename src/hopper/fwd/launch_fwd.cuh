@@ -33,6 +33,19 @@ inline int64_t tma_stride(int64_t extent, int64_t stride, int64_t span_before) {
   return extent <= 1 ? span_before : stride;
 }
 
+namespace {
+/// Devices (bit per ordinal < 64) on which Kt's kernel has its shared-memory limit raised. Internal
+/// linkage on purpose: a function-local static of a template has vague linkage, and the dynamic
+/// linker unifies such symbols across every library of the process (STB_GNU_UNIQUE), so two
+/// copies of libfa4 in one process (two builds, or two packages that ship it) would share the
+/// flag while each has its own kernel: the second library's launch then fails.
+template <class Kt>
+std::atomic<uint64_t>& smem_raised_devices() {
+  static std::atomic<uint64_t> devices{0};
+  return devices;
+}
+}  // namespace
+
 template <int kDType, int kHeadDim, int kHeadDimV>
 void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   using namespace cute;
@@ -144,13 +157,16 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   auto kernel = fwd_kernel<Kt>;
   // The shared-memory limit is a property of the function in each device's context: raised once
   // per device, not per call (a driver call costs more host time than a short kernel's launch).
-  static std::atomic<uint64_t> smem_raised{0};
+  // A launch refused as an invalid argument (the context was reset since) raises it again below.
+  std::atomic<uint64_t>& smem_raised = smem_raised_devices<Kt>();
   const uint64_t device_bit = uint64_t(1) << (fp.device.index & 63);
-  if (fp.device.index >= 64 || !(smem_raised.load(std::memory_order_acquire) & device_bit)) {
+  auto raise_smem_limit = [&] {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kt::kSmemBytes),
                "cudaFuncSetAttribute(max dynamic smem)");
     if (fp.device.index < 64) smem_raised.fetch_or(device_bit, std::memory_order_release);
-  }
+  };
+  const bool smem_was_raised = fp.device.index < 64 && (smem_raised.load(std::memory_order_acquire) & device_bit);
+  if (!smem_was_raised) raise_smem_limit();
   const cudaStream_t stream = static_cast<cudaStream_t>(fp.device.stream);
   const int32_t blocks_per_tile = int32_t((int64_t(fp.seqlen_k) + Kt::kBlockN - 1) / Kt::kBlockN);
   // Whole tiles on min(tiles, SMs) CTAs: the plain launch, and the fallback when the cooperative
@@ -208,6 +224,11 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   if (p.sk.tail_ctas == 0) {
     kernel<<<p.sk.grid, Kt::kNumThreads, Kt::kSmemBytes, stream>>>(p);
     launched = cudaGetLastError();
+    if (launched == cudaErrorInvalidValue && smem_was_raised) {  // the context lost the limit
+      raise_smem_limit();
+      kernel<<<p.sk.grid, Kt::kNumThreads, Kt::kSmemBytes, stream>>>(p);
+      launched = cudaGetLastError();
+    }
   }
   check_cuda(launched, "kernel launch");
 }
