@@ -31,7 +31,7 @@ struct RelaxedCapture {
 std::mutex g_mu;
 std::map<std::pair<int, cudaStream_t>, std::pair<char*, size_t>> g_eager;  // (ptr, bytes)
 std::map<int, cudaStream_t> g_zero_stream;  // a private stream per device for the one-time memset
-std::vector<char*> g_kept;                  // captured calls' scratch: a graph may replay any time
+std::vector<char*> g_kept;  // captured calls' scratch (a graph may replay any time) and outgrown buffers
 
 /// cudaMalloc + zero fill on a private non-blocking stream (never the caller's, which may be
 /// capturing). Called with g_mu held.
@@ -66,15 +66,12 @@ char* launch_scratch(int device, cudaStream_t stream, size_t bytes) {
   std::pair<char*, size_t>& b = g_eager[{device, stream}];
   if (b.second >= bytes) return b.first;
   // Grow to a power of two of at least 4 KiB, so a stream's buffer is replaced only a few times.
-  // The old buffer may still be in use by this stream's queued kernels: wait for them first (once
-  // per growth, never per call).
+  // The old buffer is kept, not freed: kernels queued on the stream, or a call of another thread
+  // that took it a moment ago, may still use it, and waiting for them would be a host sync. The
+  // doublings cost at most as much again as the final size.
   size_t size = 4096;
   while (size < bytes) size *= 2;
-  if (b.first) {
-    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (growing the launch scratch)");
-    check(cudaFree(b.first), "cudaFree (launch scratch)");
-    b = {nullptr, 0};
-  }
+  if (b.first) g_kept.push_back(b.first);
   b = {alloc_zeroed(device, size), size};
   return b.first;
 }

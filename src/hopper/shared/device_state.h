@@ -4,9 +4,10 @@
 //     kernels leave the counter and the flags zeroed when they finish (the last claim resets the
 //     counter, a combiner resets the flags it consumed), so the memory is zeroed once, when it is
 //     allocated, and never again. Eager calls share one buffer per (device, stream): calls on one
-//     stream run one after another. A call made while its stream is being captured into a CUDA
-//     graph gets a buffer of its own, kept for the life of the process, so a replay never shares
-//     scratch with another call or graph, whichever stream it is replayed on.
+//     stream run one after another. It is allocated by the first call that needs it and grown by
+//     doubling (outgrown buffers are kept, never freed: no sync). A call made while its stream is
+//     being captured into a CUDA graph gets a buffer of its own, kept for the life of the process,
+//     so a replay never shares scratch with another call or graph, whichever stream it runs on.
 //   * the asynchronous error word: a kernel that meets varlen indices breaking the rules
 //     (cu_seqlens_q/k, seqused_k; checked on the device, where the host cannot read them without a
 //     sync) computes nothing for that sequence and sets a bit here, in mapped host memory; the next
