@@ -141,7 +141,7 @@ def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
     where the backend fails); all in TFLOP/s for `flops`; then r["ratio_cudnn"] = fa4/cudnn (None
     without cuDNN). Each is the median over ROUNDS rounds that run every contender once, in an
     order rotated per round, so clock and thermal drift hit all of them alike (one pass measured
-    cuDNN 7-12% apart between neighbouring runs of session 7-8). Returns r."""
+    cuDNN 7-12% apart between neighbouring runs). Returns r."""
     fa4_fn = lambda: fa4.flash_attn_func(q, k, v, causal=causal)
     # name -> (call, context the timing runs in)
     fns = {"fa4": (fa4_fn, contextlib.nullcontext)}

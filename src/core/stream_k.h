@@ -30,7 +30,7 @@ namespace fa4::detail {
 
 /// Cost model of the split (in key-block units of the bucket's tile_n): a tile costs
 /// blocks_per_tile + kTileFixedCostBlocks (Q load, first Q K^T without overlap, last PV, epilogue:
-/// measured ~1.4 blocks at d128, session 4 of bench/results/README.md); a CTA's tail runs up to two
+/// measured ~1.4 blocks at d128, bench/results/history.md); a CTA's tail runs up to two
 /// pieces (two fixed costs) plus the merge of the partials (kCombineCostBlocks). A CTA's tail share
 /// is at least kStreamKMinBlocks key blocks.
 inline constexpr float kTileFixedCostBlocks = 1.5f;

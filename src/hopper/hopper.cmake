@@ -81,10 +81,10 @@ target_compile_options(fa4 PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr
   -Xcudafe=--diag_suppress=177 -DNDEBUG>)
 # Without this CuTe offers wgmma only with N in {8, 16, 32, 64, 96, 128, 192, 256} and builds any
-# other key tile (80 at d256; 112, the d192x128 tile until session 6; 144-176 at d128) out of
-# 64x16 instructions: 5-11 HGMMAs and fences where one would do (d256 ran at 0.70-0.83x cuDNN at
-# seqlen >= 4k that way). With it, every
-# multiple of 8 up to 256 is one instruction; kernel_traits.cuh asserts the atom covers the tile.
+# other key tile (80 at d256; 112 and 144-176, tried at d192x128 and d128) out of 64x16
+# instructions: 5-11 HGMMAs and fences where one would do (d256 ran at 0.70-0.83x cuDNN at
+# seqlen >= 4k that way). With it, every multiple of 8 up to 256 is one instruction;
+# fwd/kernel_traits_fwd.cuh asserts the atom covers the tile.
 target_compile_definitions(fa4 PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED>)
 option(FA4_HOPPER_PTXAS_VERBOSE "Print ptxas register/smem/spill reports for the Hopper kernels" OFF)
 if(FA4_HOPPER_PTXAS_VERBOSE)

@@ -174,7 +174,7 @@ void forward(const detail::FwdParams& p) {
   // is mostly empty tiles, and claiming those one atomic at a time measured 3% slower on the
   // benchmark's varlen batch.
   ctx.dynamic_schedule = pick(o.dynamic_schedule, p.mask.is_local() && !p.is_varlen);
-  // O leaves through smem + TMA store (epilogue.cuh) where out obeys the same TMA rule as q/k/v
+  // O leaves through smem + TMA store (fwd/epilogue_fwd.cuh) where out obeys the same TMA rule as q/k/v
   // and is batched (a varlen box would cross into the next sequence's rows).
   ctx.tma_epilogue = pick(o.tma_epilogue, true) && !p.is_varlen &&
                      check_tma_tensor("out", p.out, p.out_stride, p.seqlen_q, p.num_heads, p.batch,

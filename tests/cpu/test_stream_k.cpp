@@ -134,7 +134,7 @@ TEST(StreamK, OffModesRunWholeTilesInTheStaticStride) {
 
 // The automatic choice: split-KV where there are fewer tiles than SMs and a tile has enough key
 // blocks to pay for a piece's fixed cost; never the last partial round of a longer schedule (measured
-// no gain on H200), which FA4_HOPPER_STREAMK=1 (mode 1) still forces for the ablation.
+// no gain on H200), which the override "stream_k" = 1 (mode 1) still forces for the ablation.
 TEST(StreamK, CostModelSplitsFewLongTilesOnly) {
   // d128 benchmark shapes: 2048 tiles of seqlen/128 blocks, 15.5 rounds: not split automatically.
   for (int32_t nb : {4, 8, 32, 128}) EXPECT_EQ(plan_stream_k(2048, 132, nb, -1).tail_ctas, 0) << nb;

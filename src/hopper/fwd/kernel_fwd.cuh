@@ -4,12 +4,12 @@
 // min(tiles, SMs) (or, with the stream-K split of core/stream_k.h, up to SMs CTAs for fewer
 // tiles):
 //   warpgroup 0  producer: setmaxnreg down to 24 registers; warp 0 issues the TMA loads
-//                (mainloop_load.cuh); warps 1-3 exit.
+//                (mainloop_fwd_load.cuh); warps 1-3 exit.
 //   warpgroups 1..  consumers (tile_m / 64 of them): setmaxnreg up to 240 (two) or 160 (three);
 //                each owns 64 of the tile's query rows and runs QK^T / softmax / PV
-//                (mainloop_mma.cuh) and the epilogue (epilogue.cuh).
+//                (mainloop_fwd_mma.cuh) and the epilogue (epilogue_fwd.cuh).
 // The producer warp claims work items (static stride, a dynamic LPT counter, or the static stride
-// with a stream-K tail; tile_scheduler.cuh) and passes each to the consumers through a small smem
+// with a stream-K tail; shared/tile_scheduler.cuh) and passes each to the consumers through a small smem
 // ring; shared memory holds TMA stage rings
 // for Q, K and V. Q has q_stages buffers (with 2 — d64 — the next tile's Q loads during this tile;
 // with 1 it loads once the buffer is free). O is staged for its TMA store in its own buffer where

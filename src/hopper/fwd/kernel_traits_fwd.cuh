@@ -42,7 +42,7 @@ struct FwdKernelTraits {
   static constexpr bool kPingPong = kConfig.pingpong;
   static constexpr bool kExpFromRunningMax = kConfig.exp_from_running_max;  // softmax.cuh step_from_running_max
   static_assert(kBlockM % 64 == 0 && (kNumMmaWarpGroups == 2 || kNumMmaWarpGroups == 3),
-                "two or three consumer warpgroups of 64 query rows (named barrier ids in arch.cuh)");
+                "two or three consumer warpgroups of 64 query rows (named barrier ids in arch/arch.cuh)");
   static_assert(kNumMmaThreads * kConfig.consumer_regs + cutlass::NumThreadsPerWarpGroup * kConfig.producer_regs <=
                     detail::kHopperRegisterFile,
                 "setmaxnreg split over the SM's register file");

@@ -81,7 +81,7 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   const void* v_base = fp.v ? fp.v : fp.q;
   Tensor mK = make_tensor(make_gmem_ptr(static_cast<const Element*>(k_base)), shape_k, sk);
   Tensor mVt = make_tensor(make_gmem_ptr(static_cast<const Element*>(v_base)), shape_vt, svt);
-  // O through TMA (epilogue.cuh): hopper_api.cu decided it (batched, TMA-aligned out).
+  // O through TMA (epilogue_fwd.cuh): hopper_api.cu decided it (batched, TMA-aligned out).
   auto shape_o = make_shape(rows_q, fp.headdim_v, fp.num_heads, batch_t);
   auto so = strides(fp.out_stride, rows_q, fp.num_heads);
   const bool out_tma = ctx.tma_epilogue;

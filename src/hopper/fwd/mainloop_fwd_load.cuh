@@ -125,8 +125,8 @@ struct MainloopLoad {
     // until the previous tile's key loop (with an O buffer) or its epilogue's store of O from
     // that buffer, and then pays the full HBM latency before the first Q K^T. The producer gets
     // here when it has issued the previous tile's last K/V block, i.e. about `stages` key blocks
-    // before that tile ends (fewer if it had fewer): pull Q into L2 now (A/B runs 26-27: d128
-    // seqlen 512-1024 +3..10%, >= 4k within +-1.5%). With two Q buffers the load itself is issued
+    // before that tile ends (fewer if it had fewer): pull Q into L2 now (measured at d128:
+    // seqlen 512-1024 +3..10%, >= 4k within +-1.5%; bench/results/history.md). With two Q buffers the load itself is issued
     // this early; a prefetch would only fetch Q twice.
     if constexpr (Kt::kQStages == 1) {
       if (leader) cute::prefetch(p.tma_q, tQgQ);

@@ -124,7 +124,7 @@ struct MainloopMma {
     Tensor tOrP = make_tensor<Element>(acc_to_a_layout(tSrS.layout()));
     Tensor tOrP32 = recast<uint32_t>(tOrP);
 
-    // Rows/cols of this thread (arch.cuh's fragment maps).
+    // Rows/cols of this thread (arch/arch.cuh's fragment maps).
     const int col_lane = fragment_col(tid);
     detail::KeyRange vis[2];
 #pragma unroll

@@ -36,13 +36,13 @@ struct HopperFwdConfig {
   /// O is staged for its TMA store in its own smem buffer (tile_m x headdim) instead of the tile's
   /// dead Q buffer: Q is then released right after the key loop, so the next tile's Q loads
   /// under the last P V and the epilogue, and the TMA store is waited for one tile later. Measured
-  /// at d128 +1.0..1.3% causal and Llama, +-0.7% non-causal (A/B run 51); d96 +1.7% / +1.5%,
-  /// d64 +0.2..0.3% at 8k and +1.0% / +3.1% at 512 (run 56). Only where the smem fits.
+  /// at d128 +1.0..1.3% causal and Llama, +-0.7% non-causal; d96 +1.7% / +1.5%, d64 +0.2..0.3%
+  /// at 8k and +1.0% / +3.1% at 512 (bench/results/history.md). Only where the smem fits.
   bool o_buffer;
   /// Key loop: the exponentials of a block start from the running row max, with no block max in
   /// front of them; the lazy-rescaling test runs on the exponentials afterwards
-  /// (src/hopper/shared/softmax.cuh, OnlineSoftmax::step_from_running_max). Pays where the softmax sets the pace (A/B runs
-  /// 72/74, x cuDNN at 8k non-causal / causal: d64 1.11 -> 1.20 / 1.04 -> 1.15, d96 1.06 -> 1.13 /
+  /// (src/hopper/shared/softmax.cuh, OnlineSoftmax::step_from_running_max). Pays where the
+  /// softmax sets the pace (bench/results/history.md; x cuDNN at 8k non-causal / causal: d64 1.11 -> 1.20 / 1.04 -> 1.15, d96 1.06 -> 1.13 /
   /// 1.11 -> 1.17, d128 1.01 -> 1.07 / 1.03 -> 1.10, d192x128 1.09 -> 1.14 / 1.20 -> 1.23); the
   /// MMA-bound d192 and d256 kernels measured 0.92 / 0.97 of the max-first loop at d192 8k and
   /// 0.92 at d256 causal 512, so they keep the block max first.
@@ -59,9 +59,9 @@ inline constexpr int32_t kHopperTileM = 128;      ///< two consumer warpgroups
 inline constexpr int32_t kHopperTileM3WG = 192;   ///< three consumer warpgroups
 
 // Exp2 splits are in 8-column groups out of a period of 16 groups (fa4/exp2.h). Emulation pays
-// where the MUFU unit (16 ex2/clk/SM) is the bottleneck and the FMA pipe has room: d96/d128. d128:
-// A/B run 77 (session 8, with the exponentials started from the running max), x cuDNN non-causal
-// 4k/8k/16k | causal 4k/8k/16k | Llama: 0 -> 1.061/1.071/1.079 | 1.071/1.128/1.133 | 1.088,
+// where the MUFU unit (16 ex2/clk/SM) is the bottleneck and the FMA pipe has room: d96/d128. d128,
+// measured with the exponentials started from the running max (bench/results/history.md), x cuDNN
+// non-causal 4k/8k/16k | causal 4k/8k/16k | Llama: 0 -> 1.061/1.071/1.079 | 1.071/1.128/1.133 | 1.088,
 // 1/16 -> 1.070/1.095/1.086 | 1.072/1.133/1.131 | 1.102, 2/16 (the max-first loop's best) ->
 // 1.049/1.052/1.066 | 1.063/1.108/1.111 | 1.067. d >= 192 is MMA-bound, and d64's three
 // warpgroups fill the FMA pipe with softmax work already (measured below), so everything stays on
@@ -71,13 +71,13 @@ inline constexpr HopperFwdConfig kHopperFwdConfigs[] = {
     // exp_from_running_max
     // d64: three consumer warpgroups (192 query rows, FA3's tile): at d64 a warpgroup's softmax of a
     // block takes ~2x its Q K^T + P V, so two warpgroups leave the tensor core idle half the time.
-    // A/B runs 65-66 at 8k (x cuDNN): two warpgroups 0.90 / 0.91 (non-causal / causal); three with
+    // Measured at 8k (x cuDNN): two warpgroups 0.90 / 0.91 (non-causal / causal); three with
     // exp2 split 4/16 1.02-1.03 / 0.98-0.99, 2/16 1.06 / 1.01, 1/16 1.10 / 1.03, 0 1.11 / 1.06-1.07:
     // with three warpgroups the FMA pipe, not MUFU, is the scarcer unit, so d64 emulates nothing.
     {64, 64, kHopperTileM3WG, 128, 3, 2, Exp2Split{16, 0}, kHopperConsumerRegs3WG, kHopperProducerRegs, true, true, true},
     {96, 96, kHopperTileM, 128, 2, 1, Exp2Split{16, 3}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true},
     {128, 128, kHopperTileM, 128, 2, 1, Exp2Split{16, 1}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true},
-    // d192x128: key tile 128 measured +2.4% / +1.7% (non-causal / causal 8k) over 112 (A/B run 51).
+    // d192x128: key tile 128 measured +2.4% / +1.7% (non-causal / causal 8k) over 112.
     {192, 128, kHopperTileM, 128, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, true},
     {192, 192, kHopperTileM, 96, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false},
     {256, 256, kHopperTileM, 80, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false},

@@ -191,10 +191,10 @@ struct OnlineSoftmax {
   /// softcap, from the tiles in smem) and the block is rescaled from log2 units
   /// (rescale_after_overflow). Needs a finite running max in every row of the warp
   /// (has_finite_max).
-  /// Measured on H200 (bench/results/README.md, session 8): with the block max in front, the d128
-  /// forward ran 4-9% slower and d64 8-11% (A/B runs 72, 74); computing that max in parallel with
-  /// the exponentials instead recovered only 0-3% (run 71). Per bucket: kernel_config.h's
-  /// exp_from_running_max.
+  /// Measured on H200 (bench/results/history.md): with the block max in front, the d128 forward
+  /// ran 4-9% slower and d64 8-11%; computing that max in parallel with the exponentials instead
+  /// recovered only 0-3%. Per bucket: the tuning table's exp_from_running_max
+  /// (src/hopper/fwd/tuning_fwd.h).
   template <int kPeriod, int kEmulated, class Frag, class ScoreAt>
   __device__ __forceinline__ void step_from_running_max(Frag& s, float scale_log2, float sum_limit,
                                                         float (&o_scale)[2], bool runtime_split, Exp2Split split,

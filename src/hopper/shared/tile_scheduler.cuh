@@ -5,8 +5,8 @@
 // The linear tile index is mapped to coordinates so that
 //   * LPT: under causal/window masks the bottom m-blocks see the most keys; handing them out first
 //     (longest-processing-time first) keeps the last wave short. Used for masked (causal/window)
-//     and varlen problems; dense ones take the plain order (hopper_api.cu; FA4_HOPPER_LPT=0/1
-//     forces it for the ablation, as FA4_HOPPER_SCHED=static/dynamic forces the claiming).
+//     and varlen problems; dense ones take the plain order (hopper_api.cu; the override "lpt"
+//     of src/common/overrides.h forces it for the ablation, as "schedule" forces the claiming).
 //   * L2 sections: (batch, head) pairs are processed in sections of `heads_per_section` whose K/V
 //     fit in half the L2 together, iterating all m-blocks of a section before the next. Concurrent
 //     CTAs then re-read the same K/V from L2 instead of HBM. Query heads of one KV head are
@@ -23,7 +23,7 @@
 //   * stream-K tail (dense problems, static order; core/stream_k.h): whole tiles as in
 //     `static`, then the last, partial round's key blocks spread evenly over the CTAs; a tile cut
 //     between CTAs is merged by the CTA holding its first piece (stream_k.cuh). Automatic only with
-//     fewer tiles than SMs (split-KV); FA4_HOPPER_STREAMK=1 forces it for any partial round.
+//     fewer tiles than SMs (split-KV); the override "stream_k" = 1 forces it for any partial round.
 // The producer warp claims work items (a tile, or a key-block range of one) and hands each to the
 // consumer warpgroups through a two-slot shared-memory ring (mbarriers), so it can claim and
 // load the next one while the consumers finish the current one. A tile >= num_tiles ends the CTA.
