@@ -35,13 +35,13 @@ struct NaiveMirrors {
 };
 
 /// exact: the float64 oracle. Otherwise the same-precision baseline: every intermediate rounded
-/// to the dtype; for fp32 with an exp2 split it uses the polynomial for EVERY P (the worst split),
+/// to the dtype; for fp32 with an exp2 emulation share it uses the polynomial for EVERY P (the worst split),
 /// so the rule compares against an fp32 naive attention built from the same exp2 primitive (16-bit
 /// inputs round P to 2^-9 / 2^-12 anyway, which dominates; their baseline keeps std::exp).
 /// d_from_stored_out (exact only): the oracle's backward takes D from the stored out (see
 /// stored_out_slack).
 inline NaiveMirrors run_naive(const detail::BwdParams& p, const OutputSet& shapes, bool exact,
-                              bool backward, Exp2Split split, bool d_from_stored_out = false) {
+                              bool backward, Exp2Emulation split, bool d_from_stored_out = false) {
   NaiveMirrors m(shapes);
   MirrorWriter w = m.writer();
   if (exact) {
@@ -71,7 +71,7 @@ inline double max_abs_finite(const HostTensor& t) {
 
 /// Documented first-order slack, fp32 only (16-bit rounding of P, 2^-9 / 2^-12 relative,
 /// dominates both terms by orders of magnitude):
-///  * exp2 split: the all-polynomial naive baseline is LUCKY where the softmax is peaked — its row
+///  * exp2 emulation share: the all-polynomial naive baseline is LUCKY where the softmax is peaked — its row
 ///    max term is exp(0) = 1 exactly, while FA4's stale (lazy) max puts the dominant term at a
 ///    non-integer exponent where the polynomial errs by up to eps = Exp2Poly3::max_rel_error.
 ///    Relative errors <= eps in P shift lse by <= eps (natural log), O by <= 2 eps (max|v| +
@@ -87,7 +87,7 @@ struct FirstOrderSlack {
   double grad(const Mirror& ref) const { return (2 * eps + lse_rel) * max_abs_written(ref); }
 };
 
-inline FirstOrderSlack first_order_slack(DType dtype, Exp2Split split, double vmax,
+inline FirstOrderSlack first_order_slack(DType dtype, Exp2Emulation split, double vmax,
                                          const Mirror& ref_lse) {
   FirstOrderSlack s;
   if (dtype != DType::kFP32) return s;
@@ -158,11 +158,11 @@ inline double stored_out_slack(const Mirror& got, const Mirror& exact) {
 
 /// Checks out and lse (and dq, dk, dv, dsink with `backward`) of `tested` against the oracle;
 /// `poisoned` holds the outputs as they were before the run (for the untouched check). p: the
-/// validated params of the problem (host pointers, inputs only are read); split: the exp2 split
+/// validated params of the problem (host pointers, inputs only are read); split: the exp2 emulation share
 /// the tested implementation used; vmax: max|v| over the value tensor.
 inline std::vector<Accuracy> check_outputs(const detail::BwdParams& p, const OutputSet& tested,
                                            const OutputSet& poisoned, bool backward, bool sink,
-                                           Exp2Split split, double vmax) {
+                                           Exp2Emulation split, double vmax) {
   const NaiveMirrors ref = run_naive(p, tested, true, backward, split);
   const NaiveMirrors nv = run_naive(p, tested, false, backward, split);
   const FirstOrderSlack sl = first_order_slack(p.dtype, split, vmax, ref.l);

@@ -214,14 +214,14 @@ std::string forward_kernel_name(const Problem& p, const Placement& at) {
 
 namespace {
 
-/// The exp2 split the implementation that ran applies (the Hopper bucket's default on CUDA).
-Exp2Split effective_split(const Problem& p, const detail::FwdParams& fp) {
-  if (fp.exp2_fraction_given) return fp.exp2_split;
+/// The exp2 emulation share the implementation that ran applies (the Hopper bucket's default on CUDA).
+Exp2Emulation effective_exp2_emulation(const Problem& p, const detail::FwdParams& fp) {
+  if (fp.exp2_fraction_given) return fp.exp2_emulation;
   if (p.spec.device == "cuda") {
     const detail::HopperFwdConfig* c = detail::hopper_fwd_bucket(fp.headdim, fp.headdim_v);
-    if (c) return c->exp2_split;
+    if (c) return c->exp2_emulation;
   }
-  return cpu::default_exp2_split(fp.dtype);
+  return cpu::default_exp2_emulation(fp.dtype);
 }
 
 }  // namespace
@@ -255,7 +255,7 @@ std::vector<test::Accuracy> check_outputs(const Problem& tested, Problem& poison
                                &poisoned.dv, &poisoned.dsink};
   std::vector<test::Accuracy> acc =
       test::check_outputs(bp, out, before, src.spec.backward, src.spec.sink,
-                          effective_split(src, bp), test::max_abs_finite(src.v));
+                          effective_exp2_emulation(src, bp), test::max_abs_finite(src.v));
   return acc;
 }
 

@@ -21,7 +21,7 @@ namespace fa4 {
 /// lane-uniform and compile-time per register). Within a key tile, column c (0-based, relative to
 /// the tile start) is emulated iff  (c / 8) % period >= period - emulated.
 /// The emulated share is emulated / period.
-struct Exp2Split {
+struct Exp2Emulation {
   int32_t period = 16;   ///< in 8-column groups
   int32_t emulated = 0;  ///< 0 <= emulated <= period
 

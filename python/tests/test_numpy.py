@@ -18,7 +18,7 @@ DTYPES = [np.float32, np.float16] + ([ref.BF16] if ref.BF16 is not None else [])
 POISON = 1024.0  # written into outputs before each call (exact in fp16/bf16); skipped rows show
 # The software exp2 polynomial (paper Sec. 3) is accurate to ~2e-4 relative: below fp16/bf16
 # rounding, but 100x fp32's. fp32 checks therefore run with emulation off; the default split on
-# fp32 is a known library issue, kept visible by test_fp32_default_exp2_split_meets_rule.
+# fp32 is a known library issue, kept visible by test_fp32_default_exp2_emulation_meets_rule.
 FP32_EXACT_EXP2 = dict(exp2_emulation_fraction=0.0)
 
 
@@ -79,9 +79,9 @@ def test_forward_matches_fp64(rng, dtype, cfg):
     _check_forward(rng, dtype, **cfg)
 
 
-# The default exp2 split is off for fp32 (src/cpu/cpu_attention.h default_exp2_split): the
+# The default exp2 emulation share is off for fp32 (src/cpu/cpu_attention.h default_exp2_emulation): the
 # polynomial's ~1e-4 error would otherwise break the 2x rule against plain fp32 attention.
-def test_fp32_default_exp2_split_meets_rule(rng):
+def test_fp32_default_exp2_emulation_meets_rule(rng):
     _check_forward(rng, np.float32, batch=1, sq=128, sk=128, h=4, hkv=2, d=64, dv=64,
                    causal=True, exp2_default=True)
 

@@ -333,7 +333,7 @@ FwdParams make_fwd_params(const TensorView& q_in, const TensorView& k_in, const 
       c.invalid("options.exp2_emulation_fraction = ", f, " must be a multiple of 1/",
                 kExp2FractionDenominator, " in [0, 1]");
     p.exp2_fraction_given = true;
-    p.exp2_split = Exp2Split{kExp2FractionDenominator, static_cast<int32_t>(scaled)};
+    p.exp2_emulation = Exp2Emulation{kExp2FractionDenominator, static_cast<int32_t>(scaled)};
   }
 
   // ---- sink ----

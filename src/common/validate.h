@@ -28,7 +28,7 @@ inline constexpr float kMaxRescaleThreshold = 8.0f;
 inline constexpr int32_t kExp2FractionDenominator = 16;
 
 /// Validates forward arguments and resolves defaults (softmax_scale, causal -> window right = 0,
-/// exp2 split). `fn` prefixes every message ("fa4::forward"). Throws fa4::Error.
+/// exp2 emulation share). `fn` prefixes every message ("fa4::forward"). Throws fa4::Error.
 FwdParams make_fwd_params(const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& out, const TensorView& lse,
                           const AttentionOptions& options, const char* fn);

@@ -62,7 +62,7 @@ struct FwdParams {
 
   float rescale_threshold = 8.0f;    ///< tau, log2 units
   bool exp2_fraction_given = false;  ///< false: the kernel's tuned default applies
-  Exp2Split exp2_split{};            ///< valid when exp2_fraction_given
+  Exp2Emulation exp2_emulation{};            ///< valid when exp2_fraction_given
 
   /// Group size: query head h uses kv head h / (num_heads / num_heads_kv).
   FA4_HD int32_t kv_head(int32_t h) const { return h / (num_heads / num_heads_kv); }

@@ -12,21 +12,21 @@ void reference_forward(const detail::FwdParams& p);
 void reference_backward(const detail::BwdParams& p);
 
 /// FlashAttention-4 algorithm on the CPU (float32 accumulation): tiled online softmax in the log2
-/// domain, lazy rescaling (threshold p.rescale_threshold), exp2 split between std::exp2 and the
+/// domain, lazy rescaling (threshold p.rescale_threshold), exp2 emulation share between std::exp2 and the
 /// software polynomial (fa4/exp2.h) by key-column position. Threaded with OpenMP over
 /// (batch, head, query tile).
 void flash_forward(const detail::FwdParams& p);
 void flash_backward(const detail::BwdParams& p);
 
-/// Key/query tile sizes the CPU implementation uses (the exp2 split rule is relative to a key tile).
+/// Key/query tile sizes the CPU implementation uses (the exp2 emulation share rule is relative to a key tile).
 inline constexpr int kCpuTileM = 64;
 inline constexpr int kCpuTileN = 128;
-/// Exp2 split used when the caller gives no fraction: 2 of every 16 8-column groups = 12.5% for
+/// Exp2 emulation share used when the caller gives no fraction: 2 of every 16 8-column groups = 12.5% for
 /// bf16/fp16, whose P rounding (2^-8 / 2^-11) hides the polynomial's ~1e-4 relative error; none
 /// for fp32, where that error would be ~20x plain fp32 attention's and break the accuracy rule.
-inline constexpr Exp2Split kCpuDefaultExp2Split{16, 2};
-constexpr Exp2Split default_exp2_split(DType dtype) {
-  return dtype == DType::kFP32 ? Exp2Split{16, 0} : kCpuDefaultExp2Split;
+inline constexpr Exp2Emulation kCpuDefaultExp2Emulation{16, 2};
+constexpr Exp2Emulation default_exp2_emulation(DType dtype) {
+  return dtype == DType::kFP32 ? Exp2Emulation{16, 0} : kCpuDefaultExp2Emulation;
 }
 
 }  // namespace fa4::cpu

@@ -8,9 +8,9 @@
 //     the classic always-rescale online softmax. When m is raised, acc and l are multiplied by
 //     2^((m_old - m_new) * mult).
 //   * SOFTWARE exp2: for key column c of a tile (c relative to the tile start), P uses the FMA
-//     polynomial fa4::exp2_emulated when Exp2Split::uses_emulation(c), otherwise std::exp2 (the
-//     "hardware" unit). The split is p.exp2_split if the caller gave a fraction, else
-//     default_exp2_split(dtype) (none for fp32). Key tiles start at multiples of kCpuTileN, as on the GPU.
+//     polynomial fa4::exp2_emulated when Exp2Emulation::uses_emulation(c), otherwise std::exp2 (the
+//     "hardware" unit). The split is p.exp2_emulation if the caller gave a fraction, else
+//     default_exp2_emulation(dtype) (none for fp32). Key tiles start at multiples of kCpuTileN, as on the GPU.
 //
 // Per (batch, head, tile of kCpuTileM queries), key tiles of kCpuTileN:
 //   s = q.k (fp32; softcap: s = softcap*tanh(scale q.k / softcap)), masked pairs s = -inf
@@ -54,7 +54,7 @@ struct FwdScratch {
 };
 
 /// One score tile folded into the running (m, l, acc) of each row.
-void accumulate_tile(const detail::FwdParams& p, Exp2Split split, int64_t rows, int64_t cols,
+void accumulate_tile(const detail::FwdParams& p, Exp2Emulation split, int64_t rows, int64_t cols,
                      FwdScratch& t) {
   const int64_t dv = p.headdim_v;
   const float mult = tile::score_mult(p);
@@ -117,7 +117,7 @@ void finalize_tile(const detail::FwdParams& p, const detail::SeqInfo& si, const 
   }
 }
 
-void forward_tile(const detail::FwdParams& p, Exp2Split split, const tile::Work& w,
+void forward_tile(const detail::FwdParams& p, Exp2Emulation split, const tile::Work& w,
                   FwdScratch& t) {
   const detail::SeqInfo si = detail::seq_info_host(p, w.b);
   const int64_t rows = std::min<int64_t>(kCpuTileM, si.seqlen_q - w.row0);
@@ -144,7 +144,7 @@ void forward_tile(const detail::FwdParams& p, Exp2Split split, const tile::Work&
 
 void flash_forward(const detail::FwdParams& p) {
   if (p.batch == 0 || p.total_q == 0 || p.num_heads == 0) return;
-  const Exp2Split split = p.exp2_fraction_given ? p.exp2_split : default_exp2_split(p.dtype);
+  const Exp2Emulation split = p.exp2_fraction_given ? p.exp2_emulation : default_exp2_emulation(p.dtype);
   const std::vector<tile::Work> work =
       tile::make_work(p, p.num_heads, kCpuTileM, [](const detail::SeqInfo& si) { return si.seqlen_q; });
 #pragma omp parallel

@@ -48,7 +48,7 @@ struct NoRounding {
 struct RoundToDtype {
   DType dtype;
   /// true: every P uses the FMA-pipe polynomial (fa4::exp2_emulated), the worst case of an FA4
-  /// exp2 split — the fair same-precision baseline for fp32 inputs, whose rounding is far below
+  /// exp2 emulation share — the fair same-precision baseline for fp32 inputs, whose rounding is far below
   /// the polynomial's error.
   bool emulated_exp = false;
   float operator()(float x) const { return detail::round_to(dtype, x); }

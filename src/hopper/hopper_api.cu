@@ -134,9 +134,9 @@ std::string forward_support(const detail::FwdParams& p, std::string* kernel_name
   if (m_blocks * p.num_heads * p.batch > kMaxTiles)
     return "the Hopper kernels handle at most 2^31 - 2^16 query tiles (batch * num_heads * "
            "ceil(max_seqlen_q / " + std::to_string(c->tile_m) + ")); lower max_seqlen_q to the real maximum";
-  // Exp2Split's rule counts 16 eight-column groups per key tile: a tile of another width could not
+  // Exp2Emulation's rule counts 16 eight-column groups per key tile: a tile of another width could not
   // give an explicit share exactly, and fa4 never silently changes an option.
-  if (p.exp2_fraction_given && p.exp2_split.emulated > 0 && c->tile_n % (8 * p.exp2_split.period) != 0)
+  if (p.exp2_fraction_given && p.exp2_emulation.emulated > 0 && c->tile_n % (8 * p.exp2_emulation.period) != 0)
     return "exp2_emulation_fraction > 0 is not supported on the Hopper headdim bucket " +
            std::to_string(c->headdim) + "x" + std::to_string(c->headdim_v) + " (key tile " +
            std::to_string(c->tile_n) + " is not a multiple of 128); pass 0 or leave it unset";

@@ -4,7 +4,7 @@
 //
 // Every check applies the project rule (tests/test_util.h) to O, LSE, dQ, dK, dV and dsink:
 //   max|flash - ref64| <= 2 * max|naive_same_precision - ref64| + atol, NaN never passes
-//   (for fp32 with an exp2 split the naive baseline uses the same exp2 polynomial, see
+//   (for fp32 with an exp2 emulation share the naive baseline uses the same exp2 polynomial, see
 //   tests/accuracy_check.h run_naive),
 // and every element the oracle does not write (varlen padding rows, gaps between heads of padded
 // outputs, dk/dv rows past seqused_k) must keep its poison bits.
@@ -181,7 +181,7 @@ struct Problem {
     P.rescale_threshold = c.tau;
     if (c.exp2_fraction) {
       P.exp2_fraction_given = true;
-      P.exp2_split = Exp2Split{16, int32_t(std::lround(*c.exp2_fraction * 16))};
+      P.exp2_emulation = Exp2Emulation{16, int32_t(std::lround(*c.exp2_fraction * 16))};
     }
     if (varlen) poison_unused_input_rows();
   }
@@ -216,9 +216,9 @@ struct Problem {
 };
 
 /// Results of the oracle (or the same-precision naive run) as float64 mirrors.
-/// The exp2 split the CPU forward applies to this problem.
-Exp2Split effective_split(const Problem& pr) {
-  return pr.p.exp2_fraction_given ? pr.p.exp2_split : cpu::default_exp2_split(pr.p.dtype);
+/// The exp2 emulation share the CPU forward applies to this problem.
+Exp2Emulation effective_exp2_emulation(const Problem& pr) {
+  return pr.p.exp2_fraction_given ? pr.p.exp2_emulation : cpu::default_exp2_emulation(pr.p.dtype);
 }
 
 /// Runs forward (+ backward) of a case through the CPU FA4 implementation and checks every output
@@ -231,7 +231,7 @@ std::vector<Accuracy> run_and_check(Problem& pr) {
   const OutputSet tested{&pr.out, &pr.lse, &pr.dq, &pr.dk, &pr.dv, &pr.dsink};
   const OutputSet poisoned{&out0, &lse0, &dq0, &dk0, &dv0, &ds0};
   const double vmax = max_abs_finite(pr.c.packed_qkv ? pr.qkv : pr.v);
-  return check_outputs(pr.p, tested, poisoned, pr.c.backward, pr.c.sink, effective_split(pr), vmax);
+  return check_outputs(pr.p, tested, poisoned, pr.c.backward, pr.c.sink, effective_exp2_emulation(pr), vmax);
 }
 
 void expect_all_ok(const std::string& name, const std::vector<Accuracy>& acc) {
@@ -300,7 +300,7 @@ std::vector<Case> matrix() {
   add({.name = "bf16_packed_qkv", .dtype = bf, .sq = 129, .sk = 129, .packed_qkv = true});
   add({.name = "fp16_packed_qkv_varlen_causal", .dtype = hf, .h = 2, .hkv = 1, .causal = true,
        .lens_q = {65, 1, 113}, .lens_k = {65, 1, 113}, .packed_qkv = true});
-  // Lazy rescaling threshold and exp2 split: all settings must be correct.
+  // Lazy rescaling threshold and exp2 emulation share: all settings must be correct.
   for (DType dt : {bf, f32}) {
     const std::string n = dt == bf ? "bf16" : "fp32";
     for (float tau : {0.0f, 8.0f})

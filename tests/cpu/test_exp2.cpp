@@ -1,5 +1,5 @@
 // tests/cpu/test_exp2.cpp — the software exp2 (fa4/exp2.h exp2_emulated) against a correctly
-// rounded reference, its special values, and the Exp2Split column pattern.
+// rounded reference, its special values, and the Exp2Emulation column pattern.
 //
 // Main check: EVERY float32 x in [-127, 0] (1.12e9 values; ~10-20 s on 2 cores in Release with
 // OpenMP). exp2_emulated(x) rounded to bf16 (what the kernels store P as) is compared with the
@@ -207,11 +207,11 @@ TEST(Exp2Emulated, MonotoneWithinTheErrorBound) {
   }
 }
 
-TEST(Exp2Split, PatternIsPeriodicAndLaneUniform) {
+TEST(Exp2Emulation, PatternIsPeriodicAndLaneUniform) {
   constexpr int kTileN = 128;
   constexpr int kGroup = 8;  // columns that share accumulator registers across MMA lanes
   for (int emulated = 0; emulated <= 16; ++emulated) {
-    const fa4::Exp2Split split{16, emulated};
+    const fa4::Exp2Emulation split{16, emulated};
     EXPECT_DOUBLE_EQ(split.fraction(), emulated / 16.0);
     // Same share in every 128-column tile of a wider key block (col_in_tile up to 512).
     for (int tile = 0; tile < 4; ++tile) {
@@ -224,10 +224,10 @@ TEST(Exp2Split, PatternIsPeriodicAndLaneUniform) {
     }
   }
   // The emulated groups are the LAST ones of each period (the pattern the doc comment states).
-  const fa4::Exp2Split split{16, 2};
+  const fa4::Exp2Emulation split{16, 2};
   for (int c = 0; c < kTileN; ++c) EXPECT_EQ(split.uses_emulation(c), c >= 112) << c;
   // Another period: 8 groups, 3 emulated -> 3/8 of the columns.
-  const fa4::Exp2Split split8{8, 3};
+  const fa4::Exp2Emulation split8{8, 3};
   int count = 0;
   for (int c = 0; c < kTileN; ++c) count += split8.uses_emulation(c);
   EXPECT_EQ(count, 3 * kTileN / 8);

@@ -530,8 +530,8 @@ TEST(Validation, BatchedParamsResolved) {
   EXPECT_EQ(fp2.softmax_scale, 10.0f);
   EXPECT_EQ(fp2.softcap, 30.0f);
   EXPECT_TRUE(fp2.exp2_fraction_given);
-  EXPECT_EQ(fp2.exp2_split.period, 16);
-  EXPECT_EQ(fp2.exp2_split.emulated, 4);
+  EXPECT_EQ(fp2.exp2_emulation.period, 16);
+  EXPECT_EQ(fp2.exp2_emulation.emulated, 4);
   EXPECT_EQ(fp2.rescale_threshold, 0.0f);
 }
 
@@ -540,7 +540,7 @@ TEST(Validation, Exp2FractionEndpointsAccepted) {
     Problem p = batched();
     p.opt.exp2_emulation_fraction = f;
     const auto fp = fa4::detail::make_fwd_params(p.q.t, p.k.t, p.v.t, p.out.t, p.lse.t, p.opt, "t");
-    EXPECT_EQ(fp.exp2_split.emulated, static_cast<int>(f * 16));
+    EXPECT_EQ(fp.exp2_emulation.emulated, static_cast<int>(f * 16));
   }
 }
 

@@ -359,7 +359,7 @@ TEST(HopperFwd, WindowsSoftcapSink) {  // C08 window sentinels, softcap, learnab
   c.seqlen_q = 300; c.seqlen_k = 100; run_case(c, 1);  // fully masked rows with a sink: LSE = sink
 }
 
-TEST(HopperFwd, SoftmaxScaleAndFa4Knobs) {  // C32; exp2 split and lazy-rescaling knobs
+TEST(HopperFwd, SoftmaxScaleAndFa4Knobs) {  // C32; exp2 emulation share and lazy-rescaling knobs
   REQUIRE_HOPPER();
   for (float s : {1.0f, 0.01f, 1.f / 128, 10.f}) {
     Case c; c.seqlen_q = c.seqlen_k = 513; c.scale = s; c.causal = true; run_case(c, 1);

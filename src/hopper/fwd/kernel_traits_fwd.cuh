@@ -37,8 +37,8 @@ struct FwdKernelTraits {
   static constexpr int kNumMmaWarpGroups = kBlockM / 64;
   static constexpr int kNumMmaThreads = kNumMmaWarpGroups * cutlass::NumThreadsPerWarpGroup;
   static constexpr int kNumThreads = kNumMmaThreads + cutlass::NumThreadsPerWarpGroup;
-  static constexpr int kSplitPeriod = kConfig.exp2_split.period;
-  static constexpr int kSplitEmulated = kConfig.exp2_split.emulated;
+  static constexpr int kExp2Period = kConfig.exp2_emulation.period;
+  static constexpr int kExp2Emulated = kConfig.exp2_emulation.emulated;
   static constexpr bool kPingPong = kConfig.pingpong;
   static constexpr bool kExpFromRunningMax = kConfig.exp_from_running_max;  // softmax.cuh step_from_running_max
   static_assert(kBlockM % 64 == 0 && (kNumMmaWarpGroups == 2 || kNumMmaWarpGroups == 3),
@@ -192,8 +192,8 @@ struct FwdKernelTraits {
     float rescale_sum_limit{};   // 2^rescale_threshold: step_from_running_max rescales above it
     detail::MaskSpec mask{};
 
-    bool exp2_runtime{};         // true: exp2_split below, chosen per call; false: the table's
-    Exp2Split exp2_split{};
+    bool exp2_runtime{};         // true: exp2_emulation below, chosen per call; false: the table's
+    Exp2Emulation exp2_emulation{};
 
     // Tile order (tile_scheduler.cuh).
     int32_t num_m_blocks{};

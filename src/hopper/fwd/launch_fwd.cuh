@@ -137,9 +137,9 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   p.rescale_threshold = fp.rescale_threshold;
   p.rescale_sum_limit = std::exp2(fp.rescale_threshold);
   p.mask = fp.mask;
-  p.exp2_split = fp.exp2_split;
+  p.exp2_emulation = fp.exp2_emulation;
   p.exp2_runtime = fp.exp2_fraction_given &&
-                   !(fp.exp2_split.period == Kt::kSplitPeriod && fp.exp2_split.emulated == Kt::kSplitEmulated);
+                   !(fp.exp2_emulation.period == Kt::kExp2Period && fp.exp2_emulation.emulated == Kt::kExp2Emulated);
 
   p.num_m_blocks = (fp.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM;
   const int64_t num_tiles = int64_t(p.num_m_blocks) * fp.num_heads * fp.batch;

@@ -183,8 +183,8 @@ struct MainloopMma {
     wgmma</*zero_init=*/true, /*wait=*/0>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS);
     pipe_k.consumer_release(rd);
     score_mod(n);
-    softmax.template step<Kt::kSplitPeriod, Kt::kSplitEmulated>(tSrS, p.score_scale_log2, p.rescale_threshold, o_scale,
-                                                               p.exp2_runtime, p.exp2_split);  // O is 0: no rescale needed
+    softmax.template step<Kt::kExp2Period, Kt::kExp2Emulated>(tSrS, p.score_scale_log2, p.rescale_threshold, o_scale,
+                                                               p.exp2_runtime, p.exp2_emulation);  // O is 0: no rescale needed
     convert_p();
     // Varlen: rows of the last key block past seqlen_k are another sequence's (or unused seqused_k)
     // rows, not TMA zero fill. Their P is exactly 0, but 0 * NaN = NaN in the PV wgmma, so zero
@@ -225,14 +225,14 @@ struct MainloopMma {
       if constexpr (Kt::kExpFromRunningMax) {
         if (from_running_max) {
           const int k_stage = rd.index();
-          softmax.template step_from_running_max<Kt::kSplitPeriod, Kt::kSplitEmulated>(
-              tSrS, p.score_scale_log2, p.rescale_sum_limit, o_scale, p.exp2_runtime, p.exp2_split, rescale,
+          softmax.template step_from_running_max<Kt::kExp2Period, Kt::kExp2Emulated>(
+              tSrS, p.score_scale_log2, p.rescale_sum_limit, o_scale, p.exp2_runtime, p.exp2_emulation, rescale,
               [&](int v) { return score_at(k_stage, v); });
         }
       }
       if (!from_running_max) {
-        rescale = softmax.template step<Kt::kSplitPeriod, Kt::kSplitEmulated>(tSrS, p.score_scale_log2, p.rescale_threshold, o_scale,
-                                                                              p.exp2_runtime, p.exp2_split);
+        rescale = softmax.template step<Kt::kExp2Period, Kt::kExp2Emulated>(tSrS, p.score_scale_log2, p.rescale_threshold, o_scale,
+                                                                              p.exp2_runtime, p.exp2_emulation);
       }
       if constexpr (Kt::kExpFromRunningMax) pipe_k.consumer_release(rd);  // (score_at may read this K)
       warpgroup_wait<0>();

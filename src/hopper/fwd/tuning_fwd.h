@@ -29,7 +29,7 @@ struct HopperFwdConfig {
   /// Q buffers. 2 lets the next tile's Q load during this tile, but measured 1-5% SLOWER on H200
   /// at d128 non-causal 4k-16k (bench/results/README.md), so only d64 keeps 2 (equal there).
   int32_t q_stages;
-  Exp2Split exp2_split;   ///< default share of exp2 done on the FMA pipe (FA4 Sec. 3)
+  Exp2Emulation exp2_emulation;   ///< default share of exp2 done on the FMA pipe (FA4 Sec. 3)
   int32_t consumer_regs;  ///< setmaxnreg for the softmax/MMA warpgroups
   int32_t producer_regs;  ///< setmaxnreg for the TMA producer warpgroup
   bool pingpong;          ///< named-barrier ordering (round robin) of the warpgroups' wgmma issue
@@ -58,7 +58,7 @@ inline constexpr int32_t kHopperRegisterFile = 64 * 1024;  ///< 32-bit registers
 inline constexpr int32_t kHopperTileM = 128;      ///< two consumer warpgroups
 inline constexpr int32_t kHopperTileM3WG = 192;   ///< three consumer warpgroups
 
-// Exp2 splits are in 8-column groups out of a period of 16 groups (fa4/exp2.h). Emulation pays
+// Exp2 emulation shares are in 8-column groups out of a period of 16 groups (fa4/exp2.h). Emulation pays
 // where the MUFU unit (16 ex2/clk/SM) is the bottleneck and the FMA pipe has room: d96/d128. d128,
 // measured with the exponentials started from the running max (bench/results/history.md), x cuDNN
 // non-causal 4k/8k/16k | causal 4k/8k/16k | Llama: 0 -> 1.061/1.071/1.079 | 1.071/1.128/1.133 | 1.088,
@@ -67,20 +67,20 @@ inline constexpr int32_t kHopperTileM3WG = 192;   ///< three consumer warpgroups
 // warpgroups fill the FMA pipe with softmax work already (measured below), so everything stays on
 // MUFU there. (d96's 3/16 was last tuned with the max-first loop.)
 inline constexpr HopperFwdConfig kHopperFwdConfigs[] = {
-    // d, dv, tile_m, tile_n, stages, q_stages, exp2_split, regs (consumer, producer), pingpong, o_buffer,
+    // d, dv, tile_m, tile_n, stages, q_stages, exp2_emulation, regs (consumer, producer), pingpong, o_buffer,
     // exp_from_running_max
     // d64: three consumer warpgroups (192 query rows, FA3's tile): at d64 a warpgroup's softmax of a
     // block takes ~2x its Q K^T + P V, so two warpgroups leave the tensor core idle half the time.
     // Measured at 8k (x cuDNN): two warpgroups 0.90 / 0.91 (non-causal / causal); three with
-    // exp2 split 4/16 1.02-1.03 / 0.98-0.99, 2/16 1.06 / 1.01, 1/16 1.10 / 1.03, 0 1.11 / 1.06-1.07:
+    // exp2 emulation share 4/16 1.02-1.03 / 0.98-0.99, 2/16 1.06 / 1.01, 1/16 1.10 / 1.03, 0 1.11 / 1.06-1.07:
     // with three warpgroups the FMA pipe, not MUFU, is the scarcer unit, so d64 emulates nothing.
-    {64, 64, kHopperTileM3WG, 128, 3, 2, Exp2Split{16, 0}, kHopperConsumerRegs3WG, kHopperProducerRegs, true, true, true},
-    {96, 96, kHopperTileM, 128, 2, 1, Exp2Split{16, 3}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true},
-    {128, 128, kHopperTileM, 128, 2, 1, Exp2Split{16, 1}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true},
+    {64, 64, kHopperTileM3WG, 128, 3, 2, Exp2Emulation{16, 0}, kHopperConsumerRegs3WG, kHopperProducerRegs, true, true, true},
+    {96, 96, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 3}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true},
+    {128, 128, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 1}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true},
     // d192x128: key tile 128 measured +2.4% / +1.7% (non-causal / causal 8k) over 112.
-    {192, 128, kHopperTileM, 128, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, true},
-    {192, 192, kHopperTileM, 96, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false},
-    {256, 256, kHopperTileM, 80, 2, 1, Exp2Split{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false},
+    {192, 128, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, true},
+    {192, 192, kHopperTileM, 96, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false},
+    {256, 256, kHopperTileM, 80, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false},
 };
 inline constexpr int32_t kHopperNumFwdConfigs =
     int32_t(sizeof(kHopperFwdConfigs) / sizeof(kHopperFwdConfigs[0]));

@@ -4,7 +4,7 @@
 // t of a warpgroup holds, at flat index v,
 //     row = 16*(warp%4) + (lane/4) + 8*((v/2)%2),     col = 8*(v/4) + 2*(lane%4) + (v%2).
 // So each thread owns 2 rows (r = (v/2)%2), a row is spread over the 4 lanes of a quad, and the
-// 8-column group v/4 is the SAME for every lane: the exp2 split by column group (fa4/exp2.h) is a
+// 8-column group v/4 is the SAME for every lane: the exp2 emulation share by column group (fa4/exp2.h) is a
 // compile-time property of the register, with no lane divergence.
 //
 // FA4 techniques (arXiv 2603.05451, Sec. 3):
@@ -16,7 +16,7 @@
 //     is exact. In the key loop's steady state the test runs on the exponentials themselves
 //     (step_from_running_max): no block max sits in front of the exps, and a moved max is read off
 //     them (up to the ex2/log2 rounding, which l and O share).
-//   * split exp2: entries of 8-column groups picked by Exp2Split::uses_emulation (same rule as the
+//   * split exp2: entries of 8-column groups picked by Exp2Emulation::uses_emulation (same rule as the
 //     CPU) use the FMA-pipe polynomial fa4::exp2_emulated, the rest MUFU ex2.approx; the two pipes
 //     run in parallel.
 #pragma once
@@ -31,23 +31,25 @@
 
 namespace fa4::hopper {
 
-/// Split known at compile time (the config table's default): the branch folds away per register.
+/// Emulation share known at compile time (the tuning table's default): the branch folds away per
+/// register.
 template <int kPeriod, int kEmulated>
-struct StaticExp2Split {
+struct StaticExp2Emulation {
   __device__ __forceinline__ static constexpr bool emulate(int group) {
-    return Exp2Split{kPeriod, kEmulated}.uses_emulation(group * 8);
+    return Exp2Emulation{kPeriod, kEmulated}.uses_emulation(group * 8);
   }
 };
 
-/// Split given per call (options.exp2_emulation_fraction): a branch per 8-column group whose
-/// condition is the same in every thread (uniform, no divergence).
-struct RuntimeExp2Split {
-  Exp2Split split;
+/// Emulation share given per call (options.exp2_emulation_fraction): a branch per 8-column group
+/// whose condition is the same in every thread (uniform, no divergence).
+struct RuntimeExp2Emulation {
+  Exp2Emulation split;
   __device__ __forceinline__ bool emulate(int group) const { return split.uses_emulation(group * 8); }
 };
 
-/// Period of every split fa4::forward makes from an exp2_emulation_fraction (multiples of 1/16).
-constexpr int kRuntimeSplitPeriod = 16;
+/// Period of every emulation share fa4::forward makes from an exp2_emulation_fraction (multiples
+/// of 1/16).
+constexpr int kRuntimeExp2Period = 16;
 
 using detail::kLn2;
 using detail::kLog2e;
@@ -72,8 +74,8 @@ struct OnlineSoftmax {
 
   /// Exponentials of one block: S -> P = 2^(s * scale_log2 + neg_m_scaled[r]) in place; this
   /// thread's sums of its P per row go to `sum` (the caller adds them to row_sum). The split rule is
-  /// a compile-time property of each register for StaticExp2Split, a uniform branch for
-  /// RuntimeExp2Split.
+  /// a compile-time property of each register for StaticExp2Emulation, a uniform branch for
+  /// RuntimeExp2Emulation.
   /// kUnbounded: x may exceed 127 (step_from_running_max), where fa4::exp2_emulated's exponent
   /// bit-add would wrap into garbage; its input is then capped at 127 (p = 2^127 flags the block
   /// as overflowed; a NaN passes the comparison unchanged). MUFU saturates to +inf by itself.
@@ -102,19 +104,19 @@ struct OnlineSoftmax {
   /// take the uniform runtime branch.
   template <int kPeriod, int kEmulated, bool kUnbounded = false, class Frag>
   __device__ __forceinline__ static void exp_pass_split(Frag& s, float scale_log2, const float (&neg_m_scaled)[2],
-                                                        bool runtime_split, Exp2Split split, float (&sum)[2]) {
+                                                        bool runtime_split, Exp2Emulation split, float (&sum)[2]) {
     if (!runtime_split) {
-      exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, StaticExp2Split<kPeriod, kEmulated>{}, sum);
-    } else if (split.period == kRuntimeSplitPeriod) {
+      exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, StaticExp2Emulation<kPeriod, kEmulated>{}, sum);
+    } else if (split.period == kRuntimeExp2Period) {
       switch (split.emulated) {
-        case 0: exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, StaticExp2Split<kRuntimeSplitPeriod, 0>{}, sum); break;
-        case 2: exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, StaticExp2Split<kRuntimeSplitPeriod, 2>{}, sum); break;
-        case 4: exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, StaticExp2Split<kRuntimeSplitPeriod, 4>{}, sum); break;
-        case 8: exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, StaticExp2Split<kRuntimeSplitPeriod, 8>{}, sum); break;
-        default: exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, RuntimeExp2Split{split}, sum); break;
+        case 0: exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, StaticExp2Emulation<kRuntimeExp2Period, 0>{}, sum); break;
+        case 2: exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, StaticExp2Emulation<kRuntimeExp2Period, 2>{}, sum); break;
+        case 4: exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, StaticExp2Emulation<kRuntimeExp2Period, 4>{}, sum); break;
+        case 8: exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, StaticExp2Emulation<kRuntimeExp2Period, 8>{}, sum); break;
+        default: exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, RuntimeExp2Emulation{split}, sum); break;
       }
     } else {
-      exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, RuntimeExp2Split{split}, sum);
+      exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, RuntimeExp2Emulation{split}, sum);
     }
   }
 
@@ -129,7 +131,7 @@ struct OnlineSoftmax {
   /// move).
   template <int kPeriod, int kEmulated, class Frag>
   __device__ __forceinline__ bool step(Frag& s, float scale_log2, float tau, float (&o_scale)[2],
-                                       bool runtime_split, Exp2Split split) {
+                                       bool runtime_split, Exp2Emulation split) {
     // Block max in 4 independent FMNMX chains per row (by v&1 and the parity of v>>2), joined at
     // the end: one chain per row was a kFragSize/2-deep dependent sequence on the softmax's
     // critical path (ncu: FMNMX 16% of the d128 main loop's stall samples, mostly fixed-latency
@@ -197,7 +199,7 @@ struct OnlineSoftmax {
   /// (src/hopper/fwd/tuning_fwd.h).
   template <int kPeriod, int kEmulated, class Frag, class ScoreAt>
   __device__ __forceinline__ void step_from_running_max(Frag& s, float scale_log2, float sum_limit,
-                                                        float (&o_scale)[2], bool runtime_split, Exp2Split split,
+                                                        float (&o_scale)[2], bool runtime_split, Exp2Emulation split,
                                                         bool& rescale, const ScoreAt& score_at) {
     float neg_m_scaled[2];
 #pragma unroll
