@@ -113,10 +113,12 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
 /// Device-resident cu_seqlens_q/k and seqused_k are not read by the host (that would cost a sync
 /// per call and break CUDA graph capture): the kernel checks them, computes nothing for a sequence
 /// that breaks a rule (its out/lse rows stay unwritten) and records the rule in host-visible
-/// memory. This throws fa4::Error(kInvalidArgument) naming the broken rules, once, and clears the
-/// record. It does not wait for the GPU: synchronise the stream first to see the calls issued on
-/// it. Every CUDA forward() also calls it first, so an earlier error fails the next call on the
-/// device (which then writes nothing). Without CUDA, or before any varlen CUDA call, a no-op.
+/// memory. This throws fa4::Error(kInvalidArgument) naming the broken rules and clears the record
+/// (a kernel still running may set it again: an error is reported at least once). It does not
+/// wait for the GPU: synchronise the stream first to see the calls issued on it. Every CUDA
+/// forward() that launches a kernel calls it first, so an earlier error fails the next such call
+/// on the device (which then writes nothing), whichever stream or thread made the earlier one;
+/// forward_support() does not report it. Without CUDA, or before any varlen CUDA call, a no-op.
 void check_async_errors(int device_index);
 
 /// Answers "would forward() run on these arguments, and with which kernel?" without running.

@@ -50,8 +50,8 @@
 extern "C" {
 #endif
 
-/** Version of this ABI (see STABILITY above). */
-#define FA4_C_API_VERSION 1
+/** Version of this ABI (see STABILITY above). 2 added fa4_check_async_errors. */
+#define FA4_C_API_VERSION 2
 
 /** Most dimensions an fa4_tensor holds. */
 #define FA4_MAX_DIMS 4
@@ -157,7 +157,7 @@ FA4_C_EXPORT int32_t fa4_forward_support(const fa4_tensor* q, const fa4_tensor* 
                                          const fa4_tensor* lse, const fa4_options* options,
                                          char* kernel_name, size_t kernel_name_capacity);
 
-/** fa4::check_async_errors (fa4/attention.h): INVALID_ARGUMENT, with the message, if an earlier
+/** Since ABI 2. fa4::check_async_errors (fa4/attention.h): INVALID_ARGUMENT, with the message, if an earlier
  *  kernel on CUDA device `device_index` met invalid device-resident varlen indices (the record is
  *  then cleared); OK otherwise. Does not wait for the GPU. */
 FA4_C_EXPORT int32_t fa4_check_async_errors(int32_t device_index);

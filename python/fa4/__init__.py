@@ -14,6 +14,8 @@ carrying the library's message (which names the tensor and the rule broken).
 
 from __future__ import annotations
 
+import sys
+
 from . import _capi, _core
 from ._capi import (CudaError, Fa4Error, InternalError, InvalidArgumentError,
                     LibraryNotFoundError, NoDeviceError, UnsupportedError)
@@ -55,14 +57,26 @@ def has_cuda() -> bool:
 
 def check_async_errors(device=0) -> None:
     """Raises :class:`InvalidArgumentError` if an earlier varlen call on CUDA device `device` (an
-    index or torch.device) met invalid cu_seqlens_q/k or seqused_k contents, then clears the record.
+    index, or anything torch.device accepts: "cuda:1", torch.device("cuda") = the current device)
+    met invalid cu_seqlens_q/k or seqused_k contents, then clears the record.
 
     CUDA tensors' indices are checked by the kernel, not before the call (reading them would cost a
     host sync and break CUDA graph capture): a sequence that breaks a rule is not computed (its
     out/lse rows stay unwritten) and the next call on the device raises instead of running. This
     function does not wait for the GPU: synchronise first to see the calls already issued."""
-    index = getattr(device, "index", device)
-    _capi.check_async_errors(0 if index is None else int(index))
+    if isinstance(device, int) and not isinstance(device, bool):
+        index = device
+    else:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            raise InvalidArgumentError(
+                f"fa4.check_async_errors: device = {device!r} must be a CUDA device index (an int)")
+        d = torch.device(device)  # "cuda:1", torch.device("cuda"), ...
+        if d.type != "cuda":
+            raise InvalidArgumentError(
+                f"fa4.check_async_errors: device = {device!r} is not a CUDA device")
+        index = d.index if d.index is not None else torch.cuda.current_device()
+    _capi.check_async_errors(index)
 
 
 def library_path() -> str:

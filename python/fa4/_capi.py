@@ -18,7 +18,7 @@ import pathlib
 import threading
 
 # ---- constants mirrored from c_api.h ------------------------------------------------------------
-C_API_VERSION = 1  # the FA4_C_API_VERSION this binding was written against
+C_API_VERSION = 2  # the FA4_C_API_VERSION this binding was written against
 MAX_DIMS = 4
 
 STATUS_OK = 0

@@ -13,6 +13,7 @@
 
 #if FA4_WITH_CUDA
 #include "hopper/hopper_api.h"
+#include "hopper/shared/device_state.h"
 #endif
 
 namespace fa4 {

@@ -86,10 +86,10 @@ inline StreamKPlan plan_stream_k(int64_t num_tiles, int32_t num_sms, int32_t blo
   // times faster; H200 d128, 32 tiles of 256 key blocks: 4.9x). Splitting the last partial round
   // of a longer schedule measured no gain on H200 (d128 non-causal 4k/8k/16k, 15.5 rounds: +0.4%,
   // -2.7%, -0.7%; bench/results/README.md): the idle SMs of that round let the clock rise under the
-  // power cap, and the split's memset, cooperative launch and merge cost the rest.
-  // The model leaves out the per-launch costs (flag memset, cooperative launch, merge waits): 128
-  // tiles of 128 blocks on 132 SMs, predicted 1% faster split, measured 4.7% slower (run of record
-  // 40a0661, long_kv rows). So the split must be predicted kStreamKMinGain faster.
+  // power cap, and the split's cooperative launch and merge cost the rest.
+  // The model leaves out the per-launch costs (cooperative launch, merge waits): 128 tiles of 128
+  // blocks on 132 SMs, predicted 1% faster split, measured 4.7% slower (bench/results/history.md,
+  // 40a0661). So the split must be predicted kStreamKMinGain faster.
   if (mode < 0 && (rounds > 0 || !(t_split < kStreamKMinGain * t_whole))) return s;
   s.grid = int32_t(rounds > 0 ? num_sms : ctas);
   s.tail_ctas = int32_t(ctas);

@@ -182,7 +182,6 @@ void forward(const detail::FwdParams& p) {
   // Stream-K split-KV (core/stream_k.h): automatic (-1) for dense problems with fewer tiles
   // than SMs; the override forces it off (0), or on for any partial last round (1).
   ctx.stream_k = o.stream_k;
-  if (p.is_varlen) ctx.async_error = async_error_word(p.device.index);
 
   int prev = 0;
   if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
@@ -192,6 +191,7 @@ void forward(const detail::FwdParams& p) {
     int prev, cur;
     ~Restore() { if (prev >= 0 && prev != cur) cudaSetDevice(prev); }
   } restore{prev, p.device.index};
+  if (p.is_varlen) ctx.async_error = async_error_word(p.device.index);  // on p's device
 
   const detail::HopperFwdConfig* c = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
   const bool bf16 = p.dtype == DType::kBF16;

@@ -16,7 +16,4 @@ std::string forward_support(const detail::FwdParams& p, std::string* kernel_name
 /// selector checked it; it is not checked again here).
 void forward(const detail::FwdParams& p);
 
-/// fa4::check_async_errors for the Hopper kernels (device_state.h).
-void check_async_errors(int device);
-
 }  // namespace fa4::hopper

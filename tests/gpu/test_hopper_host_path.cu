@@ -107,9 +107,14 @@ bool any_nan16(const std::vector<uint16_t>& v) {
   return false;
 }
 
-/// The first `bytes` of the (device 0, stream) launch scratch, which every kernel must leave zero.
-std::vector<uint8_t> scratch_head(cudaStream_t s, size_t bytes) {
-  const char* base = fa4::hopper::launch_scratch(0, s, bytes);
+/// The counter/flag region of the (device 0, stream) launch scratch (launch_fwd.cuh: room for 3
+/// flags per SM), which every kernel must leave zero; the eager scratch is one buffer per stream,
+/// so this reads the buffer the launches used.
+std::vector<uint8_t> scratch_flags(cudaStream_t s) {
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  const size_t bytes = (size_t(sms) * 3 * 4 + 255) / 256 * 256;
+  const char* base = fa4::hopper::acquire_scratch(0, s, bytes, bytes).ptr;
   std::vector<uint8_t> h(bytes);
   cudaMemcpy(h.data(), base, bytes, cudaMemcpyDeviceToHost);
   return h;
@@ -135,7 +140,7 @@ TEST(HopperFwd, ScratchLeftZero) {
       ASSERT_FALSE(any_nan16(now)) << "run " << r << ": a tile was not computed";
       if (r == 0) first = now;
       ASSERT_EQ(0, std::memcmp(first.data(), now.data(), now.size() * 2)) << "run " << r;
-      for (uint8_t b : scratch_head(s, 256)) ASSERT_EQ(b, 0) << "claim counter left non-zero";
+      for (uint8_t b : scratch_flags(s)) ASSERT_EQ(b, 0) << "claim counter left non-zero";
     }
   }
   // Stream-K forced: 16 tiles of 3000 keys split over the SMs; every flag must be cleared.
@@ -147,7 +152,7 @@ TEST(HopperFwd, ScratchLeftZero) {
       p.run({}, s);
       CUDA_OK(cudaStreamSynchronize(s));
       ASSERT_FALSE(any_nan16(p.out_host()));
-      for (uint8_t b : scratch_head(s, 256)) ASSERT_EQ(b, 0) << "stream-K flags left set";
+      for (uint8_t b : scratch_flags(s)) ASSERT_EQ(b, 0) << "stream-K flags left set";
     }
   }
   CUDA_OK(cudaStreamDestroy(s));
@@ -233,6 +238,7 @@ TEST(HopperFwd, VarlenGraphReplay) {
 /// Runs varlen sequences (cu_q, cu_k, optional used) on a fresh poisoned output and returns it.
 struct VarlenRun {
   std::vector<uint16_t> out;
+  std::vector<float> lse;
   std::string later_error;  // what the next call on the device reported ("" if nothing)
 };
 VarlenRun run_varlen(Problem& p, const std::vector<int>& cu_q, const std::vector<int>& cu_k,
@@ -255,6 +261,7 @@ VarlenRun run_varlen(Problem& p, const std::vector<int>& cu_q, const std::vector
   p.run(o, nullptr);  // the call itself cannot know yet: it must not throw
   cudaDeviceSynchronize();
   r.out = p.out_host();
+  r.lse = p.lse_host();
   try {
     fa4::check_async_errors(0);
   } catch (const fa4::Error& e) {
@@ -288,13 +295,30 @@ TEST(HopperFwd, SanitizeBadVarlenIndices) {
       {{0, 100, 200}, {0, 150, -5}, {}, 300, 300, "cu_seqlens_k"},          // negative
       {{0, 100, 200}, {0, 150, 300}, {150, 151}, 300, 300, "seqused_k"},    // used > length
       {{0, 100, 200}, {0, 150, 300}, {150, -1}, 300, 300, "seqused_k"},     // negative
+      {{5, 100}, {0, 150}, {}, 300, 300, "cu_seqlens_q"},                    // [0] != 0: seq 0 skipped
+      {{0, 100, 200}, {0, 150, 120}, {}, 300, 300, "cu_seqlens_k"},          // decreasing
   };
   for (const Bad& c : bad) {
     const VarlenRun r = run_varlen(p, c.cu_q, c.cu_k, c.used, c.max_q, c.max_k);
     EXPECT_NE(r.later_error.find(c.names), std::string::npos) << c.names << ": " << r.later_error;
-    EXPECT_EQ(0, std::memcmp(alone.out.data(), r.out.data(), 100 * row * 2)) << c.names << ": sequence 0 changed";
-    for (int64_t i = 100 * row; i < int64_t(r.out.size()); ++i)
-      ASSERT_EQ(r.out[i], kPoison16) << c.names << ": a skipped sequence wrote element " << i;
+    // Sequence 0 is computed as if alone, except where its own offsets are bad (cu_seqlens_q[0]
+    // != 0): then its rows must keep the poison too.
+    const int64_t first_skipped = c.cu_q[0] != 0 ? 0 : 100;
+    if (first_skipped == 100) {
+      EXPECT_EQ(0, std::memcmp(alone.out.data(), r.out.data(), 100 * row * 2)) << c.names << ": sequence 0 changed";
+      for (int h = 0; h < H; ++h)
+        EXPECT_EQ(0, std::memcmp(alone.lse.data() + size_t(h) * p.rows_q, r.lse.data() + size_t(h) * p.rows_q, 100 * 4))
+            << c.names << ": lse of sequence 0, head " << h;
+    }
+    for (int64_t i = first_skipped * row; i < int64_t(r.out.size()); ++i)
+      ASSERT_EQ(r.out[i], kPoison16) << c.names << ": a skipped sequence wrote out element " << i;
+    for (int h = 0; h < H; ++h)  // lse is (H, rows): rows of skipped sequences keep the poison
+      for (int64_t i = first_skipped; i < p.rows_q; ++i) {
+        const float x = r.lse[size_t(h) * p.rows_q + i];
+        uint32_t bits;
+        std::memcpy(&bits, &x, 4);
+        ASSERT_EQ(bits, 0xFFFFFFFFu) << c.names << ": a skipped sequence wrote lse (" << h << ", " << i << ")";
+      }
   }
   // The report fails the next forward (which writes nothing), once.
   {

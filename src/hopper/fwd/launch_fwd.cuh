@@ -1,6 +1,6 @@
 // src/hopper/fwd/launch_fwd.cuh — host side of one instantiation: FwdParams -> kernel Params (TMA
 // descriptors, tile order), then the persistent launch. Preconditions (alignment, strides, device)
-// were checked by hopper::forward_support, which hopper::forward calls first.
+// were checked by hopper::forward_support, which fa4::forward's selector calls first.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -125,7 +125,7 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   p.cu_seqlens_q = fp.cu_seqlens_q;
   p.cu_seqlens_k = fp.cu_seqlens_k;
   p.seqused_k = fp.seqused_k;
-  p.total_q = int32_t(fp.total_q);  // forward_support: at most 2^31-1 rows
+  p.total_q = int32_t(fp.total_q);  // varlen: forward_support allows at most 2^31-1 rows (unused batched)
   p.total_k = int32_t(fp.total_k);
   p.async_error = ctx.async_error;
   p.sink = fp.sink;
@@ -157,16 +157,13 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   auto kernel = fwd_kernel<Kt>;
   // The shared-memory limit is a property of the function in each device's context: raised once
   // per device, not per call (a driver call costs more host time than a short kernel's launch).
-  // A launch refused as an invalid argument (the context was reset since) raises it again below.
   std::atomic<uint64_t>& smem_raised = smem_raised_devices<Kt>();
   const uint64_t device_bit = uint64_t(1) << (fp.device.index & 63);
-  auto raise_smem_limit = [&] {
+  if (fp.device.index >= 64 || !(smem_raised.load(std::memory_order_acquire) & device_bit)) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kt::kSmemBytes),
                "cudaFuncSetAttribute(max dynamic smem)");
     if (fp.device.index < 64) smem_raised.fetch_or(device_bit, std::memory_order_release);
-  };
-  const bool smem_was_raised = fp.device.index < 64 && (smem_raised.load(std::memory_order_acquire) & device_bit);
-  if (!smem_was_raised) raise_smem_limit();
+  }
   const cudaStream_t stream = static_cast<cudaStream_t>(fp.device.stream);
   const int32_t blocks_per_tile = int32_t((int64_t(fp.seqlen_k) + Kt::kBlockN - 1) / Kt::kBlockN);
   // Whole tiles on min(tiles, SMs) CTAs: the plain launch, and the fallback when the cooperative
@@ -178,23 +175,25 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   const bool sk_eligible = !fp.is_varlen && !fp.mask.is_local() && !dynamic && fp.seqlen_k > 0;
   p.sk = sk_eligible ? detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, ctx.stream_k) : whole_tiles;
 
-  // Device scratch (device_state.h): the dynamic schedule's claim counter, or the stream-K flags and
-  // partials. It is zero when a launch starts and the kernel leaves it zero (the last claim resets
-  // the counter, each combiner the flags it consumed), so no call zeroes or allocates it.
-  size_t flag_bytes = 0, scratch_bytes = 0;
-  if (dynamic) {
-    scratch_bytes = sizeof(int32_t);
-  } else if (p.sk.tail_ctas > 0) {
-    flag_bytes = size_t(StreamK<Kt>::num_flags(p.sk.tail_ctas) * int64_t(sizeof(int32_t)) + 255) / 256 * 256;
-    scratch_bytes = flag_bytes + size_t(StreamK<Kt>::workspace_bytes(p.sk.tail_ctas));
-  }
+  // Device scratch (device_state.h): the dynamic schedule's claim counter (at 0), or the stream-K
+  // flags (from 0) and partials (after the flag region). The flag region has one size per device
+  // (room for every CTA and the most consumer warpgroups a kernel has), so a launch's flags never
+  // lie on another launch's partials in a shared buffer. Zero when a launch starts; the kernel
+  // leaves it zero (the last claim resets the counter, each combiner the flags it consumed).
+  constexpr int64_t kMaxMmaWarpGroups = 3;
+  const size_t flag_bytes = size_t(ctx.num_sms * kMaxMmaWarpGroups * int64_t(sizeof(int32_t)) + 255) / 256 * 256;
+  static_assert(Kt::kNumMmaWarpGroups <= kMaxMmaWarpGroups);
+  size_t scratch_bytes = 0;
+  if (dynamic) scratch_bytes = flag_bytes;
+  else if (p.sk.tail_ctas > 0) scratch_bytes = flag_bytes + size_t(StreamK<Kt>::workspace_bytes(p.sk.tail_ctas));
+  LaunchScratch scratch{nullptr, false};
   if (scratch_bytes > 0) {
-    char* scratch = launch_scratch(fp.device.index, stream, scratch_bytes);
+    scratch = acquire_scratch(fp.device.index, stream, scratch_bytes, flag_bytes);
     if (dynamic) {
-      p.tile_counter = reinterpret_cast<int32_t*>(scratch);
+      p.tile_counter = reinterpret_cast<int32_t*>(scratch.ptr);
     } else {
-      p.sk_flags = reinterpret_cast<int32_t*>(scratch);
-      p.sk_partial = reinterpret_cast<float*>(scratch + flag_bytes);
+      p.sk_flags = reinterpret_cast<int32_t*>(scratch.ptr);
+      p.sk_partial = reinterpret_cast<float*>(scratch.ptr + flag_bytes);
     }
   }
 
@@ -224,12 +223,8 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   if (p.sk.tail_ctas == 0) {
     kernel<<<p.sk.grid, Kt::kNumThreads, Kt::kSmemBytes, stream>>>(p);
     launched = cudaGetLastError();
-    if (launched == cudaErrorInvalidValue && smem_was_raised) {  // the context lost the limit
-      raise_smem_limit();
-      kernel<<<p.sk.grid, Kt::kNumThreads, Kt::kSmemBytes, stream>>>(p);
-      launched = cudaGetLastError();
-    }
   }
+  release_scratch(scratch, stream);  // a captured call's graph-owned scratch: freed after the kernel
   check_cuda(launched, "kernel launch");
 }
 

@@ -27,7 +27,7 @@ struct HopperFwdConfig {
   int32_t tile_n;         ///< keys per pipeline stage; multiple of 16 (k-extent of the PV wgmma)
   int32_t stages;         ///< depth of the K and V shared-memory rings
   /// Q buffers. 2 lets the next tile's Q load during this tile, but measured 1-5% SLOWER on H200
-  /// at d128 non-causal 4k-16k (bench/results/README.md), so only d64 keeps 2 (equal there).
+  /// at d128 non-causal 4k-16k, so only d64 keeps 2 (equal there).
   int32_t q_stages;
   Exp2Emulation exp2_emulation;   ///< default share of exp2 done on the FMA pipe (FA4 Sec. 3)
   int32_t consumer_regs;  ///< setmaxnreg for the softmax/MMA warpgroups

@@ -29,14 +29,16 @@ struct RelaxedCapture {
 };
 
 std::mutex g_mu;
-std::map<std::pair<int, cudaStream_t>, std::pair<char*, size_t>> g_eager;  // (ptr, bytes)
+/// Eager scratch per (device, stream id): cudaStreamGetId, unlike the handle, is unique for the
+/// life of the process and tells each thread's per-thread default stream apart.
+std::map<std::pair<int, unsigned long long>, std::pair<char*, size_t>> g_eager;  // (ptr, bytes)
 std::map<int, cudaStream_t> g_zero_stream;  // a private stream per device for the one-time memset
-std::vector<char*> g_kept;  // captured calls' scratch (a graph may replay any time) and outgrown buffers
+std::vector<char*> g_outgrown;              // kept, not freed: see acquire_scratch
 
-/// cudaMalloc + zero fill on a private non-blocking stream (never the caller's, which may be
-/// capturing). Called with g_mu held.
+/// cudaMalloc + zero fill on a private non-blocking stream (never the caller's). Called with g_mu
+/// held.
 char* alloc_zeroed(int device, size_t bytes) {
-  RelaxedCapture relaxed;
+  RelaxedCapture relaxed;  // another thread may be capturing in global mode
   cudaStream_t& zs = g_zero_stream[device];
   if (!zs) check(cudaStreamCreateWithFlags(&zs, cudaStreamNonBlocking), "cudaStreamCreate (scratch)");
   char* p = nullptr;
@@ -55,25 +57,39 @@ int g_error_devices = 0;
 
 }  // namespace
 
-char* launch_scratch(int device, cudaStream_t stream, size_t bytes) {
+LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, size_t zeroed_bytes) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
-  std::lock_guard<std::mutex> lock(g_mu);
   if (capture != cudaStreamCaptureStatusNone) {
-    g_kept.push_back(alloc_zeroed(device, bytes));
-    return g_kept.back();
+    // Graph-owned: allocation, zero fill and free become nodes of the graph, so each replay has
+    // its scratch zeroed, and it goes away with the graph.
+    LaunchScratch s{nullptr, true};
+    check(cudaMallocAsync(reinterpret_cast<void**>(&s.ptr), bytes, stream), "cudaMallocAsync (captured scratch)");
+    const cudaError_t e = cudaMemsetAsync(s.ptr, 0, zeroed_bytes, stream);
+    if (e != cudaSuccess) {
+      cudaFreeAsync(s.ptr, stream);
+      check(e, "cudaMemsetAsync (captured scratch)");
+    }
+    return s;
   }
-  std::pair<char*, size_t>& b = g_eager[{device, stream}];
-  if (b.second >= bytes) return b.first;
+  unsigned long long stream_id = 0;
+  check(cudaStreamGetId(stream, &stream_id), "cudaStreamGetId");
+  std::lock_guard<std::mutex> lock(g_mu);
+  std::pair<char*, size_t>& b = g_eager[{device, stream_id}];
+  if (b.second >= bytes) return {b.first, false};
   // Grow to a power of two of at least 4 KiB, so a stream's buffer is replaced only a few times.
   // The old buffer is kept, not freed: kernels queued on the stream, or a call of another thread
   // that took it a moment ago, may still use it, and waiting for them would be a host sync. The
   // doublings cost at most as much again as the final size.
   size_t size = 4096;
   while (size < bytes) size *= 2;
-  if (b.first) g_kept.push_back(b.first);
+  if (b.first) g_outgrown.push_back(b.first);
   b = {alloc_zeroed(device, size), size};
-  return b.first;
+  return {b.first, false};
+}
+
+void release_scratch(const LaunchScratch& s, cudaStream_t stream) {
+  if (s.graph_owned && s.ptr) check(cudaFreeAsync(s.ptr, stream), "cudaFreeAsync (captured scratch)");
 }
 
 uint32_t* async_error_word(int device) {
@@ -117,7 +133,7 @@ void check_async_errors(int device) {
               "fa4: an earlier varlen call on cuda:" + std::to_string(device) +
                   " found invalid indices on the device: " + what +
                   ". The sequences concerned were not computed (their out/lse rows were left unwritten); "
-                  "the call reporting this did not run");
+                  "a forward reporting this did not run");
 }
 
 }  // namespace fa4::hopper

@@ -1,17 +1,20 @@
-// src/hopper/shared/device_state.h — the per-device state the Hopper launches keep across calls, so that
-// no call allocates, synchronises or reads the environment:
+// src/hopper/shared/device_state.h — the per-device state the Hopper launches keep across calls, so
+// that a call neither allocates (after the first one on its stream), synchronises nor reads the
+// environment:
 //   * scratch: the dynamic schedule's claim counter and the stream-K flags and partials. The
 //     kernels leave the counter and the flags zeroed when they finish (the last claim resets the
-//     counter, a combiner resets the flags it consumed), so the memory is zeroed once, when it is
-//     allocated, and never again. Eager calls share one buffer per (device, stream): calls on one
-//     stream run one after another. It is allocated by the first call that needs it and grown by
-//     doubling (outgrown buffers are kept, never freed: no sync). A call made while its stream is
-//     being captured into a CUDA graph gets a buffer of its own, kept for the life of the process,
-//     so a replay never shares scratch with another call or graph, whichever stream it runs on.
+//     counter, a combiner resets the flags it consumed), so eager calls share one buffer per
+//     (device, stream), zeroed once, when it is allocated (on the first call that needs it, then
+//     grown by doubling; outgrown buffers are kept, not freed, so growth never waits). A call made
+//     while its stream is being captured into a CUDA graph gets graph-owned scratch instead:
+//     allocation, zero fill and free become nodes of the graph.
 //   * the asynchronous error word: a kernel that meets varlen indices breaking the rules
 //     (cu_seqlens_q/k, seqused_k; checked on the device, where the host cannot read them without a
 //     sync) computes nothing for that sequence and sets a bit here, in mapped host memory; the next
-//     call on the device, or fa4::check_async_errors, reports it.
+//     forward on the device, or fa4::check_async_errors, reports it (at least once: bits set by
+//     several CTAs at once may merge, and a kernel still running when the word is cleared may set
+//     its bit again).
+// Not supported: cudaDeviceReset while fa4 is loaded (the cached buffers would dangle).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,9 +24,18 @@
 
 namespace fa4::hopper {
 
-/// Zero-initialised device scratch of at least `bytes` bytes for a launch on (device, stream).
-/// The current device must be `device`. Throws fa4::Error(kCudaError) if it cannot be allocated.
-char* launch_scratch(int device, cudaStream_t stream, size_t bytes);
+/// Scratch of one launch (see above).
+struct LaunchScratch {
+  char* ptr;
+  bool graph_owned;  ///< captured call: release_scratch frees it (a graph node)
+};
+
+/// At least `bytes` bytes for a launch on (device, stream), the first `zeroed_bytes` of them zero.
+/// The current device must be `device`. Throws fa4::Error(kCudaError) if it cannot be had.
+LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, size_t zeroed_bytes);
+
+/// After the launch that used `s`, on the same stream.
+void release_scratch(const LaunchScratch& s, cudaStream_t stream);
 
 /// Bits of the asynchronous error word.
 enum AsyncError : uint32_t {
