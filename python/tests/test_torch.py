@@ -371,27 +371,35 @@ def test_cuda_compile_fullgraph(gen):
 @needs_cuda
 def test_cuda_graph_capture_and_replay_split_kv(gen):
     # Few query tiles and long keys: the Hopper kernel splits the keys over the idle SMs (a
-    # cooperative launch with launch scratch the kernel leaves zeroed, src/hopper/shared/device_state.h). Both must be
-    # capturable in a CUDA graph, and every replay must give the eager result bitwise, on fresh inputs
-    # copied into the captured buffers.
+    # cooperative launch with scratch the kernel leaves zeroed, src/hopper/shared/device_state.h).
+    # Both must be capturable in a CUDA graph, and every replay must give the eager result bitwise,
+    # on fresh inputs copied into the captured buffers.
     q = _randn(gen, (1, 128, 4, 128), torch.bfloat16, "cuda")
     k = _randn(gen, (1, 8192, 4, 128), torch.bfloat16, "cuda")
     v = _randn(gen, (1, 8192, 4, 128), torch.bfloat16, "cuda")
-    fa4.flash_attn_func(q, k, v)  # warm-up outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fa4.flash_attn_func(q, k, v)
-    for _ in range(2):
-        for t in (q, k, v):
-            t.copy_(_randn(gen, tuple(t.shape), torch.bfloat16, "cuda"))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, fa4.flash_attn_func(q, k, v))
+    for out in _replays_on_fresh_inputs(gen, lambda: fa4.flash_attn_func(q, k, v), (q, k, v)):
         o64, _ = ref_attention(q, k, v)
         op, _ = ref_attention(q, k, v, upcast=False)
         _assert_rule("out", out, o64, op, torch.bfloat16)
+
+
+def _replays_on_fresh_inputs(gen, call, inputs, replays=2):
+    """Captures call() (after a warm-up outside the capture) in a CUDA graph, then per replay:
+    fresh random inputs copied into the captured buffers, the output poisoned, a replay that must
+    equal an eager call bitwise. Yields the replayed output each time."""
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    for _ in range(replays):
+        for t in inputs:
+            t.copy_(_randn(gen, tuple(t.shape), t.dtype, "cuda"))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, call())
+        yield out
 
 
 @needs_cuda
@@ -406,18 +414,11 @@ def test_cuda_varlen_graph_capture_and_async_index_errors(gen):
     v = _randn(gen, (2105, 2, 128), torch.bfloat16, "cuda")
     args = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
                 max_seqlen_k=max(lens_k), causal=True)
-    fa4.flash_attn_varlen_func(q, k, v, **args)  # warm-up outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fa4.flash_attn_varlen_func(q, k, v, **args)
-    for _ in range(2):
-        for t in (q, k, v):
-            t.copy_(_randn(gen, tuple(t.shape), torch.bfloat16, "cuda"))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, fa4.flash_attn_varlen_func(q, k, v, **args))
+    out = None
+    for out in _replays_on_fresh_inputs(gen, lambda: fa4.flash_attn_varlen_func(q, k, v, **args),
+                                        (q, k, v)):
+        pass
+    assert out is not None
     # A decreasing cu_seqlens_q: that sequence is skipped (rows untouched) and reported by the next
     # call on the device, which raises instead of running; then the record is clear.
     bad_q = torch.tensor([0, 300, 250, 301, 1001], dtype=torch.int32, device="cuda")

@@ -158,6 +158,30 @@ TEST(HopperFwd, ScratchLeftZero) {
   CUDA_OK(cudaStreamDestroy(s));
 }
 
+/// One forward (output poisoned first) captured into a CUDA graph on stream s; replay() launches it
+/// and waits.
+struct CapturedForward {
+  cudaStream_t s;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CapturedForward(Problem& p, const fa4::AttentionOptions& o, cudaStream_t stream) : s(stream) {
+    EXPECT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    p.poison(s);
+    p.run(o, s);
+    EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  }
+  ~CapturedForward() {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+  }
+  CapturedForward(const CapturedForward&) = delete;
+  cudaError_t replay() {
+    const cudaError_t e = cudaGraphLaunch(exec, s);
+    return e != cudaSuccess ? e : cudaStreamSynchronize(s);
+  }
+};
+
 TEST(HopperFwd, VarlenGraphReplay) {
   REQUIRE_HOPPER();
   cudaStream_t s;
@@ -186,28 +210,20 @@ TEST(HopperFwd, VarlenGraphReplay) {
   const auto want = eager();
   ASSERT_FALSE(any_nan16(want.first));
 
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  p.poison(s);
-  p.run(o, s);
-  CUDA_OK(cudaStreamEndCapture(s, &graph));
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CapturedForward graph(p, o, s);
   for (int r = 0; r < 3; ++r) {
-    CUDA_OK(cudaGraphLaunch(exec, s));
-    CUDA_OK(cudaStreamSynchronize(s));
+    ASSERT_EQ(graph.replay(), cudaSuccess);
     EXPECT_EQ(0, std::memcmp(want.first.data(), p.out_host().data(), want.first.size() * 2)) << "replay " << r;
     EXPECT_EQ(0, std::memcmp(want.second.data(), p.lse_host().data(), want.second.size() * 4)) << "replay " << r;
   }
   // New inputs in the same memory: the replay computes them (eager on the new inputs is the truth).
   p.randomize(22);
   const auto want2 = eager();
-  CUDA_OK(cudaGraphLaunch(exec, s));
-  CUDA_OK(cudaStreamSynchronize(s));
+  ASSERT_EQ(graph.replay(), cudaSuccess);
   EXPECT_NE(0, std::memcmp(want.first.data(), want2.first.data(), want.first.size() * 2));
   EXPECT_EQ(0, std::memcmp(want2.first.data(), p.out_host().data(), want2.first.size() * 2));
 
-  // A batched causal forward with dynamic claiming (its own scratch under capture) replays too.
+  // A batched causal forward with dynamic claiming (graph-owned scratch under capture) replays too.
   Problem b = batched(2, 2048, 2048, 8, 8, 64, 23);
   fa4::AttentionOptions oc;
   oc.causal = true;
@@ -215,22 +231,11 @@ TEST(HopperFwd, VarlenGraphReplay) {
   b.run(oc, s);
   CUDA_OK(cudaStreamSynchronize(s));
   const auto want_b = b.out_host();
-  cudaGraph_t graph_b;
-  cudaGraphExec_t exec_b;
-  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  b.poison(s);
-  b.run(oc, s);
-  CUDA_OK(cudaStreamEndCapture(s, &graph_b));
-  CUDA_OK(cudaGraphInstantiate(&exec_b, graph_b, 0));
+  CapturedForward graph_b(b, oc, s);
   for (int r = 0; r < 3; ++r) {
-    CUDA_OK(cudaGraphLaunch(exec_b, s));
-    CUDA_OK(cudaStreamSynchronize(s));
+    ASSERT_EQ(graph_b.replay(), cudaSuccess);
     EXPECT_EQ(0, std::memcmp(want_b.data(), b.out_host().data(), want_b.size() * 2)) << "dynamic replay " << r;
   }
-  cudaGraphExecDestroy(exec_b);
-  cudaGraphDestroy(graph_b);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   cudaFree(dcu);
   CUDA_OK(cudaStreamDestroy(s));
 }
