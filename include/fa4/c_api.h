@@ -6,18 +6,20 @@
  * unchanged here. This header only adds the C calling convention.
  *
  * STABILITY AND VERSIONING
- *   * FA4_C_API_VERSION is bumped only for changes a caller can observe. Within one major ABI
- *     (this header's v1), existing functions, struct fields, their offsets and enum values never
- *     change; new things are only ADDED: new functions, new enum values, new fields at the END of
+ *   * FA4_C_API_VERSION is bumped only for changes a caller can observe. Every version so far is
+ *     additive: existing functions, struct fields, their offsets and enum values never change;
+ *     new things are only ADDED: new functions, new enum values, new fields at the END of
  *     fa4_options (its `struct_size` field tells the library which fields the caller knows).
+ *     Version 2 added fa4_check_async_errors.
  *   * fa4_abi_version() returns the version the library was built with. A caller compiled
  *     against version N works with any library whose fa4_abi_version() >= N.
  *   * Every exported symbol starts with "fa4_"; every macro with "FA4_".
  *
  * ERRORS
  *   Every function that can fail returns an fa4_status. On failure nothing was written (all
- *   arguments are validated first), and fa4_last_error() returns a message that names the
- *   function, the tensor and the rule, e.g.
+ *   arguments are validated first; the contents of device-resident varlen indices are checked by
+ *   the kernel instead and reported by a later call, see fa4_check_async_errors), and
+ *   fa4_last_error() returns a message that names the function, the tensor and the rule, e.g.
  *     "fa4::forward: k.shape[3] (headdim) = 72 must equal q.shape[3] = 64".
  *   The message is THREAD-LOCAL: it belongs to the calling thread's most recent fa4 call, stays
  *   valid until that thread's next fa4 call, and is "" after a successful call. No C++ exception
@@ -50,7 +52,7 @@
 extern "C" {
 #endif
 
-/** Version of this ABI (see STABILITY above). 2 added fa4_check_async_errors. */
+/** Version of this ABI (see STABILITY above). */
 #define FA4_C_API_VERSION 2
 
 /** Most dimensions an fa4_tensor holds. */
