@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cuda/atomic>
+#include <cutlass/cutlass.h>
 
 #include "core/softmax.h"
 #include "hopper/arch/arch.cuh"
