@@ -111,10 +111,8 @@ def host_rows(device, dt, host):
         row = {"kind": "host_us", "device": device, "shape": shape, "causal": causal,
                "fa4_eager": host(lambda: fa4.flash_attn_func(q, k, v, causal=causal)),
                "fa4_custom_op": host(lambda: op_route(q, k, v, causal)),
-               ("cudnn" if device == "cuda" else "sdpa"): sdpa_us(causal)}
-        if device != "cuda":  # the CUDA backward does not exist yet
-            row["fa4_eager_requires_grad"] = host(lambda: fa4.flash_attn_func(qg, kg, vg,
-                                                                              causal=causal))
+               ("cudnn" if device == "cuda" else "sdpa"): sdpa_us(causal),
+               "fa4_eager_requires_grad": host(lambda: fa4.flash_attn_func(qg, kg, vg, causal=causal))}
         rows.append(row)
     rows.append({"kind": "host_us_parts", "device": device,
                  "libfa4_fa4_forward": host(lambda: _capi.forward(*ts, opts.struct)),

@@ -44,6 +44,9 @@ set_tests_properties(cli.bench.window_pairs_bwd PROPERTIES
 # GPU: the same check on the Hopper kernels; skipped where no GPU is visible.
 if(FA4_WITH_CUDA)
   add_test(NAME cli.check.cuda COMMAND ${_fa4} check --device cuda --headdim 128 --causal)
-  set_tests_properties(cli.check.cuda PROPERTIES LABELS "gpu;cli"
+  add_test(NAME cli.check.cuda_bwd_gqa_varlen
+           COMMAND ${_fa4} check --device cuda --backward --headdim 64 --num-heads 4 --num-heads-kv 2
+                   --varlen --causal --sink --seed 5)
+  set_tests_properties(cli.check.cuda cli.check.cuda_bwd_gqa_varlen PROPERTIES LABELS "gpu;cli"
     SKIP_REGULAR_EXPRESSION "no CUDA device visible|cudaGetDeviceCount")
 endif()

@@ -127,7 +127,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
 
     Raises:
         InvalidArgumentError (ValueError) for a broken rule, UnsupportedError
-        (NotImplementedError) where no kernel exists (e.g. the CUDA backward for now),
+        (NotImplementedError) where no kernel exists (e.g. the CUDA backward above headdim 128),
         NoDeviceError / CudaError (RuntimeError). Nothing is written on error.
 
     Algorithm: FlashAttention-4 (arXiv 2603.05451): tiled online softmax with software exp2 and

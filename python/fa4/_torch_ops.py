@@ -12,9 +12,10 @@ the op: torch.compile / export, ``torch.jit.trace``, active TorchDispatchMode / 
 (FlopCounterMode, ``with torch.device(...)``, ...) and tensor subclasses other than nn.Parameter.
 ``torch.func`` transforms are not supported on either route.
 
-CUDA tensors run on ``torch.cuda.current_stream()`` of their device; CPU tensors run the CPU
-FlashAttention-4 implementation. Where libfa4 has no kernel (e.g. the CUDA backward before it
-exists) the call raises fa4.UnsupportedError, a NotImplementedError; fa4 never falls back silently.
+CUDA tensors run on ``torch.cuda.current_stream()`` of their device (forward and backward: the
+Hopper kernels); CPU tensors run the CPU FlashAttention-4 implementation. Where libfa4 has no
+kernel (e.g. the CUDA backward for head dims above 128) the call raises fa4.UnsupportedError, a
+NotImplementedError; fa4 never falls back silently.
 """
 
 from __future__ import annotations

@@ -55,8 +55,9 @@ Selection accept(Impl impl, std::string kernel) {
 
 /// THE selector. `p` is validated. Never throws for an unsupported configuration: it returns the
 /// message, so forward_support can report exactly what forward would throw.
+/// `bwd`: the backward's params (p is their forward part), required for Direction::kBackward.
 Selection select(const detail::FwdParams& p, Backend backend, Direction dir, const char* fn,
-                 bool want_name = false) {
+                 bool want_name = false, const detail::BwdParams* bwd = nullptr) {
   const bool fwd = dir == Direction::kForward;
   switch (backend) {
     case Backend::kAuto: case Backend::kCpu: case Backend::kCpuReference: case Backend::kCuda:
@@ -88,11 +89,9 @@ Selection select(const detail::FwdParams& p, Backend backend, Direction dir, con
                   std::string("options.backend = ") + backend_name(backend) +
                       " needs CPU tensors, but q is on cuda:" + std::to_string(p.device.index));
 #if FA4_WITH_CUDA
-  if (!fwd)
-    return reject(ErrorCode::kUnsupported, fn,
-                  "the CUDA backward is not implemented yet; run the backward on CPU tensors");
   std::string kernel;  // named only for forward_support: the call path builds no strings
-  const std::string why = hopper::forward_support(p, want_name ? &kernel : nullptr);
+  const std::string why = fwd ? hopper::forward_support(p, want_name ? &kernel : nullptr)
+                              : hopper::backward_support(*bwd, want_name ? &kernel : nullptr);
   if (!why.empty()) return reject(ErrorCode::kUnsupported, fn, why);
   return accept(Impl::kHopper, kernel);
 #else
@@ -135,7 +134,7 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
   constexpr const char* kFn = "fa4::backward";
   const detail::BwdParams p =
       detail::make_bwd_params(dout, q, k, v, out, lse, dq, dk, dv, options, dsink, kFn);
-  const Selection s = select(p, options.backend, Direction::kBackward, kFn);
+  const Selection s = select(p, options.backend, Direction::kBackward, kFn, false, &p);
   throw_if_rejected(s);
   // With no queries but some keys, dk/dv (and dsink) are exactly zero and must be written
   // (case C28: empty gradients, never garbage); only a problem with neither is a no-op.
@@ -143,7 +142,13 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
   switch (s.impl) {
     case Impl::kCpuFlash: cpu::flash_backward(p); return;
     case Impl::kCpuReference: cpu::reference_backward(p); return;
-    case Impl::kHopper: break;  // the selector never picks it for backward
+    case Impl::kHopper:
+#if FA4_WITH_CUDA
+      hopper::backward(p);
+      return;
+#else
+      break;
+#endif
   }
   throw Error(ErrorCode::kInternal, std::string(kFn) + ": selector picked no implementation");
 }

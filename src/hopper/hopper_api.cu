@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "hopper/bwd/launch_bwd.h"
+#include "hopper/bwd/tuning_bwd.h"
 #include "hopper/fwd/tuning_fwd.h"
 #include "fa4/error.h"
 #include "common/overrides.h"
@@ -105,9 +107,9 @@ std::string check_tma_tensor(const char* name, const void* ptr, const detail::Ro
 
 std::string dtype_tag(DType t) { return t == DType::kBF16 ? "bf16" : "fp16"; }
 
-}  // namespace
-
-std::string forward_support(const detail::FwdParams& p, std::string* kernel_name) {
+/// Checks shared by both directions: dtype, device, head dims (multiples of 8), row counts and the
+/// q/k/v TMA rules.
+std::string common_support(const detail::FwdParams& p) {
   if (p.dtype != DType::kBF16 && p.dtype != DType::kFP16)
     return std::string("the Hopper kernels support bf16 and fp16 only; q.dtype is ") +
            dtype_name(p.dtype) + " (use CPU tensors for fp32)";
@@ -116,19 +118,40 @@ std::string forward_support(const detail::FwdParams& p, std::string* kernel_name
   if (p.headdim % 8 != 0 || p.headdim_v % 8 != 0)
     return "the Hopper kernels need headdim and headdim_v to be multiples of 8 (16-byte TMA rows); got " +
            std::to_string(p.headdim) + " and " + std::to_string(p.headdim_v);
-  const detail::HopperFwdConfig* c = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
-  if (!c)
-    return "no Hopper kernel for headdim " + std::to_string(p.headdim) + ", headdim_v " +
-           std::to_string(p.headdim_v) + " (supported: headdim = headdim_v <= 256, or headdim <= 192 "
-           "with headdim_v <= 128, multiples of 8)";
-  if (!bucket_compiled(c->headdim, c->headdim_v))
-    return "the Hopper kernel for headdim bucket " + std::to_string(c->headdim) + "x" +
-           std::to_string(c->headdim_v) + " was not compiled in this build (CMake FA4_HOPPER_HEADDIMS)";
   const int64_t elem = dtype_size(p.dtype);
   const int64_t rows_q = p.is_varlen ? p.total_q : p.seqlen_q;
   const int64_t rows_k = p.is_varlen ? p.total_k : p.seqlen_k;
   if (rows_q > INT32_MAX || rows_k > INT32_MAX)
     return "the Hopper kernels address at most 2^31-1 rows of q and of k/v";
+  std::string why = check_tma_tensor("q", p.q, p.q_stride, rows_q, p.num_heads, p.batch, p.is_varlen, elem);
+  if (why.empty()) why = check_tma_tensor("k", p.k, p.k_stride, rows_k, p.num_heads_kv, p.batch, p.is_varlen, elem);
+  if (why.empty()) why = check_tma_tensor("v", p.v, p.v_stride, rows_k, p.num_heads_kv, p.batch, p.is_varlen, elem);
+  return why;
+}
+
+std::string not_compiled(const char* direction, int d, int dv) {
+  return std::string("the Hopper ") + direction + " kernel for headdim bucket " + std::to_string(d) + "x" +
+         std::to_string(dv) + " was not compiled in this build (CMake FA4_HOPPER_HEADDIMS)";
+}
+
+std::string bucket_name(const detail::FwdParams& p, int d, int dv) {
+  std::string name = dtype_tag(p.dtype) + "_hdim" + std::to_string(d) + (dv != d ? "x" + std::to_string(dv) : "");
+  if (d != p.headdim || dv != p.headdim_v)
+    name += " (padded from " + std::to_string(p.headdim) + "x" + std::to_string(p.headdim_v) + ")";
+  return name;
+}
+
+}  // namespace
+
+std::string forward_support(const detail::FwdParams& p, std::string* kernel_name) {
+  std::string why = common_support(p);
+  if (!why.empty()) return why;
+  const detail::HopperFwdConfig* c = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
+  if (!c)
+    return "no Hopper kernel for headdim " + std::to_string(p.headdim) + ", headdim_v " +
+           std::to_string(p.headdim_v) + " (supported: headdim = headdim_v <= 256, or headdim <= 192 "
+           "with headdim_v <= 128, multiples of 8)";
+  if (!bucket_compiled(c->headdim, c->headdim_v)) return not_compiled("forward", c->headdim, c->headdim_v);
   // The persistent grid numbers tiles with int32 (launch_fwd.cuh); max_seqlen_q bounds the rows.
   const int64_t m_blocks = (int64_t(p.seqlen_q) + c->tile_m - 1) / c->tile_m;
   if (m_blocks * p.num_heads * p.batch > kMaxTiles)
@@ -140,16 +163,32 @@ std::string forward_support(const detail::FwdParams& p, std::string* kernel_name
     return "exp2_emulation_fraction > 0 is not supported on the Hopper headdim bucket " +
            std::to_string(c->headdim) + "x" + std::to_string(c->headdim_v) + " (key tile " +
            std::to_string(c->tile_n) + " is not a multiple of 128); pass 0 or leave it unset";
-  std::string why = check_tma_tensor("q", p.q, p.q_stride, rows_q, p.num_heads, p.batch, p.is_varlen, elem);
-  if (why.empty()) why = check_tma_tensor("k", p.k, p.k_stride, rows_k, p.num_heads_kv, p.batch, p.is_varlen, elem);
-  if (why.empty()) why = check_tma_tensor("v", p.v, p.v_stride, rows_k, p.num_heads_kv, p.batch, p.is_varlen, elem);
+  if (kernel_name) *kernel_name = "hopper::fwd_" + bucket_name(p, c->headdim, c->headdim_v);
+  return "";
+}
+
+std::string backward_support(const detail::BwdParams& p, std::string* kernel_name) {
+  std::string why = common_support(p);
   if (!why.empty()) return why;
-  if (kernel_name) {
-    *kernel_name = "hopper::fwd_" + dtype_tag(p.dtype) + "_hdim" + std::to_string(c->headdim) +
-                   (c->headdim_v != c->headdim ? "x" + std::to_string(c->headdim_v) : "");
-    if (c->headdim != p.headdim || c->headdim_v != p.headdim_v)
-      *kernel_name += " (padded from " + std::to_string(p.headdim) + "x" + std::to_string(p.headdim_v) + ")";
-  }
+  const detail::HopperBwdConfig* b = detail::hopper_bwd_bucket(p.headdim, p.headdim_v);
+  if (!b)
+    return "the Hopper backward supports headdim and headdim_v up to 128 (buckets 64 and 128); headdim " +
+           std::to_string(p.headdim) + ", headdim_v " + std::to_string(p.headdim_v) +
+           " has no backward kernel yet (run the backward on CPU tensors)";
+  if (!bucket_compiled(b->headdim, b->headdim_v)) return not_compiled("backward", b->headdim, b->headdim_v);
+  const int64_t elem = dtype_size(p.dtype);
+  const int64_t rows_q = p.is_varlen ? p.total_q : p.seqlen_q;
+  why = check_tma_tensor("dout", p.dout, p.dout_stride, rows_q, p.num_heads, p.batch, p.is_varlen, elem);
+  if (!why.empty()) return why;
+  // The pre/postprocess grids are (query blocks, heads, batch).
+  const int64_t m_blocks = (int64_t(p.seqlen_q) + b->tile_m - 1) / b->tile_m;
+  const int64_t n_blocks = (int64_t(p.seqlen_k) + b->tile_n - 1) / b->tile_n;
+  if (p.batch > 65535 || p.num_heads > 65535 || m_blocks > INT32_MAX)
+    return "the Hopper backward handles at most 65535 sequences and 65535 heads per call";
+  if (n_blocks * p.num_heads_kv * p.batch > kMaxTiles)
+    return "the Hopper backward handles at most 2^31 - 2^16 key tiles (batch * num_heads_kv * "
+           "ceil(max_seqlen_k / " + std::to_string(b->tile_n) + "))";
+  if (kernel_name) *kernel_name = "hopper::bwd_" + bucket_name(p, b->headdim, b->headdim_v);
   return "";
 }
 
@@ -206,6 +245,40 @@ void forward(const detail::FwdParams& p) {
   FA4_HOPPER_BUCKETS(FA4_DISPATCH)
 #undef FA4_DISPATCH
   throw Error(ErrorCode::kInternal, "fa4::forward (hopper): selector and dispatcher disagree");
+}
+
+void backward(const detail::BwdParams& p) {
+  // The selector (backward_support) has accepted p. Earlier invalid varlen indices: report now.
+  check_async_errors(p.device.index);
+  const DeviceFacts f = device_facts(p.device.index);
+  LaunchContext ctx;
+  ctx.num_sms = f.num_sms;
+  ctx.l2_bytes = f.l2_bytes;
+  int prev = 0;
+  if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+  if (prev != p.device.index && cudaSetDevice(p.device.index) != cudaSuccess)
+    throw Error(ErrorCode::kCudaError, "fa4::backward (hopper): cudaSetDevice failed");
+  struct Restore {
+    int prev, cur;
+    ~Restore() { if (prev >= 0 && prev != cur) cudaSetDevice(prev); }
+  } restore{prev, p.device.index};
+  if (p.is_varlen) ctx.async_error = async_error_word(p.device.index);
+
+  const detail::HopperBwdConfig* c = detail::hopper_bwd_bucket(p.headdim, p.headdim_v);
+  const bool bf16 = p.dtype == DType::kBF16;
+#define FA4_DISPATCH_BWD(D, DV)                                                         \
+  if constexpr (detail::find_hopper_bwd_config(D, DV) != nullptr) {                   \
+    if (c->headdim == D && c->headdim_v == DV) {                                       \
+      if constexpr (FA4_HOPPER_HAS_##D##_##DV == 1) {                                  \
+        if (bf16) run_bwd<int(DType::kBF16), D, DV>(p, ctx);                           \
+        else run_bwd<int(DType::kFP16), D, DV>(p, ctx);                                \
+        return;                                                                        \
+      }                                                                                \
+    }                                                                                  \
+  }
+  FA4_HOPPER_BUCKETS(FA4_DISPATCH_BWD)
+#undef FA4_DISPATCH_BWD
+  throw Error(ErrorCode::kInternal, "fa4::backward (hopper): selector and dispatcher disagree");
 }
 
 }  // namespace fa4::hopper

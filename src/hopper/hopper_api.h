@@ -16,4 +16,12 @@ std::string forward_support(const detail::FwdParams& p, std::string* kernel_name
 /// selector checked it; it is not checked again here).
 void forward(const detail::FwdParams& p);
 
+/// The backward's selector: "" and the kernel name if a backward kernel exists for p on the
+/// current device, else the reason. backward() runs exactly what this picks.
+std::string backward_support(const detail::BwdParams& p, std::string* kernel_name);
+
+/// Enqueues the backward (preprocess, main kernel, postprocess, dsink) on p.device.stream.
+/// Precondition: backward_support(p) == "".
+void backward(const detail::BwdParams& p);
+
 }  // namespace fa4::hopper

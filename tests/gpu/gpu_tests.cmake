@@ -6,12 +6,14 @@ file(GLOB FA4_GPU_TEST_SOURCES CONFIGURE_DEPENDS
   ${CMAKE_CURRENT_LIST_DIR}/*.cu
   ${CMAKE_CURRENT_LIST_DIR}/*.cpp)
 if(FA4_GPU_TEST_SOURCES)
-  add_executable(fa4_gpu_tests ${FA4_GPU_TEST_SOURCES})
+  # The backward tests judge results with `fa4 check`'s case machinery (tools/cli_case.cpp: random
+  # problems, the float64 oracle, the accuracy rule).
+  add_executable(fa4_gpu_tests ${FA4_GPU_TEST_SOURCES} ${PROJECT_SOURCE_DIR}/tools/cli_case.cpp)
   # sm_90a: the 'a' target enables wgmma/setmaxnreg; CMAKE_CUDA_ARCHITECTURES is OFF (top level).
   target_compile_options(fa4_gpu_tests PRIVATE
     $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a>)
   target_include_directories(fa4_gpu_tests PRIVATE
     ${PROJECT_SOURCE_DIR}/src ${CMAKE_CURRENT_LIST_DIR}/..)
-  target_link_libraries(fa4_gpu_tests PRIVATE fa4::fa4 GTest::gtest_main CUDA::cudart)
+  target_link_libraries(fa4_gpu_tests PRIVATE fa4::fa4 GTest::gtest_main CUDA::cudart OpenMP::OpenMP_CXX)
   gtest_discover_tests(fa4_gpu_tests DISCOVERY_TIMEOUT 120 PROPERTIES LABELS gpu)
 endif()

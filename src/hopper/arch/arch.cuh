@@ -8,6 +8,9 @@
 //     CTA as __syncthreads would;
 //   * ex2.approx.ftz.f32: the MUFU exponential (2^x, ~2 ulp, flushes subnormals) that the FA4
 //     softmax splits against the FMA-pipe polynomial fa4::exp2_emulated;
+//   * cp.reduce.async.bulk (fp32 add) and its bulk-group waits: the backward's dQ leaves a CTA as
+//     one smem -> global reduce-add per warpgroup and query block instead of per-element atomics;
+//   * acquire/release flag accesses for the deterministic backward's ordered dQ accumulation;
 //   * setmaxnreg: moves registers from the producer warpgroup (which only issues TMA) to the two
 //     consumer warpgroups (which hold S, P and O in registers). Needs sm_90a and a register cap at
 //     kernel entry (__launch_bounds__(threads, 1)).
@@ -24,6 +27,8 @@ namespace fa4::hopper::arch {
 ///   turn(wg)     ping-pong: consumer warpgroup wg may issue its wgmmas    2, 3 (third: 7)
 ///   consumers()  all consumer warpgroups together                          4
 ///   local(wg)    consumer warpgroup wg alone (its O slice is in smem, ...)  5, 6 (third: 8)
+///   dq_full(wg)  backward: warpgroup wg's dQ is staged in smem (wg + the dQ writer warp)  9, 10
+///   dq_empty(wg) backward: the dQ writer's bulk reduce has read that staging            11, 12
 /// A third warpgroup's ids come after the shared one, so the two-warpgroup kernels keep the ids
 /// they were tuned with. A kernel needing more kinds numbers them from kFirstFree up (ids < 16).
 template <int kNumWarpGroups>
@@ -37,7 +42,9 @@ struct NamedBarriers {
   __host__ __device__ static constexpr uint32_t local(int wg) {
     return kNumWarpGroups == 3 && wg == 2 ? 8u : 5u + uint32_t(wg);
   }
-  static constexpr uint32_t kFirstFree = 9;
+  __host__ __device__ static constexpr uint32_t dq_full(int wg) { return 9u + uint32_t(wg); }
+  __host__ __device__ static constexpr uint32_t dq_empty(int wg) { return 11u + uint32_t(wg); }
+  static constexpr uint32_t kFirstFree = 13;
 };
 
 /// Blocks until `num_threads` threads (multiple of 32, whole warps) have arrived at barrier `id`.
@@ -56,6 +63,38 @@ __device__ __forceinline__ float ex2_approx(float x) {
   float y;
   asm volatile("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+/// Adds `bytes` (a multiple of 16; both addresses 16-byte aligned) of fp32 values from shared memory
+/// into global memory, element by element, as one asynchronous bulk operation of this thread's
+/// current bulk group (the adds are atomic per element at L2).
+__device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, const float* smem, uint32_t bytes) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+               ::"l"(gmem), "r"(s), "r"(bytes) : "memory");
+}
+/// Closes this thread's current bulk group.
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+/// Waits until at most kPending of this thread's bulk groups still READ shared memory.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+/// Waits until at most kPending of this thread's bulk groups are incomplete (writes performed).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+/// GPU-scope acquire load / release add of a flag word (other CTAs' writes before the release are
+/// visible after an acquire that reads its value).
+__device__ __forceinline__ int32_t load_acquire(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void add_release(int32_t* p, int32_t v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
 /// setmaxnreg: must be executed by every thread of a warpgroup, with the same constant.

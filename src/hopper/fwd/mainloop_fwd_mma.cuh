@@ -16,52 +16,11 @@
 #include <cute/tensor.hpp>
 
 #include "hopper/arch/arch.cuh"
+#include "hopper/shared/mma.cuh"
 #include "hopper/shared/softmax.cuh"
 #include "hopper/shared/tile_info.cuh"
 
 namespace fa4::hopper {
-
-/// One wgmma batch: fence the accumulators, issue all k-steps, commit; optionally wait.
-template <bool kZeroInit, int kWait, class TiledMma, class TA, class TB, class TC>
-__device__ __forceinline__ void wgmma(TiledMma& mma, const TA& a, const TB& b, TC& c) {
-  using namespace cute;
-  constexpr bool kIsRS = !cute::is_base_of<GMMA::DescriptorIterator, typename TiledMma::FrgTypeA>::value;
-  if constexpr (kIsRS) warpgroup_fence_operand(const_cast<TA&>(a));
-  warpgroup_fence_operand(c);
-  warpgroup_arrive();
-  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
-#pragma unroll
-  for (int k = 0; k < size<2>(a); ++k) {
-    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  if constexpr (kWait >= 0) warpgroup_wait<kWait>();
-  warpgroup_fence_operand(c);
-  if constexpr (kIsRS) warpgroup_fence_operand(const_cast<TA&>(a));
-}
-
-/// Accumulator layout ((2,2,N/8),M,N) -> RS A-operand layout ((2,2,2),M,(N/16)): the same registers
-/// in the same order (a k16 slice of A is two adjacent 8-column accumulator groups).
-template <class Layout>
-__device__ __forceinline__ auto acc_to_a_layout(Layout l) {
-  using namespace cute;
-  auto l2 = logical_divide(get<0, 2>(l), Tile<_2>{});
-  return make_layout(make_layout(get<0, 0>(l), get<0, 1>(l), get<0, 0>(l2)), get<1>(l),
-                     coalesce(make_layout(get<0, 1>(l2), get<2>(l))));
-}
-
-/// Two floats -> one 32-bit word of two 16-bit values (round to nearest even; low half = a).
-template <class Element>
-__device__ __forceinline__ uint32_t pack2(float a, float b) {
-  if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return reinterpret_cast<uint32_t&>(h);
-  } else {
-    __half2 h = __floats2half2_rn(a, b);
-    return reinterpret_cast<uint32_t&>(h);
-  }
-}
 
 template <class Kt>
 struct MainloopMma {

@@ -4,6 +4,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -15,7 +16,7 @@ namespace {
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
     cudaGetLastError();
-    throw Error(ErrorCode::kCudaError, std::string("fa4::forward (hopper): ") + what + ": " + cudaGetErrorString(e));
+    throw Error(ErrorCode::kCudaError, std::string("fa4 (hopper): ") + what + ": " + cudaGetErrorString(e));
   }
 }
 
@@ -29,9 +30,9 @@ struct RelaxedCapture {
 };
 
 std::mutex g_mu;
-/// Eager scratch per (device, stream id): cudaStreamGetId, unlike the handle, is unique for the
-/// life of the process and tells each thread's per-thread default stream apart.
-std::map<std::pair<int, unsigned long long>, std::pair<char*, size_t>> g_eager;  // (ptr, bytes)
+/// Eager scratch per (device, stream id, kind): cudaStreamGetId, unlike the handle, is unique for
+/// the life of the process and tells each thread's per-thread default stream apart.
+std::map<std::tuple<int, unsigned long long, int>, std::pair<char*, size_t>> g_eager;  // (ptr, bytes)
 std::map<int, cudaStream_t> g_zero_stream;  // a private stream per device for the one-time memset
 std::vector<char*> g_outgrown;              // kept, not freed: see acquire_scratch
 
@@ -57,7 +58,7 @@ int g_error_devices = 0;
 
 }  // namespace
 
-LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, size_t zeroed_bytes) {
+LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, size_t zeroed_bytes, ScratchKind kind) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
   if (capture != cudaStreamCaptureStatusNone) {
@@ -65,7 +66,7 @@ LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, siz
     // its scratch zeroed, and it goes away with the graph.
     LaunchScratch s{nullptr, true};
     check(cudaMallocAsync(reinterpret_cast<void**>(&s.ptr), bytes, stream), "cudaMallocAsync (captured scratch)");
-    const cudaError_t e = cudaMemsetAsync(s.ptr, 0, zeroed_bytes, stream);
+    const cudaError_t e = zeroed_bytes > 0 ? cudaMemsetAsync(s.ptr, 0, zeroed_bytes, stream) : cudaSuccess;
     if (e != cudaSuccess) {
       cudaFreeAsync(s.ptr, stream);
       check(e, "cudaMemsetAsync (captured scratch)");
@@ -75,7 +76,7 @@ LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, siz
   unsigned long long stream_id = 0;
   check(cudaStreamGetId(stream, &stream_id), "cudaStreamGetId");
   std::lock_guard<std::mutex> lock(g_mu);
-  std::pair<char*, size_t>& b = g_eager[{device, stream_id}];
+  std::pair<char*, size_t>& b = g_eager[{device, stream_id, static_cast<int>(kind)}];
   if (b.second >= bytes) return {b.first, false};
   // Grow to a power of two of at least 4 KiB, so a stream's buffer is replaced only a few times.
   // The old buffer is kept, not freed: kernels queued on the stream, or a call of another thread

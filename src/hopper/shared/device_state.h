@@ -1,7 +1,8 @@
 // src/hopper/shared/device_state.h — the per-device state the Hopper launches keep across calls, so
 // that a call neither allocates (after the first one on its stream), synchronises nor reads the
 // environment:
-//   * scratch: the dynamic schedule's claim counter and the stream-K flags and partials. The
+//   * scratch: the dynamic schedule's claim counter and the stream-K flags and partials; and,
+//     separately (ScratchKind), the backward's workspace. The
 //     kernels leave the counter and the flags zeroed when they finish (the last claim resets the
 //     counter, a combiner resets the flags it consumed), so eager calls share one buffer per
 //     (device, stream), zeroed once, when it is allocated (on the first call that needs it, then
@@ -30,9 +31,15 @@ struct LaunchScratch {
   bool graph_owned;  ///< captured call: release_scratch frees it (a graph node)
 };
 
+/// Which launches share a buffer. The forward's buffer must stay zero between launches (its kernels
+/// leave the counter and flags zero); the backward's workspace (dQ accumulator, row statistics,
+/// semaphores) is overwritten by every backward, so it has a buffer of its own.
+enum class ScratchKind : int { kForward = 0, kBackward = 1 };
+
 /// At least `bytes` bytes for a launch on (device, stream), the first `zeroed_bytes` of them zero.
 /// The current device must be `device`. Throws fa4::Error(kCudaError) if it cannot be had.
-LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, size_t zeroed_bytes);
+LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, size_t zeroed_bytes,
+                              ScratchKind kind = ScratchKind::kForward);
 
 /// After the launch that used `s`, on the same stream.
 void release_scratch(const LaunchScratch& s, cudaStream_t stream);

@@ -20,6 +20,60 @@ struct TileInfo {
   __device__ __forceinline__ bool has_keys() const { return keys.n_block_max > keys.n_block_min; }
 };
 
+/// One sequence's bounds: first packed rows (varlen) and lengths (seqused_k applied).
+struct SeqBounds {
+  int32_t q_row0, k_row0;
+  int32_t seqlen_q, seqlen_k;
+};
+
+/// Sequence b's bounds, for every Hopper kernel (forward, backward and its pre/post passes), from
+/// the varlen indices or the batched lengths. Called by whole warps (the loads are broadcast from
+/// lane 0). kValidate: check the varlen rules (the host cannot read the indices without a sync): a
+/// sequence that breaks one gets zero lengths, so no row of it is read or written, and thread 0 of
+/// the CTA records the rule in the device's error word (device_state.h).
+template <bool kValidate, class Params>
+__device__ __forceinline__ SeqBounds seq_bounds(const Params& p, int32_t b) {
+  SeqBounds s;
+  if (!p.is_varlen) {
+    s.q_row0 = s.k_row0 = 0;
+    s.seqlen_q = p.seqlen_q;
+    s.seqlen_k = p.seqlen_k;
+    return s;
+  }
+  // Every lane loads the same words; the broadcast from lane 0 tells the compiler the values are
+  // warp-uniform, so loop bounds derived from them stay in uniform registers (a loop whose trip
+  // count might diverge demotes its loop-carried pipeline states).
+  const int32_t q0 = __shfl_sync(0xffffffffu, p.cu_seqlens_q[b], 0);
+  const int32_t q1 = __shfl_sync(0xffffffffu, p.cu_seqlens_q[b + 1], 0);
+  const int32_t k0 = __shfl_sync(0xffffffffu, p.cu_seqlens_k[b], 0);
+  const int32_t k1 = __shfl_sync(0xffffffffu, p.cu_seqlens_k[b + 1], 0);
+  const int32_t used = p.seqused_k ? __shfl_sync(0xffffffffu, p.seqused_k[b], 0) : k1 - k0;
+  s.q_row0 = q0;
+  s.k_row0 = k0;
+  s.seqlen_q = q1 - q0;
+  s.seqlen_k = used;
+  if constexpr (kValidate) {
+    // Unsigned compares fold "< 0" into "> bound"; with both offsets in [0, total] their
+    // difference cannot overflow, and a negative length fails "<= max_seqlen" the same way.
+    auto out_of = [](int32_t x, int32_t bound) { return uint32_t(x) > uint32_t(bound); };
+    uint32_t bad = 0;
+    if ((b == 0 && q0 != 0) || out_of(q0, p.total_q) || out_of(q1, p.total_q) || out_of(q1 - q0, p.seqlen_q))
+      bad |= kBadCuSeqlensQ;
+    if ((b == 0 && k0 != 0) || out_of(k0, p.total_k) || out_of(k1, p.total_k) || out_of(k1 - k0, p.seqlen_k))
+      bad |= kBadCuSeqlensK;
+    else if (out_of(used, k1 - k0))
+      bad |= kBadSequsedK;
+    if (bad != 0) {
+      if (threadIdx.x == 0) {  // mapped host memory: a plain read-modify-write (PCIe need not carry atomics)
+        volatile uint32_t* word = p.async_error;
+        *word = *word | bad;
+      }
+      s.q_row0 = s.k_row0 = s.seqlen_q = s.seqlen_k = 0;
+    }
+  }
+  return s;
+}
+
 /// kValidate: check the varlen indices (the producer, which sees every tile first and publishes
 /// only tiles with rows; the consumers then recompute the same geometry without the checks, which
 /// would cost them registers in the key loop).
@@ -27,47 +81,11 @@ template <int kBlockM, int kBlockN, bool kValidate, class Params>
 __device__ __forceinline__ TileInfo make_tile_info(const Params& p, int32_t t) {
   TileInfo ti;
   ti.c = tile_coord(p, t);
-  if (p.is_varlen) {
-    // Every lane loads the same words; the broadcast from lane 0 tells the compiler the values are
-    // warp-uniform, so the key loop bounds and everything derived from them stay in uniform
-    // registers (a loop whose trip count might diverge demotes its loop-carried pipeline states).
-    const int32_t b = ti.c.batch;
-    const int32_t q0 = __shfl_sync(0xffffffffu, p.cu_seqlens_q[b], 0);
-    const int32_t q1 = __shfl_sync(0xffffffffu, p.cu_seqlens_q[b + 1], 0);
-    const int32_t k0 = __shfl_sync(0xffffffffu, p.cu_seqlens_k[b], 0);
-    const int32_t k1 = __shfl_sync(0xffffffffu, p.cu_seqlens_k[b + 1], 0);
-    const int32_t used = p.seqused_k ? __shfl_sync(0xffffffffu, p.seqused_k[b], 0) : k1 - k0;
-    ti.q_row0 = q0;
-    ti.k_row0 = k0;
-    ti.seqlen_q = q1 - q0;
-    ti.seqlen_k = used;
-    if constexpr (kValidate) {
-      // The host cannot read these without a sync, so the rules are checked here: a sequence that
-      // breaks one is not computed (no row of it is read or written) and the producer's leader
-      // (thread 0) records the rule in the device's error word (device_state.h).
-      // Unsigned compares fold "< 0" into "> bound"; with both offsets in [0, total] their
-      // difference cannot overflow, and a negative length fails "<= max_seqlen" the same way.
-      auto out_of = [](int32_t x, int32_t bound) { return uint32_t(x) > uint32_t(bound); };
-      uint32_t bad = 0;
-      if ((b == 0 && q0 != 0) || out_of(q0, p.total_q) || out_of(q1, p.total_q) || out_of(q1 - q0, p.seqlen_q))
-        bad |= kBadCuSeqlensQ;
-      if ((b == 0 && k0 != 0) || out_of(k0, p.total_k) || out_of(k1, p.total_k) || out_of(k1 - k0, p.seqlen_k))
-        bad |= kBadCuSeqlensK;
-      else if (out_of(used, k1 - k0))
-        bad |= kBadSequsedK;
-      if (bad != 0) {
-        if (threadIdx.x == 0) {  // mapped host memory: a plain read-modify-write (PCIe need not carry atomics)
-          volatile uint32_t* word = p.async_error;
-          *word = *word | bad;
-        }
-        ti.q_row0 = ti.k_row0 = ti.seqlen_q = ti.seqlen_k = 0;
-      }
-    }
-  } else {
-    ti.q_row0 = ti.k_row0 = 0;
-    ti.seqlen_q = p.seqlen_q;
-    ti.seqlen_k = p.seqlen_k;
-  }
+  const SeqBounds s = seq_bounds<kValidate>(p, ti.c.batch);
+  ti.q_row0 = s.q_row0;
+  ti.k_row0 = s.k_row0;
+  ti.seqlen_q = s.seqlen_q;
+  ti.seqlen_k = s.seqlen_k;
   const int32_t row_lo = ti.c.m_block * kBlockM;
   ti.has_rows = row_lo < ti.seqlen_q;
   if (ti.has_rows) {

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Backward attention benchmark: fa4's Hopper backward next to torch SDPA (cuDNN and FLASH backends)
+and, where it is installed, upstream FlashAttention-4 (flash_attn.cute), in ONE process, on one GPU,
+timed with triton.testing.do_bench (median, CUDA events), interleaved rounds.
+
+What is timed is the backward alone: torch.autograd.grad of a saved forward output (retain_graph),
+the same for every contender. FLOPs = 2.5 x the forward's 4*b*h*sq*sk*d (x0.5 causal).
+Shapes (FA3/FA4 papers): batch*seqlen = 16k tokens, num_heads*headdim = 2048, head dims 64/128,
+seqlen 512..16k, causal and not; Llama-3.1-8B (GQA 32/8, d128, causal 8k); deterministic vs not.
+
+Usage (on the GPU machine, from the repo root):
+    PYTHONPATH=python FA4_LIBRARY=build-dev/src/libfa4.so python3 bench/bench_bwd.py OUT.json [--quick] [--rounds N]
+Writes OUT.json (git commit, GPU, clocks, date, versions, rows) and OUT.png.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_fwd import bench, run_meta, tflops  # noqa: E402
+
+import fa4  # noqa: E402
+
+try:  # upstream FlashAttention-4 (CuTe DSL), shared/peers/install_upstream_fa4.sh
+    from flash_attn.cute import flash_attn_func as upstream_fa4_func
+except Exception:  # not installed here
+    upstream_fa4_func = None
+
+ROUNDS = 3
+
+
+def grad_call(fwd, inputs, dout):
+    """A call that runs only the backward of fwd(*inputs) (its forward is run once, here)."""
+    out = fwd()
+    if isinstance(out, tuple):
+        out = out[0]
+    return lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)
+
+
+def contenders(q, k, v, causal, deterministic=False):
+    """name -> (backward-only call, context); SDPA backends that refuse the shape are left out."""
+    dout = torch.randn_like(q)
+    fns = {"fa4": grad_call(lambda: fa4.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic),
+                            (q, k, v), dout)}
+    qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
+    gqa = qt.shape[1] != kt.shape[1]
+    for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+        try:
+            with sdpa_kernel([be]):
+                call = grad_call(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=gqa),
+                                 (qt, kt, vt), dout.transpose(1, 2).contiguous())
+                call()
+            fns[name] = call
+        except Exception:
+            pass
+    if upstream_fa4_func is not None:
+        try:
+            call = grad_call(lambda: upstream_fa4_func(q, k, v, causal=causal, deterministic=deterministic),
+                             (q, k, v), dout)
+            call()
+            fns["upstream_fa4"] = call
+        except Exception as e:
+            print(f"# upstream_fa4 failed: {str(e).splitlines()[0][:160]}", file=sys.stderr)
+    return fns
+
+
+def time_row(r, fns, flops):
+    """Median over ROUNDS rounds, each running every contender once in a rotated order."""
+    names = list(fns)
+    times = {n: [] for n in names}
+    for i in range(ROUNDS):
+        for n in names[i % len(names):] + names[:i % len(names)]:
+            try:
+                times[n].append(bench(fns[n]))
+            except Exception as e:
+                print(f"# {n} failed: {str(e).splitlines()[0][:120]}", file=sys.stderr)
+    for n in ["fa4", "cudnn", "flash", "upstream_fa4"]:
+        r[n] = tflops(flops, statistics.median(times[n])) if times.get(n) else None
+    r["rounds"] = ROUNDS
+    r["ratio_cudnn"] = round(r["fa4"] / r["cudnn"], 3) if r["fa4"] and r["cudnn"] else None
+    r["ratio_upstream_fa4"] = round(r["fa4"] / r["upstream_fa4"], 3) if r["fa4"] and r["upstream_fa4"] else None
+    return r
+
+
+def check_grads(q, k, v, causal):
+    """Max abs error of fa4's dq/dk/dv against SDPA's math backend in fp32 on the same inputs."""
+    dout = torch.randn_like(q)
+    g = torch.autograd.grad(fa4.flash_attn_func(q, k, v, causal=causal), (q, k, v), dout)
+    q32, k32, v32 = (x.detach().float().transpose(1, 2).requires_grad_() for x in (q, k, v))
+    with sdpa_kernel([SDPBackend.MATH]):
+        o = F.scaled_dot_product_attention(q32, k32, v32, is_causal=causal, enable_gqa=q.shape[2] != k.shape[2])
+    g32 = torch.autograd.grad(o, (q32, k32, v32), dout.float().transpose(1, 2))
+    return max(float((a.float() - b.transpose(1, 2)).abs().max()) for a, b in zip(g, g32))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_json")
+    ap.add_argument("--quick", action="store_true", help="seqlen 1k-16k, no deterministic rows")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
+    global ROUNDS
+    ROUNDS = args.rounds
+    meta = run_meta()
+    meta["upstream_fa4"] = upstream_fa4_func is not None
+    print(json.dumps(meta), flush=True)
+    rows = []
+    dt = torch.bfloat16
+
+    def add(row):
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    seqlens = [1024, 4096, 8192, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
+    for hdim in [64, 128]:
+        nheads = 2048 // hdim
+        for causal in [False, True]:
+            for seqlen in seqlens:
+                batch = 16384 // seqlen
+                q, k, v = (torch.randn(batch, seqlen, nheads, hdim, device="cuda", dtype=dt, requires_grad=True)
+                           for _ in range(3))
+                flops = 2.5 * 4 * batch * nheads * seqlen * seqlen * hdim * (0.5 if causal else 1.0)
+                r = {"kind": "standard", "hdim": hdim, "causal": causal, "seqlen": seqlen, "batch": batch,
+                     "nheads": nheads}
+                if seqlen == seqlens[0]:
+                    r["max_abs_err_vs_fp32"] = check_grads(q, k, v, causal)
+                add(time_row(r, contenders(q, k, v, causal), flops))
+                del q, k, v
+
+    # Llama-3.1-8B training shape: 32 q heads, 8 kv heads, d128, causal, seqlen 8k.
+    q = torch.randn(1, 8192, 32, 128, device="cuda", dtype=dt, requires_grad=True)
+    k, v = (torch.randn(1, 8192, 8, 128, device="cuda", dtype=dt, requires_grad=True) for _ in range(2))
+    flops = 2.5 * 4 * 32 * 8192 * 8192 * 128 * 0.5
+    add(time_row({"kind": "llama3.1-8b", "hdim": 128, "causal": True, "seqlen": 8192, "batch": 1, "nheads": 32},
+                 contenders(q, k, v, True), flops))
+    del q, k, v
+
+    # Deterministic mode against the default, same inputs, interleaved.
+    for hdim, causal in ([(128, True), (128, False), (64, True)] if not args.quick else [(128, True)]):
+        nheads = 2048 // hdim
+        q, k, v = (torch.randn(2, 8192, nheads, hdim, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
+        flops = 2.5 * 4 * 2 * nheads * 8192 * 8192 * hdim * (0.5 if causal else 1.0)
+        fns = {"fa4": contenders(q, k, v, causal)["fa4"], "fa4_det": contenders(q, k, v, causal, True)["fa4"]}
+        names, times = list(fns), {n: [] for n in fns}
+        for i in range(ROUNDS):
+            for n in names[i % 2:] + names[:i % 2]:
+                times[n].append(bench(fns[n]))
+        r = {"kind": "deterministic", "hdim": hdim, "causal": causal, "seqlen": 8192, "batch": 2, "nheads": nheads}
+        for n in names:
+            r[n] = tflops(flops, statistics.median(times[n]))
+        r["ratio_det"] = round(r["fa4_det"] / r["fa4"], 3)
+        add(r)
+        del q, k, v
+
+    json.dump({"meta": meta, "rows": rows}, open(args.out_json, "w"), indent=1)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        std = [r for r in rows if r["kind"] == "standard"]
+        fig, axes = plt.subplots(2, 2, figsize=(10, 7), squeeze=False)
+        for ci, causal in enumerate([False, True]):
+            for hi, hdim in enumerate([64, 128]):
+                ax = axes[ci][hi]
+                sel = [r for r in std if r["hdim"] == hdim and r["causal"] == causal]
+                for key in ("fa4", "cudnn", "flash", "upstream_fa4"):
+                    if any(r.get(key) for r in sel):
+                        ax.plot([r["seqlen"] for r in sel], [r[key] or 0 for r in sel], marker="o", label=key)
+                ax.set_xscale("log", base=2)
+                ax.set_title(f"bwd d{hdim} {'causal' if causal else 'non-causal'}")
+                ax.set_xlabel("seqlen")
+                ax.set_ylabel("TFLOP/s")
+                ax.legend()
+        fig.suptitle(f"{meta['gpu']} bf16 backward")
+        fig.tight_layout()
+        fig.savefig(os.path.splitext(args.out_json)[0] + ".png", dpi=90)
+    except Exception as e:
+        print("plot failed:", e, file=sys.stderr)
+    print("\n%-5s %-6s %-6s %7s %7s %7s %8s %6s %6s" % ("hdim", "causal", "seqlen", "fa4", "cudnn", "flash", "upstream",
+                                                    "x_cudnn", "x_up"))
+    for r in rows:
+        if r["kind"] in ("standard", "llama3.1-8b"):
+            print("%-5d %-6s %-6d %7s %7s %7s %8s %6s %6s" % (r["hdim"], r["causal"], r["seqlen"], r["fa4"], r["cudnn"],
+                                                          r["flash"], r["upstream_fa4"], r["ratio_cudnn"],
+                                                          r["ratio_upstream_fa4"]))
+        else:
+            print(json.dumps(r))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+// src/hopper/bwd/kernel_traits_bwd.cuh — compile-time shapes, shared-memory layouts, wgmma atoms, TMA
+// types and the by-value parameter block of one (dtype, headdim, headdim_v) backward instantiation.
+//
+// The five products of a step (one query block of tile_m rows against the CTA's tile_n keys), per
+// consumer warpgroup wg (64 of the keys; FlashAttention-3's "SdP swapAB" form, so that P^T and dS^T
+// come out of the accumulators already as the A operands of dV and dK):
+//   S^T  = K_wg Q^T        SS   (64 x tile_m, k = d)    -> P^T = exp2(S^T * scale_log2 - lse_log2)
+//   dP^T = V_wg dO^T       SS   (64 x tile_m, k = dv)   -> dS^T = P^T (dP^T - D)
+//   dV  += P^T dO          RS   (64 x dv, k = tile_m)   P^T from registers
+//   dK  += dS^T Q          RS   (64 x d,  k = tile_m)   dS^T from registers
+//   dQ   = dS K            SS   (tile_m x d/2 per warpgroup, k = tile_n): dS from smem (both
+//                               warpgroups' dS^T written there), each warpgroup half of d's columns
+// The transposed operands (Q^T, dO^T, K^T, dS) are views of the same swizzled smem: a K-major
+// 128-byte-swizzled tile read along its other mode is the MN-major canonical wgmma layout.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/gemm/collective/builders/sm90_common.inl>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "core/mask.h"
+#include "hopper/bwd/tuning_bwd.h"
+#include "hopper/fwd/tuning_fwd.h"
+
+namespace fa4::hopper {
+
+using namespace cute;
+
+template <class Element_, int kHeadDim_, int kHeadDimV_>
+struct BwdKernelTraits {
+  using Element = Element_;
+  using ElementAccum = float;
+  static constexpr detail::HopperBwdConfig kConfig = detail::hopper_bwd_config(kHeadDim_, kHeadDimV_);
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;
+  static constexpr int kBlockM = kConfig.tile_m;  // query rows per step
+  static constexpr int kBlockN = kConfig.tile_n;  // keys per CTA
+  static constexpr int kStages = kConfig.q_stages;
+  static constexpr int kNumMmaWarpGroups = 2;
+  static constexpr int kNumMmaThreads = kNumMmaWarpGroups * cutlass::NumThreadsPerWarpGroup;
+  static constexpr int kNumThreads = kNumMmaThreads + cutlass::NumThreadsPerWarpGroup;
+  static_assert(kBlockN == 64 * kNumMmaWarpGroups, "each consumer warpgroup owns 64 keys");
+  static_assert(kBlockM == 64, "the dQ staging and the postprocess assume 64-row query blocks");
+  static_assert(kHeadDim % 16 == 0 && kHeadDimV % 16 == 0, "dQ splits d over two warpgroups (multiples of 8)");
+  static_assert(kNumMmaThreads * kConfig.consumer_regs + cutlass::NumThreadsPerWarpGroup * kConfig.producer_regs <=
+                    detail::kHopperRegisterFile,
+                "setmaxnreg split over the SM's register file");
+
+  using AtomKeys = Layout<Shape<Int<kNumMmaWarpGroups>, _1, _1>>;  // warpgroups stacked along the keys
+  using TiledMmaS = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<Int<kBlockN>, Int<kBlockM>, Int<kHeadDim>>>(),
+      AtomKeys{}));
+  using TiledMmadP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<Int<kBlockN>, Int<kBlockM>, Int<kHeadDimV>>>(),
+      AtomKeys{}));
+  using TiledMmadV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, ElementAccum, Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kBlockM>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      AtomKeys{}));
+  using TiledMmadK = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, ElementAccum, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kBlockM>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      AtomKeys{}));
+  // dQ: the two warpgroups side by side along d (each tile_m x d/2), k = all tile_n keys.
+  using TiledMmadQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<Int<kBlockM>, Int<kHeadDim / 2>, Int<kBlockN>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      Layout<Shape<_1, Int<kNumMmaWarpGroups>, _1>>{}));
+  static_assert(size<1>(typename TiledMmaS::AtomShape_MNK{}) == kBlockM, "S^T atom narrower than tile_m");
+  static_assert(size<1>(typename TiledMmadV::AtomShape_MNK{}) == kHeadDimV, "dV atom narrower than dv");
+  static_assert(size<1>(typename TiledMmadK::AtomShape_MNK{}) == kHeadDim, "dK atom narrower than d");
+  static_assert(size<1>(typename TiledMmadQ::AtomShape_MNK{}) == kHeadDim / 2, "dQ atom narrower than d/2");
+
+  template <int kRows, int kCols>
+  using KMajorAtom = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, Int<kRows>, Int<kCols>>());
+
+  // (rows, cols[, stage]) K-major tiles as TMA writes them.
+  using SmemLayoutQ = decltype(tile_to_shape(KMajorAtom<kBlockM, kHeadDim>{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutdO = decltype(tile_to_shape(KMajorAtom<kBlockM, kHeadDimV>{}, Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kStages>>{}));
+  using SmemLayoutK = decltype(tile_to_shape(KMajorAtom<kBlockN, kHeadDim>{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  using SmemLayoutV = decltype(tile_to_shape(KMajorAtom<kBlockN, kHeadDimV>{}, Shape<Int<kBlockN>, Int<kHeadDimV>>{}));
+  // dS (query, key), key contiguous: the A operand of dQ; two buffers (step parity), so a
+  // warpgroup writing the next step's dS^T never races the other one's dQ product of this step.
+  using SmemLayoutdS = decltype(tile_to_shape(KMajorAtom<kBlockM, kBlockN>{}, Shape<Int<kBlockM>, Int<kBlockN>, _2>{}));
+
+  // Transposed views (same bytes).
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{},
+                                 Stride<Int<kBlockM>, _1, Int<kBlockM * kHeadDim>>{})));
+  using SmemLayoutdOt = decltype(composition(
+      SmemLayoutdO{}, make_layout(Shape<Int<kHeadDimV>, Int<kBlockM>, Int<kStages>>{},
+                                  Stride<Int<kBlockM>, _1, Int<kBlockM * kHeadDimV>>{})));
+  using SmemLayoutKt = decltype(composition(
+      SmemLayoutK{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Stride<Int<kBlockN>, _1>{})));
+  using SmemLayoutdSt = decltype(composition(
+      SmemLayoutdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>, _2>{},
+                                  Stride<Int<kBlockM>, _1, Int<kBlockM * kBlockN>>{})));
+
+  // dQ staging: each warpgroup's tile_m x d/2 fp32 accumulators in fragment order (thread t's
+  // value v of 8-column group g at [g * 512 + t * 4 + v % 4]), reduce-added to the fp32 dQ
+  // accumulator in one bulk copy per warpgroup (the postprocess knows the order).
+  static constexpr int kDqChunkFloats = kBlockM * kHeadDim / 2;  // per warpgroup
+  static constexpr uint32_t kDqChunkBytes = kDqChunkFloats * 4;
+
+  using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;  // (rows, d, head, batch)
+  using StrideQKV = Stride<int64_t, _1, int64_t, int64_t>;
+  template <class SmemLayout, int kRows, int kCols>
+  using TmaLoad = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      SmemLayout{}, Shape<Int<kRows>, Int<kCols>>{}, _1{}));
+  using TMA_Q = TmaLoad<decltype(take<0, 2>(SmemLayoutQ{})), kBlockM, kHeadDim>;
+  using TMA_dO = TmaLoad<decltype(take<0, 2>(SmemLayoutdO{})), kBlockM, kHeadDimV>;
+  using TMA_K = TmaLoad<SmemLayoutK, kBlockN, kHeadDim>;
+  using TMA_V = TmaLoad<SmemLayoutV, kBlockN, kHeadDimV>;
+
+  static constexpr uint32_t kTmaBytesQ = uint32_t(kBlockM * kHeadDim * sizeof(Element));
+  static constexpr uint32_t kTmaBytesdO = uint32_t(kBlockM * kHeadDimV * sizeof(Element));
+  static constexpr uint32_t kRowStatBytes = uint32_t(kBlockM * sizeof(float));  // lse_log2 or D of a block
+  static constexpr uint32_t kTmaBytesK = uint32_t(kBlockN * kHeadDim * sizeof(Element));
+  static constexpr uint32_t kTmaBytesV = uint32_t(kBlockN * kHeadDimV * sizeof(Element));
+
+  using PipelineQ = cutlass::PipelineTmaAsync<kStages>;  // Q, dO, lse_log2, D of one query block
+  using PipelineStateQ = cutlass::PipelineState<kStages>;
+  using PipelineKV = cutlass::PipelineTmaAsync<1>;        // the CTA's K and V
+  using PipelineStateKV = cutlass::PipelineState<1>;
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> smem_q;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutdO>, 1024> smem_do;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> smem_k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> smem_v;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>, 1024> smem_ds;
+    cute::array_aligned<float, kDqChunkFloats * kNumMmaWarpGroups, 128> smem_dq;
+    cute::array_aligned<float, kBlockM * kStages, 128> smem_lse;  // lse in log2 units
+    cute::array_aligned<float, kBlockM * kStages, 128> smem_d;    // D = rowsum(dO * O)
+    alignas(16) typename PipelineQ::SharedStorage pipeline_q;
+    alignas(16) typename PipelineKV::SharedStorage pipeline_kv;
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-CTA limit");
+
+  /// Everything the main kernel reads (a __grid_constant__: TMA descriptors need param space).
+  struct Params {
+    TMA_Q tma_q;
+    TMA_dO tma_do;
+    TMA_K tma_k;
+    TMA_V tma_v;
+    ShapeQKV shape_q, shape_do, shape_k, shape_v;
+
+    void* dk{};
+    void* dv{};
+    int64_t dk_batch_stride{}, dk_row_stride{}, dk_head_stride{};
+    int64_t dv_batch_stride{}, dv_row_stride{}, dv_head_stride{};
+    bool dk_aligned_pairs{}, dv_aligned_pairs{};  // two adjacent elements form an aligned 4-byte word
+
+    int32_t batch{}, num_heads{}, num_heads_kv{}, group_size{};
+    int32_t seqlen_q{}, seqlen_k{};  // batched: lengths; varlen: maxima
+    int32_t headdim{}, headdim_v{};  // real dims: no store at or past them
+    bool is_varlen{};
+    const int32_t* cu_seqlens_q{};
+    const int32_t* cu_seqlens_k{};
+    const int32_t* seqused_k{};
+    int32_t total_q{}, total_k{};
+    uint32_t* async_error{};
+
+    float score_scale_log2{};   // raw q.k (or tanh(.) under softcap) -> log2 units
+    float softcap_inv_scale{};  // softmax_scale / softcap (0 when off)
+    bool has_softcap{};
+    float softmax_scale{};      // dK = softmax_scale * dS^T Q (dS here is d(logit), softcap's factor folded)
+    detail::MaskSpec mask{};
+
+    // Workspace (bwd_workspace.cuh): per (query head, query chunk of 64 rows).
+    float* dq_accum{};          // fp32, fragment order per chunk
+    const float* lse_log2{};    // per row of a chunk; +inf for rows without keys or past the sequence
+    const float* dpsum{};       // D per row
+    int32_t* dq_semaphore{};    // deterministic: reduce-adds done on each chunk
+    int32_t chunks{};           // chunks per head (bwd_workspace.cuh chunk_base)
+    int32_t num_m_blocks{};     // batched: ceil(seqlen_q / tile_m)
+    bool deterministic{};
+
+    int32_t num_n_blocks{};     // ceil(seqlen_k / tile_n) (varlen: of max_seqlen_k)
+    int32_t num_tiles{};        // num_n_blocks * num_heads_kv * batch
+  };
+};
+
+}  // namespace fa4::hopper

@@ -1,0 +1,218 @@
+// src/hopper/bwd/launch_bwd.cuh — host side of one backward instantiation: BwdParams -> the workspace,
+// the TMA descriptors and the three launches. Preconditions (dtype, bucket, TMA alignment, device)
+// were checked by hopper::backward_support, which fa4::backward's selector calls first.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <string>
+
+#include "fa4/error.h"
+#include "hopper/bwd/kernel_bwd.cuh"
+#include "hopper/bwd/kernel_traits_bwd.cuh"
+#include "hopper/bwd/launch_bwd.h"
+#include "hopper/bwd/pre_post_bwd.cuh"
+#include "hopper/shared/device_state.h"
+
+namespace fa4::hopper {
+
+namespace bwd_detail {
+
+inline void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(ErrorCode::kCudaError, std::string("fa4::backward (hopper): ") + what + ": " + cudaGetErrorString(e));
+  }
+}
+
+inline int64_t tma_stride(int64_t extent, int64_t stride, int64_t span_before) {
+  return extent <= 1 ? span_before : stride;
+}
+
+/// Devices on which Kt's kernel has its smem limit raised (internal linkage: see launch_fwd.cuh).
+template <class Kt>
+std::atomic<uint64_t>& smem_raised_devices() {
+  static std::atomic<uint64_t> devices{0};
+  return devices;
+}
+
+inline bool aligned_pairs(const void* base, const detail::RowStrides& s, bool varlen, int32_t batch, int64_t elem) {
+  return reinterpret_cast<uintptr_t>(base) % (2 * elem) == 0 && (varlen || batch <= 1 || s.batch % 2 == 0) &&
+         s.row % 2 == 0 && s.head % 2 == 0;
+}
+
+}  // namespace bwd_detail
+
+template <int kDType, int kHeadDim, int kHeadDimV>
+void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
+  using namespace cute;
+  using Element = std::conditional_t<kDType == int(DType::kBF16), cutlass::bfloat16_t, cutlass::half_t>;
+  using Kt = BwdKernelTraits<Element, kHeadDim, kHeadDimV>;
+  using Params = typename Kt::Params;
+  constexpr int64_t kElem = sizeof(Element);
+  using bwd_detail::check_cuda;
+
+  const cudaStream_t stream = static_cast<cudaStream_t>(fp.device.stream);
+  const int32_t batch_t = fp.is_varlen ? 1 : fp.batch;
+  const int32_t rows_q = int32_t(std::max<int64_t>(1, fp.is_varlen ? fp.total_q : fp.seqlen_q));
+  const int32_t rows_k = int32_t(std::max<int64_t>(1, fp.is_varlen ? fp.total_k : fp.seqlen_k));
+  auto strides = [&](const detail::RowStrides& s, int32_t rows, int32_t heads) {
+    constexpr int64_t kRowSpan = std::max(kHeadDim, kHeadDimV);
+    const int64_t row = bwd_detail::tma_stride(rows, s.row, kRowSpan);
+    const int64_t head = bwd_detail::tma_stride(heads, s.head, std::max<int64_t>(kRowSpan, rows * row));
+    const int64_t bat = bwd_detail::tma_stride(batch_t, fp.is_varlen ? 0 : s.batch,
+                                               std::max({kRowSpan, rows * row, heads * head}));
+    return make_stride(row, _1{}, head, bat);
+  };
+  auto shape_q = make_shape(rows_q, fp.headdim, fp.num_heads, batch_t);
+  auto shape_do = make_shape(rows_q, fp.headdim_v, fp.num_heads, batch_t);
+  auto shape_k = make_shape(rows_k, fp.headdim, fp.num_heads_kv, batch_t);
+  auto shape_v = make_shape(rows_k, fp.headdim_v, fp.num_heads_kv, batch_t);
+  // No queries (seqlen_q = 0): q/dout may be null views; the descriptors are then never used (no
+  // tile has a step), but the encoder wants a real address: k's stands in (and q's for k).
+  const void* q_base = fp.q ? fp.q : fp.k;
+  const void* do_base = fp.dout ? fp.dout : q_base;
+  const void* k_base = fp.k ? fp.k : q_base;
+  const void* v_base = fp.v ? fp.v : k_base;
+  Tensor mQ = make_tensor(make_gmem_ptr(static_cast<const Element*>(q_base)), shape_q, strides(fp.q_stride, rows_q, fp.num_heads));
+  Tensor mdO = make_tensor(make_gmem_ptr(static_cast<const Element*>(do_base)), shape_do, strides(fp.dout_stride, rows_q, fp.num_heads));
+  Tensor mK = make_tensor(make_gmem_ptr(static_cast<const Element*>(k_base)), shape_k, strides(fp.k_stride, rows_k, fp.num_heads_kv));
+  Tensor mV = make_tensor(make_gmem_ptr(static_cast<const Element*>(v_base)), shape_v, strides(fp.v_stride, rows_k, fp.num_heads_kv));
+
+  Params p{make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(typename Kt::SmemLayoutQ{}),
+                         Shape<Int<Kt::kBlockM>, Int<kHeadDim>>{}, _1{}),
+           make_tma_copy(SM90_TMA_LOAD{}, mdO, take<0, 2>(typename Kt::SmemLayoutdO{}),
+                         Shape<Int<Kt::kBlockM>, Int<kHeadDimV>>{}, _1{}),
+           make_tma_copy(SM90_TMA_LOAD{}, mK, typename Kt::SmemLayoutK{}, Shape<Int<Kt::kBlockN>, Int<kHeadDim>>{}, _1{}),
+           make_tma_copy(SM90_TMA_LOAD{}, mV, typename Kt::SmemLayoutV{}, Shape<Int<Kt::kBlockN>, Int<kHeadDimV>>{}, _1{}),
+           shape_q, shape_do, shape_k, shape_v};
+  p.dk = fp.dk;
+  p.dv = fp.dv;
+  p.dk_batch_stride = fp.dk_stride.batch;
+  p.dk_row_stride = fp.dk_stride.row;
+  p.dk_head_stride = fp.dk_stride.head;
+  p.dv_batch_stride = fp.dv_stride.batch;
+  p.dv_row_stride = fp.dv_stride.row;
+  p.dv_head_stride = fp.dv_stride.head;
+  p.dk_aligned_pairs = bwd_detail::aligned_pairs(fp.dk, fp.dk_stride, fp.is_varlen, fp.batch, kElem);
+  p.dv_aligned_pairs = bwd_detail::aligned_pairs(fp.dv, fp.dv_stride, fp.is_varlen, fp.batch, kElem);
+  p.batch = fp.batch;
+  p.num_heads = fp.num_heads;
+  p.num_heads_kv = fp.num_heads_kv;
+  p.group_size = fp.num_heads / fp.num_heads_kv;
+  p.seqlen_q = fp.seqlen_q;
+  p.seqlen_k = fp.seqlen_k;
+  p.headdim = fp.headdim;
+  p.headdim_v = fp.headdim_v;
+  p.is_varlen = fp.is_varlen;
+  p.cu_seqlens_q = fp.cu_seqlens_q;
+  p.cu_seqlens_k = fp.cu_seqlens_k;
+  p.seqused_k = fp.seqused_k;
+  p.total_q = int32_t(fp.total_q);
+  p.total_k = int32_t(fp.total_k);
+  p.async_error = ctx.async_error;
+  p.has_softcap = fp.softcap > 0.f;
+  p.score_scale_log2 = p.has_softcap ? float(double(fp.softcap) * detail::kLog2eF64) : fp.softmax_scale_log2;
+  p.softcap_inv_scale = p.has_softcap ? fp.softmax_scale / fp.softcap : 0.f;
+  p.softmax_scale = fp.softmax_scale;
+  p.mask = fp.mask;
+  p.deterministic = fp.deterministic;
+  p.num_m_blocks = (fp.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM;
+  p.num_n_blocks = (fp.seqlen_k + Kt::kBlockN - 1) / Kt::kBlockN;
+  const int64_t chunks = fp.is_varlen ? fp.total_q / Kt::kBlockM + fp.batch : int64_t(fp.batch) * p.num_m_blocks;
+  const int64_t num_tiles = int64_t(p.num_n_blocks) * fp.num_heads_kv * fp.batch;
+  if (num_tiles > kMaxTiles || chunks > INT32_MAX)
+    throw Error(ErrorCode::kUnsupported, "fa4::backward (hopper): more than 2^31 - 2^16 key tiles or 2^31 query blocks");
+  p.chunks = int32_t(chunks);
+  p.num_tiles = int32_t(num_tiles);
+
+  // Workspace: dq_accum | lse_log2 | dpsum | semaphores (geometry_bwd.cuh), per (head, chunk).
+  const int64_t head_chunks = int64_t(fp.num_heads) * chunks;
+  const size_t acc_bytes = size_t(head_chunks) * Kt::kBlockM * kHeadDim * sizeof(float);
+  const size_t stat_bytes = size_t(head_chunks) * Kt::kBlockM * sizeof(float);
+  const size_t sem_bytes = fp.deterministic ? (size_t(head_chunks) * sizeof(int32_t) + 255) / 256 * 256 : 0;
+  const size_t ws_bytes = acc_bytes + 2 * stat_bytes + sem_bytes;
+  LaunchScratch ws{nullptr, false};
+  if (ws_bytes > 0) ws = acquire_scratch(fp.device.index, stream, ws_bytes, 0, ScratchKind::kBackward);
+  p.dq_accum = reinterpret_cast<float*>(ws.ptr);
+  p.lse_log2 = reinterpret_cast<float*>(ws.ptr + acc_bytes);
+  p.dpsum = reinterpret_cast<float*>(ws.ptr + acc_bytes + stat_bytes);
+  p.dq_semaphore = fp.deterministic ? reinterpret_cast<int32_t*>(ws.ptr + acc_bytes + 2 * stat_bytes) : nullptr;
+
+  BwdAuxParams a;
+  a.out = fp.out;
+  a.dout = fp.dout;
+  a.lse = fp.lse;
+  a.dq = fp.dq;
+  a.sink = fp.sink;
+  a.dsink = fp.dsink;
+  a.out_batch_stride = fp.out_stride.batch;
+  a.out_row_stride = fp.out_stride.row;
+  a.out_head_stride = fp.out_stride.head;
+  a.dout_batch_stride = fp.dout_stride.batch;
+  a.dout_row_stride = fp.dout_stride.row;
+  a.dout_head_stride = fp.dout_stride.head;
+  a.dq_batch_stride = fp.dq_stride.batch;
+  a.dq_row_stride = fp.dq_stride.row;
+  a.dq_head_stride = fp.dq_stride.head;
+  a.lse_batch_stride = fp.lse_batch_stride;
+  a.lse_head_stride = fp.lse_head_stride;
+  a.lse_row_stride = fp.lse_row_stride;
+  a.dq_aligned_pairs = bwd_detail::aligned_pairs(fp.dq, fp.dq_stride, fp.is_varlen, fp.batch, kElem);
+  a.batch = fp.batch;
+  a.num_heads = fp.num_heads;
+  a.headdim = fp.headdim;
+  a.headdim_v = fp.headdim_v;
+  a.seqlen_q = fp.seqlen_q;
+  a.seqlen_k = fp.seqlen_k;
+  a.is_varlen = fp.is_varlen;
+  a.cu_seqlens_q = fp.cu_seqlens_q;
+  a.cu_seqlens_k = fp.cu_seqlens_k;
+  a.seqused_k = fp.seqused_k;
+  a.total_q = p.total_q;
+  a.total_k = p.total_k;
+  a.async_error = ctx.async_error;
+  a.softmax_scale = fp.softmax_scale;
+  a.dq_accum = p.dq_accum;
+  a.lse_log2 = reinterpret_cast<float*>(ws.ptr + acc_bytes);
+  a.dpsum = reinterpret_cast<float*>(ws.ptr + acc_bytes + stat_bytes);
+  a.dq_semaphore = p.dq_semaphore;
+  a.chunks = p.chunks;
+  a.num_m_blocks = p.num_m_blocks;
+
+  cudaError_t launched = cudaSuccess;
+  const dim3 aux_grid(unsigned(p.num_m_blocks), unsigned(fp.num_heads), unsigned(fp.batch));
+  const bool has_rows = p.num_m_blocks > 0 && fp.num_heads > 0 && fp.batch > 0;
+  if (has_rows) {
+    bwd_preprocess_kernel<Element, kHeadDim><<<aux_grid, kBwdAuxThreads, 0, stream>>>(a);
+    launched = cudaGetLastError();
+  }
+  if (launched == cudaSuccess && num_tiles > 0) {
+    auto kernel = bwd_kernel<Kt>;
+    std::atomic<uint64_t>& raised = bwd_detail::smem_raised_devices<Kt>();
+    const uint64_t bit = uint64_t(1) << (fp.device.index & 63);
+    if (fp.device.index >= 64 || !(raised.load(std::memory_order_acquire) & bit)) {
+      launched = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kt::kSmemBytes);
+      if (launched == cudaSuccess && fp.device.index < 64) raised.fetch_or(bit, std::memory_order_release);
+    }
+    if (launched == cudaSuccess) {
+      const int grid = int(std::min<int64_t>(num_tiles, ctx.num_sms));
+      kernel<<<grid, Kt::kNumThreads, Kt::kSmemBytes, stream>>>(p);
+      launched = cudaGetLastError();
+    }
+  }
+  if (launched == cudaSuccess && has_rows) {
+    bwd_postprocess_kernel<Element, kHeadDim><<<aux_grid, kBwdAuxThreads, 0, stream>>>(a);
+    launched = cudaGetLastError();
+  }
+  if (launched == cudaSuccess && fp.dsink) {
+    bwd_dsink_kernel<Element><<<unsigned(fp.num_heads), kBwdAuxThreads, 0, stream>>>(a);
+    launched = cudaGetLastError();
+  }
+  release_scratch(ws, stream);
+  check_cuda(launched, "kernel launch");
+}
+
+}  // namespace fa4::hopper

@@ -1,0 +1,172 @@
+// src/hopper/bwd/mainloop_bwd_load.cuh — the backward's producer warpgroup: the TMA warp that loads a
+// CTA's K and V and, query block by query block, Q, dO, lse_log2 and D; and the dQ writer warp that
+// reduce-adds each staged dQ part into the fp32 accumulator.
+//
+// Both walk the CTA's tiles in the same static order as the consumers (t = blockIdx.x + i * grid)
+// and, inside a tile, the group's query heads in order, each over the query blocks that see the key
+// block (geometry_bwd.cuh), so all three roles agree step for step without a handoff ring.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "hopper/arch/arch.cuh"
+#include "hopper/bwd/geometry_bwd.cuh"
+
+namespace fa4::hopper {
+
+template <class Kt>
+struct BwdLoad {
+  using Params = typename Kt::Params;
+  static constexpr int kBlockM = Kt::kBlockM;
+  static constexpr int kBlockN = Kt::kBlockN;
+
+  /// Runs on the whole warp 0 (seq_bounds broadcasts over it); lane 0 issues every copy.
+  template <class SharedStorage>
+  __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, typename Kt::PipelineQ& pipe_q,
+                                             typename Kt::PipelineKV& pipe_kv) {
+    using namespace cute;
+    const bool leader = threadIdx.x % 32 == 0;
+    if (leader) {
+      cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(p.tma_do.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+    }
+    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Kt::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(ss.smem_do.data()), typename Kt::SmemLayoutdO{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Kt::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Kt::SmemLayoutV{});
+    auto cta_q = p.tma_q.get_slice(_0{});
+    auto cta_do = p.tma_do.get_slice(_0{});
+    auto cta_k = p.tma_k.get_slice(_0{});
+    auto cta_v = p.tma_v.get_slice(_0{});
+    Tensor tQsQ = group_modes<0, 3>(cta_q.partition_D(sQ));     // (TMA, stage)
+    Tensor tdOsdO = group_modes<0, 3>(cta_do.partition_D(sdO));  // (TMA, stage)
+    Tensor tKsK = cta_k.partition_D(sK);
+    Tensor tVsV = cta_v.partition_D(sV);
+    Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
+    Tensor mdO = p.tma_do.get_tma_tensor(p.shape_do);
+    Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
+    Tensor mV = p.tma_v.get_tma_tensor(p.shape_v);
+
+    auto wq = cutlass::make_producer_start_state<typename Kt::PipelineQ>();
+    auto wkv = cutlass::make_producer_start_state<typename Kt::PipelineKV>();
+    for (int32_t t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+      const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, true>(p, t);
+      if (!ti.has_steps()) continue;  // the consumers write zero dK/dV (or nothing) without K/V
+      const int32_t bt = p.is_varlen ? 0 : ti.b;
+      if (leader) {
+        Tensor gK = local_tile(domain_offset(make_coord(ti.s.k_row0, _0{}), mK(_, _, ti.h_kv, bt)),
+                               Shape<Int<kBlockN>, Int<Kt::kHeadDim>>{}, make_coord(ti.n_block, _0{}));
+        Tensor gV = local_tile(domain_offset(make_coord(ti.s.k_row0, _0{}), mV(_, _, ti.h_kv, bt)),
+                               Shape<Int<kBlockN>, Int<Kt::kHeadDimV>>{}, make_coord(ti.n_block, _0{}));
+        pipe_kv.producer_acquire(wkv);
+        copy(p.tma_k.with(*pipe_kv.producer_get_barrier(wkv), 0, TMA::CacheHintSm90::EVICT_FIRST),
+             cta_k.partition_S(gK), tKsK);
+        copy(p.tma_v.with(*pipe_kv.producer_get_barrier(wkv), 0, TMA::CacheHintSm90::EVICT_FIRST),
+             cta_v.partition_S(gV), tVsV);
+      }
+      ++wkv;
+      for (int32_t g = 0; g < p.group_size; ++g) {
+        const int32_t h = ti.h_kv * p.group_size + g;
+        Tensor gQ = local_tile(domain_offset(make_coord(ti.s.q_row0, _0{}), mQ(_, _, h, bt)),
+                               Shape<Int<kBlockM>, Int<Kt::kHeadDim>>{}, make_coord(_, _0{}));
+        Tensor gdO = local_tile(domain_offset(make_coord(ti.s.q_row0, _0{}), mdO(_, _, h, bt)),
+                                Shape<Int<kBlockM>, Int<Kt::kHeadDimV>>{}, make_coord(_, _0{}));
+        Tensor tQgQ = group_modes<0, 3>(cta_q.partition_S(gQ));      // (TMA, m_block)
+        Tensor tdOgdO = group_modes<0, 3>(cta_do.partition_S(gdO));  // (TMA, m_block)
+        for (int32_t m = ti.m.m_lo; m < ti.m.m_hi; ++m) {
+          if (leader) {
+            pipe_q.producer_acquire(wq);
+            uint64_t* bar = pipe_q.producer_get_barrier(wq);
+            // Q and dO are re-read by every key block of the head: keep them in L2.
+            copy(p.tma_q.with(*bar, 0, TMA::CacheHintSm90::EVICT_LAST), tQgQ(_, m), tQsQ(_, wq.index()));
+            copy(p.tma_do.with(*bar, 0, TMA::CacheHintSm90::EVICT_LAST), tdOgdO(_, m), tdOsdO(_, wq.index()));
+            const int64_t row = (int64_t(h) * p.chunks + ti.chunk0 + m) * kBlockM;
+            SM90_BULK_COPY_G2S::copy(p.lse_log2 + row, bar, ss.smem_lse.data() + wq.index() * kBlockM, Kt::kRowStatBytes);
+            SM90_BULK_COPY_G2S::copy(p.dpsum + row, bar, ss.smem_d.data() + wq.index() * kBlockM, Kt::kRowStatBytes);
+          }
+          ++wq;
+        }
+      }
+    }
+    if (leader) {  // no load may still target this CTA's smem when it exits
+      pipe_q.producer_tail(wq);
+      pipe_kv.producer_tail(wkv);
+    }
+  }
+};
+
+/// Warp 1 of the producer warpgroup: for every step and consumer warpgroup, waits until the
+/// warpgroup's dQ part is staged (dq_full), reduce-adds it into dq_accum with one bulk operation,
+/// and frees the staging once the bulk operation has read it (dq_empty). Deterministic mode: the
+/// key blocks of a head add into a chunk in ascending order (a per-chunk semaphore counts the blocks
+/// done), so the fp32 sums, and dQ, are bitwise reproducible.
+template <class Kt>
+struct BwdDqWriter {
+  using Params = typename Kt::Params;
+  static constexpr int kBlockM = Kt::kBlockM;
+  static constexpr int kBlockN = Kt::kBlockN;
+  using Barriers = arch::NamedBarriers<Kt::kNumMmaWarpGroups>;
+  static constexpr uint32_t kStageThreads = cutlass::NumThreadsPerWarpGroup + 32;
+
+  /// Key blocks before n_block (of this sequence and mask) that see query block m: they add first.
+  __device__ __forceinline__ static int32_t blocks_before(const Params& p, const BwdTile& ti, int32_t m) {
+    int32_t count = 0;
+    for (int32_t n0 = 0; n0 < ti.n_block; n0 += 32) {
+      const int32_t n = n0 + int32_t(threadIdx.x % 32);
+      bool sees = false;
+      if (n < ti.n_block) {
+        const QueryBlocks qb = query_blocks<kBlockM, kBlockN>(n, ti.s.seqlen_q, ti.s.seqlen_k, p.mask);
+        sees = qb.m_lo <= m && m < qb.m_hi;
+      }
+      count += __popc(__ballot_sync(0xffffffffu, sees));
+    }
+    return count;
+  }
+
+  template <class SharedStorage>
+  __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss) {
+    const bool leader = threadIdx.x % 32 == 0;
+#pragma unroll
+    for (int wg = 0; wg < Kt::kNumMmaWarpGroups; ++wg) arch::named_barrier_arrive(Barriers::dq_empty(wg), kStageThreads);
+    for (int32_t t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+      const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, false>(p, t);
+      for (int32_t g = 0; g < p.group_size && ti.has_steps(); ++g) {
+        const int32_t h = ti.h_kv * p.group_size + g;
+        for (int32_t m = ti.m.m_lo; m < ti.m.m_hi; ++m) {
+          const int64_t chunk = int64_t(h) * p.chunks + ti.chunk0 + m;
+          float* dst = p.dq_accum + chunk * (kBlockM * Kt::kHeadDim);
+          if (p.deterministic) {
+            const int32_t before = blocks_before(p, ti, m);
+            if (leader) {
+              while (arch::load_acquire(p.dq_semaphore + chunk) != before) {
+              }
+            }
+            __syncwarp();
+          }
+#pragma unroll
+          for (int wg = 0; wg < Kt::kNumMmaWarpGroups; ++wg) {
+            arch::named_barrier_sync(Barriers::dq_full(wg), kStageThreads);
+            if (leader) {
+              arch::bulk_reduce_add_f32(dst + wg * Kt::kDqChunkFloats, ss.smem_dq.data() + wg * Kt::kDqChunkFloats,
+                                        Kt::kDqChunkBytes);
+              arch::bulk_commit();
+              arch::bulk_wait_read<0>();
+            }
+            __syncwarp();
+            arch::named_barrier_arrive(Barriers::dq_empty(wg), kStageThreads);
+          }
+          if (p.deterministic && leader) {
+            arch::bulk_wait<0>();  // the adds are performed, then the next key block may add
+            __threadfence();
+            arch::add_release(p.dq_semaphore + chunk, 1);
+          }
+        }
+      }
+    }
+    if (leader) arch::bulk_wait<0>();
+  }
+};
+
+}  // namespace fa4::hopper

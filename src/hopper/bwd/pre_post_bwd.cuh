@@ -1,0 +1,154 @@
+// src/hopper/bwd/pre_post_bwd.cuh — the small memory-bound passes around the main backward kernel:
+//   preprocess   per query block: D = rowsum(dO * O) in fp32 (O and dO with their own strides),
+//                lse in log2 units (+inf where lse = -inf: P = 2^(s - inf) = 0, never NaN), the
+//                block's fp32 dQ accumulator zeroed, its deterministic-mode semaphore reset;
+//   postprocess  per query block: dQ = softmax_scale * accumulator, in the input dtype, from the
+//                staging's fragment order (geometry_bwd.cuh dq_chunk_index);
+//   dsink        per head, in a fixed order (deterministic): dsink_h = -sum_i exp(sink_h - lse_i) D_i
+//                (src/cpu/naive_attention.h derives it).
+// Each CTA handles one (query block, head, sequence); blocks past a varlen sequence return at once.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/constants.h"
+#include "core/mask.h"
+#include "hopper/arch/arch.cuh"
+#include "hopper/bwd/geometry_bwd.cuh"
+#include "hopper/shared/mma.cuh"
+
+namespace fa4::hopper {
+
+/// Arguments of the three passes (plain pointers; no TMA).
+struct BwdAuxParams {
+  const void* out{};
+  const void* dout{};
+  const float* lse{};
+  void* dq{};
+  const float* sink{};
+  float* dsink{};
+  int64_t out_batch_stride{}, out_row_stride{}, out_head_stride{};
+  int64_t dout_batch_stride{}, dout_row_stride{}, dout_head_stride{};
+  int64_t dq_batch_stride{}, dq_row_stride{}, dq_head_stride{};
+  int64_t lse_batch_stride{}, lse_head_stride{}, lse_row_stride{};
+  bool dq_aligned_pairs{};
+
+  int32_t batch{}, num_heads{}, headdim{}, headdim_v{};
+  int32_t seqlen_q{}, seqlen_k{};
+  bool is_varlen{};
+  const int32_t* cu_seqlens_q{};
+  const int32_t* cu_seqlens_k{};
+  const int32_t* seqused_k{};
+  int32_t total_q{}, total_k{};
+  uint32_t* async_error{};
+  float softmax_scale{};
+
+  float* dq_accum{};
+  float* lse_log2{};
+  float* dpsum{};
+  int32_t* dq_semaphore{};  // nullptr unless deterministic
+  int32_t chunks{};
+  int32_t num_m_blocks{};
+};
+
+inline constexpr int kBwdAuxThreads = 256;
+inline constexpr int kBwdChunkRows = 64;  // the main kernel's tile_m (static_assert there)
+
+template <class Element>
+__device__ __forceinline__ float load_f(const void* base, int64_t i) {
+  return float(static_cast<const Element*>(base)[i]);
+}
+
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(kBwdAuxThreads) bwd_preprocess_kernel(const BwdAuxParams p) {
+  const int32_t m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const SeqBounds s = seq_bounds<true>(p, b);
+  if (m * kBwdChunkRows >= s.seqlen_q) return;
+  const int64_t chunk = int64_t(h) * p.chunks + chunk_base<kBwdChunkRows>(p, b, s) + m;
+  float4* acc = reinterpret_cast<float4*>(p.dq_accum + chunk * (kBwdChunkRows * kHeadDim));
+  for (int i = threadIdx.x; i < kBwdChunkRows * kHeadDim / 4; i += kBwdAuxThreads) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (p.dq_semaphore && threadIdx.x == 0) p.dq_semaphore[chunk] = 0;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t bt = p.is_varlen ? 0 : b;
+  for (int r = warp; r < kBwdChunkRows; r += kBwdAuxThreads / 32) {
+    const int32_t i = m * kBwdChunkRows + r;
+    float d = 0.f, l = INFINITY;
+    if (i < s.seqlen_q) {
+      const int64_t row = int64_t(s.q_row0) + i;
+      const int64_t o0 = bt * p.out_batch_stride + row * p.out_row_stride + int64_t(h) * p.out_head_stride;
+      const int64_t g0 = bt * p.dout_batch_stride + row * p.dout_row_stride + int64_t(h) * p.dout_head_stride;
+      for (int c = lane; c < p.headdim_v; c += 32) d += load_f<Element>(p.out, o0 + c) * load_f<Element>(p.dout, g0 + c);
+      for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+      const float lse = p.lse[bt * p.lse_batch_stride + int64_t(h) * p.lse_head_stride + row * p.lse_row_stride];
+      l = lse == -INFINITY ? INFINITY : lse * detail::kLog2e;
+    }
+    if (lane == 0) {
+      p.dpsum[chunk * kBwdChunkRows + r] = d;
+      p.lse_log2[chunk * kBwdChunkRows + r] = l;
+    }
+  }
+}
+
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(kBwdAuxThreads) bwd_postprocess_kernel(const BwdAuxParams p) {
+  const int32_t m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const SeqBounds s = seq_bounds<true>(p, b);
+  if (m * kBwdChunkRows >= s.seqlen_q) return;
+  const int64_t chunk = int64_t(h) * p.chunks + chunk_base<kBwdChunkRows>(p, b, s) + m;
+  const float* acc = p.dq_accum + chunk * (kBwdChunkRows * kHeadDim);
+  const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  const int64_t bt = p.is_varlen ? 0 : b;
+  Element* dq = static_cast<Element*>(p.dq) + bt * p.dq_batch_stride + int64_t(h) * p.dq_head_stride;
+  const int r0 = arch::fragment_row(t);
+#pragma unroll
+  for (int g = 0; g < kHeadDim / 16; ++g) {
+    const int col = wg * (kHeadDim / 2) + 8 * g + arch::fragment_col(t);
+    const float4 x = *reinterpret_cast<const float4*>(acc + dq_chunk_index<kHeadDim>(wg, g, t));
+    if (col >= p.headdim) continue;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int32_t i = m * kBwdChunkRows + r0 + 8 * r;
+      if (i >= s.seqlen_q) continue;
+      Element* row = dq + (int64_t(s.q_row0) + i) * p.dq_row_stride;
+      const float a = (r == 0 ? x.x : x.z) * p.softmax_scale;
+      const float c = (r == 0 ? x.y : x.w) * p.softmax_scale;
+      if (p.dq_aligned_pairs) {
+        *reinterpret_cast<uint32_t*>(row + col) = pack2<Element>(a, c);
+      } else {
+        row[col] = Element(a);
+        row[col + 1] = Element(c);
+      }
+    }
+  }
+}
+
+/// One CTA per head; every sum in a fixed order. (A template so that every instantiation file
+/// may hold one: instances are merged at link time.)
+template <class Element>
+__global__ void __launch_bounds__(kBwdAuxThreads) bwd_dsink_kernel(const BwdAuxParams p) {
+  const int32_t h = blockIdx.x;
+  const float sink_log2 = p.sink[h] * detail::kLog2e;
+  float part = 0.f;
+  for (int32_t b = 0; b < p.batch; ++b) {
+    const SeqBounds s = seq_bounds<true>(p, b);
+    const int64_t chunk0 = int64_t(h) * p.chunks + chunk_base<kBwdChunkRows>(p, b, s);
+    for (int32_t i = threadIdx.x; i < s.seqlen_q; i += kBwdAuxThreads) {
+      const int64_t row = chunk0 * kBwdChunkRows + i;  // chunk (i / 64), row i % 64
+      part += exp2f(sink_log2 - p.lse_log2[row]) * p.dpsum[row];
+    }
+  }
+  __shared__ float warp_sums[kBwdAuxThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = part;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0.f;
+    for (int w = 0; w < kBwdAuxThreads / 32; ++w) sum += warp_sums[w];
+    p.dsink[h] = -sum;
+  }
+}
+
+}  // namespace fa4::hopper

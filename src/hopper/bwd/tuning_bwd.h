@@ -1,0 +1,82 @@
+// src/hopper/bwd/tuning_bwd.h — THE tuning table of the Hopper (sm_90a) backward kernels.
+//
+// One row per bucket of src/hopper/buckets.h that has a backward kernel (every row must be a
+// bucket; checked below). An input runs on the smallest row that holds its head dims
+// (hopper_bwd_bucket), padded like the forward; with none, the selector (hopper_api.cu
+// backward_support) reports it unsupported.
+//
+// Tile geometry (FlashAttention-3's hopper backward, arXiv 2407.08608, for 16-bit inputs): a CTA
+// owns tile_n = 128 keys of one KV head, split over two consumer warpgroups (64 keys each, one
+// wgmma M-extent), and walks the query blocks of tile_m = 64 rows that see them. dK and dV stay in
+// fp32 registers for the whole walk (2 x 64 x d / 128 floats per thread), so d is bounded by the
+// register file: 64 + 64 floats at d128, with S^T, dP^T and dQ (32 each) beside them. d192/d256
+// need the dK/dV columns split over more warpgroups or an smem round trip: no row yet.
+// (These are not always the forward's buckets: a d96 input runs the forward's d96 kernel and the
+// backward's d128.)
+// Shared memory (d128): K, V 32 KB each, q_stages x (Q + dO) 64 KB, dS^T double buffer 32 KB,
+// the dQ staging 32 KB.
+#pragma once
+
+#include <cstdint>
+
+#include "hopper/buckets.h"
+
+namespace fa4::detail {
+
+struct HopperBwdConfig {
+  int32_t headdim;        ///< compiled q/k head dim (inputs with a smaller multiple of 8 are padded)
+  int32_t headdim_v;      ///< compiled v/dout head dim
+  int32_t tile_m;         ///< query rows per step of the walk (the N of S^T = K Q^T): 64
+  int32_t tile_n;         ///< keys per CTA: 64 per consumer warpgroup
+  int32_t q_stages;       ///< depth of the Q / dO / lse / D ring
+  int32_t consumer_regs;  ///< setmaxnreg of the two MMA warpgroups
+  int32_t producer_regs;  ///< setmaxnreg of the producer warpgroup (TMA warp + dQ writer warp)
+};
+
+inline constexpr HopperBwdConfig kHopperBwdConfigs[] = {
+    // d, dv, tile_m, tile_n, q_stages, regs (consumer, producer). The producer warpgroup's two
+    // warps (TMA, dQ writer with the deterministic ordering) spill at 24 registers: d128's ptxas
+    // spill stores were 302 bytes at 240/24, 178 at 232/40, 298 at 224/56.
+    {64, 64, 64, 128, 2, 232, 40},
+    {128, 128, 64, 128, 2, 232, 40},
+};
+// No d96 row: the transposed views of a 96-column (64-byte swizzled) Q / dO tile are not a
+// canonical MN-major wgmma layout (CuTe's GMMA layout check), so 72..128 run on the d128 kernel
+// (TMA zero-fills the padded columns).
+inline constexpr int32_t kHopperNumBwdConfigs =
+    int32_t(sizeof(kHopperBwdConfigs) / sizeof(kHopperBwdConfigs[0]));
+
+/// Row for the compiled bucket (headdim, headdim_v); nullptr if the bucket has no backward.
+constexpr const HopperBwdConfig* find_hopper_bwd_config(int32_t headdim, int32_t headdim_v) {
+  for (int32_t i = 0; i < kHopperNumBwdConfigs; ++i)
+    if (kHopperBwdConfigs[i].headdim == headdim && kHopperBwdConfigs[i].headdim_v == headdim_v)
+      return &kHopperBwdConfigs[i];
+  return nullptr;
+}
+
+/// The backward bucket an input (headdim, headdim_v) runs on: the smallest row with headdim >= d and
+/// headdim_v >= dv; nullptr if none fits.
+constexpr const HopperBwdConfig* hopper_bwd_bucket(int32_t d, int32_t dv) {
+  const HopperBwdConfig* best = nullptr;
+  for (int32_t i = 0; i < kHopperNumBwdConfigs; ++i) {
+    const HopperBwdConfig& c = kHopperBwdConfigs[i];
+    if (c.headdim < d || c.headdim_v < dv) continue;
+    if (!best || c.headdim < best->headdim || (c.headdim == best->headdim && c.headdim_v < best->headdim_v))
+      best = &c;
+  }
+  return best;
+}
+
+/// The row a compile-time instantiation uses (a compile error if the bucket has no row).
+constexpr HopperBwdConfig hopper_bwd_config(int32_t headdim, int32_t headdim_v) {
+  const HopperBwdConfig* c = find_hopper_bwd_config(headdim, headdim_v);
+  return c ? *c : throw "fa4: no Hopper backward config for this (headdim, headdim_v)";
+}
+
+// Every row is a bucket of the bucket list.
+#define FA4_BWD_ROW_IS_BUCKET(D, DV) +(find_hopper_bwd_config(D, DV) != nullptr ? 1 : 0)
+static_assert(0 FA4_HOPPER_BUCKETS(FA4_BWD_ROW_IS_BUCKET) == kHopperNumBwdConfigs,
+              "every row of kHopperBwdConfigs must be a bucket of src/hopper/buckets.h");
+#undef FA4_BWD_ROW_IS_BUCKET
+
+}  // namespace fa4::detail

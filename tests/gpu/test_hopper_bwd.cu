@@ -1,0 +1,215 @@
+// tests/gpu/test_hopper_bwd.cu — the Hopper backward against the float64 oracle, through the public
+// fa4::forward + fa4::backward on CUDA tensors (the forward's out and lse feed the backward, as in
+// training).
+//
+// Rule (tests/accuracy_check.h, the one `fa4 check` uses): for out, lse, dq, dk, dv and dsink,
+// max|x - ref64| <= 2 * max|naive_same_precision - ref64| + atol (+ the documented stored-O term for
+// the gradients); every output is poisoned (NaN) before the run and must be written exactly where
+// the oracle writes (varlen rows outside the sequences stay poisoned); NaN never passes. Inputs are
+// drawn fresh for every run (tests/test_util.h next_seed; FA4_TEST_SEED replays a failure).
+// Cases of ../shared/cases covered here for the backward: fully masked rows give zero gradients, never
+// NaN (causal with seqlen_q > seqlen_k, windows); seqlen_q != seqlen_k bottom-right; tails that are
+// not a multiple of the tiles; GQA/MQA sums of dK/dV; varlen; padded head dims use every channel;
+// dsink; deterministic mode bitwise over 10 runs; an unsupported head dim is a clear kUnsupported.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../tools/cli_case.h"
+#include "../tools/cli_device.h"
+#include "gpu_test_util.cuh"
+
+namespace {
+
+using fa4::cli::CaseSpec;
+using fa4::cli::DeviceProblem;
+using fa4::cli::Problem;
+
+/// Forward + backward on the GPU for a fresh draw of `spec`; every output checked.
+void check_case(CaseSpec spec) {
+  spec.device = "cuda";
+  spec.backward = true;
+  spec.seed = fa4::test::next_seed();
+  Problem test = Problem::make(spec);
+  Problem untouched = test;
+  {
+    DeviceProblem dp(test, nullptr);
+    fa4::cli::run_forward(test, dp.placement(), fa4::Backend::kCuda);
+    fa4::cli::run_backward(test, dp.placement(), fa4::Backend::kCuda);
+    dp.download_outputs();
+  }
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  for (const fa4::test::Accuracy& a : fa4::cli::check_outputs(test, untouched))
+    EXPECT_TRUE(a.ok()) << spec.describe() << "\n  " << a.str();
+}
+
+CaseSpec base(int d, const char* dtype = "bf16") {
+  CaseSpec s;
+  s.batch = 2;
+  s.seqlen_q = s.seqlen_k = 256;
+  s.num_heads = 4;
+  s.headdim = d;
+  s.dtype = dtype;
+  return s;
+}
+
+TEST(HopperBwd, EveryBucketAndDtype) {
+  REQUIRE_HOPPER();
+  for (int d : {64, 96, 128})  // 96 runs on the d128 backward
+    for (const char* t : {"bf16", "fp16"}) {
+      check_case(base(d, t));
+      CaseSpec c = base(d, t);
+      c.causal = true;
+      check_case(c);
+    }
+}
+
+TEST(HopperBwd, TailsAndBottomRightCausal) {
+  REQUIRE_HOPPER();
+  for (int d : {64, 128}) {
+    CaseSpec c = base(d);
+    c.seqlen_q = 130;  // tails in both the 64-row query blocks and the 128-key blocks
+    c.seqlen_k = 257;
+    check_case(c);
+    c.causal = true;
+    check_case(c);
+    c.seqlen_q = 300;  // more queries than keys: the first 200 rows see no key (zero gradients)
+    c.seqlen_k = 100;
+    check_case(c);
+    c.seqlen_q = 1;    // a decode-like row against many keys
+    c.seqlen_k = 700;
+    check_case(c);
+  }
+}
+
+TEST(HopperBwd, WindowsSoftcapSinkScale) {
+  REQUIRE_HOPPER();
+  CaseSpec c = base(128);
+  c.window = {32, 8};
+  check_case(c);
+  c.window = {0, 0};  // the diagonal only
+  check_case(c);
+  c = base(64);
+  c.softcap = 5.f;
+  check_case(c);
+  c = base(128);
+  c.sink = true;
+  check_case(c);
+  c.causal = true;
+  c.softmax_scale = 0.3f;
+  check_case(c);
+}
+
+TEST(HopperBwd, GqaMqaVarlenPaddedDims) {
+  REQUIRE_HOPPER();
+  CaseSpec c = base(128);
+  c.num_heads = 8;
+  c.num_heads_kv = 2;
+  c.causal = true;
+  check_case(c);
+  c.num_heads_kv = 1;
+  c.seqlen_q = 200;
+  c.seqlen_k = 333;
+  check_case(c);
+  c = base(64);
+  c.batch = 5;
+  c.varlen = true;  // random lengths in [1, 300]
+  c.seqlen_q = c.seqlen_k = 300;
+  c.num_heads_kv = 2;
+  check_case(c);
+  c.causal = true;
+  c.sink = true;
+  check_case(c);
+  for (int d : {40, 72, 112}) {  // padded to the 64, 96 and 128 buckets
+    c = base(d, "fp16");
+    c.causal = true;
+    check_case(c);
+  }
+}
+
+TEST(HopperBwd, LongerSequences) {
+  REQUIRE_HOPPER();
+  CaseSpec c = base(128);
+  c.batch = 1;
+  c.num_heads = 2;
+  c.seqlen_q = c.seqlen_k = 1500;
+  check_case(c);
+  c.causal = true;
+  check_case(c);
+}
+
+/// deterministic = true: ten backward runs on the same inputs give bitwise-equal dq, dk, dv.
+TEST(HopperBwd, DeterministicBitwise) {
+  REQUIRE_HOPPER();
+  for (bool causal : {false, true}) {
+    CaseSpec s = base(64);
+    s.device = "cuda";
+    s.backward = true;
+    s.deterministic = true;
+    s.batch = 1;
+    s.num_heads = 4;
+    s.num_heads_kv = 2;
+    s.seqlen_q = s.seqlen_k = 1024;  // 8 key blocks add into every query block's dQ
+    s.causal = causal;
+    s.seed = fa4::test::next_seed();
+    Problem p = Problem::make(s);
+    DeviceProblem dp(p, nullptr);
+    fa4::cli::run_forward(p, dp.placement(), fa4::Backend::kCuda);
+    std::vector<std::vector<char>> first;
+    for (int run = 0; run < 10; ++run) {
+      fa4::cli::run_backward(p, dp.placement(), fa4::Backend::kCuda);
+      dp.download_outputs();
+      std::vector<std::vector<char>> now;
+      for (const fa4::test::HostTensor* t : {&p.dq, &p.dk, &p.dv}) {
+        const char* b = static_cast<const char*>(t->data());
+        now.emplace_back(b, b + t->numel() * fa4::dtype_size(t->dtype()));
+      }
+      if (run == 0) first = now;
+      else
+        for (size_t i = 0; i < now.size(); ++i) EXPECT_TRUE(now[i] == first[i]) << "run " << run << " tensor " << i;
+    }
+  }
+}
+
+/// Small problems for compute-sanitizer (memcheck / racecheck / synccheck): varlen + GQA + causal
+/// + sink, deterministic and not, one bucket each of 64 and 128.
+TEST(HopperBwd, SanitizeSmall) {
+  REQUIRE_HOPPER();
+  for (int d : {64, 128})
+    for (bool det : {false, true}) {
+      CaseSpec c = base(d);
+      c.batch = 3;
+      c.varlen = true;
+      c.seqlen_q = c.seqlen_k = 200;
+      c.num_heads = 4;
+      c.num_heads_kv = 2;
+      c.causal = true;
+      c.sink = true;
+      c.deterministic = det;
+      check_case(c);
+    }
+}
+
+TEST(HopperBwd, UnsupportedBucketIsAClearError) {
+  REQUIRE_HOPPER();
+  CaseSpec s = base(256);
+  s.device = "cuda";
+  s.backward = true;
+  s.seed = 1;
+  Problem p = Problem::make(s);
+  DeviceProblem dp(p, nullptr);  // out and lse stay poisoned: the selector refuses before any read
+  try {
+    fa4::cli::run_backward(p, dp.placement(), fa4::Backend::kCuda);
+    FAIL() << "the d256 backward ran";
+  } catch (const fa4::Error& e) {
+    EXPECT_EQ(e.code(), fa4::ErrorCode::kUnsupported);
+    const std::string what = e.what();  // (a subset build names the missing bucket instead)
+    EXPECT_TRUE(what.find("no backward kernel") != std::string::npos || what.find("not compiled") != std::string::npos)
+        << what;
+  }
+}
+
+}  // namespace
