@@ -10,6 +10,8 @@ stored next to its time, so a broken variant shows up in the same line.
 
 Usage (on the GPU machine, repo root):
     PYTHONPATH=python python3 bench/ab_variants.py OUT.json base=path/libfa4.so new=other/libfa4.so
+With --backward the backward alone is timed (torch.autograd.grad of an output each variant
+computed, retain_graph; FLOPs x 2.5), against cuDNN's backward, and dq is compared with cuDNN's.
 A variant may also force libfa4's kernel choices for its calls (bench_fwd.set_overrides: lpt,
 schedule, epilogue, stream_k):  static=path/libfa4.so?schedule=static&lpt=1
 """
@@ -76,6 +78,43 @@ def use(lib, env):
     _in_use = (lib, env)
 
 
+def backward_row(libs, q, k, v, causal, rounds):
+    """Backward-only times of every variant and cuDNN on (q, k, v), interleaved rounds."""
+    b, s, h, d = q.shape
+    hkv = k.shape[2]
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    dout = torch.randn_like(q)
+    qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        o_ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=h != hkv)
+    dot = dout.transpose(1, 2).contiguous()
+    dq_ref = torch.autograd.grad(o_ref, (qt,), dot, retain_graph=True)[0].transpose(1, 2)
+    fns = {"cudnn": lambda: torch.autograd.grad(o_ref, (qt, kt, vt), dot, retain_graph=True)}
+    errs = {}
+    for name, (lib, env) in libs.items():
+        use(lib, env)
+        out = fa4.flash_attn_func(q, k, v, causal=causal)
+        errs[name] = float((torch.autograd.grad(out, (q,), dout, retain_graph=True)[0].float()
+                            - dq_ref.float()).abs().max())
+        fns[name] = (lambda lib_=lib, env_=env, out_=out: (use(lib_, env_),
+                                                          torch.autograd.grad(out_, (q, k, v), dout, retain_graph=True)))
+    names = list(fns)
+    times = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]) if n == "cudnn" else contextlib.nullcontext():
+                times[n].append(bench(fns[n]))
+    flops = 2.5 * 4 * b * h * s * s * d * (0.5 if causal else 1.0)
+    tf = {n: tflops(flops, statistics.median(t)) for n, t in times.items()}
+    row = {"direction": "bwd", "headdim": d, "causal": causal, "seqlen": s, "batch": b, "num_heads": h,
+           "num_heads_kv": hkv, "tflops": tf, "max_abs_err_dq_vs_cudnn": errs,
+           "ratio_vs_cudnn": {n: round(tf[n] / tf["cudnn"], 3) for n in tf if n != "cudnn"}}
+    print(f"bwd d{d} causal={causal!s:5} s={s:5} h={h}/{hkv} " + " ".join(f"{n}:{tf[n]:6.1f}" for n in names) +
+          " | " + " ".join(f"{n}/cudnn={row['ratio_vs_cudnn'][n]:.3f}" for n in libs) +
+          " | dq maxerr " + " ".join(f"{errs[n]:.1e}" for n in libs), flush=True)
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out_json")
@@ -83,6 +122,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--headdims", default="64,128", help="comma list of q/k head dims (192 covers 192x128)")
     ap.add_argument("--small", action="store_true", help="short-sequence shapes instead")
+    ap.add_argument("--backward", action="store_true", help="time the backward (head dims <= 128)")
     args = ap.parse_args()
     variants = [parse(v) for v in args.variants]
     loaded = {}
@@ -103,6 +143,11 @@ def main():
         q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(b, s, hkv, dv, device="cuda", dtype=torch.bfloat16)
+        if args.backward:
+            if d > 128 or dv > 128:
+                continue
+            rows.append(backward_row(libs, q, k, v, causal, args.rounds))
+            continue
         qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
 
         def cudnn():
@@ -148,14 +193,17 @@ def main():
               " | maxerr " + " ".join(f"{errs[n]:.1e}" for n in libs), flush=True)
     # A varlen batch (fa4 variants only: SDPA has no packed-varlen cuDNN path to compare with).
     run_varlen, flops = varlen_batch(torch.bfloat16)
-    times = {n: [] for n in libs}
-    for r in range(args.rounds):
-        for name, (lib, env) in libs.items():
-            use(lib, env)
-            times[name].append(bench(run_varlen))
-    tf = {n: tflops(flops, statistics.median(t)) for n, t in times.items()}
-    rows.append({"kind": "varlen", "lens": VARLEN_LENS, "headdim": 128, "causal": True, "tflops": tf})
-    print("varlen d128 causal " + " ".join(f"{n}:{tf[n]:6.1f}" for n in libs), flush=True)
+    if args.backward:
+        run_varlen = None
+    if run_varlen is not None:
+        times = {n: [] for n in libs}
+        for r in range(args.rounds):
+            for name, (lib, env) in libs.items():
+                use(lib, env)
+                times[name].append(bench(run_varlen))
+        tf = {n: tflops(flops, statistics.median(t)) for n, t in times.items()}
+        rows.append({"kind": "varlen", "lens": VARLEN_LENS, "headdim": 128, "causal": True, "tflops": tf})
+        print("varlen d128 causal " + " ".join(f"{n}:{tf[n]:6.1f}" for n in libs), flush=True)
     clocks = sh("nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu "
                 "--format=csv,noheader")
     with open(args.out_json, "w") as f:

@@ -254,6 +254,10 @@ void backward(const detail::BwdParams& p) {
   LaunchContext ctx;
   ctx.num_sms = f.num_sms;
   ctx.l2_bytes = f.l2_bytes;
+  // Tiles of unequal cost (causal/window masks, varlen): longest first in snake rounds
+  // (bwd/geometry_bwd.cuh); the "lpt" override forces it either way.
+  const detail::KernelOverrides o = detail::kernel_overrides();
+  ctx.lpt = o.lpt < 0 ? (p.mask.is_local() || p.is_varlen) : o.lpt == 1;
   int prev = 0;
   if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
   if (prev != p.device.index && cudaSetDevice(p.device.index) != cudaSuccess)

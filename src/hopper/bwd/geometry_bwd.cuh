@@ -48,8 +48,12 @@ __device__ __forceinline__ QueryBlocks query_blocks(int32_t n_block, int32_t seq
   return r;
 }
 
-/// Tile t of the main kernel: key block n_block of KV head h_kv of sequence b (key block fastest,
-/// so the CTAs running at once share a head's Q and dO in L2).
+/// Tile t of the main kernel: key block n_block of KV head h_kv of sequence b. Dense problems:
+/// key block fastest, so the CTAs running at once share a head's Q and dO in L2. Masked (causal,
+/// window) and varlen problems (p.lpt): key block slowest, so the tiles go longest first (under a
+/// bottom-right causal mask the first key blocks see the most queries); the CTAs take them in
+/// snake rounds (bwd_tile_index). Either way a key block of a head has a higher index than the
+/// blocks before it, which the deterministic mode's ordering relies on (mainloop_bwd_load.cuh).
 struct BwdTile {
   int32_t n_block, h_kv, b;
   SeqBounds s;
@@ -63,8 +67,9 @@ struct BwdTile {
 template <int kBlockM, int kBlockN, bool kValidate, class Params>
 __device__ __forceinline__ BwdTile make_bwd_tile(const Params& p, int32_t t) {
   BwdTile ti;
-  ti.n_block = t % p.num_n_blocks;
-  const int32_t bh = t / p.num_n_blocks;
+  const int32_t num_bh = p.num_heads_kv * p.batch;
+  ti.n_block = p.lpt ? t / num_bh : t % p.num_n_blocks;
+  const int32_t bh = p.lpt ? t % num_bh : t / p.num_n_blocks;
   ti.h_kv = bh % p.num_heads_kv;
   ti.b = bh / p.num_heads_kv;
   ti.s = seq_bounds<kValidate>(p, ti.b);
@@ -72,6 +77,16 @@ __device__ __forceinline__ BwdTile make_bwd_tile(const Params& p, int32_t t) {
   ti.m = query_blocks<kBlockM, kBlockN>(ti.n_block, ti.s.seqlen_q, ti.s.seqlen_k, p.mask);
   ti.has_keys = ti.n_block * kBlockN < ti.s.seqlen_k;
   return ti;
+}
+
+/// The tile of this CTA's i-th iteration (>= num_tiles: none). Rounds of gridDim.x tiles; with
+/// p.lpt odd rounds run backwards, so the CTA that took a round's longest tile takes the next
+/// round's shortest (a plain stride hands CTA 0 the longest tile of every round). Every CTA's
+/// sequence increases, so the lowest unfinished tile is always running.
+template <class Params>
+__device__ __forceinline__ int32_t bwd_tile_index(const Params& p, int32_t i) {
+  const int32_t round = i * int32_t(gridDim.x);
+  return round + (p.lpt && (i & 1) ? int32_t(gridDim.x) - 1 - int32_t(blockIdx.x) : int32_t(blockIdx.x));
 }
 
 /// Offset, inside a (head, chunk) dQ accumulator of 64 x d floats, of the float4 that thread t

@@ -182,6 +182,7 @@ struct BwdKernelTraits {
     bool deterministic{};
 
     int32_t num_n_blocks{};     // ceil(seqlen_k / tile_n) (varlen: of max_seqlen_k)
+    bool lpt{};                 // masked / varlen: longest tiles first, snake rounds (geometry_bwd.cuh)
     int32_t num_tiles{};        // num_n_blocks * num_heads_kv * batch
   };
 };

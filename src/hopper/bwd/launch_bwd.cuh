@@ -31,12 +31,17 @@ inline int64_t tma_stride(int64_t extent, int64_t stride, int64_t span_before) {
   return extent <= 1 ? span_before : stride;
 }
 
-/// Devices on which Kt's kernel has its smem limit raised (internal linkage: see launch_fwd.cuh).
+namespace {
+/// Devices on which Kt's kernel has its smem limit raised. Internal linkage on purpose (see
+/// launch_fwd.cuh): a function-local static of a template in a named namespace is a GNU-unique
+/// symbol, shared by every libfa4 in the process, so a second build's kernel would skip
+/// cudaFuncSetAttribute and fail to launch (seen in a three-build A/B).
 template <class Kt>
 std::atomic<uint64_t>& smem_raised_devices() {
   static std::atomic<uint64_t> devices{0};
   return devices;
 }
+}  // namespace
 
 inline bool aligned_pairs(const void* base, const detail::RowStrides& s, bool varlen, int32_t batch, int64_t elem) {
   return reinterpret_cast<uintptr_t>(base) % (2 * elem) == 0 && (varlen || batch <= 1 || s.batch % 2 == 0) &&
@@ -121,6 +126,7 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   p.deterministic = fp.deterministic;
   p.num_m_blocks = (fp.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM;
   p.num_n_blocks = (fp.seqlen_k + Kt::kBlockN - 1) / Kt::kBlockN;
+  p.lpt = ctx.lpt;
   const int64_t chunks = fp.is_varlen ? fp.total_q / Kt::kBlockM + fp.batch : int64_t(fp.batch) * p.num_m_blocks;
   const int64_t num_tiles = int64_t(p.num_n_blocks) * fp.num_heads_kv * fp.batch;
   if (num_tiles > kMaxTiles || chunks > INT32_MAX)

@@ -51,7 +51,7 @@ struct BwdLoad {
 
     auto wq = cutlass::make_producer_start_state<typename Kt::PipelineQ>();
     auto wkv = cutlass::make_producer_start_state<typename Kt::PipelineKV>();
-    for (int32_t t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+    for (int32_t i = 0, t = bwd_tile_index(p, 0); t < p.num_tiles; t = bwd_tile_index(p, ++i)) {
       const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, true>(p, t);
       if (!ti.has_steps()) continue;  // the consumers write zero dK/dV (or nothing) without K/V
       const int32_t bt = p.is_varlen ? 0 : ti.b;
@@ -130,7 +130,7 @@ struct BwdDqWriter {
     const bool leader = threadIdx.x % 32 == 0;
 #pragma unroll
     for (int wg = 0; wg < Kt::kNumMmaWarpGroups; ++wg) arch::named_barrier_arrive(Barriers::dq_empty(wg), kStageThreads);
-    for (int32_t t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+    for (int32_t i = 0, t = bwd_tile_index(p, 0); t < p.num_tiles; t = bwd_tile_index(p, ++i)) {
       const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, false>(p, t);
       for (int32_t g = 0; g < p.group_size && ti.has_steps(); ++g) {
         const int32_t h = ti.h_kv * p.group_size + g;

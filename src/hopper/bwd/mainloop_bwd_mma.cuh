@@ -79,7 +79,13 @@ struct BwdMma {
     Tensor tdVrP = make_tensor<Element>(acc_to_a_layout(tSrS.layout()));
     Tensor tdKrdS = make_tensor<Element>(acc_to_a_layout(tdPrdP.layout()));
     Tensor tdSrdS = make_tensor(tdKrdS.data(), tdPrdP.layout());
-    Tensor tdSsdS = mma_s.get_thread_slice(tid).partition_C(sdSt);  // (MMA, MMA_M, MMA_N, dS buffer)
+    // dS^T leaves the registers through stmatrix.trans: each 8x8 block of the (key, query)
+    // accumulator lands as 8 query rows of 8 contiguous keys, i.e. straight in dS's (query, key)
+    // layout: 4 instructions per thread instead of 32 scattered 16-bit stores.
+    auto r2s_ds = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_s);
+    auto r2s_ds_thr = r2s_ds.get_thread_slice(tid);
+    Tensor tdSsdS = r2s_ds_thr.partition_D(as_position_independent_swizzle_tensor(sdSt));  // (.., dS buffer)
+    Tensor tdSadS = r2s_ds_thr.retile_S(tdSrdS);
     Tensor tdVrP32 = recast<uint32_t>(tdVrP);
     Tensor tdKrdS32 = recast<uint32_t>(tdKrdS);
 
@@ -93,7 +99,7 @@ struct BwdMma {
     typename Kt::PipelineStateKV rkv;
     int ds_buf = 0;
 
-    for (int32_t t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+    for (int32_t i = 0, t = bwd_tile_index(p, 0); t < p.num_tiles; t = bwd_tile_index(p, ++i)) {
       const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, false>(p, t);
       if (!ti.has_keys) continue;  // no dK/dV rows
       clear(tdVrdV);
@@ -115,35 +121,73 @@ struct BwdMma {
             consumer_wait(pipe_q, rq);
             wgmma</*zero_init=*/true, -1>(mma_s, tSrK, tSrQ(_, _, _, st), tSrS);
             wgmma<true, -1>(mma_dp, tdPrV, tdPrdO(_, _, _, st), tdPrdP);
-            warpgroup_wait<0>();
             const float* lse = ss.smem_lse.data() + st * kBlockM;
             const float* dsum = ss.smem_d.data() + st * kBlockM;
             const int32_t q0 = m * kBlockM;
-            // Two adjacent columns at a time, packed at once, so the fp32 S^T and dP^T registers
-            // die as P^T and dS^T (16-bit) are born.
+            // Fragment entry v: key row r = (v / 2) % 2, query column c of the block.
+            auto column = [&](int v) { return (v >> 2) * 8 + col_lane + (v & 1); };
+            auto seen = [&](int v) {
+              const int32_t i = q0 + column(v);
+              const int r = (v >> 1) & 1;
+              return i >= vis_first[r] && i < vis_last[r];
+            };
+            if constexpr (Kt::kConfig.softmax_under_mma) {
+              // P^T while dP^T's product runs; dV's product issued at once; dS^T while it runs.
+              warpgroup_wait<1>();  // S^T
 #pragma unroll
-            for (int k = 0; k < kFragS / 2; ++k) {
-              float pv[2], ds[2];
+              for (int k = 0; k < kFragS / 2; ++k) {
+                float pv[2];
 #pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int v = 2 * k + e;
-                const int r = (v >> 1) & 1;
-                const int c = (v >> 2) * 8 + col_lane + e;  // query column of the block
-                const int32_t i = q0 + c;
-                float x = tSrS(v);
-                if (p.has_softcap) x = tanhf(x * p.softcap_inv_scale);
-                const bool seen = i >= vis_first[r] && i < vis_last[r];
-                pv[e] = seen ? arch::ex2_approx(fmaf(x, p.score_scale_log2, -lse[c])) : 0.f;
-                float d = pv[e] * (tdPrdP(v) - dsum[c]);
-                if (p.has_softcap) d *= 1.f - x * x;
-                ds[e] = seen ? d : 0.f;  // dP^T of a masked pair may be anything (other rows' dO)
+                for (int e = 0; e < 2; ++e) {
+                  const int v = 2 * k + e;
+                  float x = tSrS(v);
+                  if (p.has_softcap) x = tanhf(x * p.softcap_inv_scale);
+                  pv[e] = seen(v) ? arch::ex2_approx(fmaf(x, p.score_scale_log2, -lse[column(v)])) : 0.f;
+                  // What dS^T needs of P^T: P, times tanh's derivative under softcap.
+                  tSrS(v) = p.has_softcap ? pv[e] * (1.f - x * x) : pv[e];
+                }
+                tdVrP32(k) = pack2<Element>(pv[0], pv[1]);
               }
-              tdVrP32(k) = pack2<Element>(pv[0], pv[1]);
-              tdKrdS32(k) = pack2<Element>(ds[0], ds[1]);
+              wgmma<false, -1>(mma_dv, tdVrP, tdVrdOt(_, _, _, st), tdVrdV);
+              warpgroup_wait<1>();  // dP^T (dV may still run)
+#pragma unroll
+              for (int k = 0; k < kFragS / 2; ++k) {
+                float ds[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  const int v = 2 * k + e;
+                  // A masked pair's dP^T may be anything (another row's dO): select, never multiply.
+                  ds[e] = seen(v) ? tSrS(v) * (tdPrdP(v) - dsum[column(v)]) : 0.f;
+                }
+                tdKrdS32(k) = pack2<Element>(ds[0], ds[1]);
+              }
+              copy(r2s_ds, tdSadS, tdSsdS(_, _, _, ds_buf));
+              wgmma<false, -1>(mma_dk, tdKrdS, tdKrQt(_, _, _, st), tdKrdK);
+            } else {
+              warpgroup_wait<0>();
+              // Two adjacent columns at a time, packed at once, so the fp32 S^T and dP^T registers
+              // die as P^T and dS^T (16-bit) are born.
+#pragma unroll
+              for (int k = 0; k < kFragS / 2; ++k) {
+                float pv[2], ds[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  const int v = 2 * k + e;
+                  float x = tSrS(v);
+                  if (p.has_softcap) x = tanhf(x * p.softcap_inv_scale);
+                  const bool vis = seen(v);
+                  pv[e] = vis ? arch::ex2_approx(fmaf(x, p.score_scale_log2, -lse[column(v)])) : 0.f;
+                  float d = pv[e] * (tdPrdP(v) - dsum[column(v)]);
+                  if (p.has_softcap) d *= 1.f - x * x;
+                  ds[e] = vis ? d : 0.f;  // dP^T of a masked pair may be anything (other rows' dO)
+                }
+                tdVrP32(k) = pack2<Element>(pv[0], pv[1]);
+                tdKrdS32(k) = pack2<Element>(ds[0], ds[1]);
+              }
+              copy(r2s_ds, tdSadS, tdSsdS(_, _, _, ds_buf));
+              wgmma<false, -1>(mma_dv, tdVrP, tdVrdOt(_, _, _, st), tdVrdV);
+              wgmma<false, -1>(mma_dk, tdKrdS, tdKrQt(_, _, _, st), tdKrdK);
             }
-            copy(tdSrdS, tdSsdS(_, _, _, ds_buf));
-            wgmma<false, -1>(mma_dv, tdVrP, tdVrdOt(_, _, _, st), tdVrdV);
-            wgmma<false, -1>(mma_dk, tdKrdS, tdKrQt(_, _, _, st), tdKrdK);
             // dS^T of both warpgroups is in smem (generic stores, read next by the async proxy).
             cutlass::arch::fence_view_async_shared();
             arch::named_barrier_sync(Barriers::consumers(), Kt::kNumMmaThreads);

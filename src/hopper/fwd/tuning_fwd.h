@@ -66,7 +66,10 @@ inline constexpr int32_t kHopperTileM3WG = 192;   ///< three consumer warpgroups
 // 1.049/1.052/1.066 | 1.063/1.108/1.111 | 1.067. d >= 192 is MMA-bound, and d64's three
 // warpgroups fill the FMA pipe with softmax work already (measured below), so everything stays on
 // MUFU there. (d96's 3/16 was last tuned with the max-first loop.)
-inline constexpr HopperFwdConfig kHopperFwdConfigs[] = {
+// Internal linkage (not `inline`): an inline variable is a GNU-unique symbol, which the dynamic
+// linker shares between every libfa4 loaded in one process (A/B runs load several builds),
+// so one build would read another build's table.
+constexpr HopperFwdConfig kHopperFwdConfigs[] = {
     // d, dv, tile_m, tile_n, stages, q_stages, exp2_emulation, regs (consumer, producer), pingpong, o_buffer,
     // exp_from_running_max
     // d64: three consumer warpgroups (192 query rows, FA3's tile): at d64 a warpgroup's softmax of a
