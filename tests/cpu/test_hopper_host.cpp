@@ -1,6 +1,8 @@
-// tests/cpu/test_hopper_host.cpp — host-side checks of the Hopper kernel's tile logic (no GPU
-// needed, so these run in CI): the persistent tile order visits every tile exactly once, and the
-// per-tile key-block range / "needs element mask" decision agree with core/mask.h.
+// tests/cpu/test_hopper_host.cpp — host-side checks of the Hopper kernels' tile logic (no GPU
+// needed, so these run in CI): the persistent tile orders visit every tile exactly once, the
+// per-tile key-block range / "needs element mask" decision and the backward's query-block range
+// agree with core/mask.h, the backward's workspace chunks never overlap, and its dQ staging order
+// is a bijection that the postprocess reads back as the wgmma fragment map.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -8,7 +10,11 @@
 #include <tuple>
 #include <vector>
 
+#include <algorithm>
+#include <random>
+
 #include "core/mask.h"
+#include "hopper/bwd/schedule_bwd.h"
 #include "hopper/shared/mask.cuh"
 #include "hopper/shared/tile_scheduler.cuh"
 
@@ -69,6 +75,107 @@ TEST(HopperHost, KeyRangeAndMaskDecisionMatchThePredicate) {
           }
         }
       }
+}
+
+// Backward: every tile once over all CTAs, each CTA's tiles increasing (the deterministic mode's
+// no-deadlock argument), and the coordinates a permutation of (key block, kv head, sequence).
+TEST(HopperHost, BackwardTileOrderIsAPermutation) {
+  for (bool lpt : {false, true})
+    for (int n : {1, 3, 64})
+      for (int hkv : {1, 8})
+        for (int b : {1, 3})
+          for (int grid : {1, 7, 132}) {
+            const int tiles = n * hkv * b;
+            std::vector<int> hits(tiles, 0);
+            std::set<std::tuple<int, int, int>> coords;
+            for (int cta = 0; cta < std::min(grid, tiles); ++cta) {
+              int prev = -1;
+              for (int i = 0;; ++i) {
+                const int t = fa4::hopper::bwd_tile_index(i, cta, std::min(grid, tiles), lpt);
+                if (t >= tiles) break;
+                ASSERT_GT(t, prev);
+                prev = t;
+                ++hits[t];
+                const auto c = fa4::hopper::bwd_tile_coord(t, n, hkv, b, lpt);
+                ASSERT_TRUE(c.n_block >= 0 && c.n_block < n && c.h_kv >= 0 && c.h_kv < hkv && c.b >= 0 && c.b < b);
+                coords.insert({c.n_block, c.h_kv, c.b});
+                if (lpt && t < hkv * b) EXPECT_EQ(c.n_block, 0);  // longest (first) key blocks first
+              }
+            }
+            for (int t = 0; t < tiles; ++t) EXPECT_EQ(hits[t], 1) << "tile " << t << " lpt " << lpt << " grid " << grid;
+            EXPECT_EQ(int(coords.size()), tiles);
+          }
+}
+
+// Backward: a key block visits every query block holding a query that sees one of its keys.
+TEST(HopperHost, BackwardQueryBlocksCoverThePredicate) {
+  using fa4::detail::MaskSpec;
+  constexpr int kM = 64, kN = 128;
+  const MaskSpec masks[] = {{-1, -1}, {-1, 0}, {0, 0}, {5, 3}, {200, -1}, {-1, 40}, {0, -1}, {130, 0}};
+  for (const MaskSpec& mk : masks)
+    for (int sq : {1, 63, 64, 130, 300})
+      for (int sk : {0, 1, 127, 129, 400}) {
+        for (int n = 0; n * kN < sk + kN; ++n) {
+          const auto qb = fa4::hopper::query_blocks<kM, kN>(n, sq, sk, mk);
+          for (int m = 0; m * kM < sq; ++m) {
+            bool any = false;
+            for (int i = m * kM; i < std::min((m + 1) * kM, sq) && !any; ++i)
+              for (int j = n * kN; j < (n + 1) * kN && !any; ++j) any = fa4::detail::key_visible(i, j, sq, sk, mk);
+            if (any) EXPECT_TRUE(m >= qb.m_lo && m < qb.m_hi) << "n " << n << " m " << m << " sq " << sq << " sk " << sk;
+          }
+          EXPECT_LE(qb.m_hi, (sq + kM - 1) / kM);
+          if (n * kN >= sk) EXPECT_EQ(qb.m_hi, qb.m_lo);
+        }
+      }
+}
+
+// Backward workspace: varlen sequences' chunk ranges are disjoint and inside bwd_num_chunks.
+TEST(HopperHost, BackwardChunksNeverOverlap) {
+  constexpr int kM = 64;
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int batch = 1 + int(rng() % 9);
+    std::vector<int> cu{0};
+    for (int b = 0; b < batch; ++b) cu.push_back(cu.back() + int(rng() % 3 == 0 ? 0 : rng() % 300));
+    const int64_t total = cu.back(), chunks = fa4::hopper::bwd_num_chunks<kM>(true, batch, total, 0);
+    std::vector<int> owner(size_t(chunks), -1);
+    for (int b = 0; b < batch; ++b) {
+      const int base = fa4::hopper::bwd_chunk_base<kM>(true, b, cu[b], 0);
+      for (int m = 0; m * kM < cu[b + 1] - cu[b]; ++m) {
+        ASSERT_LT(base + m, chunks);
+        EXPECT_EQ(owner[size_t(base + m)], -1) << "chunk " << base + m << " shared by " << owner[size_t(base + m)] << " and " << b;
+        owner[size_t(base + m)] = b;
+      }
+    }
+  }
+}
+
+// Backward dQ staging: (warpgroup, column group, thread, value) -> offset covers the 64 x d chunk
+// exactly once, and the postprocess's reading of an offset is the wgmma fragment map.
+template <int kD>
+void check_dq_staging() {
+  std::vector<int> seen(64 * kD, 0);
+  std::set<std::pair<int, int>> cells;
+  for (int wg = 0; wg < 2; ++wg)
+    for (int g = 0; g < kD / 16; ++g)
+      for (int t = 0; t < 128; ++t)
+        for (int e = 0; e < 4; ++e) {
+          const int off = fa4::hopper::dq_chunk_index<kD>(wg, g, t) + e;
+          ASSERT_GE(off, 0);
+          ASSERT_LT(off, 64 * kD);
+          ++seen[size_t(off)];
+          // The accumulator value v = 4g + e of thread t (src/hopper/shared/softmax.cuh's map):
+          const int v = 4 * g + e;
+          const int row = 16 * (t / 32) + (t % 32) / 4 + 8 * ((v / 2) % 2);
+          const int col = wg * (kD / 2) + 8 * (v / 4) + 2 * (t % 4) + (v % 2);
+          cells.insert({row, col});
+        }
+  for (int i = 0; i < 64 * kD; ++i) EXPECT_EQ(seen[size_t(i)], 1) << "offset " << i;
+  EXPECT_EQ(int(cells.size()), 64 * kD);
+}
+TEST(HopperHost, BackwardDqStagingIsABijection) {
+  check_dq_staging<64>();
+  check_dq_staging<128>();
 }
 
 }  // namespace

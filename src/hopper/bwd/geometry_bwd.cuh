@@ -16,6 +16,7 @@
 
 #include "core/mask.h"
 #include "hopper/arch/arch.cuh"
+#include "hopper/bwd/schedule_bwd.h"
 #include "hopper/shared/tile_info.cuh"
 
 namespace fa4::hopper {
@@ -24,36 +25,11 @@ namespace fa4::hopper {
 /// checks (a bad sequence has no rows, so no chunk of it is ever touched).
 template <int kBlockM, class Params>
 __device__ __forceinline__ int32_t chunk_base(const Params& p, int32_t b, const SeqBounds& s) {
-  return p.is_varlen ? s.q_row0 / kBlockM + b : b * p.num_m_blocks;
+  return bwd_chunk_base<kBlockM>(p.is_varlen, b, s.q_row0, p.num_m_blocks);
 }
 
-/// The query blocks [m_lo, m_hi) a key block sees: the union over its keys of core/mask.h's
-/// visible_query_range, whose ends are monotone in the key, is inside [first(j_lo), last(j_hi)).
-/// Empty when the block is past seqlen_k or no query sees any of its keys.
-struct QueryBlocks {
-  int32_t m_lo = 0, m_hi = 0;
-};
-template <int kBlockM, int kBlockN>
-__device__ __forceinline__ QueryBlocks query_blocks(int32_t n_block, int32_t seqlen_q, int32_t seqlen_k,
-                                                    detail::MaskSpec mask) {
-  QueryBlocks r;
-  const int32_t j_lo = n_block * kBlockN;
-  if (j_lo >= seqlen_k) return r;
-  const int32_t j_hi = min(j_lo + kBlockN, seqlen_k) - 1;
-  const detail::QueryRange a = detail::visible_query_range(j_lo, seqlen_q, seqlen_k, mask);
-  const detail::QueryRange z = detail::visible_query_range(j_hi, seqlen_q, seqlen_k, mask);
-  if (z.last <= a.first) return r;
-  r.m_lo = int32_t(a.first / kBlockM);
-  r.m_hi = int32_t((z.last + kBlockM - 1) / kBlockM);
-  return r;
-}
-
-/// Tile t of the main kernel: key block n_block of KV head h_kv of sequence b. Dense problems:
-/// key block fastest, so the CTAs running at once share a head's Q and dO in L2. Masked (causal,
-/// window) and varlen problems (p.lpt): key block slowest, so the tiles go longest first (under a
-/// bottom-right causal mask the first key blocks see the most queries); the CTAs take them in
-/// snake rounds (bwd_tile_index). Either way a key block of a head has a higher index than the
-/// blocks before it, which the deterministic mode's ordering relies on (mainloop_bwd_load.cuh).
+/// Tile t of the main kernel (schedule_bwd.h bwd_tile_coord), with its sequence's bounds and the
+/// query blocks that see it.
 struct BwdTile {
   int32_t n_block, h_kv, b;
   SeqBounds s;
@@ -67,11 +43,10 @@ struct BwdTile {
 template <int kBlockM, int kBlockN, bool kValidate, class Params>
 __device__ __forceinline__ BwdTile make_bwd_tile(const Params& p, int32_t t) {
   BwdTile ti;
-  const int32_t num_bh = p.num_heads_kv * p.batch;
-  ti.n_block = p.lpt ? t / num_bh : t % p.num_n_blocks;
-  const int32_t bh = p.lpt ? t % num_bh : t / p.num_n_blocks;
-  ti.h_kv = bh % p.num_heads_kv;
-  ti.b = bh / p.num_heads_kv;
+  const BwdTileCoord c = bwd_tile_coord(t, p.num_n_blocks, p.num_heads_kv, p.batch, p.lpt);
+  ti.n_block = c.n_block;
+  ti.h_kv = c.h_kv;
+  ti.b = c.b;
   ti.s = seq_bounds<kValidate>(p, ti.b);
   ti.chunk0 = chunk_base<kBlockM>(p, ti.b, ti.s);
   ti.m = query_blocks<kBlockM, kBlockN>(ti.n_block, ti.s.seqlen_q, ti.s.seqlen_k, p.mask);
@@ -79,22 +54,10 @@ __device__ __forceinline__ BwdTile make_bwd_tile(const Params& p, int32_t t) {
   return ti;
 }
 
-/// The tile of this CTA's i-th iteration (>= num_tiles: none). Rounds of gridDim.x tiles; with
-/// p.lpt odd rounds run backwards, so the CTA that took a round's longest tile takes the next
-/// round's shortest (a plain stride hands CTA 0 the longest tile of every round). Every CTA's
-/// sequence increases, so the lowest unfinished tile is always running.
+/// This CTA's tile of iteration i (schedule_bwd.h bwd_tile_index).
 template <class Params>
 __device__ __forceinline__ int32_t bwd_tile_index(const Params& p, int32_t i) {
-  const int32_t round = i * int32_t(gridDim.x);
-  return round + (p.lpt && (i & 1) ? int32_t(gridDim.x) - 1 - int32_t(blockIdx.x) : int32_t(blockIdx.x));
-}
-
-/// Offset, inside a (head, chunk) dQ accumulator of 64 x d floats, of the float4 that thread t
-/// (0..127) of warpgroup wg stages for its 8-column group g: its accumulator values 4g..4g+3, i.e.
-/// rows r0 and r0 + 8 (r0 = arch::fragment_row(t)) at columns wg * d/2 + 8g + fragment_col(t) + {0, 1}.
-template <int kHeadDim>
-__host__ __device__ __forceinline__ int32_t dq_chunk_index(int wg, int g, int t) {
-  return wg * (64 * kHeadDim / 2) + g * 512 + t * 4;
+  return bwd_tile_index(i, int32_t(blockIdx.x), int32_t(gridDim.x), p.lpt);
 }
 
 }  // namespace fa4::hopper

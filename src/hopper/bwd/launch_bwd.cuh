@@ -127,7 +127,7 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   p.num_m_blocks = (fp.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM;
   p.num_n_blocks = (fp.seqlen_k + Kt::kBlockN - 1) / Kt::kBlockN;
   p.lpt = ctx.lpt;
-  const int64_t chunks = fp.is_varlen ? fp.total_q / Kt::kBlockM + fp.batch : int64_t(fp.batch) * p.num_m_blocks;
+  const int64_t chunks = bwd_num_chunks<Kt::kBlockM>(fp.is_varlen, fp.batch, fp.total_q, p.num_m_blocks);
   const int64_t num_tiles = int64_t(p.num_n_blocks) * fp.num_heads_kv * fp.batch;
   if (num_tiles > kMaxTiles || chunks > INT32_MAX)
     throw Error(ErrorCode::kUnsupported, "fa4::backward (hopper): more than 2^31 - 2^16 key tiles or 2^31 query blocks");

@@ -1,0 +1,80 @@
+// src/hopper/bwd/schedule_bwd.h — the backward's index arithmetic, host + device (no CUDA, so the
+// CPU tests check it: tests/cpu/test_hopper_host.cpp): which tile a CTA runs, which query blocks a
+// key block sees, where a sequence's workspace chunks start, and the dQ staging order.
+// geometry_bwd.cuh wraps these for the kernels.
+#pragma once
+
+#include <cstdint>
+
+#include "core/mask.h"
+#include "fa4/detail/macros.h"
+
+namespace fa4::hopper {
+
+/// The query blocks [m_lo, m_hi) a key block sees: the union over its keys of core/mask.h's
+/// visible_query_range, whose ends are monotone in the key, is inside [first(j_lo), last(j_hi)).
+/// Empty when the block is past seqlen_k or no query sees any of its keys.
+struct QueryBlocks {
+  int32_t m_lo = 0, m_hi = 0;
+};
+template <int kBlockM, int kBlockN>
+FA4_HD QueryBlocks query_blocks(int32_t n_block, int32_t seqlen_q, int32_t seqlen_k, detail::MaskSpec mask) {
+  QueryBlocks r;
+  const int32_t j_lo = n_block * kBlockN;
+  if (j_lo >= seqlen_k) return r;
+  const int32_t j_hi = (j_lo + kBlockN < seqlen_k ? j_lo + kBlockN : seqlen_k) - 1;
+  const detail::QueryRange a = detail::visible_query_range(j_lo, seqlen_q, seqlen_k, mask);
+  const detail::QueryRange z = detail::visible_query_range(j_hi, seqlen_q, seqlen_k, mask);
+  if (z.last <= a.first) return r;
+  r.m_lo = int32_t(a.first / kBlockM);
+  r.m_hi = int32_t((z.last + kBlockM - 1) / kBlockM);
+  return r;
+}
+
+/// Coordinates of tile t: key block n_block of KV head h_kv of sequence b. Dense problems: key
+/// block fastest, so the CTAs running at once share a head's Q and dO in L2. Masked (causal,
+/// window) and varlen problems (lpt): key block slowest, so the tiles go longest first (under a
+/// bottom-right causal mask the first key blocks see the most queries). Either way a key block
+/// of a head has a higher index than the blocks before it, which the deterministic mode's
+/// ordering relies on (mainloop_bwd_load.cuh).
+struct BwdTileCoord {
+  int32_t n_block, h_kv, b;
+};
+FA4_HD BwdTileCoord bwd_tile_coord(int32_t t, int32_t num_n_blocks, int32_t num_heads_kv, int32_t batch, bool lpt) {
+  const int32_t num_bh = num_heads_kv * batch;
+  const int32_t n = lpt ? t / num_bh : t % num_n_blocks;
+  const int32_t bh = lpt ? t % num_bh : t / num_n_blocks;
+  return {n, bh % num_heads_kv, bh / num_heads_kv};
+}
+
+/// The tile of CTA `cta`'s i-th iteration in a grid of `grid` CTAs (>= the tile count: none).
+/// Rounds of `grid` tiles; with lpt odd rounds run backwards, so the CTA that took a round's
+/// longest tile takes the next round's shortest (a plain stride hands CTA 0 the longest tile of
+/// every round). Every CTA's sequence increases, so the lowest unfinished tile is always running.
+FA4_HD int32_t bwd_tile_index(int32_t i, int32_t cta, int32_t grid, bool lpt) {
+  return i * grid + (lpt && (i & 1) ? grid - 1 - cta : cta);
+}
+
+/// First workspace chunk (query block of kBlockM rows) of sequence b, whose first packed row is
+/// q_row0: b * num_m_blocks when batched; for varlen floor(q_row0 / kBlockM) + b, an upper bound
+/// on the chunks of the sequences before it, so sequences never share one and all fit in
+/// bwd_num_chunks.
+template <int kBlockM>
+FA4_HD int32_t bwd_chunk_base(bool varlen, int32_t b, int32_t q_row0, int32_t num_m_blocks) {
+  return varlen ? q_row0 / kBlockM + b : b * num_m_blocks;
+}
+template <int kBlockM>
+FA4_HD int64_t bwd_num_chunks(bool varlen, int64_t batch, int64_t total_q, int64_t num_m_blocks) {
+  return varlen ? total_q / kBlockM + batch : batch * num_m_blocks;
+}
+
+/// Offset, inside a (head, chunk) dQ accumulator of 64 x d floats, of the float4 that thread t
+/// (0..127) of warpgroup wg stages for its 8-column group g: its accumulator values 4g..4g+3, i.e.
+/// rows r0 and r0 + 8 (r0 = the wgmma fragment row of t: 16 (t / 32) + (t % 32) / 4) at columns
+/// wg * d/2 + 8g + 2 (t % 4) + {0, 1}, in the order (r0, c), (r0, c+1), (r0+8, c), (r0+8, c+1).
+template <int kHeadDim>
+FA4_HD int32_t dq_chunk_index(int wg, int g, int t) {
+  return wg * (64 * kHeadDim / 2) + g * 512 + t * 4;
+}
+
+}  // namespace fa4::hopper
