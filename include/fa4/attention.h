@@ -33,7 +33,9 @@
 //   * NaN in q/k/v still propagates to the rows it reaches. NaN in a key/value row past the end
 //     of its sequence (tile padding, seqused_k, the next varlen sequence) never does. On the CPU
 //     a NaN in a key masked for some rows (causal/window) never reaches those rows either; on the
-//     Hopper kernel a NaN in such a V row can (0 * NaN in the P.V matrix product).
+//     Hopper kernel a NaN in such a V row can (0 * NaN in the P.V matrix product). The Hopper
+//     backward, varlen: a NaN in the rows just past a sequence's last key (or query) block's real
+//     rows can reach that sequence's dq (dk, dv) the same way (src/hopper/bwd/README.md).
 //   * batch == 0, seqlen_q == 0 or total_q == 0: forward reads and writes nothing; backward
 //     writes zeros to dk/dv (and dsink), whose gradient is then exactly 0.
 //   * varlen: rows of out/lse/dq/dk/dv outside every [cu_seqlens[b], cu_seqlens[b+1]) range, and

@@ -6,8 +6,10 @@ Builds two tiny decoder models from configs with random weights (no download):
   * "mistral-swa": Mistral style, GQA plus a sliding window shorter than the prompts;
 then, for a batch of prompts of different lengths with LEFT padding and with RIGHT padding, runs a
 batched prefill and a few greedy decode steps with a KV cache, three times: attn_implementation
-"fa4" and "sdpa" in the run dtype, and "sdpa" in float64 as the reference. On the real (non-pad)
-tokens the logits must satisfy the project's accuracy rule
+"fa4" and "sdpa" in the run dtype, and "sdpa" in float64 as the reference; and one training step
+(next-token cross-entropy on the left-padded batch, backward through fa4's backward kernel). The
+logits on the real (non-pad) tokens, the training loss and every parameter's gradient must satisfy
+the project's accuracy rule
     max|fa4 - fp64| <= 2 * max|sdpa - fp64| + atol      (atol = 4 * eps(fp32) * max|fp64|).
 Decode with right padding leaves padding between the prompt and the new tokens; with a sliding
 window that is not representable, and the check asserts that fa4 refuses it with a clear error.
@@ -63,7 +65,7 @@ def build_models(config, dtype, device, seed):
     models = {}
     for name, impl, dt in (("fa4", fa4_hf.NAME, dtype), ("sdpa", "sdpa", dtype),
                            ("fp64", "sdpa", torch.float64)):
-        m = copy.deepcopy(base).to(device=device, dtype=dt).eval()
+        m = copy.deepcopy(base).to(device=device, dtype=dt).eval()  # eval: no dropout anywhere
         m.set_attn_implementation(impl)
         models[name] = m
     return models
@@ -87,16 +89,52 @@ def positions(mask):
     return pos.masked_fill(mask == 0, 1)
 
 
-def compare(label, logits, real, dtype, results):
-    ref = logits["fp64"][real]
-    err = {k: (logits[k][real].double() - ref).abs().max().item() for k in ("fa4", "sdpa")}
+def rule(values):
+    """(ok, fa4 err, sdpa err, bound) of the accuracy rule on {"fa4", "sdpa", "fp64"} tensors."""
+    ref = values["fp64"].double()
+    err = {k: (values[k].double() - ref).abs().max().item() for k in ("fa4", "sdpa")}
     atol = 4 * torch.finfo(torch.float32).eps * ref.abs().max().item()  # tiny
     bound = 2 * err["sdpa"] + atol
-    finite = all(torch.isfinite(logits[k][real]).all().item() for k in ("fa4", "sdpa"))
-    ok = finite and err["fa4"] <= bound
+    finite = all(torch.isfinite(values[k]).all().item() for k in ("fa4", "sdpa"))
+    return finite and err["fa4"] <= bound, err["fa4"], err["sdpa"], bound
+
+
+def compare(label, logits, real, dtype, results):
+    ok, e_fa4, e_sdpa, bound = rule({k: v[real] for k, v in logits.items()})
     results.append(ok)
-    print(f"  {label:<34} fa4 err {err['fa4']:.3e}  sdpa err {err['sdpa']:.3e}  "
+    print(f"  {label:<34} fa4 err {e_fa4:.3e}  sdpa err {e_sdpa:.3e}  "
           f"bound {bound:.3e}  {'PASS' if ok else 'FAIL'}")
+
+
+def train_step(model_name, models, device, gen, results):
+    """One training step on the left-padded batch: loss and every parameter's gradient of the fa4
+    model against sdpa's (run dtype), both against sdpa in float64 (same weights)."""
+    ids, mask = make_batch("left", device, gen)
+    labels = ids.masked_fill(mask == 0, -100)  # no loss on padding
+    loss, grads = {}, {}
+    for k, m in models.items():
+        m.zero_grad(set_to_none=True)
+        out = m(input_ids=ids, attention_mask=mask, position_ids=positions(mask), labels=labels)
+        out.loss.backward()
+        loss[k] = out.loss.detach().reshape(1)
+        grads[k] = {n: p.grad.detach() for n, p in m.named_parameters() if p.grad is not None}
+    ok, e_fa4, e_sdpa, bound = rule(loss)
+    results.append(ok)
+    print(f"  {model_name + ' train-step loss':<34} fa4 err {e_fa4:.3e}  sdpa err {e_sdpa:.3e}  "
+          f"bound {bound:.3e}  {'PASS' if ok else 'FAIL'}")
+    # Every parameter that received a gradient in the reference, judged tensor by tensor.
+    names = sorted(grads["fp64"])
+    checks = [(n, rule({k: grads[k][n] for k in models})) for n in names
+              if n in grads["fa4"] and n in grads["sdpa"]]
+    failed = [(n, c) for n, c in checks if not c[0]]
+    ok = len(checks) == len(names) and not failed
+    results.append(ok)
+    worst = max(checks, key=lambda nc: nc[1][1] / nc[1][3] if nc[1][3] > 0 else 0.0)
+    print(f"  {model_name + ' train-step gradients':<34} {len(checks)}/{len(names)} tensors, "
+          f"worst {worst[0]}: fa4 err {worst[1][1]:.3e}  sdpa err {worst[1][2]:.3e}  "
+          f"bound {worst[1][3]:.3e}  {'PASS' if ok else 'FAIL'}")
+    for n, (_, e_fa4, e_sdpa, bound) in failed[:5]:
+        print(f"    FAIL {n}: fa4 err {e_fa4:.3e} sdpa err {e_sdpa:.3e} bound {bound:.3e}")
 
 
 @torch.no_grad()
@@ -160,6 +198,7 @@ def main(argv=None):
         models = build_models(config, dtype, args.device, args.seed)
         for side in ("left", "right"):
             run_case(model_name, models, side, dtype, args.device, gen, results)
+        train_step(model_name, models, args.device, gen, results)
     passed = sum(results)
     print(f"summary: {passed} passed, {len(results) - passed} failed")
     return 0 if passed == len(results) else 1

@@ -23,10 +23,11 @@ def _load_example():
 
 
 def test_example_check_passes_on_cpu(capsys):
-    # Llama-3 GQA + Mistral sliding window, left/right padding, prefill + decode, vs sdpa/fp64.
+    # Llama-3 GQA + Mistral sliding window, left/right padding, prefill + decode, and a training
+    # step (loss + every gradient), vs sdpa/fp64.
     assert _load_example().main(["--device", "cpu", "--dtype", "bfloat16"]) == 0
     out = capsys.readouterr().out
-    assert "FAIL" not in out and "summary: 17 passed, 0 failed" in out
+    assert "FAIL" not in out and "summary: 21 passed, 0 failed" in out
 
 
 class _Module(torch.nn.Module):

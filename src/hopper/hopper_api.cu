@@ -3,6 +3,7 @@
 // in seconds; the kernels live in src/hopper/fwd/instantiations/*.cu.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -180,14 +181,19 @@ std::string backward_support(const detail::BwdParams& p, std::string* kernel_nam
   const int64_t rows_q = p.is_varlen ? p.total_q : p.seqlen_q;
   why = check_tma_tensor("dout", p.dout, p.dout_stride, rows_q, p.num_heads, p.batch, p.is_varlen, elem);
   if (!why.empty()) return why;
-  // The pre/postprocess grids are (query blocks, heads, batch).
-  const int64_t m_blocks = (int64_t(p.seqlen_q) + b->tile_m - 1) / b->tile_m;
-  const int64_t n_blocks = (int64_t(p.seqlen_k) + b->tile_n - 1) / b->tile_n;
-  if (p.batch > 65535 || p.num_heads > 65535 || m_blocks > INT32_MAX)
+  // The pre/postprocess grids are (query blocks, heads, batch); varlen maxima are clamped to the
+  // packed rows as launch_bwd.cuh does.
+  const int64_t max_q = p.is_varlen ? std::min<int64_t>(p.seqlen_q, p.total_q) : p.seqlen_q;
+  const int64_t max_k = p.is_varlen ? std::min<int64_t>(p.seqlen_k, p.total_k) : p.seqlen_k;
+  const int64_t m_blocks = (max_q + b->tile_m - 1) / b->tile_m;
+  const int64_t n_blocks = (max_k + b->tile_n - 1) / b->tile_n;
+  if (p.batch > 65535 || p.num_heads > 65535)
     return "the Hopper backward handles at most 65535 sequences and 65535 heads per call";
-  if (n_blocks * p.num_heads_kv * p.batch > kMaxTiles)
+  const int64_t chunks = p.is_varlen ? p.total_q / b->tile_m + p.batch : p.batch * m_blocks;
+  if (n_blocks * p.num_heads_kv * p.batch > kMaxTiles || chunks * p.num_heads > INT32_MAX)
     return "the Hopper backward handles at most 2^31 - 2^16 key tiles (batch * num_heads_kv * "
-           "ceil(max_seqlen_k / " + std::to_string(b->tile_n) + "))";
+           "ceil(max_seqlen_k / " + std::to_string(b->tile_n) + ")) and 2^31 - 1 query blocks of " +
+           std::to_string(b->tile_m) + " rows (over all heads)";
   if (kernel_name) *kernel_name = "hopper::bwd_" + bucket_name(p, b->headdim, b->headdim_v);
   return "";
 }

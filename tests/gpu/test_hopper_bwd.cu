@@ -10,7 +10,8 @@
 // Cases of ../shared/cases covered here for the backward: fully masked rows give zero gradients, never
 // NaN (causal with seqlen_q > seqlen_k, windows); seqlen_q != seqlen_k bottom-right; tails that are
 // not a multiple of the tiles; GQA/MQA sums of dK/dV; varlen; padded head dims use every channel;
-// dsink; deterministic mode bitwise over 10 runs; an unsupported head dim is a clear kUnsupported.
+// dsink; deterministic mode bitwise over 10 runs; invalid device-side varlen indices (skipped,
+// reported asynchronously); an unsupported head dim is a clear kUnsupported.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -82,6 +83,12 @@ TEST(HopperBwd, TailsAndBottomRightCausal) {
     c.seqlen_q = 1;    // a decode-like row against many keys
     c.seqlen_k = 700;
     check_case(c);
+    c.seqlen_q = 0;    // no queries: dk = dv = 0 are written (and dq is empty)
+    c.seqlen_k = 200;
+    check_case(c);
+    c.seqlen_q = 200;  // no keys: dq = 0, dk/dv empty
+    c.seqlen_k = 0;
+    check_case(c);
   }
 }
 
@@ -123,7 +130,7 @@ TEST(HopperBwd, GqaMqaVarlenPaddedDims) {
   c.causal = true;
   c.sink = true;
   check_case(c);
-  for (int d : {40, 72, 112}) {  // padded to the 64, 96 and 128 buckets
+  for (int d : {40, 72, 112}) {  // padded: 40 runs on the d64 backward, 72 and 112 on the d128
     c = base(d, "fp16");
     c.causal = true;
     check_case(c);
@@ -141,11 +148,14 @@ TEST(HopperBwd, LongerSequences) {
   check_case(c);
 }
 
-/// deterministic = true: ten backward runs on the same inputs give bitwise-equal dq, dk, dv.
+/// deterministic = true: ten backward runs on the same inputs give bitwise-equal dq, dk, dv (dense,
+/// causal and a window: three tile orders / query-block ranges).
 TEST(HopperBwd, DeterministicBitwise) {
   REQUIRE_HOPPER();
-  for (bool causal : {false, true}) {
+  for (int mask = 0; mask < 3; ++mask) {
+    const bool causal = mask == 1;
     CaseSpec s = base(64);
+    if (mask == 2) s.window = {300, 100};
     s.device = "cuda";
     s.backward = true;
     s.deterministic = true;
@@ -191,6 +201,39 @@ TEST(HopperBwd, SanitizeSmall) {
       c.deterministic = det;
       check_case(c);
     }
+}
+
+/// Device-resident varlen indices that break the rules: the backward computes nothing for the
+/// sequence concerned (no out-of-bounds access: run under compute-sanitizer), the others are
+/// right, and the rule is reported by fa4::check_async_errors.
+TEST(HopperBwd, SanitizeBadVarlenIndices) {
+  REQUIRE_HOPPER();
+  CaseSpec s = base(64);
+  s.device = "cuda";
+  s.backward = true;
+  s.batch = 3;
+  s.varlen = true;
+  s.seqlen_q = s.seqlen_k = 150;
+  s.seed = fa4::test::next_seed();
+  Problem p = Problem::make(s);
+  DeviceProblem dp(p, nullptr);
+  fa4::cli::run_forward(p, dp.placement(), fa4::Backend::kCuda);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  // cu_seqlens_k[2] past the packed rows: sequences 1 and 2 break the rule.
+  std::vector<int32_t> cu_k(p.seq.cu_k.begin(), p.seq.cu_k.end());
+  cu_k[2] = int32_t(p.seq.total_k()) + 1000;
+  ASSERT_EQ(cudaMemcpy(dp.placement().cu_k, cu_k.data(), cu_k.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  fa4::cli::run_backward(p, dp.placement(), fa4::Backend::kCuda);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  try {
+    fa4::check_async_errors(0);
+    FAIL() << "no asynchronous error reported";
+  } catch (const fa4::Error& e) {
+    EXPECT_EQ(e.code(), fa4::ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("cu_seqlens_k"), std::string::npos) << e.what();
+  }
+  fa4::check_async_errors(0);  // reported once, then clear
 }
 
 TEST(HopperBwd, UnsupportedBucketIsAClearError) {

@@ -172,12 +172,12 @@ struct BwdKernelTraits {
     float softmax_scale{};      // dK = softmax_scale * dS^T Q (dS here is d(logit), softcap's factor folded)
     detail::MaskSpec mask{};
 
-    // Workspace (bwd_workspace.cuh): per (query head, query chunk of 64 rows).
+    // Workspace (geometry_bwd.cuh; sized in launch_bwd.cuh): per (query head, query chunk of 64 rows).
     float* dq_accum{};          // fp32, fragment order per chunk
     const float* lse_log2{};    // per row of a chunk; +inf for rows without keys or past the sequence
     const float* dpsum{};       // D per row
     int32_t* dq_semaphore{};    // deterministic: reduce-adds done on each chunk
-    int32_t chunks{};           // chunks per head (bwd_workspace.cuh chunk_base)
+    int32_t chunks{};           // chunks per head (schedule_bwd.h bwd_num_chunks)
     int32_t num_m_blocks{};     // batched: ceil(seqlen_q / tile_m)
     bool deterministic{};
 

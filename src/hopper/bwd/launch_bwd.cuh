@@ -107,8 +107,10 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   p.num_heads = fp.num_heads;
   p.num_heads_kv = fp.num_heads_kv;
   p.group_size = fp.num_heads / fp.num_heads_kv;
-  p.seqlen_q = fp.seqlen_q;
-  p.seqlen_k = fp.seqlen_k;
+  // Varlen: no sequence is longer than the packed rows, so the maxima are clamped to them (the
+  // grids of query and key blocks then stay small whatever max_seqlen_q/k say).
+  p.seqlen_q = fp.is_varlen ? int32_t(std::min<int64_t>(fp.seqlen_q, fp.total_q)) : fp.seqlen_q;
+  p.seqlen_k = fp.is_varlen ? int32_t(std::min<int64_t>(fp.seqlen_k, fp.total_k)) : fp.seqlen_k;
   p.headdim = fp.headdim;
   p.headdim_v = fp.headdim_v;
   p.is_varlen = fp.is_varlen;
@@ -124,13 +126,12 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   p.softmax_scale = fp.softmax_scale;
   p.mask = fp.mask;
   p.deterministic = fp.deterministic;
-  p.num_m_blocks = (fp.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM;
-  p.num_n_blocks = (fp.seqlen_k + Kt::kBlockN - 1) / Kt::kBlockN;
+  // (backward_support checked that these fit in int32.)
+  p.num_m_blocks = int32_t((int64_t(p.seqlen_q) + Kt::kBlockM - 1) / Kt::kBlockM);
+  p.num_n_blocks = int32_t((int64_t(p.seqlen_k) + Kt::kBlockN - 1) / Kt::kBlockN);
   p.lpt = ctx.lpt;
   const int64_t chunks = bwd_num_chunks<Kt::kBlockM>(fp.is_varlen, fp.batch, fp.total_q, p.num_m_blocks);
   const int64_t num_tiles = int64_t(p.num_n_blocks) * fp.num_heads_kv * fp.batch;
-  if (num_tiles > kMaxTiles || chunks > INT32_MAX)
-    throw Error(ErrorCode::kUnsupported, "fa4::backward (hopper): more than 2^31 - 2^16 key tiles or 2^31 query blocks");
   p.chunks = int32_t(chunks);
   p.num_tiles = int32_t(num_tiles);
 
@@ -171,8 +172,8 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   a.num_heads = fp.num_heads;
   a.headdim = fp.headdim;
   a.headdim_v = fp.headdim_v;
-  a.seqlen_q = fp.seqlen_q;
-  a.seqlen_k = fp.seqlen_k;
+  a.seqlen_q = p.seqlen_q;
+  a.seqlen_k = p.seqlen_k;
   a.is_varlen = fp.is_varlen;
   a.cu_seqlens_q = fp.cu_seqlens_q;
   a.cu_seqlens_k = fp.cu_seqlens_k;
@@ -205,8 +206,26 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
     }
     if (launched == cudaSuccess) {
       const int grid = int(std::min<int64_t>(num_tiles, ctx.num_sms));
-      kernel<<<grid, Kt::kNumThreads, Kt::kSmemBytes, stream>>>(p);
-      launched = cudaGetLastError();
+      if (fp.deterministic) {
+        // A key block's dQ writer waits for the blocks before it (mainloop_bwd_load.cuh): that is
+        // deadlock-free only if every CTA is resident, which a cooperative launch guarantees (or
+        // refuses, e.g. with fewer usable SMs under MPS or green contexts).
+        cudaLaunchAttribute attr{};
+        attr.id = cudaLaunchAttributeCooperative;
+        attr.val.cooperative = 1;
+        cudaLaunchConfig_t cfg{};
+        cfg.gridDim = dim3(unsigned(grid));
+        cfg.blockDim = dim3(unsigned(Kt::kNumThreads));
+        cfg.dynamicSmemBytes = size_t(Kt::kSmemBytes);
+        cfg.stream = stream;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+        launched = cudaLaunchKernelEx(&cfg, kernel, p);
+        if (launched != cudaSuccess) cudaGetLastError();
+      } else {
+        kernel<<<grid, Kt::kNumThreads, Kt::kSmemBytes, stream>>>(p);
+        launched = cudaGetLastError();
+      }
     }
   }
   if (launched == cudaSuccess && has_rows) {
@@ -218,6 +237,11 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
     launched = cudaGetLastError();
   }
   release_scratch(ws, stream);
+  if (launched == cudaErrorCooperativeLaunchTooLarge)
+    throw Error(ErrorCode::kUnsupported,
+                "fa4::backward (hopper): deterministic = true needs every CTA of the backward resident at once "
+                "(a cooperative launch), which this device or context refused (fewer usable SMs, e.g. MPS); "
+                "dq/dk/dv were not written");
   check_cuda(launched, "kernel launch");
 }
 

@@ -2,9 +2,10 @@
 // CTA's K and V and, query block by query block, Q, dO, lse_log2 and D; and the dQ writer warp that
 // reduce-adds each staged dQ part into the fp32 accumulator.
 //
-// Both walk the CTA's tiles in the same static order as the consumers (t = blockIdx.x + i * grid)
-// and, inside a tile, the group's query heads in order, each over the query blocks that see the key
-// block (geometry_bwd.cuh), so all three roles agree step for step without a handoff ring.
+// Both walk the CTA's tiles in the same static order as the consumers (schedule_bwd.h
+// bwd_tile_index) and, inside a tile, the group's query heads in order, each over the query blocks
+// that see the key block, with the same checked sequence bounds (geometry_bwd.cuh make_bwd_tile),
+// so all three roles agree step for step without a handoff ring.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -131,7 +132,7 @@ struct BwdDqWriter {
 #pragma unroll
     for (int wg = 0; wg < Kt::kNumMmaWarpGroups; ++wg) arch::named_barrier_arrive(Barriers::dq_empty(wg), kStageThreads);
     for (int32_t i = 0, t = bwd_tile_index(p, 0); t < p.num_tiles; t = bwd_tile_index(p, ++i)) {
-      const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, false>(p, t);
+      const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, true>(p, t);
       for (int32_t g = 0; g < p.group_size && ti.has_steps(); ++g) {
         const int32_t h = ti.h_kv * p.group_size + g;
         for (int32_t m = ti.m.m_lo; m < ti.m.m_hi; ++m) {

@@ -100,7 +100,7 @@ struct BwdMma {
     int ds_buf = 0;
 
     for (int32_t i = 0, t = bwd_tile_index(p, 0); t < p.num_tiles; t = bwd_tile_index(p, ++i)) {
-      const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, false>(p, t);
+      const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, true>(p, t);
       if (!ti.has_keys) continue;  // no dK/dV rows
       clear(tdVrdV);
       clear(tdKrdK);

@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kBwdAuxThreads) bwd_dsink_kernel(const BwdAuxP
   if (threadIdx.x == 0) {
     float sum = 0.f;
     for (int w = 0; w < kBwdAuxThreads / 32; ++w) sum += warp_sums[w];
-    p.dsink[h] = -sum;
+    p.dsink[h] = sum == 0.f ? 0.f : -sum;  // no rows (or all without keys): +0, not -0
   }
 }
 

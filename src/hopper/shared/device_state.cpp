@@ -36,14 +36,21 @@ std::map<std::tuple<int, unsigned long long, int>, std::pair<char*, size_t>> g_e
 std::map<int, cudaStream_t> g_zero_stream;  // a private stream per device for the one-time memset
 std::vector<char*> g_outgrown;              // kept, not freed: see acquire_scratch
 
-/// cudaMalloc + zero fill on a private non-blocking stream (never the caller's). Called with g_mu
-/// held.
-char* alloc_zeroed(int device, size_t bytes) {
+/// cudaMalloc + (when `zero`) zero fill on a private non-blocking stream (never the caller's).
+/// Called with g_mu held.
+char* alloc_scratch(int device, size_t bytes, bool zero) {
   RelaxedCapture relaxed;  // another thread may be capturing in global mode
-  cudaStream_t& zs = g_zero_stream[device];
-  if (!zs) check(cudaStreamCreateWithFlags(&zs, cudaStreamNonBlocking), "cudaStreamCreate (scratch)");
   char* p = nullptr;
   check(cudaMalloc(reinterpret_cast<void**>(&p), bytes), "cudaMalloc (launch scratch)");
+  if (!zero) return p;  // (the backward's workspace: every launch writes what it reads)
+  cudaStream_t& zs = g_zero_stream[device];
+  if (!zs) {
+    const cudaError_t e = cudaStreamCreateWithFlags(&zs, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+      cudaFree(p);
+      check(e, "cudaStreamCreate (scratch)");
+    }
+  }
   cudaError_t e = cudaMemsetAsync(p, 0, bytes, zs);
   if (e == cudaSuccess) e = cudaStreamSynchronize(zs);
   if (e != cudaSuccess) {
@@ -85,7 +92,7 @@ LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, siz
   size_t size = 4096;
   while (size < bytes) size *= 2;
   if (b.first) g_outgrown.push_back(b.first);
-  b = {alloc_zeroed(device, size), size};
+  b = {alloc_scratch(device, size, zeroed_bytes > 0), size};
   return {b.first, false};
 }
 
