@@ -127,9 +127,9 @@ struct BwdMma {
             // Fragment entry v: key row r = (v / 2) % 2, query column c of the block.
             auto column = [&](int v) { return (v >> 2) * 8 + col_lane + (v & 1); };
             auto seen = [&](int v) {
-              const int32_t i = q0 + column(v);
+              const int32_t query = q0 + column(v);
               const int r = (v >> 1) & 1;
-              return i >= vis_first[r] && i < vis_last[r];
+              return query >= vis_first[r] && query < vis_last[r];
             };
             if constexpr (Kt::kConfig.softmax_under_mma) {
               // P^T while dP^T's product runs; dV's product issued at once; dS^T while it runs.
