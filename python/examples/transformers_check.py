@@ -110,13 +110,20 @@ def train_step(model_name, models, device, gen, results):
     """One training step on the left-padded batch: loss and every parameter's gradient of the fa4
     model against sdpa's (run dtype), both against sdpa in float64 (same weights)."""
     ids, mask = make_batch("left", device, gen)
-    labels = ids.masked_fill(mask == 0, -100)  # no loss on padding
+    # Next-token targets: position j predicts token j + 1; no loss where either is padding (a pad
+    # query row sees no key, and its output is a convention, not something to train on).
+    real = (mask[:, :-1] == 1) & (mask[:, 1:] == 1)
+    targets = ids[:, 1:].masked_fill(~real, -100)
     loss, grads = {}, {}
     for k, m in models.items():
         m.zero_grad(set_to_none=True)
-        out = m(input_ids=ids, attention_mask=mask, position_ids=positions(mask), labels=labels)
-        out.loss.backward()
-        loss[k] = out.loss.detach().reshape(1)
+        logits = m(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits[:, :-1]
+        # The reference's loss in float64 too (transformers' own loss upcasts only to float32).
+        logits = logits.double() if k == "fp64" else logits.float()
+        value = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                                  ignore_index=-100)
+        value.backward()
+        loss[k] = value.detach().reshape(1)
         grads[k] = {n: p.grad.detach() for n, p in m.named_parameters() if p.grad is not None}
     ok, e_fa4, e_sdpa, bound = rule(loss)
     results.append(ok)
@@ -127,8 +134,11 @@ def train_step(model_name, models, device, gen, results):
     checks = [(n, rule({k: grads[k][n] for k in models})) for n in names
               if n in grads["fa4"] and n in grads["sdpa"]]
     failed = [(n, c) for n, c in checks if not c[0]]
-    ok = len(checks) == len(names) and not failed
+    ok = bool(checks) and len(checks) == len(names) and not failed
     results.append(ok)
+    if not checks:
+        print(f"  {model_name + ' train-step gradients':<34} no gradients: FAIL")
+        return
     worst = max(checks, key=lambda nc: nc[1][1] / nc[1][3] if nc[1][3] > 0 else 0.0)
     print(f"  {model_name + ' train-step gradients':<34} {len(checks)}/{len(names)} tensors, "
           f"worst {worst[0]}: fa4 err {worst[1][1]:.3e}  sdpa err {worst[1][2]:.3e}  "

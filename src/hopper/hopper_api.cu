@@ -264,8 +264,8 @@ void backward(const detail::BwdParams& p) {
   // (bwd/schedule_bwd.h). Deterministic mode takes that order on dense problems too: with the key
   // block fastest, all key blocks of a head reach a query block together and add into it one after
   // another (a chain as long as the head's key blocks); key block slowest, the CTAs running
-  // together are spread over the heads (0.54x -> 0.92x of the default mode measured causal). The
-  // "lpt" override forces it either way.
+  // together are spread over the heads, so the chains are short (not measured yet on dense
+  // problems). The "lpt" override forces it either way.
   const detail::KernelOverrides o = detail::kernel_overrides();
   ctx.lpt = o.lpt < 0 ? (p.mask.is_local() || p.is_varlen || p.deterministic) : o.lpt == 1;
   int prev = 0;

@@ -204,13 +204,15 @@ TEST(HopperBwd, SanitizeSmall) {
 }
 
 /// Device-resident varlen indices that break the rules: the backward computes nothing for the
-/// sequence concerned (no out-of-bounds access: run under compute-sanitizer), the others are
-/// right, and the rule is reported by fa4::check_async_errors.
+/// sequences concerned (their gradient rows keep the poison; no out-of-bounds access: run under
+/// compute-sanitizer), the good sequence gets exactly the gradients of a run with valid indices,
+/// and the rule is reported by fa4::check_async_errors.
 TEST(HopperBwd, SanitizeBadVarlenIndices) {
   REQUIRE_HOPPER();
   CaseSpec s = base(64);
   s.device = "cuda";
   s.backward = true;
+  s.deterministic = true;  // the good sequence's gradients are compared bitwise
   s.batch = 3;
   s.varlen = true;
   s.seqlen_q = s.seqlen_k = 150;
@@ -218,7 +220,17 @@ TEST(HopperBwd, SanitizeBadVarlenIndices) {
   Problem p = Problem::make(s);
   DeviceProblem dp(p, nullptr);
   fa4::cli::run_forward(p, dp.placement(), fa4::Backend::kCuda);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  fa4::cli::run_backward(p, dp.placement(), fa4::Backend::kCuda);  // valid indices: the reference
+  dp.download_outputs();
+  auto bytes = [](const fa4::test::HostTensor& t) {
+    const char* b = static_cast<const char*>(t.data());
+    return std::vector<char>(b, b + t.numel() * fa4::dtype_size(t.dtype()));
+  };
+  const std::vector<char> good_dq = bytes(p.dq), good_dk = bytes(p.dk), good_dv = bytes(p.dv);
+  // Poison the gradients again (0xFF: NaN in bf16).
+  const fa4::cli::Placement& at = dp.placement();
+  for (auto [ptr, t] : {std::pair{at.dq, &p.dq}, std::pair{at.dk, &p.dk}, std::pair{at.dv, &p.dv}})
+    ASSERT_EQ(cudaMemset(ptr, 0xFF, size_t(t->numel()) * fa4::dtype_size(t->dtype())), cudaSuccess);
   // cu_seqlens_k[2] past the packed rows: sequences 1 and 2 break the rule.
   std::vector<int32_t> cu_k(p.seq.cu_k.begin(), p.seq.cu_k.end());
   cu_k[2] = int32_t(p.seq.total_k()) + 1000;
@@ -234,6 +246,24 @@ TEST(HopperBwd, SanitizeBadVarlenIndices) {
     EXPECT_NE(std::string(e.what()).find("cu_seqlens_k"), std::string::npos) << e.what();
   }
   fa4::check_async_errors(0);  // reported once, then clear
+  dp.download_outputs();
+  // Packed rows (of the valid layout): sequence 0's equal the reference, sequences 1-2's are poison.
+  const std::vector<char> dq = bytes(p.dq), dk = bytes(p.dk), dv = bytes(p.dv);
+  const size_t q_row = dq.size() / size_t(p.seq.total_q()), k_row = dk.size() / size_t(p.seq.total_k()),
+               v_row = dv.size() / size_t(p.seq.total_k());
+  auto split_check = [](const std::vector<char>& got, const std::vector<char>& ref, size_t row_bytes, int32_t rows0,
+                        const char* name) {
+    for (size_t i = 0; i < got.size(); ++i) {
+      const bool seq0 = i < size_t(rows0) * row_bytes;
+      if (seq0 ? got[i] != ref[i] : got[i] != char(0xFF)) {
+        ADD_FAILURE() << name << " byte " << i << (seq0 ? " of the good sequence differs" : " of a skipped sequence was written");
+        return;
+      }
+    }
+  };
+  split_check(dq, good_dq, q_row, p.seq.cu_q[1], "dq");
+  split_check(dk, good_dk, k_row, p.seq.cu_k[1], "dk");
+  split_check(dv, good_dv, v_row, p.seq.cu_k[1], "dv");
 }
 
 TEST(HopperBwd, UnsupportedBucketIsAClearError) {

@@ -236,12 +236,17 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
     bwd_dsink_kernel<Element><<<unsigned(fp.num_heads), kBwdAuxThreads, 0, stream>>>(a);
     launched = cudaGetLastError();
   }
-  release_scratch(ws, stream);
-  if (launched == cudaErrorCooperativeLaunchTooLarge)
+  if (launched == cudaErrorCooperativeLaunchTooLarge) {
+    try {  // (a refused launch may have invalidated a capture: the refusal is what to report)
+      release_scratch(ws, stream);
+    } catch (const Error&) {
+    }
     throw Error(ErrorCode::kUnsupported,
                 "fa4::backward (hopper): deterministic = true needs every CTA of the backward resident at once "
                 "(a cooperative launch), which this device or context refused (fewer usable SMs, e.g. MPS); "
                 "dq/dk/dv were not written");
+  }
+  release_scratch(ws, stream);
   check_cuda(launched, "kernel launch");
 }
 

@@ -3,7 +3,7 @@
 //                lse in log2 units (+inf where lse = -inf: P = 2^(s - inf) = 0, never NaN), the
 //                block's fp32 dQ accumulator zeroed, its deterministic-mode semaphore reset;
 //   postprocess  per query block: dQ = softmax_scale * accumulator, in the input dtype, from the
-//                staging's fragment order (geometry_bwd.cuh dq_chunk_index);
+//                staging's fragment order (schedule_bwd.h dq_chunk_index);
 //   dsink        per head, in a fixed order (deterministic): dsink_h = -sum_i exp(sink_h - lse_i) D_i
 //                (src/cpu/naive_attention.h derives it).
 // Each CTA handles one (query block, head, sequence); blocks past a varlen sequence return at once.
