@@ -15,40 +15,13 @@
 #include "hopper/bwd/launch_bwd.h"
 #include "hopper/bwd/pre_post_bwd.cuh"
 #include "hopper/shared/device_state.h"
+#include "hopper/shared/launch_common.cuh"
 
 namespace fa4::hopper {
 
-namespace bwd_detail {
-
-inline void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    throw Error(ErrorCode::kCudaError, std::string("fa4::backward (hopper): ") + what + ": " + cudaGetErrorString(e));
-  }
-}
-
-inline int64_t tma_stride(int64_t extent, int64_t stride, int64_t span_before) {
-  return extent <= 1 ? span_before : stride;
-}
-
 namespace {
-/// Devices on which Kt's kernel has its smem limit raised. Internal linkage on purpose (see
-/// launch_fwd.cuh): a function-local static of a template in a named namespace is a GNU-unique
-/// symbol, shared by every libfa4 in the process, so a second build's kernel would skip
-/// cudaFuncSetAttribute and fail to launch (seen in a three-build A/B).
-template <class Kt>
-std::atomic<uint64_t>& smem_raised_devices() {
-  static std::atomic<uint64_t> devices{0};
-  return devices;
-}
+constexpr const char* kBwd = "fa4::backward";
 }  // namespace
-
-inline bool aligned_pairs(const void* base, const detail::RowStrides& s, bool varlen, int32_t batch, int64_t elem) {
-  return reinterpret_cast<uintptr_t>(base) % (2 * elem) == 0 && (varlen || batch <= 1 || s.batch % 2 == 0) &&
-         s.row % 2 == 0 && s.head % 2 == 0;
-}
-
-}  // namespace bwd_detail
 
 template <int kDType, int kHeadDim, int kHeadDimV>
 void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
@@ -57,19 +30,13 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   using Kt = BwdKernelTraits<Element, kHeadDim, kHeadDimV>;
   using Params = typename Kt::Params;
   constexpr int64_t kElem = sizeof(Element);
-  using bwd_detail::check_cuda;
 
   const cudaStream_t stream = static_cast<cudaStream_t>(fp.device.stream);
   const int32_t batch_t = fp.is_varlen ? 1 : fp.batch;
   const int32_t rows_q = int32_t(std::max<int64_t>(1, fp.is_varlen ? fp.total_q : fp.seqlen_q));
   const int32_t rows_k = int32_t(std::max<int64_t>(1, fp.is_varlen ? fp.total_k : fp.seqlen_k));
   auto strides = [&](const detail::RowStrides& s, int32_t rows, int32_t heads) {
-    constexpr int64_t kRowSpan = std::max(kHeadDim, kHeadDimV);
-    const int64_t row = bwd_detail::tma_stride(rows, s.row, kRowSpan);
-    const int64_t head = bwd_detail::tma_stride(heads, s.head, std::max<int64_t>(kRowSpan, rows * row));
-    const int64_t bat = bwd_detail::tma_stride(batch_t, fp.is_varlen ? 0 : s.batch,
-                                               std::max({kRowSpan, rows * row, heads * head}));
-    return make_stride(row, _1{}, head, bat);
+    return tma_view_stride<std::max(kHeadDim, kHeadDimV)>(s, rows, heads, batch_t, fp.is_varlen);
   };
   auto shape_q = make_shape(rows_q, fp.headdim, fp.num_heads, batch_t);
   auto shape_do = make_shape(rows_q, fp.headdim_v, fp.num_heads, batch_t);
@@ -101,8 +68,8 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   p.dv_batch_stride = fp.dv_stride.batch;
   p.dv_row_stride = fp.dv_stride.row;
   p.dv_head_stride = fp.dv_stride.head;
-  p.dk_aligned_pairs = bwd_detail::aligned_pairs(fp.dk, fp.dk_stride, fp.is_varlen, fp.batch, kElem);
-  p.dv_aligned_pairs = bwd_detail::aligned_pairs(fp.dv, fp.dv_stride, fp.is_varlen, fp.batch, kElem);
+  p.dk_aligned_pairs = aligned_pairs(fp.dk, fp.dk_stride, fp.is_varlen, fp.batch, kElem);
+  p.dv_aligned_pairs = aligned_pairs(fp.dv, fp.dv_stride, fp.is_varlen, fp.batch, kElem);
   p.batch = fp.batch;
   p.num_heads = fp.num_heads;
   p.num_heads_kv = fp.num_heads_kv;
@@ -167,7 +134,7 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   a.lse_batch_stride = fp.lse_batch_stride;
   a.lse_head_stride = fp.lse_head_stride;
   a.lse_row_stride = fp.lse_row_stride;
-  a.dq_aligned_pairs = bwd_detail::aligned_pairs(fp.dq, fp.dq_stride, fp.is_varlen, fp.batch, kElem);
+  a.dq_aligned_pairs = aligned_pairs(fp.dq, fp.dq_stride, fp.is_varlen, fp.batch, kElem);
   a.batch = fp.batch;
   a.num_heads = fp.num_heads;
   a.headdim = fp.headdim;
@@ -198,12 +165,7 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   }
   if (launched == cudaSuccess && num_tiles > 0) {
     auto kernel = bwd_kernel<Kt>;
-    std::atomic<uint64_t>& raised = bwd_detail::smem_raised_devices<Kt>();
-    const uint64_t bit = uint64_t(1) << (fp.device.index & 63);
-    if (fp.device.index >= 64 || !(raised.load(std::memory_order_acquire) & bit)) {
-      launched = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kt::kSmemBytes);
-      if (launched == cudaSuccess && fp.device.index < 64) raised.fetch_or(bit, std::memory_order_release);
-    }
+    launched = raise_smem_limit_once<Kt>(kernel, Kt::kSmemBytes, fp.device.index);
     if (launched == cudaSuccess) {
       const int grid = int(std::min<int64_t>(num_tiles, ctx.num_sms));
       if (fp.deterministic) {
@@ -247,7 +209,7 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
                 "dq/dk/dv were not written");
   }
   release_scratch(ws, stream);
-  check_cuda(launched, "kernel launch");
+  check_cuda(launched, kBwd, "kernel launch");
 }
 
 }  // namespace fa4::hopper

@@ -12,38 +12,15 @@
 
 #include "fa4/error.h"
 #include "hopper/shared/device_state.h"
+#include "hopper/shared/launch_common.cuh"
 #include "hopper/fwd/kernel_fwd.cuh"
 #include "hopper/fwd/kernel_traits_fwd.cuh"
 #include "hopper/fwd/launch_fwd.h"
 
 namespace fa4::hopper {
 
-inline void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    cudaGetLastError();  // clear a non-sticky error so it is not reported against a later call
-    throw Error(ErrorCode::kCudaError,
-                std::string("fa4::forward (hopper): ") + what + ": " + cudaGetErrorString(e));
-  }
-}
-
-/// TMA ignores the stride of an extent-1 dimension but still requires a positive multiple of 16
-/// bytes; user strides of size-1 dims may be anything (case C20). Replace such a stride by the
-/// span of the dimensions before it (what a contiguous tensor would have): valid and monotone.
-inline int64_t tma_stride(int64_t extent, int64_t stride, int64_t span_before) {
-  return extent <= 1 ? span_before : stride;
-}
-
 namespace {
-/// Devices (bit per ordinal < 64) on which Kt's kernel has its shared-memory limit raised. Internal
-/// linkage on purpose: a function-local static of a template has vague linkage, and the dynamic
-/// linker unifies such symbols across every library of the process (STB_GNU_UNIQUE), so two
-/// copies of libfa4 in one process (two builds, or two packages that ship it) would share the
-/// flag while each has its own kernel: the second library's launch then fails.
-template <class Kt>
-std::atomic<uint64_t>& smem_raised_devices() {
-  static std::atomic<uint64_t> devices{0};
-  return devices;
-}
+constexpr const char* kFwd = "fa4::forward";
 }  // namespace
 
 template <int kDType, int kHeadDim, int kHeadDimV>
@@ -59,12 +36,7 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   const int32_t rows_k = int32_t(std::max<int64_t>(1, fp.is_varlen ? fp.total_k : fp.seqlen_k));
   // Spans in elements; the row span uses the padded bucket width (a multiple of 8 elements).
   auto strides = [&](const detail::RowStrides& s, int32_t rows, int32_t heads) {
-    constexpr int64_t kRowSpan = std::max(kHeadDim, kHeadDimV);
-    const int64_t row = tma_stride(rows, s.row, kRowSpan);
-    const int64_t head = tma_stride(heads, s.head, std::max<int64_t>(kRowSpan, rows * row));
-    const int64_t bat = tma_stride(batch_t, fp.is_varlen ? 0 : s.batch,
-                                   std::max({kRowSpan, rows * row, heads * head}));
-    return make_stride(row, _1{}, head, bat);
+    return tma_view_stride<std::max(kHeadDim, kHeadDimV)>(s, rows, heads, batch_t, fp.is_varlen);
   };
   auto shape_q = make_shape(rows_q, fp.headdim, fp.num_heads, batch_t);
   auto shape_k = make_shape(rows_k, fp.headdim, fp.num_heads_kv, batch_t);
@@ -107,9 +79,7 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   p.out_row_stride = fp.out_stride.row;
   p.out_head_stride = fp.out_stride.head;
   p.out_tma = out_tma;
-  p.out_aligned_pairs = reinterpret_cast<uintptr_t>(fp.out) % (2 * kElem) == 0 &&
-                        (fp.is_varlen || fp.batch <= 1 || fp.out_stride.batch % 2 == 0) &&
-                        fp.out_stride.row % 2 == 0 && fp.out_stride.head % 2 == 0;
+  p.out_aligned_pairs = aligned_pairs(fp.out, fp.out_stride, fp.is_varlen, fp.batch, kElem);
   p.lse = fp.lse;
   p.lse_batch_stride = fp.lse_batch_stride;
   p.lse_head_stride = fp.lse_head_stride;
@@ -155,15 +125,8 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   p.heads_per_section = int32_t(std::clamp<int64_t>(ctx.l2_bytes / 2 / kv_bytes_per_head, 1, bh));
 
   auto kernel = fwd_kernel<Kt>;
-  // The shared-memory limit is a property of the function in each device's context: raised once
-  // per device, not per call (a driver call costs more host time than a short kernel's launch).
-  std::atomic<uint64_t>& smem_raised = smem_raised_devices<Kt>();
-  const uint64_t device_bit = uint64_t(1) << (fp.device.index & 63);
-  if (fp.device.index >= 64 || !(smem_raised.load(std::memory_order_acquire) & device_bit)) {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kt::kSmemBytes),
-               "cudaFuncSetAttribute(max dynamic smem)");
-    if (fp.device.index < 64) smem_raised.fetch_or(device_bit, std::memory_order_release);
-  }
+  check_cuda(raise_smem_limit_once<Kt>(kernel, Kt::kSmemBytes, fp.device.index), kFwd,
+             "cudaFuncSetAttribute(max dynamic smem)");
   const cudaStream_t stream = static_cast<cudaStream_t>(fp.device.stream);
   const int32_t blocks_per_tile = int32_t((int64_t(fp.seqlen_k) + Kt::kBlockN - 1) / Kt::kBlockN);
   // Whole tiles on min(tiles, SMs) CTAs: the plain launch, and the fallback when the cooperative
@@ -225,7 +188,7 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
     launched = cudaGetLastError();
   }
   release_scratch(scratch, stream);  // a captured call's graph-owned scratch: freed after the kernel
-  check_cuda(launched, "kernel launch");
+  check_cuda(launched, kFwd, "kernel launch");
 }
 
 }  // namespace fa4::hopper
