@@ -58,23 +58,13 @@ inline constexpr int32_t kHopperNumBwdConfigs =
 
 /// Row for the compiled bucket (headdim, headdim_v); nullptr if the bucket has no backward.
 constexpr const HopperBwdConfig* find_hopper_bwd_config(int32_t headdim, int32_t headdim_v) {
-  for (int32_t i = 0; i < kHopperNumBwdConfigs; ++i)
-    if (kHopperBwdConfigs[i].headdim == headdim && kHopperBwdConfigs[i].headdim_v == headdim_v)
-      return &kHopperBwdConfigs[i];
-  return nullptr;
+  return find_bucket_row(kHopperBwdConfigs, headdim, headdim_v);
 }
 
 /// The backward bucket an input (headdim, headdim_v) runs on: the smallest row with headdim >= d and
 /// headdim_v >= dv; nullptr if none fits.
 constexpr const HopperBwdConfig* hopper_bwd_bucket(int32_t d, int32_t dv) {
-  const HopperBwdConfig* best = nullptr;
-  for (int32_t i = 0; i < kHopperNumBwdConfigs; ++i) {
-    const HopperBwdConfig& c = kHopperBwdConfigs[i];
-    if (c.headdim < d || c.headdim_v < dv) continue;
-    if (!best || c.headdim < best->headdim || (c.headdim == best->headdim && c.headdim_v < best->headdim_v))
-      best = &c;
-  }
-  return best;
+  return smallest_fitting_row(kHopperBwdConfigs, d, dv);
 }
 
 /// The row a compile-time instantiation uses (a compile error if the bucket has no row).

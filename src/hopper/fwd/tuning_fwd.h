@@ -90,10 +90,7 @@ inline constexpr int32_t kHopperNumFwdConfigs =
 
 /// Row of the table for the compiled bucket (headdim, headdim_v); nullptr if none.
 constexpr const HopperFwdConfig* find_hopper_fwd_config(int32_t headdim, int32_t headdim_v) {
-  for (int32_t i = 0; i < kHopperNumFwdConfigs; ++i)
-    if (kHopperFwdConfigs[i].headdim == headdim && kHopperFwdConfigs[i].headdim_v == headdim_v)
-      return &kHopperFwdConfigs[i];
-  return nullptr;
+  return find_bucket_row(kHopperFwdConfigs, headdim, headdim_v);
 }
 
 /// The row a compile-time instantiation uses (a compile error if the bucket has no row).
@@ -111,15 +108,7 @@ static_assert(0 FA4_HOPPER_BUCKETS(FA4_TUNING_ROW_FOUND) == kHopperNumFwdConfigs
 /// Compiled bucket an input (headdim, headdim_v) runs on: the smallest row with headdim >= d and
 /// headdim_v >= dv, preferring equal q/v dims. Returns nullptr if none fits.
 constexpr const HopperFwdConfig* hopper_fwd_bucket(int32_t d, int32_t dv) {
-  const HopperFwdConfig* best = nullptr;
-  for (int32_t i = 0; i < kHopperNumFwdConfigs; ++i) {
-    const HopperFwdConfig& c = kHopperFwdConfigs[i];
-    if (c.headdim < d || c.headdim_v < dv) continue;
-    if (!best || c.headdim < best->headdim ||
-        (c.headdim == best->headdim && c.headdim_v < best->headdim_v))
-      best = &c;
-  }
-  return best;
+  return smallest_fitting_row(kHopperFwdConfigs, d, dv);
 }
 
 }  // namespace fa4::detail
