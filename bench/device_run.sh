@@ -6,7 +6,8 @@
 # Switches (environment): HD buckets to build (default all), OLD=dir of the old tree (builds it
 # too and runs bench/ab_variants.py old vs new), SANITIZE=1, PYTEST=1 (python/tests against this
 # build), HOST=1 (bench/host_overhead.py), SAN_FILTER (gtest filter of the sanitizer runs),
-# BENCH=1 (bench/bench_fwd.py, BENCH_ARGS), BWD=1 (bench/bench_bwd.py, BWD_ARGS), AB_ARGS (extra
+# BENCH=1 (bench/bench_fwd.py, BENCH_ARGS), BWD=1 (bench/bench_bwd.py, BWD_ARGS), DECODE=1
+# (bench/bench_decode.py, DECODE_ARGS), AB_ARGS (extra
 # ab_variants.py arguments).
 # Everything is logged under $OUT; the last lines printed are the summary.
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
@@ -26,7 +27,7 @@ ninja -C build-dev fa4 fa4_gpu_tests > $OUT/build.log 2>&1 || grep -E "error" $O
 wait
 echo "device build: $(( $(date +%s) - T0 )) s"
 for log in build ${OLD:+build_old}; do  # ptxas: spill stores of each instantiation's kernels
-  awk '/Building CUDA object.*instantiations/ {match($0, /[fb]wd_[a-z0-9]+_hdim[0-9x]+/); f=substr($0, RSTART, RLENGTH)}
+  awk '/Building CUDA object.*instantiations/ {match($0, /([fb]wd|decode)_[a-z0-9]+_hdim[0-9x]+/); f=substr($0, RSTART, RLENGTH)}
        /spill stores/ && f != "" {match($0, /[0-9]+ bytes spill stores/); s[f]=s[f] " " substr($0, RSTART, RLENGTH-19)}
        END {for (f in s) printf "%s:%s  ", f, s[f]}' $OUT/$log.log > $OUT/spills_$log.txt
 done
@@ -37,7 +38,7 @@ summ() { grep -E "^\[  (PASSED|FAILED)|^\[  FAILED|Failure|Expected|Which is|whi
 timeout ${TEST_TIMEOUT:-300} $B/tests/fa4_gpu_tests > $OUT/gpu_tests.log 2>&1
 echo "gpu tests rc=$?"; summ 60 < $OUT/gpu_tests.log
 if [ "${SANITIZE:-0}" = 1 ]; then
-  F=${SAN_FILTER:-'HopperArch.*:HopperFwd.Sanitize*:HopperBwd.Sanitize*'}
+  F=${SAN_FILTER:-'HopperArch.*:HopperFwd.Sanitize*:HopperBwd.Sanitize*:HopperDecode.Sanitize*'}
   for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
     timeout 150 compute-sanitizer --tool $tool $B/tests/fa4_gpu_tests --gtest_filter="$F" > $OUT/sanitize_$tool.log 2>&1
     echo "$tool rc=$?: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" $OUT/sanitize_$tool.log | tr '\n' ' ')"
@@ -67,6 +68,10 @@ fi
 if [ "${BWD:-0}" = 1 ]; then
   PYTHONPATH=python FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout ${BWD_TIMEOUT:-300} python3 bench/bench_bwd.py $OUT/bench_bwd.json ${BWD_ARGS:---quick} > $OUT/bench_bwd.log 2>&1
   echo "bench_bwd rc=$?"; tail -${BENCH_TAIL:-30} $OUT/bench_bwd.log
+fi
+if [ "${DECODE:-0}" = 1 ]; then
+  PYTHONPATH=python:bench FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout ${DECODE_TIMEOUT:-300} python3 bench/bench_decode.py $OUT/bench_decode.json ${DECODE_ARGS:---quick} > $OUT/bench_decode.log 2>&1
+  echo "bench_decode rc=$?"; tail -${BENCH_TAIL:-40} $OUT/bench_decode.log
 fi
 echo "spills new: $(cat $OUT/spills_build.txt)"
 [ -n "$OLD" ] && echo "spills old: $(cat $OUT/spills_build_old.txt)"

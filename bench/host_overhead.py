@@ -9,7 +9,8 @@ values. This script measures (a) the host time per call at a tiny shape, for fa4
 eager call used before 0c7650c), libfa4's C entry point alone and SDPA cuDNN; (b) short d128
 shapes with do_bench four times in a row and with events around 50 back-to-back calls; (c) the
 serving shapes (a 128-query chunk over 1024 keys, one decode query over 1024 keys with GQA 32/8):
-time per eager call back to back and per replay of the call captured in a CUDA graph.
+time per eager call back to back and per replay of the call captured in a CUDA graph (the decode
+shape also through fa4.flash_attn_with_kvcache, the KV-cache route).
 
 --cpu measures (a) only, on CPU tensors of shape (1, 1, 1, 8) where the CPU kernel is ~1 us: the
 same Python path minus the CUDA-only steps (current stream and device lookups, the CUDA
@@ -174,7 +175,12 @@ def serving_rows(add):
         cudnn_call = lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=h != hkv)
         row = {"kind": "serving", "shape": name, "batch": b, "seqlen_q": sq, "seqlen_k": sk,
                "num_heads": h, "num_heads_kv": hkv, "headdim": d}
-        for lib, fn, ctx in (("fa4", fa4_call, contextlib.nullcontext), ("cudnn", cudnn_call, cudnn_only)):
+        contenders = [("fa4", fa4_call, contextlib.nullcontext), ("cudnn", cudnn_call, cudnn_only)]
+        if sq == 1 and hasattr(fa4, "flash_attn_with_kvcache"):  # the KV-cache route of a decode step
+            lens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
+            contenders.append(("fa4_kvcache", lambda: fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens),
+                               contextlib.nullcontext))
+        for lib, fn, ctx in contenders:
             try:
                 with ctx():
                     row[lib + "_eager_us"] = per_call_us(fn)

@@ -45,7 +45,8 @@
 //     next call on the device. Nothing is ever read or written out of bounds.
 //
 // ERRORS. fa4::Error (fa4/error.h). Every argument is validated before anything is written, except
-// the contents of device-resident varlen indices (above). The other exception: ErrorCode::kInternal from the CPU backward's consistency check (P = exp(s - lse)
+// the contents of device-resident varlen indices (above) and of device-resident KV-cache indices
+// (forward_with_kvcache). The other exception: ErrorCode::kInternal from the CPU backward's consistency check (P = exp(s - lse)
 // must be <= 1, i.e. lse belongs to these inputs and options) is raised after dq/dk/dv were written.
 #pragma once
 
@@ -98,6 +99,36 @@ struct BackwardOptions : AttentionOptions {
   bool deterministic = false;
 };
 
+/// Options of forward_with_kvcache (flash-attn's flash_attn_with_kvcache): everything of
+/// AttentionOptions except varlen (cu_seqlens_q/k, seqused_k, max_seqlen_q/k must stay unset),
+/// plus the cache description below. See forward_with_kvcache for the layouts and the rules.
+struct KVCacheOptions : AttentionOptions {
+  /// (batch, seqlen_new, num_heads_kv, headdim), dtype of q: keys written into the cache, in
+  /// place, at key positions cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 of sequence b
+  /// BEFORE attending. k_new and v_new: both or neither; they require cache_seqlens.
+  std::optional<TensorView> k_new;
+  /// (batch, seqlen_new, num_heads_kv, headdim_v), dtype of q: the values appended with k_new.
+  std::optional<TensorView> v_new;
+  /// int32 (batch,): keys already in the cache per sequence, each in [0, key_capacity -
+  /// seqlen_new]. Unset: every sequence holds key_capacity keys (then k_new is not allowed).
+  /// The caller's tensor is never modified (advance it yourself after an append).
+  std::optional<TensorView> cache_seqlens;
+  /// int32 (batch,): dense cache only: q's sequence b uses cache sequence cache_batch_idx[b], in
+  /// [0, batch_cache); with k_new the values must be distinct (two sequences appending into one
+  /// cache row would race). Unset: sequence b uses cache sequence b (batch_cache == batch).
+  /// An error together with page_table.
+  std::optional<TensorView> cache_batch_idx;
+  /// int32 (batch, max_pages), the page dim contiguous: paged cache. Key j of sequence b is slot
+  /// j % page_size of page page_table[b][j / page_size]; entries for p >= ceil(seqlen_k(b) /
+  /// page_size) are never read (may hold anything, e.g. -1).
+  std::optional<TensorView> page_table;
+  /// Split-KV count of the CUDA decode kernel: 0 = automatic, >= 1 exactly that many key splits
+  /// (then combined; above the kernel's maximum the CUDA selector answers kUnsupported). Must be
+  /// >= 0. The CPU implementations ignore it (any value >= 0 gives the
+  /// same result); on CUDA, results of different split counts agree up to rounding.
+  int32_t num_splits = 0;
+};
+
 /// Forward. Writes out and lse. Throws fa4::Error (nothing written) on bad input.
 void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
              const TensorView& lse, const AttentionOptions& options = {});
@@ -111,8 +142,62 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
               const BackwardOptions& options = {},
               const std::optional<TensorView>& dsink = std::nullopt);
 
-/// Reports invalid varlen indices met by an earlier kernel on CUDA device `device_index`.
-/// Device-resident cu_seqlens_q/k and seqused_k are not read by the host (that would cost a sync
+/// Attention of new queries against a KV cache, with an optional in-place append of new keys and
+/// values first (flash-attn's flash_attn_with_kvcache; decoding and chunked prefill). Writes the
+/// appended cache rows (k_new/v_new given), out and lse. Inference only: there is no backward.
+///
+/// LAYOUTS (the last dim contiguous, other strides free):
+///   q     (batch, seqlen_q, num_heads, headdim)
+///   out   (batch, seqlen_q, num_heads, headdim_v)      dtype of q
+///   lse   (batch, num_heads, seqlen_q)                  fp32, natural log
+///   dense cache (no page_table):
+///     k_cache (batch_cache, seqlen_cache, num_heads_kv, headdim)
+///     v_cache (batch_cache, seqlen_cache, num_heads_kv, headdim_v)
+///     batch_cache == batch without cache_batch_idx; any batch_cache >= 1 with it.
+///     key_capacity = seqlen_cache.
+///   paged cache (options.page_table (batch, max_pages)):
+///     k_cache (num_pages, page_size, num_heads_kv, headdim)     any page_size >= 1
+///     v_cache (num_pages, page_size, num_heads_kv, headdim_v)
+///     key_capacity = max_pages * page_size.
+/// dtypes: q, k_cache, v_cache, k_new, v_new and out all equal (bf16, fp16 or fp32); index tensors
+/// int32 on q's device. num_heads must be a multiple of num_heads_kv (GQA/MQA as in forward()).
+///
+/// SEMANTICS. With seqlen_new = k_new.shape[1] (0 without k_new), sequence b attends to keys
+/// [0, seqlen_k(b)) of its cache sequence, where
+///     seqlen_k(b) = (cache_seqlens ? cache_seqlens[b] : key_capacity - seqlen_new) + seqlen_new,
+/// after rows k_new[b, t] / v_new[b, t] were copied (bitwise) to key position cache_seqlens[b] + t.
+/// Cache rows outside those positions are never written. Masks (causal, windows) are bottom-right
+/// aligned per sequence: query i sees key j iff key_visible(i, j, seqlen_q, seqlen_k(b), mask), so
+/// with causal the last query sees every cached key. softmax_scale, softcap, sink,
+/// rescale_threshold, exp2_emulation_fraction and backend: as in forward(), except that the CUDA
+/// decode kernel takes no exp2 emulation share (exp2_emulation_fraction must be unset or 0 on CUDA
+/// tensors, else kUnsupported; it is bandwidth-bound); the edge semantics of
+/// forward() hold per sequence (seqlen_k(b) == 0: out row 0, lse -inf or the sink). batch == 0:
+/// nothing is read or written; seqlen_q == 0 with k_new: only the append is done.
+///
+/// ERRORS. fa4::Error, nothing written, for every rule above plus: any varlen option set
+/// ("varlen q is not supported by forward_with_kvcache"), k_new without v_new (or the reverse),
+/// k_new without cache_seqlens, page_table together with cache_batch_idx, seqlen_new >
+/// key_capacity, num_splits < 0, and (k_new given) a k_cache/v_cache stride of 0 on a dim of
+/// size > 1 (they are outputs then).
+/// CPU (host-resident) index tensors are checked before anything is written: cache_seqlens[b] in
+/// [0, key_capacity - seqlen_new]; cache_batch_idx[b] in [0, batch_cache), distinct with k_new;
+/// page_table[b][p] in [0, num_pages) for every p < ceil(seqlen_k(b) / page_size); with k_new and
+/// page_table, no two sequences may append into the same (page, slot). CUDA (device-resident)
+/// index tensors are NOT read by the host (a sync per call, and impossible under CUDA graph
+/// capture): the kernels check the same rules per sequence, give a sequence that breaks one no
+/// output, never read or write out of bounds, and record the rule for
+/// check_async_errors() — as for device-resident varlen indices. A sequence so skipped is not
+/// appended either. Not detected on CUDA (the caller's responsibility: they race): overlapping
+/// paged appends and, with k_new, repeated cache_batch_idx values. With several broken rules in
+/// one call, the report may name only some of them (bits set at once by several CTAs can merge).
+void forward_with_kvcache(const TensorView& q, const TensorView& k_cache,
+                          const TensorView& v_cache, const TensorView& out, const TensorView& lse,
+                          const KVCacheOptions& options = {});
+
+/// Reports invalid device-resident indices met by an earlier kernel on CUDA device `device_index`:
+/// varlen cu_seqlens_q/k and seqused_k, and forward_with_kvcache's cache_seqlens, cache_batch_idx
+/// and page_table. They are not read by the host (that would cost a sync
 /// per call and break CUDA graph capture): the kernel checks them, computes nothing for a sequence
 /// that breaks a rule (its out/lse rows stay unwritten) and records the rule in host-visible
 /// memory. This throws fa4::Error(kInvalidArgument) naming the broken rules and clears the record
@@ -120,7 +205,8 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
 /// wait for the GPU: synchronise the stream first to see the calls issued on it. Every CUDA
 /// forward() that launches a kernel calls it first, so an earlier error fails the next such call
 /// on the device (which then writes nothing), whichever stream or thread made the earlier one;
-/// forward_support() does not report it. Without CUDA, or before any varlen CUDA call, a no-op.
+/// (forward_with_kvcache() too); forward_support() does not report it. Without CUDA, or before
+/// any such CUDA call, a no-op.
 void check_async_errors(int device_index);
 
 /// Answers "would forward() run on these arguments, and with which kernel?" without running.
@@ -130,5 +216,14 @@ std::string forward_support(const TensorView& q, const TensorView& k, const Tens
                             const TensorView& out, const TensorView& lse,
                             const AttentionOptions& options = {},
                             std::string* kernel_name = nullptr);
+
+/// forward_support() for forward_with_kvcache(): "" if it would run (the kernel name in
+/// *kernel_name: "cpu::flash_forward_with_kvcache", "cpu::reference_forward_with_kvcache" or the
+/// CUDA decode kernel's), otherwise the message forward_with_kvcache() would throw. Reads host-
+/// resident index contents (as the call's validation does), runs and writes nothing.
+std::string forward_with_kvcache_support(const TensorView& q, const TensorView& k_cache,
+                                         const TensorView& v_cache, const TensorView& out,
+                                         const TensorView& lse, const KVCacheOptions& options = {},
+                                         std::string* kernel_name = nullptr);
 
 }  // namespace fa4

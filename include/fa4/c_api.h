@@ -10,7 +10,8 @@
  *     additive: existing functions, struct fields, their offsets and enum values never change;
  *     new things are only ADDED: new functions, new enum values, new fields at the END of
  *     fa4_options (its `struct_size` field tells the library which fields the caller knows).
- *     Version 2 added fa4_check_async_errors.
+ *     Version 2 added fa4_check_async_errors. Version 3 added fa4_forward_with_kvcache,
+ *     fa4_forward_with_kvcache_support, fa4_kvcache_args and fa4_kvcache_args_init.
  *   * fa4_abi_version() returns the version the library was built with. A caller compiled
  *     against version N works with any library whose fa4_abi_version() >= N.
  *   * Every exported symbol starts with "fa4_"; every macro with "FA4_".
@@ -53,7 +54,7 @@ extern "C" {
 #endif
 
 /** Version of this ABI (see STABILITY above). */
-#define FA4_C_API_VERSION 2
+#define FA4_C_API_VERSION 3
 
 /** Most dimensions an fa4_tensor holds. */
 #define FA4_MAX_DIMS 4
@@ -159,8 +160,58 @@ FA4_C_EXPORT int32_t fa4_forward_support(const fa4_tensor* q, const fa4_tensor* 
                                          const fa4_tensor* lse, const fa4_options* options,
                                          char* kernel_name, size_t kernel_name_capacity);
 
+/** Since ABI 3. The KV-cache arguments of fa4_forward_with_kvcache (fa4::KVCacheOptions minus
+ *  the fields it shares with fa4_options). Every pointer is nullable (= not given); layouts and
+ *  rules in fa4/attention.h (forward_with_kvcache).
+ *
+ *  ALWAYS initialise with fa4_kvcache_args_init(&a, sizeof(a)): the same struct_size convention
+ *  as fa4_options (fields added later at the end; all-zero bytes mean "not given / default"; a
+ *  library older than the caller rejects non-zero bytes it does not know with UNSUPPORTED). A
+ *  NULL args pointer means no append, no cache_seqlens (every sequence holds key_capacity keys),
+ *  a dense cache and num_splits = 0. */
+typedef struct fa4_kvcache_args {
+  uint32_t struct_size;              /**< sizeof(fa4_kvcache_args) as the caller compiled it */
+  const fa4_tensor* k_new;           /**< (batch, seqlen_new, num_heads_kv, headdim): appended in place */
+  const fa4_tensor* v_new;           /**< (batch, seqlen_new, num_heads_kv, headdim_v); both or neither */
+  const fa4_tensor* cache_seqlens;   /**< int32 (batch,): keys already cached; required with k_new */
+  const fa4_tensor* cache_batch_idx; /**< int32 (batch,): dense cache only; cache row of sequence b */
+  const fa4_tensor* page_table;      /**< int32 (batch, max_pages): paged cache */
+  int32_t num_splits;                /**< 0 = automatic; >= 1 the exact CUDA split-KV count */
+  int32_t reserved;                  /**< must be 0: fills what would be tail padding, so a field
+                                          added later always grows sizeof (and struct_size) */
+} fa4_kvcache_args;
+
+/** Since ABI 3. Writes the defaults (all zero: nothing given, num_splits 0) into the first
+ *  `struct_size` bytes of *args (pass sizeof(fa4_kvcache_args)) and sets args->struct_size.
+ *  Fails (INVALID_ARGUMENT) on NULL or a size too small to hold the v3 fields. */
+FA4_C_EXPORT int32_t fa4_kvcache_args_init(fa4_kvcache_args* args, size_t struct_size);
+
+/** Since ABI 3. fa4::forward_with_kvcache: attention of q against the KV cache k_cache/v_cache
+ *  (dense, or paged with args->page_table), after appending args->k_new/v_new in place at
+ *  args->cache_seqlens. Writes the appended cache rows, out and lse. options: as for fa4_forward
+ *  except that the varlen fields (cu_seqlens_q/k, seqused_k, max_seqlen_q/k) must be unset;
+ *  options->deterministic is ignored (there is no backward). Returns an fa4_status; on failure
+ *  nothing was written (device-resident index contents are checked by the kernel instead and
+ *  reported through fa4_check_async_errors). */
+FA4_C_EXPORT int32_t fa4_forward_with_kvcache(const fa4_tensor* q, const fa4_tensor* k_cache,
+                                              const fa4_tensor* v_cache, const fa4_tensor* out,
+                                              const fa4_tensor* lse, const fa4_options* options,
+                                              const fa4_kvcache_args* args);
+
+/** Since ABI 3. fa4_forward_support for fa4_forward_with_kvcache: runs nothing, writes no tensor;
+ *  FA4_STATUS_OK and the kernel's name in kernel_name (NUL-terminated, truncated to
+ *  kernel_name_capacity; may be NULL), or the status and message fa4_forward_with_kvcache would
+ *  give. */
+FA4_C_EXPORT int32_t fa4_forward_with_kvcache_support(const fa4_tensor* q, const fa4_tensor* k_cache,
+                                                      const fa4_tensor* v_cache,
+                                                      const fa4_tensor* out, const fa4_tensor* lse,
+                                                      const fa4_options* options,
+                                                      const fa4_kvcache_args* args,
+                                                      char* kernel_name,
+                                                      size_t kernel_name_capacity);
+
 /** Since ABI 2. fa4::check_async_errors (fa4/attention.h): INVALID_ARGUMENT, with the message, if an earlier
- *  kernel on CUDA device `device_index` met invalid device-resident varlen indices (the record is
+ *  kernel on CUDA device `device_index` met invalid device-resident varlen (or, since ABI 3, KV-cache) indices (the record is
  *  then cleared); OK otherwise. Does not wait for the GPU. */
 FA4_C_EXPORT int32_t fa4_check_async_errors(int32_t device_index);
 

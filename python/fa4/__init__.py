@@ -8,7 +8,8 @@ against torch or NumPy. Inputs may be
   ``torch.compile(fullgraph=True)`` support (custom ops ``fa4::fwd`` / ``fa4::bwd``);
 * NumPy arrays on CPU: float16, float32, or ``ml_dtypes.bfloat16`` if ml_dtypes is installed.
 
-Layouts are flash-attn's (see :func:`flash_attn_func`). Errors are :class:`Fa4Error` subclasses
+Layouts are flash-attn's (see :func:`flash_attn_func`); :func:`flash_attn_with_kvcache` is the
+inference-only KV-cache entry point (decoding, paged caches). Errors are :class:`Fa4Error` subclasses
 carrying the library's message (which names the tensor and the rule broken).
 """
 
@@ -31,7 +32,8 @@ else:
     from torch import Tensor as _Tensor
 
 __all__ = [
-    "flash_attn_func", "flash_attn_varlen_func", "forward", "backward", "forward_support",
+    "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "forward", "backward",
+    "forward_support",
     "version", "has_cuda", "library_path", "check_async_errors", "Fa4Error", "InvalidArgumentError", "UnsupportedError",
     "CudaError", "NoDeviceError", "InternalError", "LibraryNotFoundError",
 ]
@@ -56,9 +58,10 @@ def has_cuda() -> bool:
 
 
 def check_async_errors(device=0) -> None:
-    """Raises :class:`InvalidArgumentError` if an earlier varlen call on CUDA device `device` (an
-    index, or anything torch.device accepts: "cuda:1", torch.device("cuda") = the current device)
-    met invalid cu_seqlens_q/k or seqused_k contents, then clears the record.
+    """Raises :class:`InvalidArgumentError` if an earlier varlen or KV-cache call on CUDA device
+    `device` (an index, or anything torch.device accepts: "cuda:1", torch.device("cuda") = the
+    current device) met invalid cu_seqlens_q/k, seqused_k, cache_seqlens, cache_batch_idx or
+    page_table contents, then clears the record.
 
     CUDA tensors' indices are checked by the kernel, not before the call (reading them would cost a
     host sync and break CUDA graph capture): a sequence that breaks a rule is not computed (its
@@ -183,3 +186,67 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                      softcap=softcap, sink=sink, deterministic=deterministic,
                      rescale_threshold=rescale_threshold,
                      exp2_emulation_fraction=exp2_emulation_fraction, backend=backend)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None,
+                            cache_batch_idx=None, page_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0, sink=None,
+                            num_splits=0, return_lse=False, rescale_threshold=None,
+                            exp2_emulation_fraction=None, backend="auto"):
+    """Attention against a KV cache, with an optional in-place append first (flash-attn's
+    ``flash_attn_with_kvcache``; inference only: no autograd, outputs never require grad).
+    Everything after ``v`` is keyword-only: flash-attn 2 and 3 put other arguments there
+    (rotary_cos, qv), so a positional call written for them fails instead of binding wrongly.
+
+    Args:
+        q: (batch, seqlen_q, num_heads, headdim); bf16, fp16 or fp32 (torch) / fp16, fp32 or
+            ml_dtypes.bfloat16 (NumPy).
+        k_cache, v_cache: dense (batch_cache, seqlen_cache, num_heads_kv, headdim / headdim_v),
+            or paged (num_pages, page_size, num_heads_kv, headdim / headdim_v) when page_table is
+            given (any page_size >= 1). Same dtype as q; last dim contiguous. Written in place
+            when k/v are given.
+        k, v: optional (batch, seqlen_new, num_heads_kv, headdim / headdim_v), both or neither:
+            row t of sequence b is copied into the cache at key position cache_seqlens[b] + t
+            before attending. Requires cache_seqlens.
+        cache_seqlens: keys already in the cache per sequence: an int32 tensor (batch,) on q's
+            device, or an int (the same value for every sequence; an int32 tensor is then
+            allocated on q's device, so CUDA-graph users should pass a tensor). None: every
+            sequence holds the whole capacity (seqlen_cache, or max_pages * page_size). The
+            tensor is not modified: advance it yourself after an append.
+        cache_batch_idx: optional int32 (batch,): dense cache row of q's sequence b (default b,
+            with batch_cache == batch). Distinct values when appending. Not with page_table.
+        page_table: optional int32 (batch, max_pages) (flash-attn's block_table): key j of
+            sequence b lives in slot j % page_size of page page_table[b, j // page_size].
+        softmax_scale, causal, window_size, softcap, sink, rescale_threshold,
+        exp2_emulation_fraction, backend: as :func:`flash_attn_func`. Masks are bottom-right
+            aligned per sequence against seqlen_k(b) = cache_seqlens[b] + seqlen_new, so with
+            causal=True the last query sees every cached key.
+        num_splits: split-KV count of the CUDA decode kernel; 0 = automatic. No effect on CPU.
+        return_lse: also return lse.
+
+    Returns:
+        out (batch, seqlen_q, num_heads, headdim_v), dtype of q; with return_lse also
+        lse (batch, num_heads, seqlen_q) fp32, natural log.
+
+    Raises:
+        InvalidArgumentError (ValueError) for a broken rule (nothing is written then, the caches
+        included), UnsupportedError, NoDeviceError / CudaError. CPU index tensors are checked
+        before the call; CUDA ones by the kernel (see :func:`check_async_errors`).
+
+    torch: CUDA tensors run on ``torch.cuda.current_stream()`` without a host sync and allocate
+    only out and lse, so the call can be captured in a CUDA graph (with a tensor cache_seqlens).
+    """
+    fn = "fa4.flash_attn_with_kvcache"
+    if _torch_ops is not None and any(isinstance(x, _Tensor) for x in (q, k_cache, v_cache, k, v)):
+        out, lse = _torch_ops.kvcache_attention(
+            q, k_cache, v_cache, fn, k, v, cache_seqlens, cache_batch_idx, page_table,
+            softmax_scale, causal, window_size, softcap, sink, num_splits, rescale_threshold,
+            exp2_emulation_fraction, backend)
+    else:
+        out, lse = _core.numpy_forward_with_kvcache(
+            q, k_cache, v_cache, fn=fn, k_new=k, v_new=v, cache_seqlens=cache_seqlens,
+            cache_batch_idx=cache_batch_idx, page_table=page_table, num_splits=num_splits,
+            softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+            sink=sink, rescale_threshold=rescale_threshold,
+            exp2_emulation_fraction=exp2_emulation_fraction, backend=backend)
+    return (out, lse) if return_lse else out

@@ -18,7 +18,7 @@ import pathlib
 import threading
 
 # ---- constants mirrored from c_api.h ------------------------------------------------------------
-C_API_VERSION = 2  # the FA4_C_API_VERSION this binding was written against
+C_API_VERSION = 3  # the FA4_C_API_VERSION this binding was written against
 MAX_DIMS = 4
 
 STATUS_OK = 0
@@ -143,8 +143,24 @@ class Options(ctypes.Structure):
     ]
 
 
+class KVCacheArgs(ctypes.Structure):
+    """fa4_kvcache_args (v3). Always created through :func:`new_kvcache_args`."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("k_new", ctypes.POINTER(Tensor)),
+        ("v_new", ctypes.POINTER(Tensor)),
+        ("cache_seqlens", ctypes.POINTER(Tensor)),
+        ("cache_batch_idx", ctypes.POINTER(Tensor)),
+        ("page_table", ctypes.POINTER(Tensor)),
+        ("num_splits", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
+    ]
+
+
 _TP = ctypes.POINTER(Tensor)
 _OP = ctypes.POINTER(Options)
+_KP = ctypes.POINTER(KVCacheArgs)
 
 
 # ---- loading --------------------------------------------------------------------------------------
@@ -182,6 +198,14 @@ def _declare(lib):
     if hasattr(lib, "fa4_check_async_errors"):  # absent from older builds (benchmarks load those)
         lib.fa4_check_async_errors.argtypes = [ctypes.c_int32]
         lib.fa4_check_async_errors.restype = ctypes.c_int32
+    if hasattr(lib, "fa4_forward_with_kvcache"):  # ABI 3
+        lib.fa4_kvcache_args_init.argtypes = [_KP, ctypes.c_size_t]
+        lib.fa4_kvcache_args_init.restype = ctypes.c_int32
+        lib.fa4_forward_with_kvcache.argtypes = [_TP, _TP, _TP, _TP, _TP, _OP, _KP]
+        lib.fa4_forward_with_kvcache.restype = ctypes.c_int32
+        lib.fa4_forward_with_kvcache_support.argtypes = [_TP, _TP, _TP, _TP, _TP, _OP, _KP,
+                                                         ctypes.c_char_p, ctypes.c_size_t]
+        lib.fa4_forward_with_kvcache_support.restype = ctypes.c_int32
 
 
 def library():
@@ -249,6 +273,13 @@ def new_options() -> Options:
     return Options.from_buffer_copy(b)
 
 
+def new_kvcache_args() -> KVCacheArgs:
+    """A fa4_kvcache_args holding the library's defaults (via fa4_kvcache_args_init)."""
+    a = KVCacheArgs()
+    check(library().fa4_kvcache_args_init(ctypes.byref(a), ctypes.sizeof(KVCacheArgs)))
+    return a
+
+
 def version() -> str:
     """libfa4's version string (the CMake project version)."""
     return library().fa4_version().decode()
@@ -295,7 +326,25 @@ def forward_support(q, k, v, out, lse, options):
     return False, lib.fa4_last_error().decode("utf-8", errors="replace")
 
 
+def forward_with_kvcache(q, k_cache, v_cache, out, lse, options, args) -> None:
+    status = (_lib if _lib is not None else library()).fa4_forward_with_kvcache(
+        q, k_cache, v_cache, out, lse, options, args)
+    if status:
+        check(status)
+
+
+def forward_with_kvcache_support(q, k_cache, v_cache, out, lse, options, args):
+    """(True, kernel_name) if fa4_forward_with_kvcache would run, else (False, reason)."""
+    buf = ctypes.create_string_buffer(_KERNEL_NAME_CAPACITY)
+    lib = library()
+    status = lib.fa4_forward_with_kvcache_support(q, k_cache, v_cache, out, lse, options, args,
+                                                  buf, _KERNEL_NAME_CAPACITY)
+    if status == STATUS_OK:
+        return True, buf.value.decode()
+    return False, lib.fa4_last_error().decode("utf-8", errors="replace")
+
+
 def check_async_errors(device_index: int) -> None:
     """fa4_check_async_errors: raises InvalidArgumentError if an earlier kernel on CUDA device
-    `device_index` met invalid device-resident varlen indices."""
+    `device_index` met invalid device-resident varlen or KV-cache indices."""
     check(library().fa4_check_async_errors(device_index))

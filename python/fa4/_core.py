@@ -128,7 +128,7 @@ def describe(x, name: str, fn: str, streams=None) -> _capi.Tensor:
     if code is None:
         raise InvalidArgumentError(
             f"{fn}: {name}.dtype = {x.dtype} is not supported; use float16, float32 or "
-            f"ml_dtypes.bfloat16 (int32 for cu_seqlens/seqused_k)")
+            f"ml_dtypes.bfloat16 (int32 for cu_seqlens/seqused_k and the KV-cache indices)")
     shape = x.shape
     item = x.itemsize
     if any(s % item for s in x.strides):
@@ -152,7 +152,8 @@ def describe_torch(x, name: str, fn: str, streams=None) -> _capi.Tensor:
     if code is None:
         raise InvalidArgumentError(
             f"{fn}: {name}.dtype = {x.dtype} is not supported; use torch.bfloat16, "
-            f"torch.float16 or torch.float32 (int32 for cu_seqlens/seqused_k)")
+            f"torch.float16 or torch.float32 (int32 for cu_seqlens/seqused_k and the KV-cache "
+            "indices)")
     shape, strides = x.shape, x.stride()
     if x.is_cuda:
         device_type = _DEVICE_CUDA
@@ -272,6 +273,82 @@ class CallOptions:
                     self._keep.append(t)
                     setattr(o, field, ctypes.pointer(t))
         self.struct = o
+
+
+_default_kvcache_args_bytes = None  # fa4_kvcache_args_init's output, taken once (constants)
+
+
+class KVCacheCall:
+    """fa4_kvcache_args plus the fa4_tensor objects its pointers refer to (kept alive with it).
+    Tensors are NumPy arrays or torch tensors (int32 for the index tensors); None = not given."""
+
+    __slots__ = ("struct", "_keep")
+
+    def __init__(self, fn: str, k_new=None, v_new=None, cache_seqlens=None, cache_batch_idx=None,
+                 page_table=None, num_splits=0, streams=None):
+        global _default_kvcache_args_bytes
+        b = _default_kvcache_args_bytes
+        if b is None:
+            b = _default_kvcache_args_bytes = bytes(_capi.new_kvcache_args())
+        a = _capi.KVCacheArgs.from_buffer_copy(b)
+        a.num_splits = _int32(num_splits, "num_splits", fn)
+        self._keep = []
+        for field, value in (("k_new", k_new), ("v_new", v_new), ("cache_seqlens", cache_seqlens),
+                             ("cache_batch_idx", cache_batch_idx), ("page_table", page_table)):
+            if value is not None:
+                t = describe(value, field, fn, streams)
+                self._keep.append(t)
+                setattr(a, field, ctypes.pointer(t))
+        self.struct = a
+
+
+def kvcache_output_shapes(q_shape, v_cache_shape, fn: str):
+    """(out shape, lse shape) of forward_with_kvcache; raises for a q or v_cache that is not 4-D
+    (the C library checks everything else)."""
+    if len(q_shape) != 4 or len(v_cache_shape) != 4:
+        raise InvalidArgumentError(
+            f"{fn}: q must be 4-D (batch, seqlen_q, num_heads, headdim) and v_cache 4-D "
+            f"(batch_cache or num_pages, seqlen_cache or page_size, num_heads_kv, headdim_v); got "
+            f"q {tuple(q_shape)}, v_cache {tuple(v_cache_shape)}")
+    return ((q_shape[0], q_shape[1], q_shape[2], v_cache_shape[3]),
+            (q_shape[0], q_shape[2], q_shape[1]))
+
+
+def is_int_seqlens(value) -> bool:
+    """True if cache_seqlens is a Python/NumPy integer (one value for every sequence)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(value, np.integer)
+
+
+def numpy_forward_with_kvcache(q, k_cache, v_cache, *, fn: str, k_new=None, v_new=None,
+                               cache_seqlens=None, cache_batch_idx=None, page_table=None,
+                               num_splits=0, **options):
+    """Allocates out/lse with NumPy and runs fa4_forward_with_kvcache (appending in place into
+    the k_cache/v_cache arrays when k_new/v_new are given)."""
+    import numpy as np
+
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k_new),
+                    ("v", v_new)):
+        if x is not None and not isinstance(x, np.ndarray):
+            raise InvalidArgumentError(
+                f"{fn}: {name} is a {type(x).__name__}; q, k_cache, v_cache, k, v must all be "
+                "numpy.ndarray or all torch.Tensor")
+    out_shape, lse_shape = kvcache_output_shapes(q.shape, v_cache.shape, fn)
+    if is_int_seqlens(cache_seqlens):
+        cache_seqlens = np.full((q.shape[0],), _int32(int(cache_seqlens), "cache_seqlens", fn),
+                                dtype=np.int32)
+    out = np.empty(out_shape, dtype=q.dtype)
+    lse = np.empty(lse_shape, dtype=np.float32)
+    opts = CallOptions(fn, **options)
+    args = KVCacheCall(fn, k_new, v_new, cache_seqlens, cache_batch_idx, page_table, num_splits)
+    ts = [describe(x, n, fn) for x, n in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"),
+                                          (out, "out"), (lse, "lse"))]
+    _capi.forward_with_kvcache(*ts, opts.struct, args.struct)
+    return out, lse
 
 
 # ---- low-level entry points (caller-allocated outputs; NumPy or torch, no autograd) --------------

@@ -281,3 +281,94 @@ def attention(q, k, v, fn, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
                                     or (sink is not None and sink.requires_grad)):
         return _FwdFunction.apply(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, scalars)
     return _fwd_impl(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, *scalars)
+
+
+# ---- forward_with_kvcache (inference only) ---------------------------------------------------------
+# No autograd: the op has no backward (fa4 has none for the KV-cache path); outputs never require
+# grad. The caches are mutated in place when k/v are appended (declared to the op, so
+# torch.compile / functionalization order the append correctly).
+_FN_KV = "fa4::fwd_kvcache"
+
+
+def _kvcache_outputs(q: Tensor, v_cache: Tensor):
+    out_shape, lse_shape = _core.kvcache_output_shapes(q.shape, v_cache.shape, _FN_KV)
+    return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+def _kvcache_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Optional[Tensor],
+                  v_new: Optional[Tensor], cache_seqlens: Optional[Tensor],
+                  cache_batch_idx: Optional[Tensor], page_table: Optional[Tensor],
+                  sink: Optional[Tensor], softmax_scale: Optional[float], causal: bool,
+                  window_size_left: int, window_size_right: int, softcap: float, num_splits: int,
+                  rescale_threshold: Optional[float], exp2_emulation_fraction: Optional[float],
+                  backend: str) -> tuple[Tensor, Tensor]:
+    """fa4 forward_with_kvcache: (out, lse); appends k_new/v_new into k_cache/v_cache in place.
+    Allocates only out and lse (CUDA-graph capturable: no host sync, no other allocation unless
+    q, k_new or v_new has a non-contiguous last dim and is copied)."""
+    q = _last_dim_contiguous(q)
+    if k_new is not None:
+        k_new = _last_dim_contiguous(k_new)
+    if v_new is not None:
+        v_new = _last_dim_contiguous(v_new)
+    out, lse = _kvcache_outputs(q, v_cache)
+    streams = {}
+    opts = _options(_FN_KV, sink, None, None, None, 0, 0, softmax_scale, causal,
+                    window_size_left, window_size_right, softcap, rescale_threshold,
+                    exp2_emulation_fraction, backend, False, streams)
+    args = _core.KVCacheCall(_FN_KV, k_new, v_new, cache_seqlens, cache_batch_idx, page_table,
+                             num_splits, streams)
+    switch = _device_switch(q)
+    if switch is None:
+        _run_kvcache(q, k_cache, v_cache, out, lse, opts, args, streams)
+    else:
+        with switch:
+            _run_kvcache(q, k_cache, v_cache, out, lse, opts, args, streams)
+    return out, lse
+
+
+def _run_kvcache(q, k_cache, v_cache, out, lse, opts, args, streams):
+    describe = _core.describe_torch
+    _capi.forward_with_kvcache(describe(q, "q", _FN_KV, streams),
+                               describe(k_cache, "k_cache", _FN_KV, streams),
+                               describe(v_cache, "v_cache", _FN_KV, streams),
+                               describe(out, "out", _FN_KV, streams),
+                               describe(lse, "lse", _FN_KV, streams), opts.struct, args.struct)
+
+
+fwd_kvcache = torch.library.custom_op(_FN_KV, _kvcache_impl, mutates_args=("k_cache", "v_cache"))
+
+
+@fwd_kvcache.register_fake
+def _kvcache_fake(q, k_cache, v_cache, k_new, v_new, cache_seqlens, cache_batch_idx, page_table,
+                  sink, softmax_scale, causal, window_size_left, window_size_right, softcap,
+                  num_splits, rescale_threshold, exp2_emulation_fraction, backend):
+    return _kvcache_outputs(q, v_cache)
+
+
+def kvcache_attention(q, k_cache, v_cache, fn, k=None, v=None, cache_seqlens=None,
+                      cache_batch_idx=None, page_table=None, softmax_scale=None, causal=False,
+                      window_size=(-1, -1), softcap=0.0, sink=None, num_splits=0,
+                      rescale_threshold=None, exp2_emulation_fraction=None, backend="auto"):
+    """The torch route of fa4.flash_attn_with_kvcache (arguments by position, in this order)."""
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        if x is not None and not isinstance(x, Tensor):
+            raise _capi.InvalidArgumentError(
+                f"{fn}: {name} is a {type(x).__name__}; q, k_cache, v_cache, k, v must all be "
+                "torch.Tensor or all numpy.ndarray")
+    left, right = _core.normalize_window(window_size, fn)
+    _core.backend_code(backend, fn)  # reject a bad name here, with this function's name
+    num_splits = _core._int32(num_splits, "num_splits", fn)
+    if _core.is_int_seqlens(cache_seqlens):
+        # One value for every sequence: an int32 tensor on q's device (an allocation and a fill
+        # kernel on CUDA; under CUDA graph capture pass a tensor instead).
+        value = _core._int32(int(cache_seqlens), "cache_seqlens", fn)
+        cache_seqlens = torch.full((q.shape[0],), value, dtype=torch.int32, device=q.device)
+    scalars = (None if softmax_scale is None else float(softmax_scale), bool(causal), left, right,
+               float(softcap), num_splits,
+               None if rescale_threshold is None else float(rescale_threshold),
+               None if exp2_emulation_fraction is None else float(exp2_emulation_fraction),
+               backend)
+    tensors = (q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, page_table, sink)
+    if _use_custom_op(*tensors):
+        return torch.ops.fa4.fwd_kvcache(*tensors, *scalars)
+    return _kvcache_impl(*tensors, *scalars)

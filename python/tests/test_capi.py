@@ -192,3 +192,126 @@ def test_default_options_copy_equals_options_init():
     a, b = _capi.new_options(), _capi.new_options()
     a.causal = 1  # each call is a fresh struct
     assert b.causal == 0 and bytes(_capi.new_options()) == bytes(_capi.default_options())
+
+
+# ---- fa4_forward_with_kvcache (ABI 3) ---------------------------------------------------------------
+def _kv_views(with_append=True):
+    """(arrays, views, args): a dense cache of capacity 6, two sequences with 2 and 4 cached keys,
+    one appended key each. Keep `arrays` referenced while the views are used."""
+    rng = np.random.default_rng(11)
+    b, h, hkv, d, cap = 2, 4, 2, 8, 6
+    arrays = [rng.standard_normal((b, 1, h, d)).astype(np.float32),
+              rng.standard_normal((b, cap, hkv, d)).astype(np.float32),
+              rng.standard_normal((b, cap, hkv, d)).astype(np.float32),
+              np.full((b, 1, h, d), 7.0, np.float32), np.full((b, h, 1), 7.0, np.float32),
+              rng.standard_normal((b, 1, hkv, d)).astype(np.float32),
+              rng.standard_normal((b, 1, hkv, d)).astype(np.float32),
+              np.array([2, 4], np.int32)]
+    names = ["q", "k_cache", "v_cache", "out", "lse", "k_new", "v_new", "cache_seqlens"]
+    views = [_core.describe(a, n, "test") for a, n in zip(arrays, names)]
+    args = _capi.new_kvcache_args()
+    if with_append:
+        args.k_new, args.v_new = ctypes.pointer(views[5]), ctypes.pointer(views[6])
+    args.cache_seqlens = ctypes.pointer(views[7])
+    return arrays, views, args
+
+
+def _kv_call(views, options, args):
+    lib = _capi.library()
+    return lib.fa4_forward_with_kvcache(*[ctypes.byref(t) for t in views[:5]],
+                                        ctypes.byref(options) if options is not None else None,
+                                        ctypes.byref(args) if args is not None else None)
+
+
+def test_kvcache_args_struct_and_init():
+    lib = _capi.library()
+    assert ctypes.sizeof(_capi.KVCacheArgs) == 56
+    a = _capi.new_kvcache_args()
+    assert a.struct_size == 56 and a.num_splits == 0
+    assert not any(getattr(a, f) for f in ("k_new", "v_new", "cache_seqlens", "cache_batch_idx",
+                                           "page_table"))
+    assert lib.fa4_kvcache_args_init(None, 56) == _capi.STATUS_INVALID_ARGUMENT
+    assert lib.fa4_last_error() == b"fa4_kvcache_args_init: args is NULL"
+    assert lib.fa4_kvcache_args_init(ctypes.byref(a), 8) == _capi.STATUS_INVALID_ARGUMENT
+    assert b"smaller than the v3 fa4_kvcache_args" in lib.fa4_last_error()
+
+
+def test_kvcache_appends_and_null_args_mean_full_cache():
+    arrays, views, args = _kv_views()
+    k0 = arrays[1].copy()
+    assert _kv_call(views, None, args) == _capi.STATUS_OK, _capi.library().fa4_last_error()
+    assert np.array_equal(arrays[1][0, 2], arrays[5][0, 0])
+    assert np.array_equal(arrays[1][1, 4], arrays[5][1, 0])
+    mask = np.ones(arrays[1].shape, bool)
+    mask[0, 2] = mask[1, 4] = False
+    assert np.array_equal(arrays[1][mask], k0[mask])  # nothing else written
+    assert np.isfinite(arrays[3]).all() and not np.all(arrays[3] == 7.0)
+    # NULL args: no append, every sequence holds the whole capacity.
+    arrays[3][...] = 7.0
+    assert _kv_call(views, None, None) == _capi.STATUS_OK
+    assert not np.all(arrays[3] == 7.0)
+
+
+def test_kvcache_args_struct_size_rules():
+    arrays, views, args = _kv_views()
+
+    class Newer(ctypes.Structure):
+        _fields_ = [("v3", _capi.KVCacheArgs), ("future_field", ctypes.c_int64)]
+
+    n = Newer()
+    lib = _capi.library()
+    assert lib.fa4_kvcache_args_init(ctypes.byref(n.v3), ctypes.sizeof(Newer)) == 0
+    assert n.v3.struct_size == ctypes.sizeof(Newer)
+    n.v3.cache_seqlens = args.cache_seqlens
+    assert _kv_call(views, None, n.v3) == _capi.STATUS_OK
+    n.future_field = 1
+    arrays[3][...] = 7.0
+    assert _kv_call(views, None, n.v3) == _capi.STATUS_UNSUPPORTED
+    assert b"args sets fields unknown to this library" in lib.fa4_last_error()
+    assert np.all(arrays[3] == 7.0)
+    args.struct_size = 16
+    assert _kv_call(views, None, args) == _capi.STATUS_INVALID_ARGUMENT
+    assert b"fa4_kvcache_args_init" in lib.fa4_last_error()
+    args.struct_size = ctypes.sizeof(_capi.KVCacheArgs)
+    args.reserved = 1  # the padding word must stay 0
+    assert _kv_call(views, None, args) == _capi.STATUS_INVALID_ARGUMENT
+    assert b"args.reserved = 1 must be 0" in lib.fa4_last_error()
+    assert np.all(arrays[3] == 7.0)
+
+
+def test_kvcache_errors_name_the_tensor_and_write_nothing():
+    arrays, views, args = _kv_views()
+    lib = _capi.library()
+    arrays[7][1] = 6  # capacity 6, one new key: at most 5 cached
+    k0, v0 = arrays[1].copy(), arrays[2].copy()
+    assert _kv_call(views, None, args) == _capi.STATUS_INVALID_ARGUMENT
+    assert lib.fa4_last_error() == (b"fa4::forward_with_kvcache: cache_seqlens[1] = 6 must be in "
+                                    b"[0, 5] (key_capacity 6 - seqlen_new 1): the cache holds "
+                                    b"cache_seqlens[b] + seqlen_new keys of sequence b")
+    assert np.array_equal(arrays[1], k0) and np.array_equal(arrays[2], v0)
+    assert np.all(arrays[3] == 7.0) and np.all(arrays[4] == 7.0)
+    args.k_new = None
+    assert _kv_call(views, None, args) == _capi.STATUS_INVALID_ARGUMENT
+    assert b"options.k_new is missing" in lib.fa4_last_error()
+    o = _capi.default_options()
+    o.max_seqlen_q = 1
+    assert _kv_call(views, o, None) == _capi.STATUS_INVALID_ARGUMENT
+    assert b"varlen q is not supported by forward_with_kvcache" in lib.fa4_last_error()
+
+
+def test_kvcache_support_name_and_status():
+    arrays, views, args = _kv_views()
+    lib = _capi.library()
+    buf = ctypes.create_string_buffer(64)
+    k0 = arrays[1].copy()
+    assert lib.fa4_forward_with_kvcache_support(*[ctypes.byref(t) for t in views[:5]], None,
+                                                ctypes.byref(args), buf, 64) == 0
+    assert buf.value == b"cpu::flash_forward_with_kvcache"
+    assert np.array_equal(arrays[1], k0) and np.all(arrays[3] == 7.0)  # runs nothing
+    o = _capi.default_options()
+    o.backend = _capi.BACKENDS["cpu_reference"]
+    assert _capi.forward_with_kvcache_support(*views[:5], o, args) == (
+        True, "cpu::reference_forward_with_kvcache")
+    o.backend = _capi.BACKENDS["cuda"]
+    ok, why = _capi.forward_with_kvcache_support(*views[:5], o, args)
+    assert not ok and why.startswith("fa4::forward_with_kvcache: options.backend = kCuda")

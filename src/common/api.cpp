@@ -1,10 +1,11 @@
-// src/common/api.cpp — fa4::forward / fa4::backward / fa4::forward_support.
+// src/common/api.cpp — fa4::forward / fa4::backward / fa4::forward_with_kvcache and their
+// *_support queries.
 //
 // Each entry point is: validate (common/validate.cpp: user arguments -> FwdParams/BwdParams, all
 // errors thrown before anything is written) -> select (ONE function, below, that both answers
 // "is it supported?" and decides which implementation runs) -> return early on an empty problem
 // -> run. forward_support() runs the same two steps and reports instead of running, so it can
-// never disagree with forward().
+// never disagree with forward() (forward_with_kvcache_support likewise for forward_with_kvcache).
 #include <string>
 
 #include "common/validate.h"
@@ -20,7 +21,8 @@ namespace fa4 {
 namespace {
 
 enum class Impl { kCpuFlash, kCpuReference, kHopper };
-enum class Direction { kForward, kBackward };
+/// Which entry point asks: each has its own CPU implementations and its own Hopper selector.
+enum class Direction { kForward, kBackward, kKVCache };
 
 struct Selection {
   ErrorCode code = ErrorCode::kOk;  ///< kOk: `impl` runs; else `error` is the message to throw
@@ -55,10 +57,11 @@ Selection accept(Impl impl, std::string kernel) {
 
 /// THE selector. `p` is validated. Never throws for an unsupported configuration: it returns the
 /// message, so forward_support can report exactly what forward would throw.
-/// `bwd`: the backward's params (p is their forward part), required for Direction::kBackward.
+/// `bwd`: the backward's params (p is their forward part), required for Direction::kBackward;
+/// `kv`: forward_with_kvcache's params (p is their forward part), required for kKVCache.
 Selection select(const detail::FwdParams& p, Backend backend, Direction dir, const char* fn,
-                 bool want_name = false, const detail::BwdParams* bwd = nullptr) {
-  const bool fwd = dir == Direction::kForward;
+                 bool want_name = false, const detail::BwdParams* bwd = nullptr,
+                 const detail::KVCacheParams* kv = nullptr) {
   switch (backend) {
     case Backend::kAuto: case Backend::kCpu: case Backend::kCpuReference: case Backend::kCuda:
       break;
@@ -73,10 +76,14 @@ Selection select(const detail::FwdParams& p, Backend backend, Direction dir, con
     switch (backend) {
       case Backend::kAuto:
       case Backend::kCpu:
-        return accept(Impl::kCpuFlash, fwd ? "cpu::flash_forward" : "cpu::flash_backward");
+        return accept(Impl::kCpuFlash, dir == Direction::kForward  ? "cpu::flash_forward"
+                                       : dir == Direction::kBackward ? "cpu::flash_backward"
+                                                                     : "cpu::flash_forward_with_kvcache");
       case Backend::kCpuReference:
         return accept(Impl::kCpuReference,
-                      fwd ? "cpu::reference_forward" : "cpu::reference_backward");
+                      dir == Direction::kForward    ? "cpu::reference_forward"
+                      : dir == Direction::kBackward ? "cpu::reference_backward"
+                                                    : "cpu::reference_forward_with_kvcache");
       case Backend::kCuda:
         return reject(ErrorCode::kInvalidArgument, fn,
                       "options.backend = kCuda needs CUDA tensors, but q is on the cpu");
@@ -90,11 +97,16 @@ Selection select(const detail::FwdParams& p, Backend backend, Direction dir, con
                       " needs CPU tensors, but q is on cuda:" + std::to_string(p.device.index));
 #if FA4_WITH_CUDA
   std::string kernel;  // named only for forward_support: the call path builds no strings
-  const std::string why = fwd ? hopper::forward_support(p, want_name ? &kernel : nullptr)
-                              : hopper::backward_support(*bwd, want_name ? &kernel : nullptr);
+  std::string* name = want_name ? &kernel : nullptr;
+  const std::string why = dir == Direction::kForward    ? hopper::forward_support(p, name)
+                          : dir == Direction::kBackward ? hopper::backward_support(*bwd, name)
+                                                        : hopper::kvcache_support(*kv, name);
   if (!why.empty()) return reject(ErrorCode::kUnsupported, fn, why);
   return accept(Impl::kHopper, kernel);
 #else
+  (void)want_name;
+  (void)bwd;
+  (void)kv;
   return reject(ErrorCode::kNoDevice, fn,
                 "q is a CUDA tensor but fa4 was built without CUDA (configure with FA4_CUDA=ON)");
 #endif
@@ -153,6 +165,31 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
   throw Error(ErrorCode::kInternal, std::string(kFn) + ": selector picked no implementation");
 }
 
+void forward_with_kvcache(const TensorView& q, const TensorView& k_cache,
+                          const TensorView& v_cache, const TensorView& out, const TensorView& lse,
+                          const KVCacheOptions& options) {
+  constexpr const char* kFn = "fa4::forward_with_kvcache";
+  const detail::KVCacheParams p =
+      detail::make_kvcache_params(q, k_cache, v_cache, out, lse, options, kFn);
+  const Selection s = select(p, options.backend, Direction::kKVCache, kFn, false, nullptr, &p);
+  throw_if_rejected(s);
+  // No sequence, or no query and nothing to append: nothing to read or write. With no query but
+  // an append, the append still runs (the implementations skip the attention then).
+  if (detail::is_empty_kvcache_problem(p)) return;
+  switch (s.impl) {
+    case Impl::kCpuFlash: cpu::flash_forward_with_kvcache(p); return;
+    case Impl::kCpuReference: cpu::reference_forward_with_kvcache(p); return;
+    case Impl::kHopper:
+#if FA4_WITH_CUDA
+      hopper::forward_kvcache(p);
+      return;
+#else
+      break;
+#endif
+  }
+  throw Error(ErrorCode::kInternal, std::string(kFn) + ": selector picked no implementation");
+}
+
 void check_async_errors(int device_index) {
 #if FA4_WITH_CUDA
   hopper::check_async_errors(device_index);
@@ -189,6 +226,32 @@ ErrorCode forward_support_code(const TensorView& q, const TensorView& k, const T
   }
 }
 
+ErrorCode kvcache_support_code(const TensorView& q, const TensorView& k_cache,
+                               const TensorView& v_cache, const TensorView& out,
+                               const TensorView& lse, const KVCacheOptions& options,
+                               std::string* message, std::string* kernel_name) {
+  constexpr const char* kFn = "fa4::forward_with_kvcache";  // the answer is the call's error
+  if (kernel_name) kernel_name->clear();
+  if (message) message->clear();
+  try {
+    const KVCacheParams p = make_kvcache_params(q, k_cache, v_cache, out, lse, options, kFn);
+    const Selection s = select(p, options.backend, Direction::kKVCache, kFn,
+                               kernel_name != nullptr, nullptr, &p);
+    if (s.code != ErrorCode::kOk) {
+      if (message) *message = s.error;
+      return s.code;
+    }
+    if (kernel_name) *kernel_name = s.kernel;
+    return ErrorCode::kOk;
+  } catch (const Error& e) {
+    if (message) *message = e.what();
+    return e.code();
+  } catch (const std::exception& e) {  // documented to answer, never to throw
+    if (message) *message = std::string(kFn) + ": internal error: " + e.what();
+    return ErrorCode::kInternal;
+  }
+}
+
 }  // namespace detail
 
 std::string forward_support(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -196,6 +259,15 @@ std::string forward_support(const TensorView& q, const TensorView& k, const Tens
                             const AttentionOptions& options, std::string* kernel_name) {
   std::string why;
   detail::forward_support_code(q, k, v, out, lse, options, &why, kernel_name);
+  return why;
+}
+
+std::string forward_with_kvcache_support(const TensorView& q, const TensorView& k_cache,
+                                         const TensorView& v_cache, const TensorView& out,
+                                         const TensorView& lse, const KVCacheOptions& options,
+                                         std::string* kernel_name) {
+  std::string why;
+  detail::kvcache_support_code(q, k_cache, v_cache, out, lse, options, &why, kernel_name);
   return why;
 }
 

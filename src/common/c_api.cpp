@@ -48,6 +48,8 @@ static_assert(FA4_MAX_DIMS == fa4::TensorView::kMaxDims);
 // The v1 struct is the smallest options struct any caller can hand us: callers compiled against a
 // later header pass a larger struct_size, never a smaller one.
 constexpr size_t kOptionsV1Size = sizeof(fa4_options);
+// fa4_kvcache_args first appeared in ABI v3 with exactly its current fields.
+constexpr size_t kKVCacheArgsV3Size = sizeof(fa4_kvcache_args);
 
 // The last error of this thread: a fixed, trivially destructible buffer, so recording an error
 // never allocates (it also reports std::bad_alloc) and foreign threads (Python's, a framework's)
@@ -218,6 +220,61 @@ fa4::BackwardOptions to_cpp_options(const fa4_options* given, const char* fn) {
   return r;
 }
 
+// The caller's KV-cache args, with the struct_size rules of read_options; NULL = all defaults.
+fa4_kvcache_args read_kvcache_args(const fa4_kvcache_args* given, const char* fn) {
+  fa4_kvcache_args a;
+  std::memset(&a, 0, sizeof(a));
+  a.struct_size = sizeof(a);
+  if (given == nullptr) return a;
+  const size_t size = given->struct_size;
+  if (size < kKVCacheArgsV3Size) {
+    std::ostringstream s;
+    s << fn << ": args.struct_size = " << size << " is smaller than the v3 fa4_kvcache_args ("
+      << kKVCacheArgsV3Size << " bytes); initialise args with fa4_kvcache_args_init(&a, sizeof(a))";
+    fail(ErrorCode::kInvalidArgument, s.str());
+  }
+  const auto* bytes = reinterpret_cast<const unsigned char*>(given);
+  for (size_t i = sizeof(fa4_kvcache_args); i < size; ++i) {
+    if (bytes[i] != 0) {
+      std::ostringstream s;
+      s << fn << ": args sets fields unknown to this library (fa4 " << FA4_VERSION_STRING
+        << ", C ABI v" << FA4_C_API_VERSION << ", fa4_kvcache_args of " << sizeof(fa4_kvcache_args)
+        << " bytes; byte " << i << " of " << size << " is non-zero); upgrade libfa4";
+      fail(ErrorCode::kUnsupported, s.str());
+    }
+  }
+  std::memcpy(&a, given, sizeof(fa4_kvcache_args));
+  if (a.reserved != 0) {
+    std::ostringstream s;
+    s << fn << ": args.reserved = " << a.reserved << " must be 0";
+    fail(ErrorCode::kInvalidArgument, s.str());
+  }
+  return a;
+}
+
+/// fa4::KVCacheOptions from the shared options (the AttentionOptions part) and the KV-cache args.
+fa4::KVCacheOptions to_cpp_kvcache_options(const fa4_options* options,
+                                           const fa4_kvcache_args* given, const char* fn) {
+  fa4::KVCacheOptions r;
+  static_cast<fa4::AttentionOptions&>(r) = to_cpp_options(options, fn);
+  const fa4_kvcache_args a = read_kvcache_args(given, fn);
+  r.k_new = to_optional_view(a.k_new, fn, "k_new");
+  r.v_new = to_optional_view(a.v_new, fn, "v_new");
+  r.cache_seqlens = to_optional_view(a.cache_seqlens, fn, "cache_seqlens");
+  r.cache_batch_idx = to_optional_view(a.cache_batch_idx, fn, "cache_batch_idx");
+  r.page_table = to_optional_view(a.page_table, fn, "page_table");
+  r.num_splits = a.num_splits;
+  return r;
+}
+
+void copy_kernel_name(const std::string& name, char* kernel_name, size_t capacity) {
+  if (kernel_name != nullptr && capacity > 0) {
+    const size_t n = name.size() < capacity - 1 ? name.size() : capacity - 1;
+    std::memcpy(kernel_name, name.data(), n);
+    kernel_name[n] = '\0';
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -280,11 +337,57 @@ int32_t fa4_forward_support(const fa4_tensor* q, const fa4_tensor* k, const fa4_
     std::string name, why;
     const ErrorCode code = fa4::detail::forward_support_code(tq, tk, tv, tout, tlse, o, &why, &name);
     if (code != ErrorCode::kOk) fail(code, why);
-    if (kernel_name != nullptr && kernel_name_capacity > 0) {
-      const size_t n = name.size() < kernel_name_capacity - 1 ? name.size() : kernel_name_capacity - 1;
-      std::memcpy(kernel_name, name.data(), n);
-      kernel_name[n] = '\0';
+    copy_kernel_name(name, kernel_name, kernel_name_capacity);
+  });
+}
+
+int32_t fa4_kvcache_args_init(fa4_kvcache_args* args, size_t struct_size) {
+  return guarded("fa4_kvcache_args_init", [&] {
+    if (args == nullptr) fail(ErrorCode::kInvalidArgument, "fa4_kvcache_args_init: args is NULL");
+    if (struct_size < kKVCacheArgsV3Size) {
+      std::ostringstream s;
+      s << "fa4_kvcache_args_init: struct_size = " << struct_size
+        << " is smaller than the v3 fa4_kvcache_args (" << kKVCacheArgsV3Size << " bytes)";
+      fail(ErrorCode::kInvalidArgument, s.str());
     }
+    // Every default is all-zero bytes (nothing given, num_splits 0 = automatic), including the
+    // fields of a newer caller's larger struct.
+    std::memset(args, 0, struct_size);
+    args->struct_size = static_cast<uint32_t>(struct_size);
+  });
+}
+
+int32_t fa4_forward_with_kvcache(const fa4_tensor* q, const fa4_tensor* k_cache,
+                                 const fa4_tensor* v_cache, const fa4_tensor* out,
+                                 const fa4_tensor* lse, const fa4_options* options,
+                                 const fa4_kvcache_args* args) {
+  constexpr const char* fn = "fa4_forward_with_kvcache";
+  return guarded(fn, [&] {
+    const fa4::KVCacheOptions o = to_cpp_kvcache_options(options, args, fn);
+    fa4::forward_with_kvcache(to_view(q, fn, "q"), to_view(k_cache, fn, "k_cache"),
+                              to_view(v_cache, fn, "v_cache"), to_view(out, fn, "out"),
+                              to_view(lse, fn, "lse"), o);
+  });
+}
+
+int32_t fa4_forward_with_kvcache_support(const fa4_tensor* q, const fa4_tensor* k_cache,
+                                         const fa4_tensor* v_cache, const fa4_tensor* out,
+                                         const fa4_tensor* lse, const fa4_options* options,
+                                         const fa4_kvcache_args* args, char* kernel_name,
+                                         size_t kernel_name_capacity) {
+  constexpr const char* fn = "fa4_forward_with_kvcache_support";
+  if (kernel_name != nullptr && kernel_name_capacity > 0) kernel_name[0] = '\0';
+  return guarded(fn, [&] {
+    const fa4::KVCacheOptions o = to_cpp_kvcache_options(options, args, fn);
+    const fa4::TensorView tq = to_view(q, fn, "q"), tk = to_view(k_cache, fn, "k_cache"),
+                          tv = to_view(v_cache, fn, "v_cache"), tout = to_view(out, fn, "out"),
+                          tlse = to_view(lse, fn, "lse");
+    // The status is the one fa4_forward_with_kvcache would return for the same arguments.
+    std::string name, why;
+    const ErrorCode code =
+        fa4::detail::kvcache_support_code(tq, tk, tv, tout, tlse, o, &why, &name);
+    if (code != ErrorCode::kOk) fail(code, why);
+    copy_kernel_name(name, kernel_name, kernel_name_capacity);
   });
 }
 

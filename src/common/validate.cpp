@@ -8,6 +8,7 @@
 // (case C35; device-resident ones are checked by the kernel, see below).
 // Nothing is written anywhere; the caller runs an implementation only after this returns.
 #include "common/validate.h"
+#include "common/validate_checks.h"
 #include "core/constants.h"
 
 #include <cmath>
@@ -18,44 +19,9 @@
 #include <vector>
 
 namespace fa4::detail {
-namespace {
+namespace checks {
 
-constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-
-/// Builds messages "<fn>: <parts...>" and throws them.
-class Checker {
- public:
-  explicit Checker(const char* fn) : fn_(fn ? fn : "fa4") {}
-
-  template <class... A>
-  [[noreturn]] void fail(ErrorCode code, const A&... parts) const {
-    std::ostringstream s;
-    s << fn_ << ": ";
-    (s << ... << parts);
-    throw Error(code, s.str());
-  }
-  template <class... A>
-  [[noreturn]] void invalid(const A&... parts) const {
-    fail(ErrorCode::kInvalidArgument, parts...);
-  }
-
- private:
-  const char* fn_;
-};
-
-/// One checked tensor: its user-facing name and its view with size-1 strides normalised.
-struct Named {
-  const char* name;
-  TensorView t;
-};
-
-/// Checks what a view must satisfy whatever its role, and returns it with the strides of size-0/1
-/// dims replaced by the row-major value implied by the inner dims: such strides never move the
-/// address (case C20: a transpose leaves odd strides on size-1 dims), and the replacement keeps
-/// kernels that build TMA descriptors from the strides away from meaningless values.
-/// Outputs (is_output) must not map two elements to one address: a stride of 0 on a dim of extent
-/// > 1 would make threads race on one element (and silently keep the last write).
-TensorView check_view(const Checker& c, const TensorView& t, const char* name, bool is_output = false) {
+TensorView check_view(const Checker& c, const TensorView& t, const char* name, bool is_output) {
   if (t.ndim < 0 || t.ndim > TensorView::kMaxDims)
     c.invalid(name, ".ndim = ", t.ndim, " must be in [0, ", TensorView::kMaxDims, "]");
   int64_t numel = 1;  // overflow-checked: the implementations index with int64
@@ -117,51 +83,12 @@ void check_ndim(const Checker& c, const Named& x, int want, const char* layout) 
               ": ", layout);
 }
 
-/// Implementations index the last dim (head dim, or a 1-D tensor) with unit stride.
 void check_last_contiguous(const Checker& c, const Named& x) {
   const int d = x.t.ndim - 1;
   if (d >= 0 && x.t.shape[d] > 1 && x.t.stride[d] != 1)
     c.invalid(x.name, ".stride[", d, "] = ", x.t.stride[d], " must be 1: the last dim of ",
               x.name, " must be contiguous");
 }
-
-/// The named dims of a call (batch, seqlen_q, num_heads, headdim, ...): the first tensor that has
-/// a dim defines it; every later one must agree. One table = one wording for every shape error.
-class DimTable {
- public:
-  explicit DimTable(const Checker& c) : c_(c) {}
-
-  void visit(const Named& x, std::initializer_list<const char*> names) {
-    int d = 0;
-    for (const char* dim : names) {
-      const Entry* e = find(dim);
-      if (e == nullptr) {
-        entries_.push_back({dim, x.t.shape[d], std::string(x.name) + ".shape[" +
-                                                   std::to_string(d) + "]"});
-      } else if (e->value != x.t.shape[d]) {
-        c_.invalid(x.name, ".shape[", d, "] (", dim, ") = ", x.t.shape[d], " must equal ",
-                   e->source, " = ", e->value);
-      }
-      ++d;
-    }
-  }
-  int64_t get(const char* dim) const { return find(dim)->value; }
-  const std::string& source(const char* dim) const { return find(dim)->source; }
-
- private:
-  struct Entry {
-    const char* name;
-    int64_t value;
-    std::string source;
-  };
-  const Entry* find(const char* dim) const {
-    for (const Entry& e : entries_)
-      if (std::strcmp(e.name, dim) == 0) return &e;
-    return nullptr;
-  }
-  const Checker& c_;
-  std::vector<Entry> entries_;
-};
 
 int32_t to_int32(const Checker& c, const DimTable& dims, const char* dim) {
   const int64_t v = dims.get(dim);
@@ -171,13 +98,117 @@ int32_t to_int32(const Checker& c, const DimTable& dims, const char* dim) {
   return static_cast<int32_t>(v);
 }
 
-/// The contents of a host-resident 1-D int32 tensor (stride 1 checked).
 std::vector<int32_t> read_int32_host(const Named& x) {
   const int64_t n = x.t.shape[0];
   std::vector<int32_t> h(static_cast<size_t>(n));
   if (n > 0) std::memcpy(h.data(), x.t.data, static_cast<size_t>(n) * sizeof(int32_t));
   return h;
 }
+
+void check_float_dtypes(const Checker& c, const Named& q,
+                        std::initializer_list<const Named*> same) {
+  if (q.t.dtype == DType::kFP8E4M3)
+    c.fail(ErrorCode::kUnsupported, "q.dtype = fp8_e4m3 is reserved and not supported yet; use "
+           "bf16, fp16 or fp32");
+  if (q.t.dtype != DType::kBF16 && q.t.dtype != DType::kFP16 && q.t.dtype != DType::kFP32)
+    c.invalid("q.dtype = ", dtype_name(q.t.dtype), " must be bf16, fp16 or fp32");
+  for (const Named* x : same)
+    if (x->t.dtype != q.t.dtype)
+      c.invalid(x->name, ".dtype = ", dtype_name(x->t.dtype), " must equal q.dtype = ",
+                dtype_name(q.t.dtype));
+}
+
+void resolve_heads(const Checker& c, const DimTable& dims, const Named& q, const char* k_name,
+                   FwdParams& p) {
+  const int32_t num_heads = to_int32(c, dims, "num_heads");
+  const int32_t num_heads_kv = to_int32(c, dims, "num_heads_kv");
+  if (num_heads_kv <= 0) c.invalid(dims.source("num_heads_kv"), " (num_heads_kv) = 0 must be >= 1");
+  if (num_heads <= 0) c.invalid(dims.source("num_heads"), " (num_heads) = 0 must be >= 1");
+  if (num_heads % num_heads_kv != 0)
+    c.invalid("num_heads = ", num_heads, " (q.shape) must be a multiple of num_heads_kv = ",
+              num_heads_kv, " (", k_name, ".shape): query head h uses kv head h / (num_heads / "
+              "num_heads_kv)");
+  for (const char* hd : {"headdim", "headdim_v"}) {
+    const int64_t d = dims.get(hd);
+    if (d < 1) c.invalid(dims.source(hd), " (", hd, ") = ", d, " must be >= 1");
+    if (d > kMaxHeadDim)
+      c.fail(ErrorCode::kUnsupported, dims.source(hd), " (", hd, ") = ", d,
+             " is not supported; the maximum is ", kMaxHeadDim);
+  }
+  p.dtype = q.t.dtype;
+  p.device = q.t.device;
+  p.num_heads = num_heads;
+  p.num_heads_kv = num_heads_kv;
+  p.headdim = static_cast<int32_t>(dims.get("headdim"));
+  p.headdim_v = static_cast<int32_t>(dims.get("headdim_v"));
+}
+
+void resolve_scalar_options(const Checker& c, const AttentionOptions& o, FwdParams& p) {
+  if (o.softmax_scale.has_value()) {
+    const float s = *o.softmax_scale;
+    if (!std::isfinite(s) || !(s > 0.0f))
+      c.invalid("options.softmax_scale = ", s, " must be finite and > 0");
+    p.softmax_scale = s;
+  } else {
+    // Case C32: the default uses the real head dim of q/k, never headdim_v or a padded value.
+    p.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.headdim)));
+  }
+  p.softmax_scale_log2 = static_cast<float>(static_cast<double>(p.softmax_scale) * kLog2eF64);
+  if (!std::isfinite(o.softcap) || !(o.softcap >= 0.0f))
+    c.invalid("options.softcap = ", o.softcap, " must be finite and >= 0 (0 = off)");
+  p.softcap = o.softcap;
+
+  // Case C08: -1 is the only "unbounded" sentinel; any other negative value would be read as an
+  // empty band, so it is rejected rather than interpreted.
+  if (o.window_size_left < -1)
+    c.invalid("options.window_size_left = ", o.window_size_left,
+              " must be -1 (unbounded) or >= 0");
+  if (o.window_size_right < -1)
+    c.invalid("options.window_size_right = ", o.window_size_right,
+              " must be -1 (unbounded) or >= 0");
+  if (o.causal && o.window_size_right != -1 && o.window_size_right != 0)
+    c.invalid("options.causal with options.window_size_right = ", o.window_size_right,
+              ": causal means window_size_right = 0; pass -1 or 0, or drop causal");
+  p.causal = o.causal;
+  p.mask.window_left = o.window_size_left;
+  p.mask.window_right = o.causal ? 0 : o.window_size_right;
+
+  if (!std::isfinite(o.rescale_threshold) || o.rescale_threshold < 0.0f ||
+      o.rescale_threshold > kMaxRescaleThreshold)
+    c.invalid("options.rescale_threshold = ", o.rescale_threshold, " must be in [0, ",
+              kMaxRescaleThreshold, "] (log2 units; 0 = always rescale)");
+  p.rescale_threshold = o.rescale_threshold;
+
+  if (o.exp2_emulation_fraction.has_value()) {
+    const float f = *o.exp2_emulation_fraction;
+    const float scaled = f * static_cast<float>(kExp2FractionDenominator);  // exact for k/16
+    if (!std::isfinite(f) || f < 0.0f || f > 1.0f || scaled != std::floor(scaled))
+      c.invalid("options.exp2_emulation_fraction = ", f, " must be a multiple of 1/",
+                kExp2FractionDenominator, " in [0, 1]");
+    p.exp2_fraction_given = true;
+    p.exp2_emulation = Exp2Emulation{kExp2FractionDenominator, static_cast<int32_t>(scaled)};
+  }
+
+}
+
+void resolve_sink(const Checker& c, const AttentionOptions& o, const Named& q, DimTable& dims,
+                  FwdParams& p) {
+  if (o.sink.has_value()) {
+    const Named sink{"sink", check_view(c, *o.sink, "sink")};
+    check_ndim(c, sink, 1, "sink is (num_heads,)");
+    check_dtype_is(c, sink, DType::kFP32, "sink is always fp32");
+    check_same_device(c, sink, q);
+    check_last_contiguous(c, sink);
+    dims.visit(sink, {"num_heads"});
+    p.sink = static_cast<const float*>(sink.t.data);
+  }
+}
+
+}  // namespace checks
+
+using namespace checks;
+
+namespace {
 
 /// cu_seqlens contents: starts at 0, non-decreasing, each length <= max_seqlen, ends within the
 /// packed tensor. Returns the per-sequence lengths.
@@ -234,15 +265,7 @@ FwdParams make_fwd_params(const TensorView& q_in, const TensorView& k_in, const 
   }
 
   // ---- dtypes ----
-  if (q.t.dtype == DType::kFP8E4M3)
-    c.fail(ErrorCode::kUnsupported, "q.dtype = fp8_e4m3 is reserved and not supported yet; use "
-           "bf16, fp16 or fp32");
-  if (q.t.dtype != DType::kBF16 && q.t.dtype != DType::kFP16 && q.t.dtype != DType::kFP32)
-    c.invalid("q.dtype = ", dtype_name(q.t.dtype), " must be bf16, fp16 or fp32");
-  for (const Named* x : {&k, &v, &out})
-    if (x->t.dtype != q.t.dtype)
-      c.invalid(x->name, ".dtype = ", dtype_name(x->t.dtype), " must equal q.dtype = ",
-                dtype_name(q.t.dtype));
+  check_float_dtypes(c, q, {&k, &v, &out});
   check_dtype_is(c, lse, DType::kFP32, "lse is always fp32");
 
   // ---- devices and the contiguous head dim ----
@@ -265,87 +288,12 @@ FwdParams make_fwd_params(const TensorView& q_in, const TensorView& k_in, const 
     dims.visit(lse, {"batch", "num_heads", "seqlen_q"});
   }
 
-  // ---- heads and head dims (case C21, C28, C34) ----
-  const int32_t num_heads = to_int32(c, dims, "num_heads");
-  const int32_t num_heads_kv = to_int32(c, dims, "num_heads_kv");
-  if (num_heads_kv <= 0) c.invalid(dims.source("num_heads_kv"), " (num_heads_kv) = 0 must be >= 1");
-  if (num_heads <= 0) c.invalid(dims.source("num_heads"), " (num_heads) = 0 must be >= 1");
-  if (num_heads % num_heads_kv != 0)
-    c.invalid("num_heads = ", num_heads, " (q.shape) must be a multiple of num_heads_kv = ",
-              num_heads_kv, " (k.shape): query head h uses kv head h / (num_heads / num_heads_kv)");
-  for (const char* hd : {"headdim", "headdim_v"}) {
-    const int64_t d = dims.get(hd);
-    if (d < 1) c.invalid(dims.source(hd), " (", hd, ") = ", d, " must be >= 1");
-    if (d > kMaxHeadDim)
-      c.fail(ErrorCode::kUnsupported, dims.source(hd), " (", hd, ") = ", d,
-             " is not supported; the maximum is ", kMaxHeadDim);
-  }
-
+  // ---- heads and head dims (case C21, C28, C34), options, sink ----
   FwdParams p;
-  p.dtype = q.t.dtype;
-  p.device = q.t.device;
-  p.num_heads = num_heads;
-  p.num_heads_kv = num_heads_kv;
-  p.headdim = static_cast<int32_t>(dims.get("headdim"));
-  p.headdim_v = static_cast<int32_t>(dims.get("headdim_v"));
+  resolve_heads(c, dims, q, "k", p);
   p.is_varlen = varlen;
-
-  // ---- options ----
-  if (o.softmax_scale.has_value()) {
-    const float s = *o.softmax_scale;
-    if (!std::isfinite(s) || !(s > 0.0f))
-      c.invalid("options.softmax_scale = ", s, " must be finite and > 0");
-    p.softmax_scale = s;
-  } else {
-    // Case C32: the default uses the real head dim of q/k, never headdim_v or a padded value.
-    p.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.headdim)));
-  }
-  p.softmax_scale_log2 = static_cast<float>(static_cast<double>(p.softmax_scale) * kLog2eF64);
-  if (!std::isfinite(o.softcap) || !(o.softcap >= 0.0f))
-    c.invalid("options.softcap = ", o.softcap, " must be finite and >= 0 (0 = off)");
-  p.softcap = o.softcap;
-
-  // Case C08: -1 is the only "unbounded" sentinel; any other negative value would be read as an
-  // empty band, so it is rejected rather than interpreted.
-  if (o.window_size_left < -1)
-    c.invalid("options.window_size_left = ", o.window_size_left,
-              " must be -1 (unbounded) or >= 0");
-  if (o.window_size_right < -1)
-    c.invalid("options.window_size_right = ", o.window_size_right,
-              " must be -1 (unbounded) or >= 0");
-  if (o.causal && o.window_size_right != -1 && o.window_size_right != 0)
-    c.invalid("options.causal with options.window_size_right = ", o.window_size_right,
-              ": causal means window_size_right = 0; pass -1 or 0, or drop causal");
-  p.causal = o.causal;
-  p.mask.window_left = o.window_size_left;
-  p.mask.window_right = o.causal ? 0 : o.window_size_right;
-
-  if (!std::isfinite(o.rescale_threshold) || o.rescale_threshold < 0.0f ||
-      o.rescale_threshold > kMaxRescaleThreshold)
-    c.invalid("options.rescale_threshold = ", o.rescale_threshold, " must be in [0, ",
-              kMaxRescaleThreshold, "] (log2 units; 0 = always rescale)");
-  p.rescale_threshold = o.rescale_threshold;
-
-  if (o.exp2_emulation_fraction.has_value()) {
-    const float f = *o.exp2_emulation_fraction;
-    const float scaled = f * static_cast<float>(kExp2FractionDenominator);  // exact for k/16
-    if (!std::isfinite(f) || f < 0.0f || f > 1.0f || scaled != std::floor(scaled))
-      c.invalid("options.exp2_emulation_fraction = ", f, " must be a multiple of 1/",
-                kExp2FractionDenominator, " in [0, 1]");
-    p.exp2_fraction_given = true;
-    p.exp2_emulation = Exp2Emulation{kExp2FractionDenominator, static_cast<int32_t>(scaled)};
-  }
-
-  // ---- sink ----
-  if (o.sink.has_value()) {
-    const Named sink{"sink", check_view(c, *o.sink, "sink")};
-    check_ndim(c, sink, 1, "sink is (num_heads,)");
-    check_dtype_is(c, sink, DType::kFP32, "sink is always fp32");
-    check_same_device(c, sink, q);
-    check_last_contiguous(c, sink);
-    dims.visit(sink, {"num_heads"});
-    p.sink = static_cast<const float*>(sink.t.data);
-  }
+  resolve_scalar_options(c, o, p);
+  resolve_sink(c, o, q, dims, p);
 
   // ---- sequence structure ----
   if (!varlen) {

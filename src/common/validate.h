@@ -42,7 +42,28 @@ BwdParams make_bwd_params(const TensorView& dout, const TensorView& q, const Ten
                           const BackwardOptions& options, const std::optional<TensorView>& dsink,
                           const char* fn);
 
-/// True when there is nothing to compute or write (batch == 0, seqlen_q == 0, total_q == 0, ...).
+/// Validates forward_with_kvcache arguments (src/common/validate_kvcache.cpp) and fills every
+/// field of KVCacheParams (core/params.h): the FwdParams part as for a batched forward whose k/v
+/// are the caches, plus the cache description. Host-resident cache_seqlens / cache_batch_idx /
+/// page_table contents are checked here; device-resident ones by the kernel. Throws fa4::Error.
+KVCacheParams make_kvcache_params(const TensorView& q, const TensorView& k_cache,
+                                  const TensorView& v_cache, const TensorView& out,
+                                  const TensorView& lse, const KVCacheOptions& options,
+                                  const char* fn);
+
+/// True when forward_with_kvcache has nothing to read or write: batch == 0, or no query and
+/// nothing to append.
+inline bool is_empty_kvcache_problem(const KVCacheParams& p) {
+  return p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_new == 0);
+}
+
+/// fa4::forward_with_kvcache_support with the ErrorCode forward_with_kvcache() would throw (the
+/// C ABI reports it, as forward_support_code for forward).
+ErrorCode kvcache_support_code(const TensorView& q, const TensorView& k_cache,
+                               const TensorView& v_cache, const TensorView& out,
+                               const TensorView& lse, const KVCacheOptions& options,
+                               std::string* message, std::string* kernel_name);
+
 /// fa4::forward_support with the ErrorCode forward() would throw (kOk: supported; *kernel_name
 /// names what runs). The C ABI reports this code, so its status equals fa4_forward's.
 ErrorCode forward_support_code(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -50,6 +71,7 @@ ErrorCode forward_support_code(const TensorView& q, const TensorView& k, const T
                                const AttentionOptions& options, std::string* message,
                                std::string* kernel_name);
 
+/// True when there is nothing to compute or write (batch == 0, seqlen_q == 0, total_q == 0, ...).
 bool is_empty_problem(const FwdParams& p);
 
 }  // namespace fa4::detail

@@ -78,6 +78,34 @@ struct BwdParams : FwdParams {
   bool deterministic = false;
 };
 
+/// forward_with_kvcache after validation (src/common/validate.cpp make_kvcache_params). The
+/// FwdParams part is a batched forward: q/out/lse (batch, seqlen_q, ...), k/v = k_cache/v_cache
+/// with k_stride/v_stride = the cache strides (dense: batch = cache sequence stride; paged: batch =
+/// page stride, row = slot within a page), seqlen_k = key_capacity (informational), total_k = 0,
+/// is_varlen = false, seqused_k = nullptr. Sequence b attends to keys [0, seqlen_k(b)) of its cache
+/// sequence, seqlen_k(b) = (cache_seqlens ? cache_seqlens[b] : key_capacity - seqlen_new)
+/// + seqlen_new, with the masks bottom-right aligned per sequence (seqlen_q vs seqlen_k(b)).
+struct KVCacheParams : FwdParams {
+  bool paged = false;
+  int32_t batch_cache = 0;    ///< dense: k_cache.shape[0]; paged: 0
+  int32_t key_capacity = 0;   ///< keys a sequence can hold: dense seqlen_cache, paged max_pages * page_size
+  // Paged KV: k_cache/v_cache (num_pages, page_size, num_heads_kv, d); key j of sequence b is slot
+  // j % page_size of page page_table[b * page_table_batch_stride + j / page_size].
+  const int32_t* page_table = nullptr;   ///< int32 (batch, max_pages) or nullptr (dense)
+  int64_t page_table_batch_stride = 0;   ///< elements; the page dim is contiguous
+  int32_t max_pages = 0;                 ///< page_table.shape[1]
+  int32_t page_size = 0;                 ///< k_cache.shape[1] (paged)
+  int32_t num_pages = 0;                 ///< k_cache.shape[0] (paged)
+  const int32_t* cache_seqlens = nullptr;    ///< int32 (batch,): keys already cached; nullptr = full
+  const int32_t* cache_batch_idx = nullptr;  ///< int32 (batch,): cache sequence of q's sequence b (dense only)
+  // New keys/values appended in place at cache_seqlens[b] before attending (k_new/v_new given).
+  const void* k_new = nullptr;           ///< (batch, seqlen_new, num_heads_kv, headdim) or nullptr
+  const void* v_new = nullptr;           ///< (batch, seqlen_new, num_heads_kv, headdim_v)
+  RowStrides k_new_stride, v_new_stride;
+  int32_t seqlen_new = 0;                ///< 0 when k_new/v_new are not given
+  int32_t num_splits = 0;                ///< 0 = automatic, else the exact number of key splits
+};
+
 /// Sequence b's lengths and first packed row (varlen), for either layout. Element (b, i, h, d) of q
 /// is at  q + (is_varlen ? 0 : b * q_stride.batch) + (q_row0 + i) * q_stride.row + h * q_stride.head + d
 /// and lse (b, h, i) at  (is_varlen ? 0 : b * lse_batch_stride) + h * lse_head_stride

@@ -18,6 +18,14 @@ void reference_backward(const detail::BwdParams& p);
 void flash_forward(const detail::FwdParams& p);
 void flash_backward(const detail::BwdParams& p);
 
+/// forward_with_kvcache on the CPU (src/cpu/kvcache.cpp): (a) appends k_new/v_new into the cache
+/// (bitwise copies; dense: cache row cache_batch_idx[b] or b, paged: through page_table), then
+/// (b) per sequence b gathers its seqlen_k(b) keys/values into contiguous buffers and runs
+/// flash_forward (resp. reference_forward) on a batch-1 problem, so the maths is exactly theirs.
+/// p.num_splits has no effect (the CPU does not split keys). p.seqlen_q == 0: the append only.
+void flash_forward_with_kvcache(const detail::KVCacheParams& p);
+void reference_forward_with_kvcache(const detail::KVCacheParams& p);
+
 /// Key/query tile sizes the CPU implementation uses (the exp2 emulation share rule is relative to a key tile).
 inline constexpr int kCpuTileM = 64;
 inline constexpr int kCpuTileN = 128;

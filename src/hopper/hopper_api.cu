@@ -10,6 +10,8 @@
 
 #include "hopper/bwd/launch_bwd.h"
 #include "hopper/bwd/tuning_bwd.h"
+#include "hopper/decode/launch_decode.h"
+#include "hopper/decode/tuning_decode.h"
 #include "hopper/fwd/tuning_fwd.h"
 #include "fa4/error.h"
 #include "common/overrides.h"
@@ -89,9 +91,10 @@ bool bucket_compiled(int d, int dv) {
 /// TMA rules for one of q/k/v: 16-byte aligned base, positive 16-byte-multiple strides on every
 /// dimension of extent > 1 (size-1 dims are ignored, case C20).
 std::string check_tma_tensor(const char* name, const void* ptr, const detail::RowStrides& s,
-                             int64_t rows, int64_t heads, int64_t batch, bool varlen, int64_t elem) {
+                             int64_t rows, int64_t heads, int64_t batch, bool varlen, int64_t elem,
+                             const char* use = "the Hopper TMA loads") {
   if (reinterpret_cast<uintptr_t>(ptr) % kTmaAlignBytes != 0)
-    return std::string(name) + ".data must be 16-byte aligned for the Hopper TMA loads";
+    return std::string(name) + ".data must be 16-byte aligned for " + use;
   struct Dim { const char* what; int64_t extent; int64_t stride; };
   const Dim dims[] = {{"row (sequence)", rows, s.row}, {"head", heads, s.head},
                       {"batch", varlen ? 1 : batch, s.batch}};
@@ -101,7 +104,7 @@ std::string check_tma_tensor(const char* name, const void* ptr, const detail::Ro
     if (d.stride <= 0 || bytes % kTmaAlignBytes != 0 || bytes >= kTmaMaxStrideBytes)
       return std::string(name) + " " + d.what + " stride = " + std::to_string(d.stride) +
              " elements must be positive and a multiple of 16 bytes (" +
-             std::to_string(kTmaAlignBytes / elem) + " elements) for the Hopper TMA loads";
+             std::to_string(kTmaAlignBytes / elem) + " elements) for " + use;
   }
   return "";
 }
@@ -141,6 +144,26 @@ std::string bucket_name(const detail::FwdParams& p, int d, int dv) {
     name += " (padded from " + std::to_string(p.headdim) + "x" + std::to_string(p.headdim_v) + ")";
   return name;
 }
+
+/// Makes `device` current for the scope (launches, scratch and smem limits are per device) and
+/// gives the caller's device back afterwards.
+class ScopedDevice {
+ public:
+  ScopedDevice(int device, const char* fn) : cur_(device) {
+    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
+    if (prev_ != device && cudaSetDevice(device) != cudaSuccess)
+      throw Error(ErrorCode::kCudaError, std::string(fn) + " (hopper): cudaSetDevice failed");
+  }
+  ~ScopedDevice() {
+    if (prev_ >= 0 && prev_ != cur_) cudaSetDevice(prev_);
+  }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+ private:
+  int prev_ = 0;
+  int cur_;
+};
 
 }  // namespace
 
@@ -228,14 +251,7 @@ void forward(const detail::FwdParams& p) {
   // than SMs; the override forces it off (0), or on for any partial last round (1).
   ctx.stream_k = o.stream_k;
 
-  int prev = 0;
-  if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
-  if (prev != p.device.index && cudaSetDevice(p.device.index) != cudaSuccess)
-    throw Error(ErrorCode::kCudaError, "fa4::forward (hopper): cudaSetDevice failed");
-  struct Restore {
-    int prev, cur;
-    ~Restore() { if (prev >= 0 && prev != cur) cudaSetDevice(prev); }
-  } restore{prev, p.device.index};
+  const ScopedDevice scoped_device(p.device.index, "fa4::forward");
   if (p.is_varlen) ctx.async_error = async_error_word(p.device.index);  // on p's device
 
   const detail::HopperFwdConfig* c = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
@@ -268,14 +284,7 @@ void backward(const detail::BwdParams& p) {
   // problems). The "lpt" override forces it either way.
   const detail::KernelOverrides o = detail::kernel_overrides();
   ctx.lpt = o.lpt < 0 ? (p.mask.is_local() || p.is_varlen || p.deterministic) : o.lpt == 1;
-  int prev = 0;
-  if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
-  if (prev != p.device.index && cudaSetDevice(p.device.index) != cudaSuccess)
-    throw Error(ErrorCode::kCudaError, "fa4::backward (hopper): cudaSetDevice failed");
-  struct Restore {
-    int prev, cur;
-    ~Restore() { if (prev >= 0 && prev != cur) cudaSetDevice(prev); }
-  } restore{prev, p.device.index};
+  const ScopedDevice scoped_device(p.device.index, "fa4::backward");
   if (p.is_varlen) ctx.async_error = async_error_word(p.device.index);
 
   const detail::HopperBwdConfig* c = detail::hopper_bwd_bucket(p.headdim, p.headdim_v);
@@ -293,6 +302,82 @@ void backward(const detail::BwdParams& p) {
   FA4_HOPPER_BUCKETS(FA4_DISPATCH_BWD)
 #undef FA4_DISPATCH_BWD
   throw Error(ErrorCode::kInternal, "fa4::backward (hopper): selector and dispatcher disagree");
+}
+
+std::string kvcache_support(const detail::KVCacheParams& p, std::string* kernel_name) {
+  if (p.dtype != DType::kBF16 && p.dtype != DType::kFP16)
+    return std::string("the Hopper kernels support bf16 and fp16 only; q.dtype is ") +
+           dtype_name(p.dtype) + " (use CPU tensors for fp32)";
+  const DeviceFacts f = device_facts(p.device.index);
+  if (!f.error.empty()) return f.error;
+  if (p.headdim % 8 != 0 || p.headdim_v % 8 != 0)
+    return "the Hopper decode kernel needs headdim and headdim_v to be multiples of 8 (16-byte rows); got " +
+           std::to_string(p.headdim) + " and " + std::to_string(p.headdim_v);
+  const detail::HopperDecodeConfig* c = detail::hopper_decode_bucket(p.headdim, p.headdim_v);
+  if (!c)
+    return "no Hopper decode kernel for headdim " + std::to_string(p.headdim) + ", headdim_v " +
+           std::to_string(p.headdim_v) + " (supported: both <= 256, multiples of 8)";
+  if (!bucket_compiled(c->headdim, c->headdim_v)) return not_compiled("decode", c->headdim, c->headdim_v);
+  if (p.exp2_fraction_given && p.exp2_emulation.emulated > 0)
+    return "exp2_emulation_fraction > 0 is not supported by the Hopper decode kernel (it is bandwidth-"
+           "bound and computes every exponential on the MUFU unit); pass 0 or leave it unset";
+  if (p.num_splits > detail::kDecodeMaxSplits)
+    return "num_splits = " + std::to_string(p.num_splits) + " exceeds the decode kernel's maximum of " +
+           std::to_string(detail::kDecodeMaxSplits);
+  const int64_t rows = int64_t(p.seqlen_q) * (p.num_heads / p.num_heads_kv);
+  const int64_t row_tiles = (rows + detail::kDecodeRowsPerCta - 1) / detail::kDecodeRowsPerCta;
+  if (p.batch > 65535 || p.num_heads_kv > 65535 || int64_t(p.num_heads_kv) * row_tiles > 65535)
+    return "the Hopper decode kernel handles at most 65535 sequences and 65535 (kv head, 16-row query "
+           "tile) pairs per sequence (num_heads_kv * ceil(seqlen_q * num_heads / num_heads_kv / 16))";
+  // Key indices are int32 in the kernel, including a 64-key block past the last key.
+  if (int64_t(p.key_capacity) > int64_t(INT32_MAX) - 2 * 64)
+    return "the Hopper decode kernel handles a key capacity (seqlen_cache, or max_pages * page_size) of "
+           "at most 2^31 - 129 keys; got " + std::to_string(p.key_capacity);
+  // 16-byte copies (cp.async, the append) and 8-byte stores of out: 16-byte aligned bases and
+  // strides, the same rule as the TMA views of the forward.
+  const int64_t elem = dtype_size(p.dtype);
+  const int64_t cache_rows = p.paged ? p.page_size : p.key_capacity;
+  const int64_t cache_batch = p.paged ? p.num_pages : p.batch_cache;
+  constexpr const char* kUse = "the decode kernel's 16-byte copies";
+  std::string why = check_tma_tensor("q", p.q, p.q_stride, p.seqlen_q, p.num_heads, p.batch, false, elem, kUse);
+  if (why.empty()) why = check_tma_tensor("k_cache", p.k, p.k_stride, cache_rows, p.num_heads_kv, cache_batch, false, elem, kUse);
+  if (why.empty()) why = check_tma_tensor("v_cache", p.v, p.v_stride, cache_rows, p.num_heads_kv, cache_batch, false, elem, kUse);
+  if (why.empty()) why = check_tma_tensor("out", p.out, p.out_stride, p.seqlen_q, p.num_heads, p.batch, false, elem, kUse);
+  if (why.empty() && p.k_new)
+    why = check_tma_tensor("k_new", p.k_new, p.k_new_stride, p.seqlen_new, p.num_heads_kv, p.batch, false, elem, kUse);
+  if (why.empty() && p.v_new)
+    why = check_tma_tensor("v_new", p.v_new, p.v_new_stride, p.seqlen_new, p.num_heads_kv, p.batch, false, elem, kUse);
+  if (!why.empty()) return why;
+  if (kernel_name)
+    *kernel_name = "hopper::decode_" + bucket_name(p, c->headdim, c->headdim_v) + (p.paged ? " (paged)" : "");
+  return "";
+}
+
+void forward_kvcache(const detail::KVCacheParams& p) {
+  // The selector (kvcache_support) has accepted p. Earlier invalid indices: report now.
+  check_async_errors(p.device.index);
+  const DeviceFacts f = device_facts(p.device.index);
+  LaunchContext ctx;
+  ctx.num_sms = f.num_sms;
+  ctx.l2_bytes = f.l2_bytes;
+  const ScopedDevice scoped_device(p.device.index, "fa4::forward_with_kvcache");
+  ctx.async_error = async_error_word(p.device.index);
+
+  const detail::HopperDecodeConfig* c = detail::hopper_decode_bucket(p.headdim, p.headdim_v);
+  const bool bf16 = p.dtype == DType::kBF16;
+#define FA4_DISPATCH_DECODE(D, DV)                                                      \
+  if constexpr (detail::find_hopper_decode_config(D, DV) != nullptr) {                  \
+    if (c->headdim == D && c->headdim_v == DV) {                                        \
+      if constexpr (FA4_HOPPER_HAS_##D##_##DV == 1) {                                   \
+        if (bf16) run_decode<int(DType::kBF16), D, DV>(p, ctx);                         \
+        else run_decode<int(DType::kFP16), D, DV>(p, ctx);                              \
+        return;                                                                         \
+      }                                                                                 \
+    }                                                                                   \
+  }
+  FA4_HOPPER_BUCKETS(FA4_DISPATCH_DECODE)
+#undef FA4_DISPATCH_DECODE
+  throw Error(ErrorCode::kInternal, "fa4::forward_with_kvcache (hopper): selector and dispatcher disagree");
 }
 
 }  // namespace fa4::hopper

@@ -24,4 +24,15 @@ std::string backward_support(const detail::BwdParams& p, std::string* kernel_nam
 /// Precondition: backward_support(p) == "".
 void backward(const detail::BwdParams& p);
 
+/// The KV-cache (decode) selector: "" and the kernel name if the decode kernel (decode/) runs p on
+/// the current device, else the reason. forward_kvcache() runs exactly what this picks.
+std::string kvcache_support(const detail::KVCacheParams& p, std::string* kernel_name);
+
+/// Enqueues forward_with_kvcache on p.device.stream: the append of k_new/v_new (if given), the
+/// split-KV decode kernel and, with more than one split, the combine. Device-resident
+/// cache_seqlens / cache_batch_idx / page_table are checked by the kernels (AsyncError bits):
+/// a sequence breaking a rule gets no output and nothing is read or written out of bounds.
+/// Precondition: kvcache_support(p) == "".
+void forward_kvcache(const detail::KVCacheParams& p);
+
 }  // namespace fa4::hopper

@@ -15,6 +15,7 @@
 
 #include "core/mask.h"
 #include "hopper/bwd/schedule_bwd.h"
+#include "hopper/decode/launch_decode.h"
 #include "hopper/shared/mask.cuh"
 #include "hopper/shared/tile_scheduler.cuh"
 
@@ -179,3 +180,39 @@ TEST(HopperHost, BackwardDqStagingIsABijection) {
 }
 
 }  // namespace
+
+// The decode's automatic split count (decode/launch_decode.h): one wave of CTAs when the tiles are
+// few, none when they fill the GPU, never more than the key blocks allow; explicit counts win.
+TEST(HopperHost, DecodeSplitCount) {
+  fa4::detail::KVCacheParams p;
+  p.batch = 1;
+  p.seqlen_q = 1;
+  p.num_heads = 32;
+  p.num_heads_kv = 8;
+  p.key_capacity = 131072;
+  const fa4::detail::HopperDecodeConfig c = fa4::detail::hopper_decode_config(128, 128);  // 2 CTAs/SM
+  const int sms = 132;
+  // 8 tiles (one 16-row tile per KV head): 264 / 8 = 33 splits.
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 33);
+  p.batch = 32;  // 256 tiles: more than half a wave -> no split
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 1);
+  p.batch = 8;   // 64 tiles: 264 / 64 = 4
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 4);
+  p.batch = 1;
+  p.key_capacity = 200;  // 4 key blocks: at least 2 per split
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 2);
+  p.key_capacity = 64;
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 1);
+  p.key_capacity = 1 << 30;
+  p.num_heads = 8;
+  p.num_heads_kv = 1;  // one tile: a wave would be 264 splits, capped
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), fa4::detail::kDecodeMaxAutoSplits);
+  p.num_splits = 7;  // explicit: honoured
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 7);
+  p.num_splits = 0;
+  p.batch = 2;
+  p.seqlen_q = 16;
+  p.num_heads = 128;  // 16 x 16 rows = 16 tiles per KV head, 256 tiles: no split
+  p.num_heads_kv = 8;
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 1);
+}

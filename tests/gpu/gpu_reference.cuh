@@ -52,7 +52,8 @@ __device__ __forceinline__ float block_reduce(float x, bool is_max, float* scrat
 /// out: (rows, heads, headdim_v) fp32 with rows = total_q (varlen) or batch*seqlen_q; lse: (rows,
 /// heads) fp32. Launch with grid (max seqlen_q, heads, batch), kRefThreads threads and
 /// seqlen_k * 4 bytes of dynamic shared memory.
-__global__ void reference_attention_kernel(const detail::FwdParams p, bool naive16, float* out, float* lse) {
+// static: internal linkage, since every GPU test file that checks against it includes this header.
+static __global__ void reference_attention_kernel(const detail::FwdParams p, bool naive16, float* out, float* lse) {
   extern __shared__ float s_row[];
   __shared__ float scratch[kRefThreads / 32];
   const int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;

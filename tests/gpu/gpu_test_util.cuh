@@ -4,7 +4,13 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
 #include "common/overrides.h"
+#include "core/float16.h"
+#include "fa4/tensor.h"
 
 namespace fa4::test {
 
@@ -30,7 +36,34 @@ inline bool have_hopper() {
   return major == 9;
 }
 
+/// Device memory of `count` T, freed with the buffer; upload/download copy whole buffers.
+template <class T>
+struct DevBuf {
+  T* ptr = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t count) : n(count) { if (n) cudaMalloc(&ptr, n * sizeof(T)); }
+  ~DevBuf() { if (ptr) cudaFree(ptr); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  void upload(const std::vector<T>& h) { if (n) cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice); }
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    if (n) cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return h;
+  }
+};
+
+/// A float as the 16 bits of a bf16 / fp16 value (round to nearest even), and back.
+inline uint16_t to16(DType t, float f) {
+  return t == DType::kBF16 ? detail::float_to_bf16(f) : detail::float_to_fp16(f);
+}
+inline float from16(DType t, uint16_t h) {
+  return t == DType::kBF16 ? detail::bf16_to_float(h) : detail::fp16_to_float(h);
+}
+
 }  // namespace fa4::test
+
+#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << cudaGetErrorString(x)
 
 /// Skips the calling test, loudly, where no Hopper GPU exists (CI machines have none).
 #define REQUIRE_HOPPER() \

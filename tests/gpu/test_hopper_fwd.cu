@@ -34,24 +34,12 @@ namespace {
 
 using fa4::DType;
 using fa4::TensorView;
+using fa4::test::DevBuf;
+using fa4::test::from16;
+using fa4::test::to16;
 
 
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << cudaGetErrorString(x)
 
-template <class T>
-struct DevBuf {
-  T* ptr = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t count) : n(count) { if (n) cudaMalloc(&ptr, n * sizeof(T)); }
-  ~DevBuf() { if (ptr) cudaFree(ptr); }
-  DevBuf(const DevBuf&) = delete;
-  void upload(const std::vector<T>& h) { cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice); }
-  std::vector<T> download() const {
-    std::vector<T> h(n);
-    if (n) cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost);
-    return h;
-  }
-};
 
 struct Case {
   DType dtype = DType::kBF16;
@@ -91,8 +79,6 @@ struct Result {
   std::vector<float> lse;
 };
 
-uint16_t to16(DType t, float f) { return t == DType::kBF16 ? fa4::detail::float_to_bf16(f) : fa4::detail::float_to_fp16(f); }
-float from16(DType t, uint16_t h) { return t == DType::kBF16 ? fa4::detail::bf16_to_float(h) : fa4::detail::fp16_to_float(h); }
 
 constexpr uint16_t kPoison16 = 0xFFFF;  // NaN in bf16 and fp16
 constexpr float kAtolO = 1e-4f;

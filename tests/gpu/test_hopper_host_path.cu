@@ -28,7 +28,6 @@ namespace {
 using fa4::DType;
 using fa4::TensorView;
 
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << cudaGetErrorString(x)
 
 constexpr uint16_t kPoison16 = 0xFFFF;  // NaN in bf16
 

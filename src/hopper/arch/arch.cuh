@@ -11,6 +11,10 @@
 //   * cp.reduce.async.bulk (fp32 add) and its bulk-group waits: the backward's dQ leaves a CTA as
 //     one smem -> global reduce-add per warpgroup and query block instead of per-element atomics;
 //   * acquire/release flag accesses for the deterministic backward's ordered dQ accumulation;
+//   * the decode kernel's warp-level pieces (decode/): cp.async with zero fill (16-byte rows
+//     gathered one by one through the page table, which TMA boxes cannot do for any page size),
+//     ldmatrix (plain and transposed) and mma.sync m16n8k16: a decode tile has 16 rows, a quarter
+//     of one wgmma's 64, and its four warps work on separate keys;
 //   * setmaxnreg: moves registers from the producer warpgroup (which only issues TMA) to the two
 //     consumer warpgroups (which hold S, P and O in registers). Needs sm_90a and a register cap at
 //     kernel entry (__launch_bounds__(threads, 1)).
@@ -129,6 +133,54 @@ __device__ __forceinline__ float quad_max(float x) {
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// ---- decode (warp-level MMA) ----
+
+/// 16-byte global -> shared copy through L2 only (.cg: streamed K/V have no reuse in L1). With
+/// `valid` false no byte is read and the 16 bytes of smem are zero-filled.
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(valid ? 16 : 0) : "memory");
+}
+/// Closes this thread's current cp.async group.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+/// Waits until at most kPending of this thread's cp.async groups are incomplete.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+/// Four 8x8 16-bit matrices from shared memory: lane l gives the address of row l % 8 of matrix
+/// l / 8; r[j] receives matrix j in the mma fragment layout (lane l: row l / 4, columns 2 (l % 4)
+/// and +1). kTrans: each matrix transposed (lane l: column l / 4, rows 2 (l % 4) and +1).
+template <bool kTrans>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem_row));
+  if constexpr (kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+
+/// c += a b for one m16n8k16 tile, fp32 accumulators; kBF16 picks bf16 or fp16 operands. a: the
+/// 16x16 A fragment (pairs of rows l/4, l/4+8 at columns 2(l%4) and +8), b: the 16x8 B fragment
+/// (column l/4, rows 2(l%4) and +8), c: rows l/4 (c[0], c[1]) and l/4+8 (c[2], c[3]).
+template <bool kBF16>
+__device__ __forceinline__ void mma_m16n8k16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (kBF16)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 }  // namespace fa4::hopper::arch

@@ -137,8 +137,12 @@ void check_async_errors(int device) {
   add(kBadCuSeqlensK, "cu_seqlens_k must start at 0, be non-decreasing, end within k.shape[0] (total_k) "
                       "and give no sequence longer than options.max_seqlen_k");
   add(kBadSequsedK, "seqused_k[b] must be in [0, cu_seqlens_k[b+1] - cu_seqlens_k[b]]");
+  add(kBadCacheSeqlens, "cache_seqlens[b] must be in [0, key capacity - seqlen_new] (key capacity: "
+      "k_cache.shape[1], or page_table.shape[1] * page_size when paged)");
+  add(kBadCacheBatchIdx, "cache_batch_idx[b] must be in [0, k_cache.shape[0])");
+  add(kBadPageTable, "page_table[b][p] must be in [0, num_pages) for every page a sequence uses");
   throw Error(ErrorCode::kInvalidArgument,
-              "fa4: an earlier varlen call on cuda:" + std::to_string(device) +
+              "fa4: an earlier varlen or KV-cache call on cuda:" + std::to_string(device) +
                   " found invalid indices on the device: " + what +
                   ". The sequences concerned were not computed (their out/lse rows were left unwritten); "
                   "a forward reporting this did not run");

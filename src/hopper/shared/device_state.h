@@ -34,7 +34,8 @@ struct LaunchScratch {
 /// Which launches share a buffer. The forward's buffer must stay zero between launches (its kernels
 /// leave the counter and flags zero); the backward's workspace (dQ accumulator, row statistics,
 /// semaphores) is overwritten by every backward, so it has a buffer of its own.
-enum class ScratchKind : int { kForward = 0, kBackward = 1 };
+/// The decode's split partials (decode/) are overwritten by every split-KV decode: a third buffer.
+enum class ScratchKind : int { kForward = 0, kBackward = 1, kDecode = 2 };
 
 /// At least `bytes` bytes for a launch on (device, stream), the first `zeroed_bytes` of them zero.
 /// The current device must be `device`. Throws fa4::Error(kCudaError) if it cannot be had.
@@ -49,6 +50,9 @@ enum AsyncError : uint32_t {
   kBadCuSeqlensQ = 1u << 0,  ///< cu_seqlens_q: not 0 at [0], decreasing, past total_q, or a length > max_seqlen_q
   kBadCuSeqlensK = 1u << 1,  ///< cu_seqlens_k: likewise with total_k, max_seqlen_k
   kBadSequsedK = 1u << 2,    ///< seqused_k[b] outside [0, cu_seqlens_k[b+1] - cu_seqlens_k[b]]
+  kBadCacheSeqlens = 1u << 3,   ///< cache_seqlens[b] outside [0, key_capacity - seqlen_new]
+  kBadCacheBatchIdx = 1u << 4,  ///< cache_batch_idx[b] outside [0, k_cache.shape[0])
+  kBadPageTable = 1u << 5,      ///< a used page_table entry outside [0, num_pages)
 };
 
 /// Device address of `device`'s error word (mapped host memory, allocated on first use).

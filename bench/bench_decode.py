@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Decode (KV-cache) benchmark: fa4.flash_attn_with_kvcache next to torch SDPA (cuDNN and FLASH
+backends) in ONE process, on one GPU, timed with triton.testing.do_bench (median, CUDA events),
+interleaved rounds (the contenders' order rotates per round).
+
+Metric: GB/s of K+V read (batch x seqlen_k x num_heads_kv x (headdim + headdim_v) x 2 bytes per
+call: the bytes a decode step must stream) and microseconds per call. SDPA gets dense (b, h, s, d)
+K/V with enable_gqa (its natural layout); fa4 gets its cache layout, dense (b, s, h_kv, d) or paged
+(num_pages, page_size, h_kv, d) with a shuffled page table. FlashInfer is not installed on the
+benchmark machine (no row).
+
+Timing: eager calls of every contender (ratios), plus fa4's call replayed from a CUDA graph
+(fa4_graph: GPU time, as a serving engine runs decode; host costs are bench/host_overhead.py's).
+
+Shapes: GQA 32/8 d128, batch 1/8/32/128, KV 1k..128k (at most 2M cached tokens per call: every
+layout's copy must fit), dense and paged (16; --quick) plus seqlen_q 4 and page 64 (full run), and
+GQA 8/1 d128, 32/8 d64, 16/4 d256 at batch 1 and 32, KV 8k and 32k, dense and page 16.
+
+Usage (on the GPU machine, from the repo root):
+    PYTHONPATH=python:bench FA4_LIBRARY=build-dev/src/libfa4.so python3 bench/bench_decode.py OUT.json [--quick]
+Writes OUT.json (run metadata + rows) and OUT.png.
+"""
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import fa4
+from bench_fwd import run_meta
+
+ROUNDS = 3
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def make_problem(batch, seqlen_k, seqlen_q, heads, heads_kv, d, page_size, dt, gen):
+    q = torch.randn(batch, seqlen_q, heads, d, device="cuda", dtype=dt, generator=gen)
+    k = torch.randn(batch, seqlen_k, heads_kv, d, device="cuda", dtype=dt, generator=gen)
+    v = torch.randn(batch, seqlen_k, heads_kv, d, device="cuda", dtype=dt, generator=gen)
+    lens = torch.full((batch,), seqlen_k, device="cuda", dtype=torch.int32)
+    if not page_size:
+        return q, k, v, lens, None, (k, v)
+    pages_per_seq = (seqlen_k + page_size - 1) // page_size
+    num_pages = batch * pages_per_seq
+    perm = torch.randperm(num_pages, device="cuda", generator=gen).to(torch.int32)
+    table = perm.view(batch, pages_per_seq)
+    kp = torch.empty(num_pages, page_size, heads_kv, d, device="cuda", dtype=dt)
+    vp = torch.empty_like(kp)
+    pad = pages_per_seq * page_size - seqlen_k
+    kk = F.pad(k, (0, 0, 0, 0, 0, pad)).view(batch, pages_per_seq, page_size, heads_kv, d)
+    vv = F.pad(v, (0, 0, 0, 0, 0, pad)).view(batch, pages_per_seq, page_size, heads_kv, d)
+    kp[table.long()] = kk
+    vp[table.long()] = vv
+    return q, kp, vp, lens, table, (k, v)
+
+
+def sdpa_fn(q, k, v, backend):
+    qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+
+    def fn():
+        return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=qt.shape[1] != kt.shape[1])
+    try:
+        with sdpa_kernel([backend]):
+            fn()
+        return fn
+    except Exception:
+        return None
+
+
+def time_row(r, batch, seqlen_k, seqlen_q, heads, heads_kv, d, page_size, dt, gen):
+    q, kc, vc, lens, table, (k, v) = make_problem(batch, seqlen_k, seqlen_q, heads, heads_kv, d, page_size, dt, gen)
+    fa4_fn = lambda: fa4.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table)
+    # Sanity: fa4 against SDPA's math backend in fp32 on the same keys.
+    ref = F.scaled_dot_product_attention(q.transpose(1, 2).float(), k.transpose(1, 2).float(),
+                                         v.transpose(1, 2).float(), enable_gqa=heads != heads_kv).transpose(1, 2)
+    r["max_abs_err_vs_fp32"] = float((fa4_fn().float() - ref).abs().max())
+    del ref
+    # Eager calls, every contender; plus fa4's call captured in a CUDA graph and replayed, as a
+    # serving engine runs a decode step (GPU time without the host cost of an eager call, which at
+    # the smallest sizes exceeds the kernels' time; bench/host_overhead.py measures that cost).
+    # SDPA is not replayed from a graph: a captured cuDNN call at KV 8k hit an illegal memory
+    # access on the H200 (torch 2.11, cuDNN 9.19), which ends the process.
+    fns = {"fa4": fa4_fn, "fa4_graph": graphed(fa4_fn)}
+    for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+        fn = sdpa_fn(q, k, v, be)
+        if fn:
+            fns[name] = (lambda fn=fn, be=be: _in(be, fn))
+    names = list(fns)
+    times = {n: [] for n in names}
+    for i in range(ROUNDS):
+        for n in names[i % len(names):] + names[:i % len(names)]:
+            try:
+                times[n].append(bench(fns[n]))
+            except Exception as e:
+                print(f"# {n} failed: {str(e).splitlines()[0][:120]}", file=sys.stderr)
+    gbytes = batch * seqlen_k * heads_kv * 2 * d * q.element_size() / 1e9
+    for n in ("fa4", "fa4_graph", "cudnn", "flash"):
+        ms = statistics.median(times[n]) if times.get(n) else None
+        r[n + "_us"] = round(ms * 1e3, 1) if ms else None
+        r[n + "_gbs"] = round(gbytes / (ms / 1e3), 0) if ms else None
+    r["rounds"] = ROUNDS
+    r["ratio_cudnn"] = round(r["cudnn_us"] / r["fa4_us"], 3) if r["fa4_us"] and r["cudnn_us"] else None
+    r["ratio_flash"] = round(r["flash_us"] / r["fa4_us"], 3) if r["fa4_us"] and r["flash_us"] else None
+    return r
+
+
+def graphed(fn):
+    """g.replay of `fn` captured in a CUDA graph."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    torch.cuda.synchronize()
+    return g.replay
+
+
+def _in(backend, fn):
+    with sdpa_kernel([backend]):
+        return fn()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_json")
+    ap.add_argument("--quick", action="store_true", help="GQA 32/8 d128 seqlen_q 1 only, fewer shapes")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    global ROUNDS
+    ROUNDS = max(1, args.rounds)
+    meta = run_meta()
+    print(json.dumps(meta), flush=True)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    dt = torch.bfloat16
+    batches = [1, 8, 32, 128]
+    kvs = [1024, 8192, 32768, 131072]
+    # (heads, heads_kv, d, seqlen_qs, page sizes, batches, kv lengths)
+    plan = [(32, 8, 128, [1], [0, 16], batches, kvs)]
+    if not args.quick:
+        plan = [(32, 8, 128, [1, 4], [0, 16, 64], batches, kvs)] + [
+            (h, hkv, d, [1], [0, 16], [1, 32], [8192, 32768]) for h, hkv, d in ((8, 1, 128), (32, 8, 64), (16, 4, 256))]
+    rows = []
+    for heads, heads_kv, d, seqlen_qs, pages, bs, ks in plan:
+        for sq in seqlen_qs:
+            for batch in bs:
+                for sk in ks:
+                    if batch * sk > 2 * 1024 * 1024:  # K, V, the paged and the SDPA copies must fit
+                        continue
+                    for ps in pages:
+                        r = {"heads": heads, "heads_kv": heads_kv, "hdim": d, "seqlen_q": sq, "batch": batch,
+                             "seqlen_k": sk, "page_size": ps}
+                        try:
+                            time_row(r, batch, sk, sq, heads, heads_kv, d, ps, dt, gen)
+                        except Exception as e:
+                            r["error"] = str(e).splitlines()[0][:200]
+                        rows.append(r)
+                        print(json.dumps(r), flush=True)
+                        torch.cuda.empty_cache()
+    with open(args.out_json, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    print(f"\n{'h/hkv':>6} {'d':>4} {'sq':>3} {'b':>4} {'kv':>7} {'page':>4} {'fa4 GB/s':>9} {'cudnn':>7} "
+          f"{'flash':>7} {'fa4 us':>8} {'graph us':>8} {'cudnn us':>8} {'x cudnn':>7}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['heads']}/{r['heads_kv']} d{r['hdim']} b{r['batch']} kv{r['seqlen_k']} page{r['page_size']}: {r['error']}")
+            continue
+        print(f"{r['heads']:>3}/{r['heads_kv']:<2} {r['hdim']:>4} {r['seqlen_q']:>3} {r['batch']:>4} {r['seqlen_k']:>7} "
+              f"{r['page_size']:>4} {r['fa4_gbs']!s:>9} {r['cudnn_gbs']!s:>7} {r['flash_gbs']!s:>7} "
+              f"{r['fa4_us']!s:>8} {r['fa4_graph_us']!s:>8} {r['cudnn_us']!s:>8} {r['ratio_cudnn']!s:>7}")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        sel = [r for r in rows if "error" not in r and r["heads"] == 32 and r["hdim"] == 128 and r["seqlen_q"] == 1]
+        fig, axes = plt.subplots(1, len(batches), figsize=(4 * len(batches), 3.5), sharey=True)
+        for ax, batch in zip(axes, batches):
+            for key, style in (("fa4", "-o"), ("cudnn", "--s"), ("flash", ":^")):
+                for ps in sorted({r["page_size"] for r in sel}):
+                    pts = [(r["seqlen_k"], r[key + "_gbs"]) for r in sel
+                           if r["batch"] == batch and r["page_size"] == ps and r[key + "_gbs"]]
+                    if pts and (key == "fa4" or ps == 0):
+                        ax.plot(*zip(*pts), style, label=f"{key}" + (f" page{ps}" if key == "fa4" and ps else ""))
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"batch {batch}, GQA 32/8 d128")
+            ax.set_xlabel("KV length")
+        axes[0].set_ylabel("GB/s of K+V")
+        axes[0].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(args.out_json.rsplit(".", 1)[0] + ".png", dpi=110)
+    except Exception as e:  # the plot is a convenience; the JSON is the record
+        print(f"# plot failed: {e}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

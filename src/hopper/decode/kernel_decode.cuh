@@ -1,0 +1,496 @@
+// src/hopper/decode/kernel_decode.cuh — the Hopper KV-cache kernels: append, split-KV decode, combine.
+//
+// Decode is bandwidth-bound: every K/V byte of the cache is read once per step and used by only the
+// few query rows of its head group. The kernel therefore
+//   * packs the group (pack-GQA): a CTA's 16 rows are (query token, query head of one KV head),
+//     row r -> token r / group, head kv_head * group + r % group, so one K/V load serves them all;
+//   * splits the keys (split-KV, FlashDecoding): grid (split, kv head x row tile, batch), each CTA
+//     one range of 64-key blocks; the splits' normalised partial rows and log2-sum-exps are merged
+//     by the combine kernel with the shared merge maths (core/softmax.h);
+//   * gathers K/V rows one by one with cp.async (16 bytes per copy; a row's address comes from the
+//     page table when paged, so every page size works and pages may be in any order), into a ring
+//     of `stages` swizzled smem blocks;
+//   * computes on mma.sync m16n8k16: warp w of 4 takes keys 16w..16w+15 of each block with its own
+//     online-softmax state (lazy rescaling, FlashAttention-4 Sec. 3: the running max is raised only
+//     when it grows by more than tau), merged across the warps at the end.
+// Device-resident indices are checked here (the host never reads them): cache_seqlens,
+// cache_batch_idx and the page-table entries of keys [0, seqlen_k) (each split checks its keys,
+// split 0 also those before the first visible one); a split that meets a broken rule writes
+// nothing, flags its (split, sequence) for the combine and sets the rule's AsyncError bit.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "core/constants.h"
+#include "core/mask.h"
+#include "core/params.h"
+#include "core/softmax.h"
+#include "hopper/arch/arch.cuh"
+#include "hopper/shared/device_state.h"
+
+namespace fa4::hopper::decode {
+
+/// Everything a decode launch passes to its kernels (by value, __grid_constant__).
+struct DecodeArgs {
+  detail::KVCacheParams p;
+  uint32_t* async_error;  ///< mapped error word (device_state.h)
+  float* o_partial;       ///< splits > 1: (split, batch, seqlen_q, num_heads, kD) fp32, normalised rows
+  float* lse_partial;     ///< splits > 1: (split, batch, num_heads, seqlen_q), log2 units, -inf if empty
+  int32_t* split_bad;     ///< splits > 1: (split, batch), 1 if that split met a broken index rule
+  int32_t num_splits;
+  int32_t group;          ///< num_heads / num_heads_kv
+  int32_t row_tiles;      ///< ceil(seqlen_q * group / 16)
+};
+
+/// Sequence b's cache geometry, checked. Uniform over a CTA.
+struct CacheSeq {
+  int32_t cache_b;   ///< dense: cache sequence
+  int32_t cached;    ///< keys already in the cache (before the append)
+  int32_t seqlen_k;  ///< keys attended to: cached + seqlen_new (0 when bad)
+  uint32_t bad;      ///< AsyncError bits of the broken rules
+};
+
+__device__ __forceinline__ CacheSeq cache_seq(const detail::KVCacheParams& p, int32_t b) {
+  CacheSeq s;
+  const int32_t room = p.key_capacity - p.seqlen_new;  // >= 0 (validated on the host)
+  s.cached = p.cache_seqlens ? p.cache_seqlens[b] : room;
+  s.cache_b = p.cache_batch_idx ? p.cache_batch_idx[b] : b;
+  s.bad = 0;
+  if (uint32_t(s.cached) > uint32_t(room)) s.bad |= kBadCacheSeqlens;  // unsigned: folds < 0 in
+  if (!p.paged && uint32_t(s.cache_b) >= uint32_t(p.batch_cache)) s.bad |= kBadCacheBatchIdx;
+  s.seqlen_k = s.bad ? 0 : s.cached + p.seqlen_new;
+  return s;
+}
+
+/// Records broken rules in the device's error word (mapped host memory: a plain read-modify-write,
+/// PCIe need not carry atomics; bits set at once by several CTAs may merge, see device_state.h).
+__device__ __forceinline__ void report(uint32_t* word, uint32_t bits) {
+  volatile uint32_t* w = word;
+  *w = *w | bits;
+}
+
+/// Offset (elements) of key j's row in a cache (page-table entry already checked).
+__device__ __forceinline__ int64_t cache_row_offset(const detail::KVCacheParams& p, const int32_t* pages,
+                                                    int32_t cache_b, int32_t j, const detail::RowStrides& s) {
+  if (p.paged) {
+    const int32_t page = pages[j / p.page_size];
+    return int64_t(page) * s.batch + int64_t(j % p.page_size) * s.row;
+  }
+  return int64_t(cache_b) * s.batch + int64_t(j) * s.row;
+}
+
+// ---------------------------------------------------------------------------------------------
+/// True if every page-table entry of keys [lo, hi) of a sequence is a page of the pool. Called by
+/// the whole CTA (the result is uniform).
+__device__ __forceinline__ bool pages_valid(const detail::KVCacheParams& p, const int32_t* pages, int32_t lo, int32_t hi) {
+  bool bad = false;
+  if (hi > lo)
+    for (int32_t i = lo / p.page_size + int32_t(threadIdx.x); i <= (hi - 1) / p.page_size; i += int32_t(blockDim.x))
+      bad |= uint32_t(pages[i]) >= uint32_t(p.num_pages);
+  return !__syncthreads_or(bad);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Append: k_new/v_new rows (b, t) -> cache key cached(b) + t. Grid (seqlen_new, num_heads_kv, batch).
+// A sequence with a broken index is not appended at all (nor attended to, decode_kernel).
+template <class Elem>
+__global__ void __launch_bounds__(64) append_kernel(const __grid_constant__ DecodeArgs a) {
+  const detail::KVCacheParams& p = a.p;
+  const int32_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const CacheSeq s = cache_seq(p, b);
+  const int32_t* pages = p.paged ? p.page_table + int64_t(b) * p.page_table_batch_stride : nullptr;
+  uint32_t bad = s.bad;
+  if (!bad && p.paged && !pages_valid(p, pages, 0, s.seqlen_k)) bad |= kBadPageTable;
+  if (bad) {
+    if (threadIdx.x == 0) report(a.async_error, bad);
+    return;
+  }
+  const int32_t j = s.cached + t;
+  const int64_t k_dst = cache_row_offset(p, pages, s.cache_b, j, p.k_stride) + int64_t(h) * p.k_stride.head;
+  const int64_t v_dst = cache_row_offset(p, pages, s.cache_b, j, p.v_stride) + int64_t(h) * p.v_stride.head;
+  const Elem* k_src = static_cast<const Elem*>(p.k_new) + int64_t(b) * p.k_new_stride.batch +
+                      int64_t(t) * p.k_new_stride.row + int64_t(h) * p.k_new_stride.head;
+  const Elem* v_src = static_cast<const Elem*>(p.v_new) + int64_t(b) * p.v_new_stride.batch +
+                      int64_t(t) * p.v_new_stride.row + int64_t(h) * p.v_new_stride.head;
+  Elem* k_cache = const_cast<Elem*>(static_cast<const Elem*>(p.k)) + k_dst;
+  Elem* v_cache = const_cast<Elem*>(static_cast<const Elem*>(p.v)) + v_dst;
+  // 16-byte chunks (head dims are multiples of 8; the selector checked 16-byte alignment).
+  for (int c = threadIdx.x; c < p.headdim / 8; c += blockDim.x)
+    reinterpret_cast<int4*>(k_cache)[c] = reinterpret_cast<const int4*>(k_src)[c];
+  for (int c = threadIdx.x; c < p.headdim_v / 8; c += blockDim.x)
+    reinterpret_cast<int4*>(v_cache)[c] = reinterpret_cast<const int4*>(v_src)[c];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Split-KV decode.
+
+template <bool kBF16>
+struct ElemOf { using type = __nv_bfloat16; };
+template <>
+struct ElemOf<false> { using type = __half; };
+
+template <bool kBF16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (kBF16) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+/// Element offset of 16-byte chunk c of row r in a tile kD elements wide: chunks are XOR-swizzled
+/// with r % 8, so the 8 rows an ldmatrix phase reads sit in 8 different bank groups (kD >= 64).
+template <int kD>
+__device__ __forceinline__ int swz(int r, int c) {
+  return r * kD + ((c ^ (r & 7)) << 3);
+}
+
+/// Key of a decode kernel's once-per-device shared-memory raise (launch_common.cuh).
+template <bool kBF16, int kD>
+struct DecodeKernelKey {};
+
+template <int kD, int kBlockN, int kStages>
+struct DecodeSmem {
+  static constexpr int kQElems = 16 * kD;
+  static constexpr int kStageElems = 2 * kBlockN * kD;  // K block then V block
+  // + the K/V row offsets of every stage's block (int64, 2 x kBlockN per stage).
+  static constexpr int kBytes = (kQElems + kStages * kStageElems) * 2 + kStages * 2 * kBlockN * 8;
+  // The cross-warp merge reuses the ring: 4 warps x 16 rows x kD fp32 + row stats.
+  static_assert(4 * 16 * kD * 4 + 2 * 4 * 16 * 4 <= kStages * kStageElems * 2, "merge buffer does not fit");
+};
+
+template <bool kBF16, int kD, int kBlockN, int kStages>
+__global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ DecodeArgs a) {
+  using Elem = typename ElemOf<kBF16>::type;
+  using Smem = DecodeSmem<kD, kBlockN, kStages>;
+  static_assert(kBlockN == 64 && kD % 64 == 0, "4 warps x 16 keys; 8+ swizzled chunks per row");
+  constexpr int kC = kD / 8;            // 16-byte chunks per row
+  constexpr int kRowsPerPass = 128 / kC;
+  extern __shared__ __align__(128) char smem_raw[];
+  Elem* sQ = reinterpret_cast<Elem*>(smem_raw);
+  Elem* sRing = sQ + Smem::kQElems;
+
+  const detail::KVCacheParams& p = a.p;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int32_t split = blockIdx.x, b = blockIdx.z;
+  const int32_t kv_head = blockIdx.y / a.row_tiles, row_tile = blockIdx.y % a.row_tiles;
+  const int32_t rows = p.seqlen_q * a.group;  // packed rows of this KV head
+  const int32_t row0 = row_tile * 16;
+
+  // ---- sequence, split range, index checks ----
+  const CacheSeq cs = cache_seq(p, b);
+  uint32_t bad = cs.bad;
+  const int32_t seqlen_k = cs.seqlen_k;
+  // Keys any query row sees (bottom-right masks: both ends grow with the row), in 64-key blocks
+  // from `first`; split s takes blocks [s * per, (s + 1) * per). Sequence-wide, so every CTA of one
+  // (split, sequence) checks the same pages and agrees on its flag.
+  const detail::KeyRange seq_keys{detail::visible_key_range(0, p.seqlen_q, seqlen_k, p.mask).first,
+                                  detail::visible_key_range(p.seqlen_q - 1, p.seqlen_q, seqlen_k, p.mask).last};
+  const int32_t n_blocks = int32_t((seq_keys.last - seq_keys.first + kBlockN - 1) / kBlockN);
+  const int32_t per = (n_blocks + a.num_splits - 1) / a.num_splits;
+  const int32_t blk_lo = min(n_blocks, split * per), blk_hi = min(n_blocks, blk_lo + per);
+  const int32_t split_first = int32_t(seq_keys.first) + blk_lo * kBlockN;
+  const int32_t split_last = min(int32_t(seq_keys.last), int32_t(seq_keys.first) + blk_hi * kBlockN);
+  const int32_t* pages = p.paged ? p.page_table + int64_t(b) * p.page_table_batch_stride : nullptr;
+  // Every page-table entry of keys [0, seqlen_k) must be a page (the rule of the CPU path and of
+  // the append kernel): split 0 also checks the keys before the first visible one.
+  if (p.paged && !bad && !pages_valid(p, pages, split == 0 ? 0 : split_first, split_last)) bad |= kBadPageTable;
+  if (a.num_splits > 1 && blockIdx.y == 0 && tid == 0) a.split_bad[split * p.batch + b] = bad ? 1 : 0;
+  if (bad) {
+    if (tid == 0) report(a.async_error, bad);
+    return;
+  }
+
+  // This row tile's keys within the split.
+  const int32_t last_row = min(rows, row0 + 16) - 1;
+  const detail::KeyRange tile_keys{
+      detail::visible_key_range(row0 / a.group, p.seqlen_q, seqlen_k, p.mask).first,
+      detail::visible_key_range(last_row / a.group, p.seqlen_q, seqlen_k, p.mask).last};
+  const int32_t key_end = min(split_last, int32_t(tile_keys.last));
+  int32_t t_lo = blk_lo, t_hi = blk_hi;  // blocks of the split that hold tile keys
+  if (key_end <= split_first || tile_keys.first >= key_end) {
+    t_hi = t_lo;
+  } else {
+    t_lo = max(blk_lo, int32_t((tile_keys.first - seq_keys.first) / kBlockN));
+    t_hi = min(blk_hi, int32_t((key_end - seq_keys.first + kBlockN - 1) / kBlockN));
+  }
+  const int32_t n_iter = t_hi - t_lo;
+
+  // ---- Q tile (cp.async group 0, with the first K/V block) ----
+  const Elem* q = static_cast<const Elem*>(p.q);
+  for (int idx = tid; idx < 16 * kC; idx += 128) {
+    const int r = idx / kC, c = idx % kC;
+    const int32_t row = row0 + r;
+    const bool valid = row < rows && c * 8 < p.headdim;
+    const Elem* src = q;
+    if (valid)
+      src = q + int64_t(b) * p.q_stride.batch + int64_t(row / a.group) * p.q_stride.row +
+            int64_t(kv_head * a.group + row % a.group) * p.q_stride.head + c * 8;
+    arch::cp_async_16(sQ + swz<kD>(r, c), src, valid);
+  }
+
+  const Elem* k_base = static_cast<const Elem*>(p.k) + int64_t(kv_head) * p.k_stride.head;
+  const Elem* v_base = static_cast<const Elem*>(p.v) + int64_t(kv_head) * p.v_stride.head;
+  // Row offsets (elements; -1: not loaded) of a block's 64 keys in K and V, one row per thread of
+  // the first 64. Computed one block ahead into registers and stored after the compute, so the
+  // page-table load (and the division by page_size) is off the path of the copies that use it.
+  int64_t* sOff = reinterpret_cast<int64_t*>(sRing + kStages * Smem::kStageElems);  // [stage][K, V][64]
+  auto row_offsets = [&](int32_t blk, int64_t& ko, int64_t& vo) {
+    const int32_t j = int32_t(seq_keys.first) + blk * kBlockN + tid;
+    ko = vo = -1;
+    if (j < key_end) {
+      ko = cache_row_offset(p, pages, cs.cache_b, j, p.k_stride);
+      vo = cache_row_offset(p, pages, cs.cache_b, j, p.v_stride);
+    }
+  };
+  auto load_block = [&](int stage) {
+    Elem* sK = sRing + stage * Smem::kStageElems;
+    Elem* sV = sK + kBlockN * kD;
+    const int64_t* off = sOff + stage * 2 * kBlockN;
+    const int c = tid % kC;
+#pragma unroll
+    for (int it = 0; it < kBlockN / kRowsPerPass; ++it) {
+      const int r = tid / kC + it * kRowsPerPass;
+      const int64_t ko = off[r], vo = off[kBlockN + r];
+      const bool k_ok = ko >= 0 && c * 8 < p.headdim, v_ok = vo >= 0 && c * 8 < p.headdim_v;
+      arch::cp_async_16(sK + swz<kD>(r, c), k_base + (k_ok ? ko + c * 8 : 0), k_ok);
+      arch::cp_async_16(sV + swz<kD>(r, c), v_base + (v_ok ? vo + c * 8 : 0), v_ok);
+    }
+  };
+  if (tid < kBlockN)
+    for (int s = 0; s < kStages && s < n_iter; ++s)
+      row_offsets(t_lo + s, sOff[s * 2 * kBlockN + tid], sOff[s * 2 * kBlockN + kBlockN + tid]);
+  __syncthreads();
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_iter) load_block(s);
+    arch::cp_async_commit();
+  }
+
+  // ---- per-thread row geometry: fragment rows lane/4 and lane/4 + 8 ----
+  detail::KeyRange row_keys[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int32_t row = row0 + lane / 4 + 8 * rr;
+    row_keys[rr] = row < rows ? detail::visible_key_range(row / a.group, p.seqlen_q, seqlen_k, p.mask)
+                              : detail::KeyRange{0, 0};
+  }
+  const bool softcap = p.softcap > 0.f;
+  const float s_mul = softcap ? p.softmax_scale / p.softcap : p.softmax_scale_log2;
+  const float s_cap = p.softcap * detail::kLog2e;
+  const float tau = p.rescale_threshold;
+
+  float o[kD / 8][4];
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+  for (int32_t it = 0; it < n_iter; ++it) {
+    arch::cp_async_wait<kStages - 2>();
+    __syncthreads();  // block `it` landed for every thread; the stage refilled below is consumed
+    const int32_t nxt = it + kStages - 1;
+    if (nxt < n_iter) load_block(nxt % kStages);
+    arch::cp_async_commit();
+    // Offsets of block nxt + 1, whose stage is the one computed on below (its offsets were read
+    // when it was issued, before the barrier above).
+    int64_t pre_k = -1, pre_v = -1;
+    const bool prefetch = tid < kBlockN && nxt + 1 < n_iter;
+    if (prefetch) row_offsets(t_lo + nxt + 1, pre_k, pre_v);
+    const Elem* sK = sRing + (it % kStages) * Smem::kStageElems;
+    const Elem* sV = sK + kBlockN * kD;
+
+    // S = Q K^T for this warp's 16 keys: two n8 tiles.
+    float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) {
+      uint32_t qa[4], kb[4];
+      arch::ldmatrix_x4<false>(qa, sQ + swz<kD>(lane % 16, ks * 2 + lane / 16));
+      arch::ldmatrix_x4<false>(kb, sK + swz<kD>(16 * warp + (lane / 16) * 8 + lane % 8, ks * 2 + (lane / 8) % 2));
+      arch::mma_m16n8k16<kBF16>(sc[0], qa, kb[0], kb[1]);
+      arch::mma_m16n8k16<kBF16>(sc[1], qa, kb[2], kb[3]);
+    }
+
+    // Scores in log2 units, masked to -inf; the online softmax per row.
+    const int32_t key_w = int32_t(seq_keys.first) + (t_lo + it) * kBlockN + 16 * warp + 2 * (lane % 4);
+    float row_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int rr = e / 2;
+        const int32_t j = key_w + nt * 8 + e % 2;
+        float x = softcap ? s_cap * tanhf(sc[nt][e] * s_mul) : sc[nt][e] * s_mul;
+        if (j < row_keys[rr].first || j >= row_keys[rr].last) x = -INFINITY;
+        sc[nt][e] = x;
+        row_max[rr] = fmaxf(row_max[rr], x);
+      }
+    bool grow[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      row_max[rr] = arch::quad_max(row_max[rr]);
+      grow[rr] = row_max[rr] > m[rr] + tau;  // also true for the first finite max (m = -inf)
+    }
+    if (__any_sync(0xffffffffu, grow[0] || grow[1])) {
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const float alpha = !grow[rr] ? 1.f : m[rr] == -INFINITY ? 0.f : arch::ex2_approx(m[rr] - row_max[rr]);
+        if (grow[rr]) m[rr] = row_max[rr];
+        l[rr] *= alpha;
+#pragma unroll
+        for (int n = 0; n < kD / 8; ++n) {
+          o[n][2 * rr] *= alpha;
+          o[n][2 * rr + 1] *= alpha;
+        }
+      }
+    }
+    uint32_t pa[4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const float ref = m[rr] == -INFINITY ? 0.f : m[rr];  // a row with no key yet: P = 2^-inf = 0
+        const float p0 = arch::ex2_approx(sc[nt][2 * rr] - ref);
+        const float p1 = arch::ex2_approx(sc[nt][2 * rr + 1] - ref);
+        l[rr] += p0 + p1;
+        pa[nt * 2 + rr] = pack2<kBF16>(p0, p1);
+      }
+
+    // O += P V: P is already the A fragment (rows lane/4, +8; keys 2(lane%4) and +8).
+#pragma unroll
+    for (int np = 0; np < kD / 16; ++np) {
+      uint32_t vb[4];
+      arch::ldmatrix_x4<true>(vb, sV + swz<kD>(16 * warp + lane % 16, np * 2 + lane / 16));
+      arch::mma_m16n8k16<kBF16>(o[2 * np], pa, vb[0], vb[1]);
+      arch::mma_m16n8k16<kBF16>(o[2 * np + 1], pa, vb[2], vb[3]);
+    }
+    if (prefetch) {
+      const int st = (nxt + 1) % kStages;
+      sOff[st * 2 * kBlockN + tid] = pre_k;
+      sOff[st * 2 * kBlockN + kBlockN + tid] = pre_v;
+    }
+  }
+  arch::cp_async_wait<0>();
+  __syncthreads();  // the ring is free: it becomes the merge buffer
+
+  // ---- merge the 4 warps' states (core/softmax.h merge_weight) ----
+  float* sO = reinterpret_cast<float*>(sRing);  // [warp][16][kD]
+  float* sM = sO + 4 * 16 * kD;                  // [warp][16]
+  float* sL = sM + 4 * 16;
+  auto ex2 = [](float x) { return arch::ex2_approx(x); };
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    l[rr] = arch::quad_sum(l[rr]);
+    if (lane % 4 == 0) {
+      sM[warp * 16 + lane / 4 + 8 * rr] = m[rr];
+      sL[warp * 16 + lane / 4 + 8 * rr] = l[rr];
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int r = lane / 4 + 8 * rr;
+    float mm = sM[r];
+#pragma unroll
+    for (int w = 1; w < 4; ++w) mm = fmaxf(mm, sM[w * 16 + r]);
+    const float wgt = detail::merge_weight(m[rr], mm, 1.f, ex2);
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n)
+      *reinterpret_cast<float2*>(&sO[(warp * 16 + r) * kD + n * 8 + 2 * (lane % 4)]) =
+          make_float2(o[n][2 * rr] * wgt, o[n][2 * rr + 1] * wgt);
+  }
+  __syncthreads();
+
+  // ---- finalize (one split) or store the normalised partial (several) ----
+  const float* sink = p.sink;
+  for (int idx = tid; idx < 16 * (kD / 4); idx += 128) {
+    const int r = idx / (kD / 4), c = (idx % (kD / 4)) * 4;
+    const int32_t row = row0 + r;
+    if (row >= rows || c >= p.headdim_v) continue;
+    float mm = sM[r];
+#pragma unroll
+    for (int w = 1; w < 4; ++w) mm = fmaxf(mm, sM[w * 16 + r]);
+    float ll = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      ll += sL[w * 16 + r] * detail::merge_weight(sM[w * 16 + r], mm, 1.f, ex2);
+      const float4 x = *reinterpret_cast<const float4*>(&sO[(w * 16 + r) * kD + c]);
+      acc.x += x.x; acc.y += x.y; acc.z += x.z; acc.w += x.w;
+    }
+    const int32_t i = row / a.group, h = kv_head * a.group + row % a.group;
+    if (a.num_splits == 1) {
+      const detail::RowNorm nrm = detail::finalize_row(mm, ll, sink ? sink[h] : -INFINITY);
+      Elem* out = static_cast<Elem*>(p.out) + int64_t(b) * p.out_stride.batch + int64_t(i) * p.out_stride.row +
+                  int64_t(h) * p.out_stride.head + c;
+      uint2 v;
+      v.x = pack2<kBF16>(acc.x * nrm.o_scale, acc.y * nrm.o_scale);
+      v.y = pack2<kBF16>(acc.z * nrm.o_scale, acc.w * nrm.o_scale);
+      *reinterpret_cast<uint2*>(out) = v;
+      if (c == 0)
+        p.lse[int64_t(b) * p.lse_batch_stride + int64_t(h) * p.lse_head_stride + int64_t(i) * p.lse_row_stride] = nrm.lse;
+    } else {
+      // Empty (no key seen) only when ll == 0: a NaN from the data must reach the combine, which
+      // then propagates it like one split would.
+      const float inv = ll != 0.f ? 1.f / ll : 0.f;
+      const int64_t prow = ((int64_t(split) * p.batch + b) * p.seqlen_q + i) * p.num_heads + h;
+      *reinterpret_cast<float4*>(a.o_partial + prow * kD + c) =
+          make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+      if (c == 0)
+        a.lse_partial[((int64_t(split) * p.batch + b) * p.num_heads + h) * p.seqlen_q + i] =
+            ll != 0.f ? mm + log2f(ll) : -INFINITY;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Combine: one warp per output row (b, i, h). A split's normalised row with log2-sum-exp L_s is the
+// partial state (m = L_s, l = 1, O = row); merged with merge_weight and finished with finalize_row
+// (the sink joins here), exactly as one split would have been.
+template <bool kBF16, int kD>
+__global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ DecodeArgs a) {
+  using Elem = typename ElemOf<kBF16>::type;
+  const detail::KVCacheParams& p = a.p;
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;  // (b, i, h), h fastest
+  if (row >= int64_t(p.batch) * p.seqlen_q * p.num_heads) return;
+  const int32_t h = int32_t(row % p.num_heads);
+  const int32_t i = int32_t((row / p.num_heads) % p.seqlen_q);
+  const int32_t b = int32_t(row / (int64_t(p.num_heads) * p.seqlen_q));
+  bool bad = false;
+  for (int s = lane; s < a.num_splits; s += 32) bad |= a.split_bad[s * p.batch + b] != 0;
+  if (__any_sync(0xffffffffu, bad)) return;  // reported by the decode kernel; nothing written
+  auto lse_of = [&](int s) { return a.lse_partial[((int64_t(s) * p.batch + b) * p.num_heads + h) * p.seqlen_q + i]; };
+  float mm = -INFINITY;  // fmaxf drops a NaN lse: its weight below is NaN, and so is the row
+  for (int s = lane; s < a.num_splits; s += 32) mm = fmaxf(mm, lse_of(s));
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, off));
+  auto ex2 = [](float x) { return arch::ex2_approx(x); };
+  float ll = 0.f;
+  for (int s = 0; s < a.num_splits; ++s) ll += detail::merge_weight(lse_of(s), mm, 1.f, ex2);
+  const detail::RowNorm nrm = detail::finalize_row(mm, ll, p.sink ? p.sink[h] : -INFINITY);
+  Elem* out = static_cast<Elem*>(p.out) + int64_t(b) * p.out_stride.batch + int64_t(i) * p.out_stride.row +
+              int64_t(h) * p.out_stride.head;
+  for (int c = lane * 4; c < p.headdim_v; c += 128) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < a.num_splits; ++s) {
+      const float w = detail::merge_weight(lse_of(s), mm, 1.f, ex2);
+      if (w == 0.f) continue;  // an empty split: weight 0, and its row is never read
+      const float4 x = *reinterpret_cast<const float4*>(
+          a.o_partial + (((int64_t(s) * p.batch + b) * p.seqlen_q + i) * p.num_heads + h) * kD + c);
+      acc.x += w * x.x; acc.y += w * x.y; acc.z += w * x.z; acc.w += w * x.w;
+    }
+    uint2 v;
+    v.x = pack2<kBF16>(acc.x * nrm.o_scale, acc.y * nrm.o_scale);
+    v.y = pack2<kBF16>(acc.z * nrm.o_scale, acc.w * nrm.o_scale);
+    *reinterpret_cast<uint2*>(out + c) = v;
+  }
+  if (lane == 0)
+    p.lse[int64_t(b) * p.lse_batch_stride + int64_t(h) * p.lse_head_stride + int64_t(i) * p.lse_row_stride] = nrm.lse;
+}
+
+}  // namespace fa4::hopper::decode

@@ -1,0 +1,69 @@
+// src/hopper/decode/tuning_decode.h — THE tuning table of the Hopper decode (KV-cache) kernels.
+//
+// One row per bucket of src/hopper/buckets.h that has a decode kernel (checked below); an input
+// runs on the smallest row that holds max(headdim, headdim_v) (both padded to the row's width: the
+// decode kernel has one head dim for K and V). Without a row the selector (hopper_api.cu
+// kvcache_support) reports the head dims unsupported.
+//
+// Geometry (decode/kernel_decode.cuh): a CTA owns 16 query rows of one KV head (pack-GQA: row =
+// query token x head of the group) and one split of the keys; its 4 warps take 16 keys each of
+// every 64-key block, so one K/V load serves the whole head group. The kernel is bandwidth-bound:
+// the stages keep (stages - 1) K/V blocks in flight per CTA while one is consumed, and the shared
+// memory they take decides how many CTAs fit an SM (228 KB per SM on the H200).
+#pragma once
+
+#include <cstdint>
+
+#include "hopper/buckets.h"
+
+namespace fa4::detail {
+
+struct HopperDecodeConfig {
+  int32_t headdim;     ///< compiled head dim of q, k and v
+  int32_t headdim_v;   ///< = headdim (one width for K and V tiles)
+  int32_t block_n;     ///< keys per pipeline stage: 16 per warp
+  int32_t stages;      ///< cp.async ring depth
+  int32_t ctas_per_sm; ///< what the shared memory allows (the automatic split count aims at one wave)
+};
+
+// Internal linkage (not `inline`): see bwd/tuning_bwd.h (several libfa4 builds in one process).
+constexpr HopperDecodeConfig kHopperDecodeConfigs[] = {
+    // d, dv, block_n, stages, CTAs/SM: smem = stages x (2 x 64 x d x 2 B + 1 KB of row offsets) + the Q tile.
+    {64, 64, 64, 4, 3},     //  70 KB
+    {128, 128, 64, 3, 2},   // 103 KB
+    {256, 256, 64, 3, 1},   // 203 KB
+};
+inline constexpr int32_t kHopperNumDecodeConfigs =
+    int32_t(sizeof(kHopperDecodeConfigs) / sizeof(kHopperDecodeConfigs[0]));
+
+/// Rows of Q per CTA (one m16 MMA tile) and warps per CTA.
+inline constexpr int32_t kDecodeRowsPerCta = 16;
+inline constexpr int32_t kDecodeWarps = 4;
+/// Largest explicit num_splits (the combine reads every split's partial row).
+inline constexpr int32_t kDecodeMaxSplits = 256;
+/// The automatic split count gives each split at least this many key blocks.
+inline constexpr int32_t kDecodeMinBlocksPerSplit = 2;
+/// ... and uses at most this many splits.
+inline constexpr int32_t kDecodeMaxAutoSplits = 64;
+
+constexpr const HopperDecodeConfig* find_hopper_decode_config(int32_t headdim, int32_t headdim_v) {
+  return find_bucket_row(kHopperDecodeConfigs, headdim, headdim_v);
+}
+
+/// The decode bucket an input (d, dv) runs on; nullptr if none fits.
+constexpr const HopperDecodeConfig* hopper_decode_bucket(int32_t d, int32_t dv) {
+  const int32_t w = d > dv ? d : dv;
+  return smallest_fitting_row(kHopperDecodeConfigs, w, w);
+}
+
+constexpr HopperDecodeConfig hopper_decode_config(int32_t headdim, int32_t headdim_v) {
+  const HopperDecodeConfig* c = find_hopper_decode_config(headdim, headdim_v);
+  return c ? *c : throw "fa4: no Hopper decode config for this (headdim, headdim_v)";
+}
+
+#define FA4_DECODE_ROW_IS_BUCKET(D, DV) +(find_hopper_decode_config(D, DV) != nullptr ? 1 : 0)
+static_assert(0 FA4_HOPPER_BUCKETS(FA4_DECODE_ROW_IS_BUCKET) == kHopperNumDecodeConfigs,
+              "every row of kHopperDecodeConfigs must be a bucket of src/hopper/buckets.h");
+#undef FA4_DECODE_ROW_IS_BUCKET
+
+}  // namespace fa4::detail
