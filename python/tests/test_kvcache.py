@@ -13,68 +13,18 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed: KV-cache torch tests skipped")
 
 import fa4  # noqa: E402
+from torch_reference import assert_rule as _assert_rule  # noqa: E402
+from torch_reference import randn as _randn  # noqa: E402
+from torch_reference import ref_attention as _ref  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA GPU: CUDA KV-cache tests skipped")
-EPS = {torch.float32: torch.finfo(torch.float32).eps, torch.float16: 2.0**-10,
-       torch.bfloat16: 2.0**-7}
 _BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
 
 
 @pytest.fixture
 def gen(request):
     return torch.Generator().manual_seed(zlib.crc32(request.node.nodeid.encode()))
-
-
-def _randn(gen, shape, dtype, device="cpu"):
-    return torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
-
-
-def _ref(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, sink=None, upcast=True):
-    """One sequence: q (1, sq, h, d), k/v (1, sk, hkv, d). float64 when upcast, else q's dtype."""
-    dtype = torch.float64 if upcast else q.dtype
-    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    sq, sk, h, hkv = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
-    k = k.repeat_interleave(h // hkv, dim=2)
-    v = v.repeat_interleave(h // hkv, dim=2)
-    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
-    if softcap > 0:
-        s = softcap * torch.tanh(s / softcap)
-    left, right = window_size
-    if causal:
-        right = 0
-    i = torch.arange(sq)[:, None]
-    j = torch.arange(sk)[None, :]
-    diag = i + sk - sq
-    mask = torch.ones(sq, sk, dtype=torch.bool)
-    if left >= 0:
-        mask &= j >= diag - left
-    if right >= 0:
-        mask &= j <= diag + right
-    s = s.masked_fill(~mask, float("-inf"))
-    if sink is not None:
-        col = sink.to(s.dtype)[None, :, None, None].expand(s.shape[0], h, sq, 1)
-        lse = torch.logsumexp(torch.cat([s, col], dim=-1), dim=-1)
-    else:
-        lse = torch.logsumexp(s, dim=-1)
-    safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
-    p = torch.exp(s - safe[..., None])
-    return torch.einsum("bhqk,bkhd->bqhd", p.to(v.dtype), v), lse
-
-
-def _err(x, ref):
-    x, ref = x.double(), ref.double()
-    both = torch.isinf(ref) & (x == ref)
-    d = torch.where(both, torch.zeros_like(ref), (x - ref).abs())
-    return d.max().item() if d.numel() else 0.0
-
-
-def _assert_rule(name, got, ref, plain, dtype, atol_scale=2.0):
-    err, base = _err(got, ref), _err(plain, ref)
-    finite = ref[torch.isfinite(ref)]
-    mag = max(1.0, finite.abs().max().item() if finite.numel() else 0.0)
-    atol = atol_scale * EPS[dtype] * mag
-    assert err <= 2 * base + atol, f"{name}: err {err:.3e} > 2 * plain {base:.3e} + {atol:.3e}"
 
 
 def _bits_equal(a, b):
