@@ -199,6 +199,32 @@ void check_async_errors(int device_index) {
 }
 
 namespace detail {
+namespace {
+
+/// The answer of a *_support query: `run` validates and selects (as the call would) and returns
+/// the Selection; the message and code are those the call would throw. Never throws.
+template <class Run>
+ErrorCode answer_support(const char* fn, std::string* message, std::string* kernel_name, Run run) {
+  if (kernel_name) kernel_name->clear();
+  if (message) message->clear();
+  try {
+    const Selection s = run();
+    if (s.code != ErrorCode::kOk) {
+      if (message) *message = s.error;
+      return s.code;
+    }
+    if (kernel_name) *kernel_name = s.kernel;
+    return ErrorCode::kOk;
+  } catch (const Error& e) {
+    if (message) *message = e.what();
+    return e.code();
+  } catch (const std::exception& e) {  // documented to answer, never to throw
+    if (message) *message = std::string(fn) + ": internal error: " + e.what();
+    return ErrorCode::kInternal;
+  }
+}
+
+}  // namespace
 
 ErrorCode forward_support_code(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& out, const TensorView& lse,
@@ -206,24 +232,10 @@ ErrorCode forward_support_code(const TensorView& q, const TensorView& k, const T
                                std::string* kernel_name) {
   // Same function name as forward(): the answer is the error forward() would throw.
   constexpr const char* kFn = "fa4::forward";
-  if (kernel_name) kernel_name->clear();
-  if (message) message->clear();
-  try {
+  return answer_support(kFn, message, kernel_name, [&] {
     const FwdParams p = make_fwd_params(q, k, v, out, lse, options, kFn);
-    const Selection s = select(p, options.backend, Direction::kForward, kFn, kernel_name != nullptr);
-    if (s.code != ErrorCode::kOk) {
-      if (message) *message = s.error;
-      return s.code;
-    }
-    if (kernel_name) *kernel_name = s.kernel;
-    return ErrorCode::kOk;
-  } catch (const Error& e) {
-    if (message) *message = e.what();
-    return e.code();
-  } catch (const std::exception& e) {  // documented to answer, never to throw
-    if (message) *message = std::string(kFn) + ": internal error: " + e.what();
-    return ErrorCode::kInternal;
-  }
+    return select(p, options.backend, Direction::kForward, kFn, kernel_name != nullptr);
+  });
 }
 
 ErrorCode kvcache_support_code(const TensorView& q, const TensorView& k_cache,
@@ -231,25 +243,10 @@ ErrorCode kvcache_support_code(const TensorView& q, const TensorView& k_cache,
                                const TensorView& lse, const KVCacheOptions& options,
                                std::string* message, std::string* kernel_name) {
   constexpr const char* kFn = "fa4::forward_with_kvcache";  // the answer is the call's error
-  if (kernel_name) kernel_name->clear();
-  if (message) message->clear();
-  try {
+  return answer_support(kFn, message, kernel_name, [&] {
     const KVCacheParams p = make_kvcache_params(q, k_cache, v_cache, out, lse, options, kFn);
-    const Selection s = select(p, options.backend, Direction::kKVCache, kFn,
-                               kernel_name != nullptr, nullptr, &p);
-    if (s.code != ErrorCode::kOk) {
-      if (message) *message = s.error;
-      return s.code;
-    }
-    if (kernel_name) *kernel_name = s.kernel;
-    return ErrorCode::kOk;
-  } catch (const Error& e) {
-    if (message) *message = e.what();
-    return e.code();
-  } catch (const std::exception& e) {  // documented to answer, never to throw
-    if (message) *message = std::string(kFn) + ": internal error: " + e.what();
-    return ErrorCode::kInternal;
-  }
+    return select(p, options.backend, Direction::kKVCache, kFn, kernel_name != nullptr, nullptr, &p);
+  });
 }
 
 }  // namespace detail
