@@ -221,6 +221,21 @@ std::string backward_support(const detail::BwdParams& p, std::string* kernel_nam
   return "";
 }
 
+/// The dispatch of one bucket (D, DV) for a direction, expanded once per bucket of the list inside
+/// forward / backward / forward_kvcache (which define `c`, the selected row, `bf16`, `p`, `ctx`):
+/// buckets without a row in the direction's table (FIND) or not compiled in this build emit no
+/// call, so RUN is instantiated only where an instantiation file exists.
+#define FA4_DISPATCH_ROW(FIND, RUN, D, DV)                                  \
+  if constexpr (detail::FIND(D, DV) != nullptr) {                           \
+    if (c->headdim == D && c->headdim_v == DV) {                            \
+      if constexpr (FA4_HOPPER_HAS_##D##_##DV == 1) {                       \
+        if (bf16) RUN<int(DType::kBF16), D, DV>(p, ctx);                    \
+        else RUN<int(DType::kFP16), D, DV>(p, ctx);                         \
+        return;                                                             \
+      }                                                                     \
+    }                                                                       \
+  }
+
 void forward(const detail::FwdParams& p) {
   // The selector (forward_support) has accepted p: fa4::forward calls it first, once.
   // An earlier kernel on this device may have met invalid varlen indices: report it now (a read of
@@ -256,16 +271,9 @@ void forward(const detail::FwdParams& p) {
 
   const detail::HopperFwdConfig* c = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
   const bool bf16 = p.dtype == DType::kBF16;
-#define FA4_DISPATCH(D, DV)                                                  \
-  if (c->headdim == D && c->headdim_v == DV) {                               \
-    if constexpr (FA4_HOPPER_HAS_##D##_##DV == 1) {                          \
-      if (bf16) run_fwd<int(DType::kBF16), D, DV>(p, ctx);                   \
-      else run_fwd<int(DType::kFP16), D, DV>(p, ctx);                        \
-      return;                                                                \
-    }                                                                        \
-  }
-  FA4_HOPPER_BUCKETS(FA4_DISPATCH)
-#undef FA4_DISPATCH
+#define FA4_DISPATCH_FWD(D, DV) FA4_DISPATCH_ROW(find_hopper_fwd_config, run_fwd, D, DV)
+  FA4_HOPPER_BUCKETS(FA4_DISPATCH_FWD)
+#undef FA4_DISPATCH_FWD
   throw Error(ErrorCode::kInternal, "fa4::forward (hopper): selector and dispatcher disagree");
 }
 
@@ -289,16 +297,7 @@ void backward(const detail::BwdParams& p) {
 
   const detail::HopperBwdConfig* c = detail::hopper_bwd_bucket(p.headdim, p.headdim_v);
   const bool bf16 = p.dtype == DType::kBF16;
-#define FA4_DISPATCH_BWD(D, DV)                                                         \
-  if constexpr (detail::find_hopper_bwd_config(D, DV) != nullptr) {                   \
-    if (c->headdim == D && c->headdim_v == DV) {                                       \
-      if constexpr (FA4_HOPPER_HAS_##D##_##DV == 1) {                                  \
-        if (bf16) run_bwd<int(DType::kBF16), D, DV>(p, ctx);                           \
-        else run_bwd<int(DType::kFP16), D, DV>(p, ctx);                                \
-        return;                                                                        \
-      }                                                                                \
-    }                                                                                  \
-  }
+#define FA4_DISPATCH_BWD(D, DV) FA4_DISPATCH_ROW(find_hopper_bwd_config, run_bwd, D, DV)
   FA4_HOPPER_BUCKETS(FA4_DISPATCH_BWD)
 #undef FA4_DISPATCH_BWD
   throw Error(ErrorCode::kInternal, "fa4::backward (hopper): selector and dispatcher disagree");
@@ -365,16 +364,7 @@ void forward_kvcache(const detail::KVCacheParams& p) {
 
   const detail::HopperDecodeConfig* c = detail::hopper_decode_bucket(p.headdim, p.headdim_v);
   const bool bf16 = p.dtype == DType::kBF16;
-#define FA4_DISPATCH_DECODE(D, DV)                                                      \
-  if constexpr (detail::find_hopper_decode_config(D, DV) != nullptr) {                  \
-    if (c->headdim == D && c->headdim_v == DV) {                                        \
-      if constexpr (FA4_HOPPER_HAS_##D##_##DV == 1) {                                   \
-        if (bf16) run_decode<int(DType::kBF16), D, DV>(p, ctx);                         \
-        else run_decode<int(DType::kFP16), D, DV>(p, ctx);                              \
-        return;                                                                         \
-      }                                                                                 \
-    }                                                                                   \
-  }
+#define FA4_DISPATCH_DECODE(D, DV) FA4_DISPATCH_ROW(find_hopper_decode_config, run_decode, D, DV)
   FA4_HOPPER_BUCKETS(FA4_DISPATCH_DECODE)
 #undef FA4_DISPATCH_DECODE
   throw Error(ErrorCode::kInternal, "fa4::forward_with_kvcache (hopper): selector and dispatcher disagree");
