@@ -5,9 +5,10 @@
 # gtest/{include,lib} = GoogleTest) and, for an A/B, the old tree in OLD (git archive of a commit).
 # Switches (environment): HD buckets to build (default all), OLD=dir of the old tree (builds it
 # too and runs bench/ab_variants.py old vs new), SANITIZE=1, PYTEST=1 (python/tests against this
-# build), HOST=1 (bench/host_overhead.py), SAN_FILTER (gtest filter of the sanitizer runs),
+# build), HOST=1 (bench/host_overhead.py), GTEST_FILTER (of the GPU test run), SAN_FILTER (gtest
+# filter of the sanitizer runs),
 # BENCH=1 (bench/bench_fwd.py, BENCH_ARGS), BWD=1 (bench/bench_bwd.py, BWD_ARGS), DECODE=1
-# (bench/bench_decode.py, DECODE_ARGS), AB_ARGS (extra
+# (bench/bench_decode.py, DECODE_ARGS), KTIMES=1 (bench/kernel_times.py), AB_ARGS (extra
 # ab_variants.py arguments).
 # Everything is logged under $OUT; the last lines printed are the summary.
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
@@ -35,7 +36,7 @@ export LD_LIBRARY_PATH=$PWD/build-dev/src:/usr/local/cuda/lib64:$LD_LIBRARY_PATH
 B=build-dev
 echo "HGMMA in SASS: $(cuobjdump --dump-sass $B/src/libfa4.so 2>/dev/null | grep -c HGMMA)"
 summ() { grep -E "^\[  (PASSED|FAILED)|^\[  FAILED|Failure|Expected|Which is|which is|actual|SKIPPED" | head -${1:-60}; }
-timeout ${TEST_TIMEOUT:-300} $B/tests/fa4_gpu_tests > $OUT/gpu_tests.log 2>&1
+timeout ${TEST_TIMEOUT:-300} $B/tests/fa4_gpu_tests ${GTEST_FILTER:+--gtest_filter="$GTEST_FILTER"} > $OUT/gpu_tests.log 2>&1
 echo "gpu tests rc=$?"; summ 60 < $OUT/gpu_tests.log
 if [ "${SANITIZE:-0}" = 1 ]; then
   F=${SAN_FILTER:-'HopperArch.*:HopperFwd.Sanitize*:HopperBwd.Sanitize*:HopperDecode.Sanitize*'}
@@ -72,6 +73,10 @@ fi
 if [ "${DECODE:-0}" = 1 ]; then
   PYTHONPATH=python:bench FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout ${DECODE_TIMEOUT:-300} python3 bench/bench_decode.py $OUT/bench_decode.json ${DECODE_ARGS:---quick} > $OUT/bench_decode.log 2>&1
   echo "bench_decode rc=$?"; tail -${BENCH_TAIL:-40} $OUT/bench_decode.log
+fi
+if [ "${KTIMES:-0}" = 1 ]; then
+  PYTHONPATH=python:bench FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout 200 python3 bench/kernel_times.py $OUT/kernel_times.json > $OUT/kernel_times.log 2>&1
+  echo "kernel_times rc=$?"; tail -12 $OUT/kernel_times.log
 fi
 echo "spills new: $(cat $OUT/spills_build.txt)"
 [ -n "$OLD" ] && echo "spills old: $(cat $OUT/spills_build_old.txt)"

@@ -90,7 +90,9 @@ static __global__ void reference_attention_kernel(const detail::FwdParams p, boo
   const float mm = fmaxf(m, sink);
   float l = 0.f;
   for (int j = threadIdx.x; j < sk; j += kRefThreads) {
-    float e = mm == -INFINITY ? 0.f : expf(s_row[j] - mm);
+    // A NaN score (from the data) makes the row NaN, also when it is the row's only kind of score
+    // (fmaxf above dropped it, so mm may be -inf).
+    float e = s_row[j] != s_row[j] ? s_row[j] : mm == -INFINITY ? 0.f : expf(s_row[j] - mm);
     if (naive16) e = ref_round(t, e);
     s_row[j] = e;
     l += e;

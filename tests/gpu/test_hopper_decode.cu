@@ -23,6 +23,7 @@
 #include "core/float16.h"
 #include "fa4/attention.h"
 #include "gpu/gpu_reference.cuh"
+#include "hopper/shared/device_state.h"
 
 #include "gpu_test_util.cuh"
 
@@ -33,9 +34,6 @@ using fa4::TensorView;
 using fa4::test::DevBuf;
 using fa4::test::from16;
 using fa4::test::to16;
-
-
-
 
 constexpr uint16_t kPoison16 = 0xFFFF;  // NaN in bf16 and fp16
 constexpr float kAtolO = 1e-4f;
@@ -255,6 +253,16 @@ void run_case(const KvCase& c) {
   if (expect_async) try { fa4::check_async_errors(0); } catch (const fa4::Error&) {}
   EXPECT_EQ(0, std::memcmp(out.data(), out2.data(), out.size() * 2)) << c.name() << ": not bitwise repeatable";
   EXPECT_EQ(0, std::memcmp(lse.data(), lse2.data(), lse.size() * 4)) << c.name() << ": lse not repeatable";
+  // Split-KV: every tile's arrival counter is back at zero (the default stream's buffer, which
+  // both runs used), bad sequences included; a counter left set would stop the next merge.
+  {
+    const size_t tiles = size_t(B) * HK * ((size_t(Sq) * (H / HK) + 15) / 16);
+    const char* base = fa4::hopper::acquire_scratch(0, nullptr, tiles * 4, tiles * 4,
+                                                    fa4::hopper::ScratchKind::kDecodeArrivals).ptr;
+    std::vector<int32_t> counters(tiles);
+    CUDA_OK(cudaMemcpy(counters.data(), base, tiles * 4, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(size_t(std::count(counters.begin(), counters.end(), 0)), tiles) << c.name() << ": arrival counters left set";
+  }
 
   // The reference: the keys each sequence sees, gathered from the expected cache, as varlen.
   std::vector<int> cu_q{0}, cu_k{0};

@@ -100,6 +100,13 @@ __device__ __forceinline__ int32_t load_acquire(const int32_t* p) {
 __device__ __forceinline__ void add_release(int32_t* p, int32_t v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
+/// GPU-scope acquire-release fetch-add: releases this thread's earlier writes (and, after a CTA
+/// barrier, its CTA's) and acquires those released by earlier adds to the same word.
+__device__ __forceinline__ int32_t fetch_add_acq_rel(int32_t* p, int32_t v) {
+  int32_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
 
 /// setmaxnreg: must be executed by every thread of a warpgroup, with the same constant.
 template <uint32_t kRegs>

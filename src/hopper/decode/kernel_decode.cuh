@@ -5,8 +5,10 @@
 //   * packs the group (pack-GQA): a CTA's 16 rows are (query token, query head of one KV head),
 //     row r -> token r / group, head kv_head * group + r % group, so one K/V load serves them all;
 //   * splits the keys (split-KV, FlashDecoding): grid (split, kv head x row tile, batch), each CTA
-//     one range of 64-key blocks; the splits' normalised partial rows and log2-sum-exps are merged
-//     by the combine kernel with the shared merge maths (core/softmax.h);
+//     one range of 64-key blocks; each split writes its normalised partial rows and log2-sum-exps
+//     and arrives at its tile's counter, and the split that arrives last merges them with the
+//     shared merge maths (core/softmax.h). No second kernel: a combine launch would cost more than
+//     the merge itself at batch 1, where split-KV matters most;
 //   * gathers K/V rows one by one with cp.async (16 bytes per copy; a row's address comes from the
 //     page table when paged, so every page size works and pages may be in any order), into a ring
 //     of `stages` swizzled smem blocks;
@@ -16,7 +18,7 @@
 // Device-resident indices are checked here (the host never reads them): cache_seqlens,
 // cache_batch_idx and the page-table entries of keys [0, seqlen_k) (each split checks its keys,
 // split 0 also those before the first visible one); a split that meets a broken rule writes
-// nothing, flags its (split, sequence) for the combine and sets the rule's AsyncError bit.
+// nothing, sets the rule's AsyncError bit and arrives flagged, so its tile's merge writes nothing.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -29,6 +31,7 @@
 #include "core/params.h"
 #include "core/softmax.h"
 #include "hopper/arch/arch.cuh"
+#include "hopper/decode/tuning_decode.h"
 #include "hopper/shared/device_state.h"
 
 namespace fa4::hopper::decode {
@@ -39,7 +42,7 @@ struct DecodeArgs {
   uint32_t* async_error;  ///< mapped error word (device_state.h)
   float* o_partial;       ///< splits > 1: (split, batch, seqlen_q, num_heads, kD) fp32, normalised rows
   float* lse_partial;     ///< splits > 1: (split, batch, num_heads, seqlen_q), log2 units, -inf if empty
-  int32_t* split_bad;     ///< splits > 1: (split, batch), 1 if that split met a broken index rule
+  int32_t* arrivals;      ///< splits > 1: (batch, kv head x row tile) counters, zero between launches
   int32_t num_splits;
   int32_t group;          ///< num_heads / num_heads_kv
   int32_t row_tiles;      ///< ceil(seqlen_q * group / 16)
@@ -164,6 +167,86 @@ struct DecodeSmem {
   static_assert(4 * 16 * kD * 4 + 2 * 4 * 16 * 4 <= kStages * kStageElems * 2, "merge buffer does not fit");
 };
 
+// ---------------------------------------------------------------------------------------------
+// Split-KV merge, done by the last split of each (sequence, kv head x row tile) to finish.
+
+/// Arrivals at a tile's counter carry this bit from a split that met a broken index rule (at most
+/// kDecodeMaxSplits of them, so the count below never reaches it).
+constexpr int32_t kBadArrival = 1 << 16;
+static_assert(detail::kDecodeMaxSplits < kBadArrival && int64_t(detail::kDecodeMaxSplits) * kBadArrival < (1ll << 31),
+              "arrival count and bad count must fit their fields");
+
+/// The CTA's arrival at its tile's counter, after its partial rows are written (or, bad, instead of
+/// them). True in the CTA that arrives last when no split was bad; the partials of every split are
+/// then visible to all its threads (the barrier before the release add orders the CTA's writes,
+/// the one after the acquiring add orders its reads). The last arrival resets the counter for the
+/// next launch.
+__device__ __forceinline__ bool arrive_last(const DecodeArgs& a, int32_t* s_last, bool bad) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t* counter = a.arrivals + int64_t(blockIdx.z) * gridDim.y + blockIdx.y;
+    const int32_t inc = bad ? 1 + kBadArrival : 1;
+    const int32_t total = arch::fetch_add_acq_rel(counter, inc) + inc;
+    const bool last = (total & (kBadArrival - 1)) == a.num_splits;
+    if (last) *counter = 0;
+    *s_last = last && total < kBadArrival;
+  }
+  __syncthreads();
+  return *s_last != 0;
+}
+
+/// Merges the splits' partial rows of one tile (rows row0.. of kv_head in sequence b) into out/lse.
+/// A split's normalised row with log2-sum-exp L_s is the partial state (m = L_s, l = 1, O = row);
+/// the states are merged online (merge_weight; a split raising the max rescales the sum so far)
+/// and finished with finalize_row (the sink joins here), as one split would have been. An empty
+/// split (L_s = -inf) has weight 0 and its row is not used; fmaxf drops a NaN L_s from the max,
+/// but its weight is NaN and so is the row. Each thread merges 4 columns of one row and loads
+/// that row's L_s itself (the warp's threads of a row share the load), so the L_s and O loads of
+/// 16 splits are in flight at once. Partials are read through L2 (ld.cg): other SMs wrote
+/// them during this launch.
+template <bool kBF16, int kD>
+__device__ __forceinline__ void combine_tile(const DecodeArgs& a, int32_t b, int32_t kv_head, int32_t row0,
+                                             int32_t rows) {
+  using Elem = typename ElemOf<kBF16>::type;
+  const detail::KVCacheParams& p = a.p;
+  const int32_t n_rows = min(16, rows - row0);
+  constexpr int kC4 = kD / 4;
+  const int64_t lse_stride = int64_t(p.batch) * p.num_heads * p.seqlen_q;  // one split's
+  const int64_t o_stride = int64_t(p.batch) * p.seqlen_q * p.num_heads * kD;
+  auto ex2 = [](float x) { return arch::ex2_approx(x); };
+  for (int idx = threadIdx.x; idx < n_rows * kC4; idx += blockDim.x) {
+    const int r = idx / kC4, c = (idx % kC4) * 4;
+    if (c >= p.headdim_v) continue;
+    const int32_t i = (row0 + r) / a.group, h = kv_head * a.group + (row0 + r) % a.group;
+    const float* lse_src = a.lse_partial + (int64_t(b) * p.num_heads + h) * p.seqlen_q + i;
+    const float* o_src = a.o_partial + ((int64_t(b) * p.seqlen_q + i) * p.num_heads + h) * kD + c;
+    float m = -INFINITY, l = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 16
+    for (int s = 0; s < a.num_splits; ++s) {
+      const float ls = __ldcg(lse_src + s * lse_stride);
+      const float4 x = __ldcg(reinterpret_cast<const float4*>(o_src + s * o_stride));
+      const float m_new = fmaxf(m, ls);
+      const float alpha = detail::merge_weight(m, m_new, 1.f, ex2), w = detail::merge_weight(ls, m_new, 1.f, ex2);
+      m = m_new;
+      l = l * alpha + w;
+      acc.x *= alpha; acc.y *= alpha; acc.z *= alpha; acc.w *= alpha;
+      if (w != 0.f) {
+        acc.x += w * x.x; acc.y += w * x.y; acc.z += w * x.z; acc.w += w * x.w;
+      }
+    }
+    const detail::RowNorm nrm = detail::finalize_row(m, l, p.sink ? p.sink[h] : -INFINITY);
+    Elem* out = static_cast<Elem*>(p.out) + int64_t(b) * p.out_stride.batch + int64_t(i) * p.out_stride.row +
+                int64_t(h) * p.out_stride.head + c;
+    uint2 v;
+    v.x = pack2<kBF16>(acc.x * nrm.o_scale, acc.y * nrm.o_scale);
+    v.y = pack2<kBF16>(acc.z * nrm.o_scale, acc.w * nrm.o_scale);
+    *reinterpret_cast<uint2*>(out) = v;
+    if (c == 0)
+      p.lse[int64_t(b) * p.lse_batch_stride + int64_t(h) * p.lse_head_stride + int64_t(i) * p.lse_row_stride] = nrm.lse;
+  }
+}
+
 template <bool kBF16, int kD, int kBlockN, int kStages>
 __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ DecodeArgs a) {
   using Elem = typename ElemOf<kBF16>::type;
@@ -200,9 +283,10 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
   // Every page-table entry of keys [0, seqlen_k) must be a page (the rule of the CPU path and of
   // the append kernel): split 0 also checks the keys before the first visible one.
   if (p.paged && !bad && !pages_valid(p, pages, split == 0 ? 0 : split_first, split_last)) bad |= kBadPageTable;
-  if (a.num_splits > 1 && blockIdx.y == 0 && tid == 0) a.split_bad[split * p.batch + b] = bad ? 1 : 0;
+  __shared__ int32_t s_last;
   if (bad) {
     if (tid == 0) report(a.async_error, bad);
+    if (a.num_splits > 1) arrive_last(a, &s_last, true);  // never the merging CTA
     return;
   }
 
@@ -304,16 +388,26 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
     const Elem* sK = sRing + (it % kStages) * Smem::kStageElems;
     const Elem* sV = sK + kBlockN * kD;
 
-    // S = Q K^T for this warp's 16 keys: two n8 tiles.
-    float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    // S = Q K^T for this warp's 16 keys: two n8 tiles, each accumulated in two chains (even and
+    // odd k steps) so that four independent mma.sync chains of kD/32 overlap their latency.
+    float sc[2][4], sc_odd[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[nt][e] = sc_odd[nt][e] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks) {
       uint32_t qa[4], kb[4];
       arch::ldmatrix_x4<false>(qa, sQ + swz<kD>(lane % 16, ks * 2 + lane / 16));
       arch::ldmatrix_x4<false>(kb, sK + swz<kD>(16 * warp + (lane / 16) * 8 + lane % 8, ks * 2 + (lane / 8) % 2));
-      arch::mma_m16n8k16<kBF16>(sc[0], qa, kb[0], kb[1]);
-      arch::mma_m16n8k16<kBF16>(sc[1], qa, kb[2], kb[3]);
+      float(*acc)[4] = ks % 2 ? sc_odd : sc;
+      arch::mma_m16n8k16<kBF16>(acc[0], qa, kb[0], kb[1]);
+      arch::mma_m16n8k16<kBF16>(acc[1], qa, kb[2], kb[3]);
     }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[nt][e] += sc_odd[nt][e];
 
     // Scores in log2 units, masked to -inf; the online softmax per row.
     const int32_t key_w = int32_t(seq_keys.first) + (t_lo + it) * kBlockN + 16 * warp + 2 * (lane % 4);
@@ -445,52 +539,8 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
             ll != 0.f ? mm + log2f(ll) : -INFINITY;
     }
   }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Combine: one warp per output row (b, i, h). A split's normalised row with log2-sum-exp L_s is the
-// partial state (m = L_s, l = 1, O = row); merged with merge_weight and finished with finalize_row
-// (the sink joins here), exactly as one split would have been.
-template <bool kBF16, int kD>
-__global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ DecodeArgs a) {
-  using Elem = typename ElemOf<kBF16>::type;
-  const detail::KVCacheParams& p = a.p;
-  const int lane = threadIdx.x % 32;
-  const int64_t row = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;  // (b, i, h), h fastest
-  if (row >= int64_t(p.batch) * p.seqlen_q * p.num_heads) return;
-  const int32_t h = int32_t(row % p.num_heads);
-  const int32_t i = int32_t((row / p.num_heads) % p.seqlen_q);
-  const int32_t b = int32_t(row / (int64_t(p.num_heads) * p.seqlen_q));
-  bool bad = false;
-  for (int s = lane; s < a.num_splits; s += 32) bad |= a.split_bad[s * p.batch + b] != 0;
-  if (__any_sync(0xffffffffu, bad)) return;  // reported by the decode kernel; nothing written
-  auto lse_of = [&](int s) { return a.lse_partial[((int64_t(s) * p.batch + b) * p.num_heads + h) * p.seqlen_q + i]; };
-  float mm = -INFINITY;  // fmaxf drops a NaN lse: its weight below is NaN, and so is the row
-  for (int s = lane; s < a.num_splits; s += 32) mm = fmaxf(mm, lse_of(s));
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, off));
-  auto ex2 = [](float x) { return arch::ex2_approx(x); };
-  float ll = 0.f;
-  for (int s = 0; s < a.num_splits; ++s) ll += detail::merge_weight(lse_of(s), mm, 1.f, ex2);
-  const detail::RowNorm nrm = detail::finalize_row(mm, ll, p.sink ? p.sink[h] : -INFINITY);
-  Elem* out = static_cast<Elem*>(p.out) + int64_t(b) * p.out_stride.batch + int64_t(i) * p.out_stride.row +
-              int64_t(h) * p.out_stride.head;
-  for (int c = lane * 4; c < p.headdim_v; c += 128) {
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s = 0; s < a.num_splits; ++s) {
-      const float w = detail::merge_weight(lse_of(s), mm, 1.f, ex2);
-      if (w == 0.f) continue;  // an empty split: weight 0, and its row is never read
-      const float4 x = *reinterpret_cast<const float4*>(
-          a.o_partial + (((int64_t(s) * p.batch + b) * p.seqlen_q + i) * p.num_heads + h) * kD + c);
-      acc.x += w * x.x; acc.y += w * x.y; acc.z += w * x.z; acc.w += w * x.w;
-    }
-    uint2 v;
-    v.x = pack2<kBF16>(acc.x * nrm.o_scale, acc.y * nrm.o_scale);
-    v.y = pack2<kBF16>(acc.z * nrm.o_scale, acc.w * nrm.o_scale);
-    *reinterpret_cast<uint2*>(out + c) = v;
-  }
-  if (lane == 0)
-    p.lse[int64_t(b) * p.lse_batch_stride + int64_t(h) * p.lse_head_stride + int64_t(i) * p.lse_row_stride] = nrm.lse;
+  if (a.num_splits > 1 && arrive_last(a, &s_last, false))
+    combine_tile<kBF16, kD>(a, b, kv_head, row0, rows);
 }
 
 }  // namespace fa4::hopper::decode

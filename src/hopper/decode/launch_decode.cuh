@@ -31,16 +31,18 @@ void run_decode(const detail::KVCacheParams& p, const LaunchContext& ctx) {
 
   // Everything that can fail on the host (scratch, the smem limit) comes before the append, the
   // first write to a caller's tensor.
-  LaunchScratch scratch{nullptr, false};
+  LaunchScratch scratch{nullptr, false}, arrivals{nullptr, false};
   if (p.seqlen_q > 0 && a.num_splits > 1) {
     const size_t splits = size_t(a.num_splits), batch = size_t(p.batch);
     const size_t o_bytes = splits * batch * p.seqlen_q * p.num_heads * kHeadDim * sizeof(float);
-    const size_t lse_bytes = (splits * batch * p.seqlen_q * p.num_heads * sizeof(float) + 255) / 256 * 256;
-    const size_t flag_bytes = splits * batch * sizeof(int32_t);
-    scratch = acquire_scratch(p.device.index, stream, o_bytes + lse_bytes + flag_bytes, 0, ScratchKind::kDecode);
+    const size_t lse_bytes = splits * batch * p.seqlen_q * p.num_heads * sizeof(float);
+    const size_t tiles = batch * size_t(p.num_heads_kv) * size_t(a.row_tiles);
+    scratch = acquire_scratch(p.device.index, stream, o_bytes + lse_bytes, 0, ScratchKind::kDecode);
+    arrivals = acquire_scratch(p.device.index, stream, tiles * sizeof(int32_t), tiles * sizeof(int32_t),
+                               ScratchKind::kDecodeArrivals);
     a.o_partial = reinterpret_cast<float*>(scratch.ptr);
     a.lse_partial = reinterpret_cast<float*>(scratch.ptr + o_bytes);
-    a.split_bad = reinterpret_cast<int32_t*>(scratch.ptr + o_bytes + lse_bytes);
+    a.arrivals = reinterpret_cast<int32_t*>(arrivals.ptr);
   }
   auto kernel = decode::decode_kernel<kBF16, kHeadDim, c.block_n, c.stages>;
   check_cuda(raise_smem_limit_once<decode::DecodeKernelKey<kBF16, kHeadDim>>(kernel, Smem::kBytes, p.device.index), kFn,
@@ -53,11 +55,7 @@ void run_decode(const detail::KVCacheParams& p, const LaunchContext& ctx) {
   const dim3 grid(a.num_splits, p.num_heads_kv * a.row_tiles, p.batch);
   kernel<<<grid, 32 * detail::kDecodeWarps, Smem::kBytes, stream>>>(a);
   check_cuda(cudaGetLastError(), kFn, "decode kernel launch");
-  if (a.num_splits > 1) {
-    const int64_t out_rows = int64_t(p.batch) * p.seqlen_q * p.num_heads;
-    decode::combine_kernel<kBF16, kHeadDim><<<unsigned((out_rows + 3) / 4), 128, 0, stream>>>(a);
-    check_cuda(cudaGetLastError(), kFn, "combine kernel launch");
-  }
+  release_scratch(arrivals, stream);
   release_scratch(scratch, stream);
 }
 

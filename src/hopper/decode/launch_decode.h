@@ -29,9 +29,10 @@ inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::H
   return int32_t(std::max<int64_t>(1, std::min<int64_t>(s, detail::kDecodeMaxAutoSplits)));
 }
 
-/// kDType: 0 = bf16, 1 = fp16 (values of fa4::DType). Enqueues the append (k_new/v_new given), the
-/// decode kernel and, with more than one split, the combine on p.device.stream; the partials live
-/// in the device state's decode scratch (no allocation once the stream has one large enough).
+/// kDType: 0 = bf16, 1 = fp16 (values of fa4::DType). Enqueues the append (k_new/v_new given) and
+/// the decode kernel (with more than one split, the last split of each tile merges) on
+/// p.device.stream; the partials and arrival counters live in the device state's decode scratch
+/// (no allocation once the stream has buffers large enough).
 /// Uses ctx.num_sms and ctx.async_error (always set). Throws fa4::Error(kCudaError) if a CUDA call fails.
 template <int kDType, int kHeadDim, int kHeadDimV>
 void run_decode(const detail::KVCacheParams& p, const LaunchContext& ctx);

@@ -39,7 +39,7 @@ inline constexpr int32_t kHopperNumDecodeConfigs =
 /// Rows of Q per CTA (one m16 MMA tile) and warps per CTA.
 inline constexpr int32_t kDecodeRowsPerCta = 16;
 inline constexpr int32_t kDecodeWarps = 4;
-/// Largest explicit num_splits (the combine reads every split's partial row).
+/// Largest explicit num_splits (the merge reads every split's partial row).
 inline constexpr int32_t kDecodeMaxSplits = 256;
 /// The automatic split count gives each split at least this many key blocks.
 inline constexpr int32_t kDecodeMinBlocksPerSplit = 2;

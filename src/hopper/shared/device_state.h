@@ -35,7 +35,9 @@ struct LaunchScratch {
 /// leave the counter and flags zero); the backward's workspace (dQ accumulator, row statistics,
 /// semaphores) is overwritten by every backward, so it has a buffer of its own.
 /// The decode's split partials (decode/) are overwritten by every split-KV decode: a third buffer.
-enum class ScratchKind : int { kForward = 0, kBackward = 1, kDecode = 2 };
+/// Its per-tile arrival counters must stay zero between launches (the last arriving split resets
+/// its tile's) and their number varies with the shape, so they get a fourth buffer, all of it zero.
+enum class ScratchKind : int { kForward = 0, kBackward = 1, kDecode = 2, kDecodeArrivals = 3 };
 
 /// At least `bytes` bytes for a launch on (device, stream), the first `zeroed_bytes` of them zero.
 /// The current device must be `device`. Throws fa4::Error(kCudaError) if it cannot be had.
