@@ -47,6 +47,16 @@ except _NotFound:  # used from the source tree (PYTHONPATH=python, FA4_LIBRARY=.
     __version__ = "unknown"
 
 
+def __getattr__(name):
+    # fa4.context_parallel (ring attention over torch.distributed) is imported on first use: it
+    # needs torch, which the rest of the package does not.
+    if name == "context_parallel":
+        import importlib
+
+        return importlib.import_module(".context_parallel", __name__)
+    raise AttributeError(f"module 'fa4' has no attribute {name!r}")
+
+
 def version() -> str:
     """Version of the loaded libfa4 (the CMake project version)."""
     return _capi.version()
