@@ -55,7 +55,7 @@ def main():
                                                       torch.bfloat16, gen)
         qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
 
-        def cudnn():
+        def cudnn(qt=qt, kt=kt, vt=vt):
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                 return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=heads != heads_kv)
         r = {"batch": batch, "seqlen_k": seqlen_k, "seqlen_q": seqlen_q, "heads": heads, "heads_kv": heads_kv,
