@@ -19,6 +19,11 @@ amount of work. Against rank s's k/v slice, rank r's queries then see:
 
 Non-causal attention works with any equal-sized shards (contiguous or zigzag).
 
+Packed sequences (flash-attn's varlen layout, ``cu_seqlens``) are cut per sequence, each the same
+way, so every rank holds 1 / world_size of every sequence; the first half of each sequence's keys
+is taken with ``seqused_k`` and its second-half queries by an index (host-computed from
+``cu_seqlens``, which therefore lives on the CPU).
+
 Each block is one fa4 call (the CPU FlashAttention-4 implementation or the Hopper kernels, by the
 tensors' device); blocks are merged in fp32 with the rule of ``core/softmax.h`` ``merge_weight``: a
 part whose lse is -inf has weight 0, so an empty part never produces a NaN, while a NaN from the
@@ -56,58 +61,102 @@ def _chunks(world: int, rank: int, zigzag: bool) -> tuple[int, ...]:
     return (rank, 2 * world - 1 - rank) if zigzag else (rank,)
 
 
-def shard_sequence(x: Tensor, group=None, *, zigzag: bool = True, dim: int = 1) -> Tensor:
+def _host_cu(cu_seqlens, fn: str) -> Tensor:
+    """cu_seqlens as an int64 CPU tensor, checked: 1-D, from 0, non-decreasing."""
+    if isinstance(cu_seqlens, Tensor):
+        if cu_seqlens.device.type != "cpu":
+            raise _capi.InvalidArgumentError(
+                f"{fn}: cu_seqlens must be on the CPU (or a list): the sequence boundaries decide "
+                "the slices on the host, without a device sync")
+        cu = cu_seqlens.to(torch.int64)
+    else:
+        cu = torch.tensor(list(cu_seqlens), dtype=torch.int64)
+    if cu.dim() != 1 or cu.numel() < 1 or int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()):
+        raise _capi.InvalidArgumentError(
+            f"{fn}: cu_seqlens must be 1-D, start at 0 and not decrease; got {cu.tolist()}")
+    return cu
+
+
+def _seq_pieces(x: Tensor, dim: int, cu: Optional[Tensor]) -> list[Tensor]:
+    """x split into its sequences along dim (one piece without cu_seqlens)."""
+    if cu is None:
+        return [x]
+    return list(x.split((cu[1:] - cu[:-1]).tolist(), dim))
+
+
+def shard_sequence(x: Tensor, group=None, *, zigzag: bool = True, dim: int = 1,
+                   cu_seqlens=None) -> Tensor:
     """This rank's slice of a full-sequence tensor (no communication).
 
     Args:
-        x: the whole tensor, e.g. q/k/v (batch, seqlen, heads, headdim); the same on every rank.
+        x: the whole tensor, the same on every rank: batched, e.g. q/k/v (batch, seqlen, heads,
+            headdim) with dim 1; or packed sequences (total, heads, headdim) with cu_seqlens and
+            dim 0, each sequence cut on its own.
         group: the process group (default: the world).
-        zigzag: cut seqlen into 2 x world_size equal chunks and keep chunks rank and
+        zigzag: cut each sequence into 2 x world_size equal chunks and keep chunks rank and
             2 x world_size - 1 - rank (needed by causal ring_attention); else world_size
             contiguous chunks and keep chunk rank.
         dim: the sequence dim.
+        cu_seqlens: packed layout: the whole sequences' cumulative lengths (CPU int tensor or a
+            list, [0, ..., total]); the slice's are cu_seqlens // world_size.
 
     Returns:
-        A contiguous tensor, seqlen / world_size long along dim.
+        A contiguous tensor: each sequence 1 / world_size as long along dim.
 
     Raises:
-        InvalidArgumentError (ValueError) if seqlen is not a multiple of 2 x world_size (zigzag)
-        or world_size.
+        InvalidArgumentError (ValueError) if a sequence length is not a multiple of
+        2 x world_size (zigzag) or world_size, or cu_seqlens is malformed.
     """
     rank, world = _world(group)
-    parts = 2 * world if zigzag else world
-    if x.shape[dim] % parts:
+    fn = "fa4.context_parallel.shard_sequence"
+    cu = _host_cu(cu_seqlens, fn) if cu_seqlens is not None else None
+    if cu is not None and int(cu[-1]) != x.shape[dim]:
         raise _capi.InvalidArgumentError(
-            f"fa4.context_parallel.shard_sequence: x.shape[{dim}] = {x.shape[dim]} must be a "
-            f"multiple of {parts} ({'2 x ' if zigzag else ''}world_size {world})")
-    chunks = x.chunk(parts, dim)
-    return torch.cat([chunks[c] for c in _chunks(world, rank, zigzag)], dim).contiguous()
+            f"{fn}: cu_seqlens[-1] = {int(cu[-1])} must equal x.shape[{dim}] = {x.shape[dim]}")
+    parts = 2 * world if zigzag else world
+    out = []
+    for piece in _seq_pieces(x, dim, cu):
+        if piece.shape[dim] % parts:
+            raise _capi.InvalidArgumentError(
+                f"{fn}: a sequence of length {piece.shape[dim]} (x.shape[{dim}] or a cu_seqlens "
+                f"length) must be a multiple of {parts} ({'2 x ' if zigzag else ''}world_size {world})")
+        chunks = piece.chunk(parts, dim)
+        out += [chunks[c] for c in _chunks(world, rank, zigzag)]
+    return torch.cat(out, dim).contiguous()
 
 
-def gather_sequence(x: Tensor, group=None, *, zigzag: bool = True, dim: int = 1) -> Tensor:
+def gather_sequence(x: Tensor, group=None, *, zigzag: bool = True, dim: int = 1,
+                    cu_seqlens=None) -> Tensor:
     """The whole tensor from every rank's slice (all_gather; the inverse of shard_sequence).
 
     Args:
         x: this rank's slice (same shape on every rank), laid out as shard_sequence made it.
         group, zigzag, dim: as given to shard_sequence.
+        cu_seqlens: packed layout: the SLICE's cumulative lengths (the whole ones // world_size).
 
     Returns:
-        The full tensor, world_size x x.shape[dim] long along dim, on every rank.
+        The full tensor, world_size times as long along dim, on every rank.
     """
     rank, world = _world(group)
-    parts = 2 * world if zigzag else world
-    if zigzag and x.shape[dim] % 2:
-        raise _capi.InvalidArgumentError(
-            f"fa4.context_parallel.gather_sequence: x.shape[{dim}] = {x.shape[dim]} must be even "
-            "(two zigzag chunks per rank)")
+    fn = "fa4.context_parallel.gather_sequence"
+    cu = _host_cu(cu_seqlens, fn) if cu_seqlens is not None else None
+    per_rank = len(_chunks(world, rank, zigzag))
+    for piece in _seq_pieces(x, dim, cu):
+        if piece.shape[dim] % per_rank:
+            raise _capi.InvalidArgumentError(
+                f"{fn}: a slice of length {piece.shape[dim]} must be even (two zigzag chunks per rank)")
     x = x.contiguous()
     slices = [torch.empty_like(x) for _ in range(world)]
     dist.all_gather(slices, x, group=group)
-    ordered: list[Optional[Tensor]] = [None] * parts
-    for r, s in enumerate(slices):
-        for c, piece in zip(_chunks(world, r, zigzag), s.chunk(len(_chunks(world, r, zigzag)), dim)):
-            ordered[c] = piece
-    return torch.cat(ordered, dim)
+    by_rank = [_seq_pieces(sl, dim, cu) for sl in slices]
+    out = []
+    for i in range(len(by_rank[0])):
+        ordered: list[Optional[Tensor]] = [None] * (per_rank * world)
+        for r in range(world):
+            for c, chunk in zip(_chunks(world, r, zigzag), by_rank[r][i].chunk(per_rank, dim)):
+                ordered[c] = chunk
+        out += ordered
+    return torch.cat(out, dim)
 
 
 # ---- the ring ------------------------------------------------------------------------------------
@@ -141,7 +190,8 @@ def _wait(reqs) -> None:
 def _merge(out: Tensor, lse: Tensor, out_b: Tensor, lse_b: Tensor) -> None:
     """out/lse <- the merge of the states (out, lse) and (out_b, lse_b), in place.
 
-    out: fp32 (batch, s, heads, dv), normalised; lse: fp32 (batch, heads, s), natural log, -inf
+    out: fp32 (batch, s, heads, dv) or (total, heads, dv), normalised; lse: fp32 (batch, heads, s)
+    or (heads, total), natural log, -inf
     for an empty state. core/softmax.h's rule: weights exp(lse_x - m) with m the larger lse, 0 for
     an lse of -inf (so two empty states stay empty: out 0, lse -inf); a NaN propagates."""
     m = torch.maximum(lse, lse_b)
@@ -149,70 +199,142 @@ def _merge(out: Tensor, lse: Tensor, out_b: Tensor, lse_b: Tensor) -> None:
     w_a, w_b = torch.exp(lse - m), torch.exp(lse_b - m)
     l = w_a + w_b
     inv = torch.where(l > 0, 1.0 / l, torch.zeros_like(l))
-    ca, cb = (w_a * inv).transpose(1, 2).unsqueeze(-1), (w_b * inv).transpose(1, 2).unsqueeze(-1)
+    # lse (b, h, s) or varlen (h, total) -> out's (b, s, h, 1) or (total, h, 1)
+    ca, cb = (w_a * inv).transpose(-1, -2).unsqueeze(-1), (w_b * inv).transpose(-1, -2).unsqueeze(-1)
     out.mul_(ca).add_(out_b.float() * cb)
     lse.copy_(m + torch.log(l))
 
 
-def _blocks(ring: _Ring, step: int, causal: bool, half: int):
-    """(query rows, key rows, causal) of step's block as slices of the local q and of the k/v slice
-    held at that step (from rank (rank - step) mod world); see the module docstring."""
-    src = (ring.rank - step) % ring.world
-    everything = slice(None)
-    if not causal:
-        return everything, everything, False
-    if src == ring.rank:
-        return everything, everything, True
-    if src < ring.rank:
-        return everything, slice(0, half), False
-    return slice(half, None), everything, False
+class _Rows:
+    """The rows of q-like tensors (q, out, dout, dq; sequence dim `dim`) and the matching lse
+    columns (dim `lse_dim`) that one block takes: all (index None), a slice (views), or an index
+    tensor (copies; merged and added back by index)."""
+
+    def __init__(self, index, dim: int, lse_dim: int):
+        self.index, self.dim, self.lse_dim = index, dim, lse_dim
+
+    def _take(self, x: Tensor, dim: int) -> Tensor:
+        if self.index is None:
+            return x
+        if isinstance(self.index, slice):
+            return x[(slice(None),) * dim + (self.index,)]
+        return x.index_select(dim, self.index)
+
+    def take(self, x: Tensor) -> Tensor:
+        return self._take(x, self.dim)
+
+    def take_lse(self, lse: Tensor) -> Tensor:
+        return self._take(lse, self.lse_dim)
+
+    def merge(self, out: Tensor, lse: Tensor, out_b: Tensor, lse_b: Tensor) -> None:
+        if self.index is None or isinstance(self.index, slice):
+            _merge(self.take(out), self.take_lse(lse), out_b, lse_b)  # views: merged in place
+            return
+        o, l = self.take(out), self.take_lse(lse)
+        _merge(o, l, out_b, lse_b)
+        out.index_copy_(self.dim, self.index, o)
+        lse.index_copy_(self.lse_dim, self.index, l)
+
+    def add(self, acc: Tensor, g: Tensor) -> None:
+        if self.index is None or isinstance(self.index, slice):
+            self.take(acc).add_(g.float())
+        else:
+            acc.index_add_(self.dim, self.index, g.float())
 
 
-def _fwd_block(q, k, v, causal, o):
-    return _torch_ops._fwd_impl(q, k, v, None, None, None, None, 0, 0, o["softmax_scale"], causal,
-                                -1, -1, o["softcap"], o["rescale_threshold"],
-                                o["exp2_emulation_fraction"], o["backend"], o["deterministic"])
+class _Plan:
+    """What each ring step computes, for the batched (b, s, h, d) or varlen (total, h, d) layout;
+    see the module docstring for the three causal cases."""
+
+    def __init__(self, q: Tensor, causal: bool, cu_seqlens, max_seqlen):
+        self.causal, self.varlen = causal, cu_seqlens is not None
+        self.all = _Rows(None, 0 if self.varlen else 1, 1 if self.varlen else 2)
+        if not self.varlen:
+            half = q.shape[1] // 2
+            self.second_half = _Rows(slice(half, None), 1, 2)
+            self.first_keys = slice(0, half)
+            return
+        # Varlen: each sequence's local slice is its two zigzag chunks; the first half of a
+        # sequence's keys is expressed by seqused_k (no copy), its second-half queries by an index.
+        lens = cu_seqlens[1:] - cu_seqlens[:-1]
+        self.cu = cu_seqlens.to(device=q.device, dtype=torch.int32, non_blocking=True)
+        self.max = int(max_seqlen)
+        self.used_half = (lens // 2).to(device=q.device, dtype=torch.int32, non_blocking=True)
+        self.cu_half = (cu_seqlens // 2).to(device=q.device, dtype=torch.int32, non_blocking=True)
+        rows = torch.cat([torch.arange(int(c) + int(n) // 2, int(c) + int(n))
+                          for c, n in zip(cu_seqlens[:-1], lens)]) if len(lens) else torch.zeros(0)
+        self.second_half = _Rows(rows.to(device=q.device, dtype=torch.long, non_blocking=True), 0, 1)
+
+    def step(self, src: int, rank: int):
+        """(rows, key slice of the batched layout or None, fa4 varlen/mask arguments) of the block
+        against the k/v slice of rank src."""
+        if not self.varlen:
+            args = dict(cu_q=None, cu_k=None, used_k=None, max_q=0, max_k=0)
+            if not self.causal:
+                return self.all, None, dict(args, causal=False)
+            if src == rank:
+                return self.all, None, dict(args, causal=True)
+            if src < rank:
+                return self.all, self.first_keys, dict(args, causal=False)
+            return self.second_half, None, dict(args, causal=False)
+        args = dict(cu_q=self.cu, cu_k=self.cu, used_k=None, max_q=self.max, max_k=self.max)
+        if not self.causal:
+            return self.all, None, dict(args, causal=False)
+        if src == rank:
+            return self.all, None, dict(args, causal=True)
+        if src < rank:
+            return self.all, None, dict(args, used_k=self.used_half, causal=False)
+        return self.second_half, None, dict(args, cu_q=self.cu_half, max_q=self.max // 2, causal=False)
 
 
-def _ring_forward(q: Tensor, k: Tensor, v: Tensor, ring: _Ring, causal: bool, o: dict):
-    b, s, h, _ = q.shape
-    out = torch.zeros(b, s, h, v.shape[-1], dtype=torch.float32, device=q.device)
-    lse = torch.full((b, h, s), float("-inf"), dtype=torch.float32, device=q.device)
+def _fa4_args(a: dict, o: dict):
+    """fa4::fwd's arguments after (q, k, v, sink) (see _torch_ops._fwd_impl)."""
+    return (a["cu_q"], a["cu_k"], a["used_k"], a["max_q"], a["max_k"], o["softmax_scale"], a["causal"],
+            -1, -1, o["softcap"], o["rescale_threshold"], o["exp2_emulation_fraction"], o["backend"],
+            o["deterministic"])
+
+
+def _keys(x: Tensor, keys) -> Tensor:
+    return x if keys is None else x[:, keys]
+
+
+def _ring_forward(q: Tensor, k: Tensor, v: Tensor, ring: _Ring, plan: _Plan, o: dict):
+    rows = plan.all
+    out = torch.zeros(q.shape[:-1] + v.shape[-1:], dtype=torch.float32, device=q.device)
+    lse_shape = (q.shape[1], q.shape[0]) if plan.varlen else (q.shape[0], q.shape[2], q.shape[1])
+    lse = torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device)
     kv = (k.contiguous(), v.contiguous())  # P2P ops send whole, dense tensors
-    half = s // 2
     for step in range(ring.world):
         pending = ring.start(kv) if step + 1 < ring.world else None
-        rows, keys, blk_causal = _blocks(ring, step, causal, half)
-        ob, lb = _fwd_block(q[:, rows], kv[0][:, keys], kv[1][:, keys], blk_causal, o)
-        _merge(out[:, rows], lse[:, :, rows], ob, lb)
+        rows, keys, a = plan.step((ring.rank - step) % ring.world, ring.rank)
+        ob, lb = _torch_ops._fwd_impl(rows.take(q), _keys(kv[0], keys), _keys(kv[1], keys), None,
+                                      *_fa4_args(a, o))
+        rows.merge(out, lse, ob, lb)
         if pending is not None:
             _wait(pending[0])
             kv = tuple(pending[1])
     return out.to(q.dtype), lse
 
 
-def _ring_backward(dout, q, k, v, out, lse, ring: _Ring, causal: bool, o: dict):
+def _ring_backward(dout, q, k, v, out, lse, ring: _Ring, plan: _Plan, o: dict):
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     # dk/dv of the k/v slice held at each step travel with it and are back home after world steps.
     dkv = (torch.zeros(k.shape, dtype=torch.float32, device=k.device),
            torch.zeros(v.shape, dtype=torch.float32, device=v.device))
     kv = (k.contiguous(), v.contiguous())
-    half = q.shape[1] // 2
     dkv_pending = None
     for step in range(ring.world):
         kv_pending = ring.start(kv) if step + 1 < ring.world else None
-        rows, keys, blk_causal = _blocks(ring, step, causal, half)
-        lse_rows = lse[:, :, rows].contiguous()
+        rows, keys, a = plan.step((ring.rank - step) % ring.world, ring.rank)
         gq, gk, gv, _ = _torch_ops._bwd_impl(
-            dout[:, rows], q[:, rows], kv[0][:, keys], kv[1][:, keys], out[:, rows], lse_rows, None,
-            None, None, None, 0, 0, o["softmax_scale"], blk_causal, -1, -1, o["softcap"],
-            o["rescale_threshold"], o["exp2_emulation_fraction"], o["backend"], o["deterministic"])
-        dq[:, rows] += gq.float()
+            rows.take(dout), rows.take(q), _keys(kv[0], keys), _keys(kv[1], keys), rows.take(out),
+            rows.take_lse(lse).contiguous(), None, *_fa4_args(a, o))
+        rows.add(dq, gq)
         if dkv_pending is not None:  # the accumulators of this step's slice, from rank - 1
             _wait(dkv_pending[0])
             dkv = tuple(dkv_pending[1])
-        dkv[0][:, keys] += gk.float()
-        dkv[1][:, keys] += gv.float()
+        _keys(dkv[0], keys).add_(gk.float())  # varlen: rows past seqused_k came back as 0
+        _keys(dkv[1], keys).add_(gv.float())
         dkv_pending = ring.start(dkv) if ring.world > 1 else None
         if kv_pending is not None:
             _wait(kv_pending[0])
@@ -225,10 +347,10 @@ def _ring_backward(dout, q, k, v, out, lse, ring: _Ring, causal: bool, o: dict):
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, ring, causal, o):
-        out, lse = _ring_forward(q, k, v, ring, causal, o)
+    def forward(ctx, q, k, v, ring, plan, o):
+        out, lse = _ring_forward(q, k, v, ring, plan, o)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.ring, ctx.causal, ctx.o = ring, causal, o
+        ctx.ring, ctx.plan, ctx.o = ring, plan, o
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -236,11 +358,12 @@ class _RingAttention(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.ring, ctx.causal, ctx.o)
+        dq, dk, dv = _ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.ring, ctx.plan, ctx.o)
         return dq, dk, dv, None, None, None
 
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, group=None, causal: bool = False,
+                   cu_seqlens=None, max_seqlen: Optional[int] = None,
                    softmax_scale: Optional[float] = None, softcap: float = 0.0,
                    deterministic: bool = False, return_lse: bool = False,
                    rescale_threshold: Optional[float] = None,
@@ -252,42 +375,70 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, group=None, causal: bool 
     q, k and v (the backward is collective too: every rank must run it).
 
     Args:
-        q: this rank's queries (batch, seqlen_local, num_heads, headdim); bf16/fp16/fp32, CPU
-            (gloo) or CUDA (NCCL) as the group's backend carries them.
-        k, v: this rank's keys/values (batch, seqlen_local_k, num_heads_kv, headdim[_v]); GQA/MQA
-            as in flash_attn_func. Every rank's k/v slice has the same shape.
+        q: this rank's queries (batch, seqlen_local, num_heads, headdim), or packed sequences
+            (total_local, num_heads, headdim) with cu_seqlens; bf16/fp16/fp32, CPU (gloo) or CUDA
+            (NCCL) as the group's backend carries them.
+        k, v: this rank's keys/values (batch, seqlen_local_k, num_heads_kv, headdim[_v]), or
+            (total_local, ...) packed like q; GQA/MQA as in flash_attn_func. Every rank's k/v slice
+            has the same shape.
         group: the process group (default: the world). Ranks are the ring's order.
-        causal: causal mask over the whole sequence. Needs the zigzag layout of
-            shard_sequence(zigzag=True) for q, k and v (seqlen_local_k == seqlen_local, even).
+        causal: causal mask over the whole sequence(s). Needs the zigzag layout of
+            shard_sequence(zigzag=True) for q, k and v (seqlen_local_k == seqlen_local, even;
+            packed: every sequence's slice even).
+        cu_seqlens: packed layout: the slices' cumulative lengths (shard_sequence's cu_seqlens //
+            world_size), the same on every rank, on the CPU (int tensor or list: the host decides
+            the second-half rows from it without a device sync). max_seqlen: the longest slice.
         softmax_scale: default 1/sqrt(headdim). softcap: as in flash_attn_func (0 = off).
         deterministic: bitwise-reproducible backward (fa4's deterministic block backward; the
             ring's accumulation order is fixed).
-        return_lse: also return this rank's lse (batch, num_heads, seqlen_local), fp32, natural log.
+        return_lse: also return this rank's lse (batch, num_heads, seqlen_local), or (num_heads,
+            total_local) packed, fp32, natural log.
         rescale_threshold, exp2_emulation_fraction, backend: as in flash_attn_func, for every
             block call (forward and backward).
 
     Returns:
         out (batch, seqlen_local, num_heads, headdim_v) in q's dtype, [and lse].
 
-    Not taken (yet): local windows, sink, varlen (packed sequences).
+    Not taken (yet): local windows, sink.
 
     Raises:
         InvalidArgumentError (ValueError) for bad shapes or an uninitialised torch.distributed.
         Errors of a block call are fa4's (they name the block's tensors); a rank whose slices
         differ in shape from its neighbours' fails in torch.distributed.
     """
+    varlen = cu_seqlens is not None
+    dims = 3 if varlen else 4
+    layout = "(total, heads, headdim) with cu_seqlens" if varlen else "(batch, seqlen, heads, headdim)"
     for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, Tensor) or x.dim() != 4:
-            raise _capi.InvalidArgumentError(
-                f"{_FN}: {name} must be a 4-D torch.Tensor (batch, seqlen, heads, headdim)")
-    if k.shape[:3] != v.shape[:3] or q.shape[0] != k.shape[0]:
+        if not isinstance(x, Tensor) or x.dim() != dims:
+            raise _capi.InvalidArgumentError(f"{_FN}: {name} must be a {dims}-D torch.Tensor {layout}")
+    seq = 0 if varlen else 1
+    if k.shape[:seq + 2] != v.shape[:seq + 2] or q.shape[:seq] != k.shape[:seq]:
         raise _capi.InvalidArgumentError(
             f"{_FN}: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: batch must agree "
-            "and k, v must share (batch, seqlen, heads)")
-    if causal and (q.shape[1] != k.shape[1] or q.shape[1] % 2):
+            "and k, v must share their leading dims")
+    if varlen:
+        cu = _host_cu(cu_seqlens, _FN)
+        if q.shape[0] != int(cu[-1]) or k.shape[0] != int(cu[-1]):
+            raise _capi.InvalidArgumentError(
+                f"{_FN}: q and k must hold cu_seqlens[-1] = {int(cu[-1])} rows (self-attention over "
+                f"the same packed sequences), got {q.shape[0]} and {k.shape[0]}")
+        lens = cu[1:] - cu[:-1]
+        if max_seqlen is None or int(max_seqlen) < (int(lens.max()) if len(lens) else 0):
+            raise _capi.InvalidArgumentError(
+                f"{_FN}: max_seqlen ({max_seqlen}) must be given and >= the longest slice "
+                f"({int(lens.max()) if len(lens) else 0})")
+        if causal and bool((lens % 2).any()):
+            raise _capi.InvalidArgumentError(
+                f"{_FN}: causal needs the zigzag layout: every sequence's slice must have an even "
+                f"length, got {lens.tolist()}")
+    elif causal and (q.shape[1] != k.shape[1] or q.shape[1] % 2):
         raise _capi.InvalidArgumentError(
             f"{_FN}: causal needs the zigzag layout (shard_sequence(zigzag=True)): q and k slices "
             f"of one even length, got seqlen_q {q.shape[1]}, seqlen_k {k.shape[1]}")
+    elif max_seqlen is not None:
+        raise _capi.InvalidArgumentError(f"{_FN}: max_seqlen is for the packed layout (with cu_seqlens)")
+    plan = _Plan(q, bool(causal), cu if varlen else None, max_seqlen)
     ring = _Ring(group)
     o = dict(softmax_scale=None if softmax_scale is None else float(softmax_scale),
              softcap=float(softcap), deterministic=bool(deterministic), backend=backend,
@@ -295,7 +446,7 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, group=None, causal: bool 
              exp2_emulation_fraction=(None if exp2_emulation_fraction is None
                                       else float(exp2_emulation_fraction)))
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out, lse = _RingAttention.apply(q, k, v, ring, bool(causal), o)
+        out, lse = _RingAttention.apply(q, k, v, ring, plan, o)
     else:
-        out, lse = _ring_forward(q, k, v, ring, bool(causal), o)
+        out, lse = _ring_forward(q, k, v, ring, plan, o)
     return (out, lse) if return_lse else out

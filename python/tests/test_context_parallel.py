@@ -1,7 +1,7 @@
 """fa4.context_parallel: ring attention over gloo with 2 and 4 CPU processes against the float64
 reference on the whole sequence, with the project's accuracy rule, forward (out, lse) and backward
-(dq, dk, dv); causal (zigzag) and not, GQA/MQA, softcap, a subgroup ring, a one-rank ring,
-deterministic bitwise repeats. Skipped, loudly, where torch or its gloo backend is missing."""
+(dq, dk, dv); causal (zigzag) and not, GQA/MQA, softcap, packed sequences (varlen, a zero-length one
+among them), a subgroup ring, a one-rank ring, deterministic bitwise repeats. Skipped, loudly, where torch or its gloo backend is missing."""
 
 from __future__ import annotations
 
@@ -70,6 +70,55 @@ def _check_case(case, group, seed, zigzag=True):
         assert_rule(f"{name} {gname}", a, r, p, dtype, atol_scale=4.0)
 
 
+# Packed sequences (a zero-length one among them); every length a multiple of 2 x 4.
+VARLEN_LENS = [48, 0, 16, 32]
+
+
+def _ref_varlen(q, k, v, lens, **opts):
+    """The float64 (or plain) reference per sequence, packed: out (total, h, d), lse (h, total)."""
+    outs, lses, start = [], [], 0
+    for n in lens:
+        sl = slice(start, start + n)
+        o, l = ref_attention(q[sl][None], k[sl][None], v[sl][None], **opts)
+        outs.append(o[0])
+        lses.append(l[0])
+        start += n
+    return torch.cat(outs), torch.cat(lses, dim=1)
+
+
+def _check_varlen(group, seed, causal, zigzag):
+    cp = fa4.context_parallel
+    world = dist.get_world_size(group)
+    dtype, h, hkv, d = torch.bfloat16, 4, 2, 32
+    total = sum(VARLEN_LENS)
+    cu = [0]
+    for n in VARLEN_LENS:
+        cu.append(cu[-1] + n)
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, dout = (torch.randn(shape, generator=g).to(dtype)
+                     for shape in ((total, h, d), (total, hkv, d), (total, hkv, d), (total, h, d)))
+    zigzag = zigzag or causal
+    shard = lambda x: cp.shard_sequence(x, group, zigzag=zigzag, dim=0, cu_seqlens=cu)  # noqa: E731
+    ql, kl, vl = (shard(x).requires_grad_() for x in (q, k, v))
+    cu_l = [c // world for c in cu]
+    out_l, lse_l = cp.ring_attention(ql, kl, vl, group=group, causal=causal, cu_seqlens=cu_l,
+                                     max_seqlen=max(VARLEN_LENS) // world, return_lse=True)
+    grads_l = torch.autograd.grad(out_l, (ql, kl, vl), shard(dout))
+    gather = lambda x, dim=0: cp.gather_sequence(x, group, zigzag=zigzag, dim=dim, cu_seqlens=cu_l)  # noqa: E731
+    out, dq, dk, dv = (gather(x) for x in (out_l, *grads_l))
+    lse = gather(lse_l, dim=1)
+    qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
+    o64, l64 = _ref_varlen(qr, kr, vr, VARLEN_LENS, causal=causal)
+    op, lp = _ref_varlen(qr, kr, vr, VARLEN_LENS, causal=causal, upcast=False)
+    name = f"varlen {'causal' if causal else 'full'} zigzag={zigzag}"
+    assert_rule(f"{name} out", out, o64, op, dtype)
+    assert_rule(f"{name} lse", lse, l64, lp.float(), torch.float32, atol_scale=4.0)
+    g64 = torch.autograd.grad(o64, (qr, kr, vr), dout.double())
+    gp = torch.autograd.grad(op, (qr, kr, vr), dout)
+    for gname, a, r, p in zip(("dq", "dk", "dv"), (dq, dk, dv), g64, gp):
+        assert_rule(f"{name} {gname}", a, r, p, dtype, atol_scale=4.0)
+
+
 def _worker(rank, world, init_file, seed):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
@@ -77,6 +126,8 @@ def _worker(rank, world, init_file, seed):
     try:
         for i, case in enumerate(CASES):
             _check_case(case, None, seed + i, zigzag=world == 4)  # non-causal: contiguous at 2
+        _check_varlen(None, seed + 50, causal=True, zigzag=True)
+        _check_varlen(None, seed + 51, causal=False, zigzag=world == 4)
         # A subgroup ring (ranks {0, 2} and {1, 3} of four; {0} and {1} of two): peers are global
         # ranks, not group ranks. Every rank creates every group, in one order.
         parts = [list(range(world))[j::2] for j in range(2)]
