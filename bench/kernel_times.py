@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Per-kernel GPU time of one decode (KV-cache) call, fa4 next to SDPA cuDNN, from torch.profiler
-(CUPTI kernel records): which of a call's kernels (append, decode, combine; cuDNN's) costs what,
+(CUPTI kernel records): which of a call's kernels (append, decode; cuDNN's two) costs what,
 and the gaps between them. A diagnostic for bench/bench_decode.py's ratios, not a benchmark of
 record (no L2 flush between calls; back-to-back calls overlap their launch costs).
 

@@ -53,7 +53,10 @@ def __getattr__(name):
     if name == "context_parallel":
         import importlib
 
-        return importlib.import_module(".context_parallel", __name__)
+        try:
+            return importlib.import_module(".context_parallel", __name__)
+        except ImportError as e:  # hasattr(fa4, "context_parallel") is then False
+            raise AttributeError(f"fa4.context_parallel needs torch.distributed: {e}") from e
     raise AttributeError(f"module 'fa4' has no attribute {name!r}")
 
 

@@ -30,8 +30,13 @@ part whose lse is -inf has weight 0, so an empty part never produces a NaN, whil
 data stays NaN. The backward runs fa4's backward on each block with the final out and lse (fa4's
 backward rebuilds P from lse and takes D = rowsum(dout * out) from the final out, so block gradients
 add up exactly). Transfers are ``torch.distributed`` P2P ops (``batch_isend_irecv``), started before
-the step's compute and waited for after it: on NCCL they run on NCCL's streams, overlapped with
-the kernels; on gloo (CPU tensors) they run beside the CPU compute.
+the step's compute and waited for after it: on gloo (CPU tensors) they run beside the CPU compute;
+on NCCL they are meant to run on NCCL's streams, overlapped with the kernels — that path has not
+yet been run on several GPUs (tests: gloo, 2 and 4 CPU processes).
+
+Not checked (it would cost a collective per call): that every rank passes slices of one shape and
+the same options, and that causal inputs really are zigzag slices. A shape mismatch fails in gloo
+but may hang NCCL; non-zigzag slices with causal=True give wrong results.
 """
 
 from __future__ import annotations
@@ -54,7 +59,10 @@ def _world(group) -> tuple[int, int]:
         raise _capi.InvalidArgumentError(
             f"{_FN}: torch.distributed is not initialized (call torch.distributed."
             "init_process_group first)")
-    return dist.get_rank(group), dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise _capi.InvalidArgumentError(f"{_FN}: this process is not a member of the given group")
+    return rank, dist.get_world_size(group)
 
 
 def _chunks(world: int, rank: int, zigzag: bool) -> tuple[int, ...]:
@@ -397,14 +405,16 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, group=None, causal: bool 
             block call (forward and backward).
 
     Returns:
-        out (batch, seqlen_local, num_heads, headdim_v) in q's dtype, [and lse].
+        out (batch, seqlen_local, num_heads, headdim_v) in q's dtype, [and lse, which is not
+        differentiable (as in flash_attn_func)]. Block outputs and gradients come back from fa4
+        in the input dtype and are merged/accumulated in fp32 (one rounding per block).
 
     Not taken (yet): local windows, sink.
 
     Raises:
         InvalidArgumentError (ValueError) for bad shapes or an uninitialised torch.distributed.
-        Errors of a block call are fa4's (they name the block's tensors); a rank whose slices
-        differ in shape from its neighbours' fails in torch.distributed.
+        Errors of a block call are fa4's (they name the block's tensors). See the module
+        docstring for what is not checked across ranks.
     """
     varlen = cu_seqlens is not None
     dims = 3 if varlen else 4

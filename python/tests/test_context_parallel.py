@@ -21,20 +21,24 @@ import torch.multiprocessing as mp  # noqa: E402
 import fa4  # noqa: E402
 from torch_reference import assert_rule, ref_attention  # noqa: E402
 
-# (name, batch, seqlen (whole), heads, heads_kv, headdim, causal, softcap, dtype)
+# (name, batch, seqlen (whole; "q/k" when they differ), heads, heads_kv, headdim, causal, softcap,
+# dtype)
 CASES = [
     ("gqa", 2, 96, 4, 2, 32, False, 0.0, torch.bfloat16),
+    ("cross_lengths", 1, (32, 96), 4, 2, 32, False, 0.0, torch.bfloat16),
     ("causal_mqa", 1, 96, 4, 1, 64, True, 0.0, torch.bfloat16),
     ("causal_softcap_fp16", 2, 64, 2, 2, 32, True, 5.0, torch.float16),
     ("causal_fp32", 1, 64, 2, 1, 32, True, 0.0, torch.float32),
 ]
+CAUSAL_MQA = CASES[2]
 
 
 def _inputs(case, seed):
     _, b, s, h, hkv, d, _, _, dtype = case
+    sq, sk = s if isinstance(s, tuple) else (s, s)
     g = torch.Generator().manual_seed(seed)
     q, k, v, dout = (torch.randn(shape, generator=g).to(dtype)
-                     for shape in ((b, s, h, d), (b, s, hkv, d), (b, s, hkv, d), (b, s, h, d)))
+                     for shape in ((b, sq, h, d), (b, sk, hkv, d), (b, sk, hkv, d), (b, sq, h, d)))
     return q, k, v, dout
 
 
@@ -133,9 +137,10 @@ def _worker(rank, world, init_file, seed):
         parts = [list(range(world))[j::2] for j in range(2)]
         groups = [dist.new_group(p) for p in parts]
         mine = groups[rank % 2]
-        _check_case(CASES[1], mine, seed + 100)
-        # Deterministic: bitwise-equal gradients over repeats.
-        q, k, v, dout = _inputs(CASES[1], seed + 200)
+        _check_case(CAUSAL_MQA, mine, seed + 100)
+        # Deterministic: bitwise-equal gradients over repeats (the ring's accumulation order is
+        # fixed; on CPU the block backward is deterministic anyway, so this guards the ring).
+        q, k, v, dout = _inputs(CAUSAL_MQA, seed + 200)
         cp = fa4.context_parallel
         runs = []
         for _ in range(3):
@@ -147,6 +152,27 @@ def _worker(rank, world, init_file, seed):
                 assert torch.equal(a, b), "deterministic ring backward differs between runs"
     finally:
         dist.destroy_process_group()
+
+
+def test_merge_weights_empty_parts_and_nan():
+    # The merge rule on its own (core/softmax.h's): an lse of -inf weighs 0, two empty states stay
+    # empty (out 0, lse -inf, no NaN), a NaN state makes the row NaN.
+    merge = fa4.context_parallel._merge
+    inf = float("inf")
+    lse = torch.tensor([[[-inf, -inf, 0.5, float("nan")]]])  # (b=1, h=1, s=4)
+    lse_b = torch.tensor([[[-inf, 1.0, -inf, 0.0]]])
+    out = torch.tensor([[[[0.0]], [[0.0]], [[2.0]], [[1.0]]]])  # (b, s, h, d=1)
+    out_b = torch.tensor([[[[5.0]], [[3.0]], [[7.0]], [[1.0]]]])
+    merge(out, lse, out_b, lse_b)
+    assert out[0, 0, 0, 0] == 0 and lse[0, 0, 0] == -inf           # both empty
+    assert out[0, 1, 0, 0] == 3 and lse[0, 0, 1] == 1.0            # only b
+    assert out[0, 2, 0, 0] == 2 and lse[0, 0, 2] == 0.5            # only a
+    assert torch.isnan(out[0, 3, 0, 0]) and torch.isnan(lse[0, 0, 3])
+    # Two finite states: the logsumexp and the weighted mean.
+    lse = torch.tensor([[[0.0]]])
+    out = torch.tensor([[[[1.0]]]])
+    merge(out, lse, torch.tensor([[[[3.0]]]]), torch.tensor([[[0.0]]]))
+    assert torch.allclose(out, torch.tensor(2.0)) and torch.allclose(lse, torch.log(torch.tensor(2.0)))
 
 
 def _spawn(world, seed):

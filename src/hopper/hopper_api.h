@@ -29,7 +29,7 @@ void backward(const detail::BwdParams& p);
 std::string kvcache_support(const detail::KVCacheParams& p, std::string* kernel_name);
 
 /// Enqueues forward_with_kvcache on p.device.stream: the append of k_new/v_new (if given), the
-/// split-KV decode kernel and, with more than one split, the combine. Device-resident
+/// split-KV decode kernel (with more than one split, the last split of a tile merges). Device-resident
 /// cache_seqlens / cache_batch_idx / page_table are checked by the kernels (AsyncError bits):
 /// a sequence breaking a rule gets no output and nothing is read or written out of bounds.
 /// Precondition: kvcache_support(p) == "".

@@ -1,4 +1,5 @@
-// src/hopper/decode/kernel_decode.cuh — the Hopper KV-cache kernels: append, split-KV decode, combine.
+// src/hopper/decode/kernel_decode.cuh — the Hopper KV-cache kernels: append, and split-KV decode with
+// the splits' merge.
 //
 // Decode is bandwidth-bound: every K/V byte of the cache is read once per step and used by only the
 // few query rows of its head group. The kernel therefore
@@ -528,7 +529,7 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
       if (c == 0)
         p.lse[int64_t(b) * p.lse_batch_stride + int64_t(h) * p.lse_head_stride + int64_t(i) * p.lse_row_stride] = nrm.lse;
     } else {
-      // Empty (no key seen) only when ll == 0: a NaN from the data must reach the combine, which
+      // Empty (no key seen) only when ll == 0: a NaN from the data must reach the merge, which
       // then propagates it like one split would.
       const float inv = ll != 0.f ? 1.f / ll : 0.f;
       const int64_t prow = ((int64_t(split) * p.batch + b) * p.seqlen_q + i) * p.num_heads + h;
