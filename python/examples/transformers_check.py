@@ -6,7 +6,8 @@ Builds two tiny decoder models from configs with random weights (no download):
   * "mistral-swa": Mistral style, GQA plus a sliding window shorter than the prompts;
 then, for a batch of prompts of different lengths with LEFT padding and with RIGHT padding, runs a
 batched prefill and a few greedy decode steps with a KV cache, three times: attn_implementation
-"fa4" and "sdpa" in the run dtype, and "sdpa" in float64 as the reference; and one training step
+"fa4" and "sdpa" in the run dtype, and "sdpa" in float64 as the reference; greedy generate() with
+a StaticCache (fa4's tokens equal to sdpa's, and the logits); and one training step
 (next-token cross-entropy on the left-padded batch, backward through fa4's backward kernel). The
 logits on the real (non-pad) tokens, the training loss and every parameter's gradient must satisfy
 the project's accuracy rule
@@ -189,6 +190,45 @@ def run_case(model_name, models, side, dtype, device, gen, results):
         compare(f"{model_name} {side}-pad decode step {step + 1}", logits, real, dtype, results)
 
 
+@torch.no_grad()
+def static_generate(model_name, models, device, gen, results):
+    """Greedy generate() with a StaticCache (fixed-size buffers whose empty slots must not be
+    attended to; fa4 decodes through its KV-cache path), one unpadded prompt and the left-padded
+    batch. For as long as all three runs have generated the same tokens, each step's logits must
+    satisfy the rule and fa4's token must equal sdpa's, unless the float64 top-2 logits are
+    within the rule's bound of each other (a near-tie, which rounding may break either way; the
+    runs then part and the check ends there)."""
+    single = torch.randint(1, VOCAB, (1, 11), generator=gen).to(device)
+    ids, mask = make_batch("left", device, gen)
+    for label, kw in (("unpadded", dict(input_ids=single)),
+                      ("left-pad", dict(input_ids=ids, attention_mask=mask))):
+        out = {k: m.generate(**kw, max_new_tokens=DECODE_STEPS + 2, do_sample=False,
+                             cache_implementation="static", pad_token_id=PAD_ID,
+                             output_logits=True, return_dict_in_generate=True)
+               for k, m in models.items()}
+        start = kw["input_ids"].shape[1]
+        tokens_ok, steps = True, 0
+        for step in range(out["fp64"].sequences.shape[1] - start):
+            col = start + step
+            if step > 0 and not all(torch.equal(o.sequences[:, :col], out["fp64"].sequences[:, :col])
+                                    for o in out.values()):
+                break  # the runs parted at a near-tie: later logits condition on other prefixes
+            logits = {k: (o.logits[step].double() if k == "fp64" else o.logits[step].float())
+                      for k, o in out.items()}
+            real = torch.ones(logits["fp64"].shape[0], dtype=torch.bool, device=device)
+            compare(f"{model_name} static {label} step {step + 1}", logits, real, None, results)
+            bound = rule(logits)[3]
+            top2 = logits["fp64"].topk(2, dim=-1).values
+            tie = (top2[:, 0] - top2[:, 1]) <= bound
+            differ = out["fa4"].sequences[:, col] != out["sdpa"].sequences[:, col]
+            tokens_ok &= not bool((differ & ~tie).any())
+            steps += 1
+        results.append(tokens_ok)
+        print(f"  {model_name + ' static ' + label + ' tokens':<34} "
+              f"{'equal to sdpa' if tokens_ok else 'differ from sdpa'} over {steps} steps "
+              f"({'PASS' if tokens_ok else 'FAIL'})")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -210,6 +250,7 @@ def main(argv=None):
         models = build_models(config, dtype, args.device, args.seed)
         for side in ("left", "right"):
             run_case(model_name, models, side, dtype, args.device, gen, results)
+        static_generate(model_name, models, args.device, gen, results)
         train_step(model_name, models, args.device, gen, results)
     passed = sum(results)
     print(f"summary: {passed} passed, {len(results) - passed} failed")

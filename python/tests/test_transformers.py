@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+import re
 
 import pytest
 
@@ -23,11 +24,37 @@ def _load_example():
 
 
 def test_example_check_passes_on_cpu(capsys):
-    # Llama-3 GQA + Mistral sliding window, left/right padding, prefill + decode, and a training
-    # step (loss + every gradient), vs sdpa/fp64.
+    # Llama-3 GQA + Mistral sliding window, left/right padding, prefill + decode, greedy
+    # generation with a StaticCache (tokens and logits), and a training step (loss + every
+    # gradient), vs sdpa/fp64.
     assert _load_example().main(["--device", "cpu", "--dtype", "bfloat16"]) == 0
     out = capsys.readouterr().out
-    assert "FAIL" not in out and "summary: 21 passed, 0 failed" in out
+    m = re.search(r"summary: (\d+) passed, 0 failed", out)
+    assert "FAIL" not in out and m and int(m.group(1)) >= 40, out[-2000:]
+    assert "static left-pad tokens" in out and "static unpadded tokens" in out
+
+
+def test_static_cache_attends_to_filled_slots_only():
+    # StaticCache-style buffers: 10 slots, 6 filled (positions 0..5), the rest garbage. Without a
+    # mask the call must see only the filled slots, as fa4 on the first 6 keys does.
+    import fa4
+
+    q, k, v = _qkv(s=10)
+    k[:, :, 6:] = 50.0  # empty slots hold anything; attending to them would change the result
+    pos = torch.arange(4, 6).expand(2, 2)  # two queries at positions 4, 5
+    out, _ = fa4_hf.fa4_attention_forward(_Module(), q[:, :, 4:6], k, v, None, position_ids=pos)
+    want = fa4.flash_attn_func(q[:, :, 4:6].transpose(1, 2), k[:, :, :6].transpose(1, 2),
+                               v[:, :, :6].transpose(1, 2), causal=True)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    # With a padding mask shorter than the buffers (what transformers passes for a StaticCache),
+    # the mask covers the filled slots and the rest is ignored.
+    mask = torch.tensor([[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    out_m, _ = fa4_hf.fa4_attention_forward(_Module(), q[:, :, 4:6], k, v, mask)
+    for b in range(2):
+        idx = mask[b].nonzero().flatten()
+        sel = lambda x: x[b:b + 1, :, idx].transpose(1, 2)  # noqa: E731
+        want_b = fa4.flash_attn_func(q[b:b + 1, :, 4:6].transpose(1, 2), sel(k), sel(v), causal=True)
+        torch.testing.assert_close(out_m[b], want_b[0], rtol=1e-5, atol=1e-5)
 
 
 class _Module(torch.nn.Module):

@@ -20,6 +20,14 @@ format of the flash-attention family, so each layer receives:
   eval() or set attention_dropout=0;
 * is_causal: taken from the call, else the module's ``is_causal``.
 
+KV caches: with a padding mask shorter than the key buffers (a StaticCache: the mask covers the
+slots filled so far, from slot 0), the keys/values past it are not used. Without a mask, a call
+whose keys outnumber its queries (decoding, or a prompt into a StaticCache) goes through
+fa4.flash_attn_with_kvcache with cache_seqlens = the last query's position + 1 (clamped to the
+buffer length, for sliding-window caches that keep fewer slots than positions): the empty slots
+of a StaticCache are never attended to, and on CUDA the decode kernel runs. position_ids come
+from transformers' kwargs; without them all key slots are taken as filled.
+
 Returns (attn_output (batch, q_len, num_heads, head_dim), None); padded query rows are 0.
 """
 
@@ -55,6 +63,19 @@ def _check_no_holes(mask: torch.Tensor) -> None:
             "fa4 attention: sliding_window with padding in the middle of a sequence (real tokens "
             "of a row are not contiguous) cannot be represented: fa4's window counts real tokens "
             "while transformers counts positions. Use left or right padding only.")
+
+
+def _filled_lengths(position_ids, query: torch.Tensor, kv_len: int):
+    """Without a padding mask: the filled KV-cache slots per sequence, (position of the last query
+    + 1) as int32 on query's device, or None where the call is not a cached one (no past keys, no
+    position_ids, or training). Positions count from 0 when nothing is padded; a sliding-window
+    cache keeps fewer slots than positions, hence the clamp to kv_len (all slots filled)."""
+    batch, _, q_len, _ = query.shape
+    if (position_ids is None or kv_len <= q_len or query.requires_grad
+            or tuple(position_ids.shape) != (batch, q_len)):
+        return None
+    last = position_ids[:, -1].to(device=query.device, dtype=torch.int64) + 1
+    return last.clamp(max=kv_len).to(torch.int32)
 
 
 def fa4_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
@@ -98,9 +119,18 @@ def fa4_attention_forward(module, query, key, value, attention_mask, dropout=0.0
         return out.view(batch, q_len, *out.shape[1:]), None
 
     if attention_mask is None:
+        seqlens = _filled_lengths(kwargs.get("position_ids"), query, kv_len)
+        if seqlens is not None:
+            # Decoding (or a prompt) against a KV cache: fa4's KV-cache path, attending to the
+            # filled slots only (a StaticCache's buffers also hold the empty ones past them).
+            return fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, **opts), None
         return fa4.flash_attn_func(q, k, v, **opts), None
 
     mask = attention_mask[:, -kv_len:].to(device=query.device, dtype=torch.bool)
+    if mask.shape[1] < kv_len:
+        # A StaticCache: the mask covers the slots filled so far, [0, mask length); the rest of
+        # the buffers is empty.
+        k, v, kv_len = k[:, :mask.shape[1]], v[:, :mask.shape[1]], mask.shape[1]
     if window[0] >= 0:
         _check_no_holes(mask)
     q_mask = mask[:, -q_len:]  # the queries are the last q_len positions of the kv sequence
