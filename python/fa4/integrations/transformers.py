@@ -123,7 +123,15 @@ def fa4_attention_forward(module, query, key, value, attention_mask, dropout=0.0
         if seqlens is not None:
             # Decoding (or a prompt) against a KV cache: fa4's KV-cache path, attending to the
             # filled slots only (a StaticCache's buffers also hold the empty ones past them).
-            return fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, **opts), None
+            try:
+                return fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, **opts), None
+            except fa4.UnsupportedError:
+                # No KV-cache kernel for this input on this device (e.g. a CUDA head dim without a
+                # decode bucket): the same attention through the forward on the filled slots.
+                filled = seqlens.tolist()
+                if len(set(filled)) != 1:
+                    raise
+                k, v = k[:, :filled[0]], v[:, :filled[0]]
         return fa4.flash_attn_func(q, k, v, **opts), None
 
     mask = attention_mask[:, -kv_len:].to(device=query.device, dtype=torch.bool)
