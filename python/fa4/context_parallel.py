@@ -295,6 +295,25 @@ class _Plan:
         return self.second_half, None, dict(args, cu_q=self.cu_half, max_q=self.max // 2, causal=False)
 
 
+def _add_sink(out: Tensor, lse: Tensor, sink: Tensor) -> None:
+    """The sink logit joins each row's denominator once, after the merge of every block (as
+    core/softmax.h finalize_row does): lse' = log(exp(lse) + exp(sink_h)), out' = out exp(lse - lse').
+    In place on fp32 out/lse (either layout: the head dim is lse's second to last)."""
+    sk = sink.float().view(-1, 1)
+    new = torch.logaddexp(lse, sk)
+    scale = torch.where(new == float("-inf"), torch.zeros_like(new), torch.exp(lse - new))
+    out.mul_(scale.transpose(-1, -2).unsqueeze(-1))
+    lse.copy_(new)
+
+
+def _dsink(dout: Tensor, out: Tensor, lse: Tensor, sink: Tensor) -> Tensor:
+    """This rank's share of d loss / d sink: -sum over its rows of exp(sink_h - lse) * D, with
+    D = rowsum(dout * out) (the sink's own dP is 0: it carries no value)."""
+    d = (dout.float() * out.float()).sum(-1)  # (b, s, h) or (total, h)
+    p = torch.exp(sink.float().view(-1, 1) - lse).transpose(-1, -2)
+    return -(p * d).reshape(-1, d.shape[-1]).sum(0)
+
+
 def _fa4_args(a: dict, o: dict):
     """fa4::fwd's arguments after (q, k, v, sink) (see _torch_ops._fwd_impl)."""
     return (a["cu_q"], a["cu_k"], a["used_k"], a["max_q"], a["max_k"], o["softmax_scale"], a["causal"],
@@ -306,7 +325,8 @@ def _keys(x: Tensor, keys) -> Tensor:
     return x if keys is None else x[:, keys]
 
 
-def _ring_forward(q: Tensor, k: Tensor, v: Tensor, ring: _Ring, plan: _Plan, o: dict):
+def _ring_forward(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tensor], ring: _Ring, plan: _Plan,
+                  o: dict):
     rows = plan.all
     out = torch.zeros(q.shape[:-1] + v.shape[-1:], dtype=torch.float32, device=q.device)
     lse_shape = (q.shape[1], q.shape[0]) if plan.varlen else (q.shape[0], q.shape[2], q.shape[1])
@@ -321,6 +341,8 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, ring: _Ring, plan: _Plan, o: 
         if pending is not None:
             _wait(pending[0])
             kv = tuple(pending[1])
+    if sink is not None:
+        _add_sink(out, lse, sink)
     return out.to(q.dtype), lse
 
 
@@ -355,9 +377,9 @@ def _ring_backward(dout, q, k, v, out, lse, ring: _Ring, plan: _Plan, o: dict):
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, ring, plan, o):
-        out, lse = _ring_forward(q, k, v, ring, plan, o)
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(ctx, q, k, v, sink, ring, plan, o):
+        out, lse = _ring_forward(q, k, v, sink, ring, plan, o)
+        ctx.save_for_backward(q, k, v, out, lse, sink)
         ctx.ring, ctx.plan, ctx.o = ring, plan, o
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -365,15 +387,21 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.ring, ctx.plan, ctx.o)
-        return dq, dk, dv, None, None, None
+        q, k, v, out, lse, sink = ctx.saved_tensors
+        dout = dout.contiguous()
+        # The blocks' backward with the final out/lse (sink included) gives exact dq/dk/dv.
+        dq, dk, dv = _ring_backward(dout, q, k, v, out, lse, ctx.ring, ctx.plan, ctx.o)
+        dsink = None
+        if sink is not None and ctx.needs_input_grad[3]:
+            dsink = _dsink(dout, out, lse, sink).to(sink.dtype)
+        return dq, dk, dv, dsink, None, None, None
 
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, group=None, causal: bool = False,
                    cu_seqlens=None, max_seqlen: Optional[int] = None,
                    softmax_scale: Optional[float] = None, softcap: float = 0.0,
-                   deterministic: bool = False, return_lse: bool = False,
+                   sink: Optional[Tensor] = None, deterministic: bool = False,
+                   return_lse: bool = False,
                    rescale_threshold: Optional[float] = None,
                    exp2_emulation_fraction: Optional[float] = None, backend: str = "auto"):
     """Exact attention over a sequence sharded along seqlen across a process group (ring attention).
@@ -397,6 +425,10 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, group=None, causal: bool 
             world_size), the same on every rank, on the CPU (int tensor or list: the host decides
             the second-half rows from it without a device sync). max_seqlen: the longest slice.
         softmax_scale: default 1/sqrt(headdim). softcap: as in flash_attn_func (0 = off).
+        sink: fp32 (num_heads,) sink logits, the same on every rank (flash_attn_func's): joins each
+            row's denominator once. Its gradient is this rank's share (the sum over its rows),
+            like every replicated parameter's under context parallelism: the gradient
+            all-reduce over the ranks completes it.
         deterministic: bitwise-reproducible backward (fa4's deterministic block backward; the
             ring's accumulation order is fixed).
         return_lse: also return this rank's lse (batch, num_heads, seqlen_local), or (num_heads,
@@ -409,7 +441,7 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, group=None, causal: bool 
         differentiable (as in flash_attn_func)]. Block outputs and gradients come back from fa4
         in the input dtype and are merged/accumulated in fp32 (one rounding per block).
 
-    Not taken (yet): local windows, sink.
+    Not taken (yet): local windows.
 
     Raises:
         InvalidArgumentError (ValueError) for bad shapes or an uninitialised torch.distributed.
@@ -455,8 +487,14 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, group=None, causal: bool 
              rescale_threshold=None if rescale_threshold is None else float(rescale_threshold),
              exp2_emulation_fraction=(None if exp2_emulation_fraction is None
                                       else float(exp2_emulation_fraction)))
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out, lse = _RingAttention.apply(q, k, v, ring, plan, o)
+    if sink is not None and (not isinstance(sink, Tensor) or sink.dim() != 1
+                             or sink.shape[0] != q.shape[-2] or sink.dtype != torch.float32):
+        raise _capi.InvalidArgumentError(
+            f"{_FN}: sink must be an fp32 tensor of shape (num_heads,) = ({q.shape[-2]},)")
+    needs_grad = q.requires_grad or k.requires_grad or v.requires_grad or (
+        sink is not None and sink.requires_grad)
+    if torch.is_grad_enabled() and needs_grad:
+        out, lse = _RingAttention.apply(q, k, v, sink, ring, plan, o)
     else:
-        out, lse = _ring_forward(q, k, v, ring, plan, o)
+        out, lse = _ring_forward(q, k, v, sink, ring, plan, o)
     return (out, lse) if return_lse else out

@@ -1,6 +1,6 @@
 """fa4.context_parallel: ring attention over gloo with 2 and 4 CPU processes against the float64
 reference on the whole sequence, with the project's accuracy rule, forward (out, lse) and backward
-(dq, dk, dv); causal (zigzag) and not, GQA/MQA, softcap, packed sequences (varlen, a zero-length one
+(dq, dk, dv, dsink); causal (zigzag) and not, GQA/MQA, softcap, sink, packed sequences (varlen, a zero-length one
 among them), a subgroup ring, a one-rank ring, deterministic bitwise repeats. Skipped, loudly, where torch or its gloo backend is missing."""
 
 from __future__ import annotations
@@ -42,12 +42,17 @@ def _inputs(case, seed):
     return q, k, v, dout
 
 
-def _check_case(case, group, seed, zigzag=True):
+def _check_case(case, group, seed, zigzag=True, sink=False):
     """Runs one case on group's ring; every rank checks the gathered result. Non-causal cases may
-    use contiguous shards (zigzag=False)."""
-    name, _, _, _, _, _, causal, softcap, dtype = case
+    use contiguous shards (zigzag=False). sink: with sink logits (their gradient summed over the
+    ranks, as the gradient all-reduce of training would)."""
+    name, _, _, h, _, _, causal, softcap, dtype = case
     cp = fa4.context_parallel
     q, k, v, dout = _inputs(case, seed)
+    sinks = None
+    if sink:
+        name += " sink"
+        sinks = torch.randn(h, generator=torch.Generator().manual_seed(seed + 1)).requires_grad_()
     zigzag = zigzag or causal
     local = [cp.shard_sequence(x, group, zigzag=zigzag).requires_grad_(x is not dout)
              for x in (q, k, v, dout)]
@@ -55,23 +60,34 @@ def _check_case(case, group, seed, zigzag=True):
     opts = dict(causal=causal, softcap=softcap)
     # fp32: the software exp2's ~2e-4 relative error is above fp32 rounding (test_torch.py).
     exp2 = dict(exp2_emulation_fraction=0.0) if dtype == torch.float32 else {}
-    out_l, lse_l = cp.ring_attention(ql, kl, vl, group=group, return_lse=True, **opts, **exp2)
+    out_l, lse_l = cp.ring_attention(ql, kl, vl, group=group, return_lse=True, sink=sinks, **opts,
+                                     **exp2)
     assert out_l.dtype == dtype and lse_l.dtype == torch.float32 and not lse_l.requires_grad
-    grads_l = torch.autograd.grad(out_l, (ql, kl, vl), doutl)
+    grads_l = torch.autograd.grad(out_l, (ql, kl, vl) + ((sinks,) if sink else ()), doutl)
+    if sink:
+        dsink = grads_l[3].clone()
+        dist.all_reduce(dsink, group=group)
+        grads_l = grads_l[:3]
     gather = lambda x: cp.gather_sequence(x, group, zigzag=zigzag)  # noqa: E731
     out, dq, dk, dv = (gather(x) for x in (out_l, *grads_l))
     lse = cp.gather_sequence(lse_l, group, zigzag=zigzag, dim=2)
 
     qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
+    ins = (qr, kr, vr)
+    if sink:
+        opts["sink"] = sinks.detach().clone().requires_grad_()
+        ins += (opts["sink"],)
     o64, l64 = ref_attention(qr, kr, vr, **opts)
     op, lp = ref_attention(qr, kr, vr, upcast=False, **opts)
     assert_rule(f"{name} out", out, o64, op, dtype)
     assert_rule(f"{name} lse", lse, l64, lp.float(), torch.float32, atol_scale=4.0)
-    g64 = torch.autograd.grad(o64, (qr, kr, vr), dout.double())
-    gp = torch.autograd.grad(op, (qr, kr, vr), dout)
+    g64 = torch.autograd.grad(o64, ins, dout.double())
+    gp = torch.autograd.grad(op, ins, dout)
     for gname, a, r, p in zip(("dq", "dk", "dv"), (dq, dk, dv), g64, gp):
         assert a.dtype == dtype
         assert_rule(f"{name} {gname}", a, r, p, dtype, atol_scale=4.0)
+    if sink:
+        assert_rule(f"{name} dsink", dsink, g64[3], gp[3], torch.float32, atol_scale=4.0)
 
 
 # Packed sequences (a zero-length one among them); every length a multiple of 2 x 4.
@@ -130,6 +146,8 @@ def _worker(rank, world, init_file, seed):
     try:
         for i, case in enumerate(CASES):
             _check_case(case, None, seed + i, zigzag=world == 4)  # non-causal: contiguous at 2
+        _check_case(CAUSAL_MQA, None, seed + 40, sink=True)
+        _check_case(CASES[0], None, seed + 41, zigzag=world == 4, sink=True)
         _check_varlen(None, seed + 50, causal=True, zigzag=True)
         _check_varlen(None, seed + 51, causal=False, zigzag=world == 4)
         # A subgroup ring (ranks {0, 2} and {1, 3} of four; {0} and {1} of two): peers are global
