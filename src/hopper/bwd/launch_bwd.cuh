@@ -16,6 +16,7 @@
 #include "hopper/bwd/pre_post_bwd.cuh"
 #include "hopper/shared/device_state.h"
 #include "hopper/shared/launch_common.cuh"
+#include "hopper/shared/tma_view.cuh"
 
 namespace fa4::hopper {
 

@@ -13,6 +13,7 @@
 #include "fa4/error.h"
 #include "hopper/shared/device_state.h"
 #include "hopper/shared/launch_common.cuh"
+#include "hopper/shared/tma_view.cuh"
 #include "hopper/fwd/kernel_fwd.cuh"
 #include "hopper/fwd/kernel_traits_fwd.cuh"
 #include "hopper/fwd/launch_fwd.h"

@@ -1,6 +1,7 @@
-// src/hopper/shared/launch_common.cuh — host helpers every Hopper launch (fwd/, bwd/) uses: a CUDA
-// error as fa4::Error, the strides of a (rows, d, heads, batch) TMA view of a caller's tensor, the
-// once-per-device shared-memory limit, and the aligned-pair test of the direct 16-bit stores.
+// src/hopper/shared/launch_common.cuh — host helpers every Hopper launch (fwd/, bwd/, decode/) uses: a
+// CUDA error as fa4::Error, the once-per-device shared-memory limit, and the aligned-pair test of
+// the direct 16-bit stores. No CuTe here (the TMA views are in tma_view.cuh): the decode
+// instantiations, which use none, compile in a fraction of the time without its headers.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,8 +10,6 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
-
-#include <cute/tensor.hpp>
 
 #include "core/params.h"
 #include "fa4/error.h"
@@ -23,24 +22,6 @@ inline void check_cuda(cudaError_t e, const char* fn, const char* what) {
     cudaGetLastError();  // clear a non-sticky error so it is not reported against a later call
     throw Error(ErrorCode::kCudaError, std::string(fn) + " (hopper): " + what + ": " + cudaGetErrorString(e));
   }
-}
-
-/// TMA ignores the stride of an extent-1 dimension but still requires a positive multiple of 16
-/// bytes; user strides of size-1 dims may be anything (case C20). Replace such a stride by the
-/// span of the dimensions before it (what a contiguous tensor would have): valid and monotone.
-inline int64_t tma_stride(int64_t extent, int64_t stride, int64_t span_before) {
-  return extent <= 1 ? span_before : stride;
-}
-
-/// CuTe strides (row, 1, head, batch) of the TMA view of a tensor with `rows` rows, `heads` heads
-/// and `batch` batch entries (1 for varlen, whose batch stride is then unused), its rows
-/// kRowSpan elements wide (the padded bucket width, a multiple of 8).
-template <int64_t kRowSpan>
-inline auto tma_view_stride(const detail::RowStrides& s, int64_t rows, int64_t heads, int64_t batch, bool varlen) {
-  const int64_t row = tma_stride(rows, s.row, kRowSpan);
-  const int64_t head = tma_stride(heads, s.head, std::max<int64_t>(kRowSpan, rows * row));
-  const int64_t bat = tma_stride(batch, varlen ? 0 : s.batch, std::max({kRowSpan, rows * row, heads * head}));
-  return cute::make_stride(row, cute::_1{}, head, bat);
 }
 
 namespace {
