@@ -7,7 +7,8 @@ Builds two tiny decoder models from configs with random weights (no download):
 then, for a batch of prompts of different lengths with LEFT padding and with RIGHT padding, runs a
 batched prefill and a few greedy decode steps with a KV cache, three times: attn_implementation
 "fa4" and "sdpa" in the run dtype, and "sdpa" in float64 as the reference; greedy generate() with
-a StaticCache (fa4's tokens equal to sdpa's, and the logits); and one training step
+the default cache and with a StaticCache (fa4's tokens equal to sdpa's, and the logits); and one
+training step
 (next-token cross-entropy on the left-padded batch, backward through fa4's backward kernel). The
 logits on the real (non-pad) tokens, the training loss and every parameter's gradient must satisfy
 the project's accuracy rule
@@ -191,19 +192,21 @@ def run_case(model_name, models, side, dtype, device, gen, results):
 
 
 @torch.no_grad()
-def static_generate(model_name, models, device, gen, results):
-    """Greedy generate() with a StaticCache (fixed-size buffers whose empty slots must not be
-    attended to; fa4 decodes through its KV-cache path), one unpadded prompt and the left-padded
-    batch. For as long as all three runs have generated the same tokens, each step's logits must
-    satisfy the rule and fa4's token must equal sdpa's, unless the float64 top-2 logits are
-    within the rule's bound of each other (a near-tie, which rounding may break either way; the
-    runs then part and the check ends there)."""
+def generate_check(model_name, models, device, gen, results):
+    """Greedy generate(): an unpadded prompt with the default (dynamic) cache, where decoding has
+    no mask and goes through fa4's KV-cache path, and with a StaticCache (fixed-size buffers whose
+    empty slots must not be attended to; generate() passes a mask shorter than the buffers), and
+    the left-padded batch with a StaticCache. For as long as all three runs have generated the
+    same tokens, each step's logits must satisfy the rule and fa4's token must equal sdpa's,
+    unless the float64 top-2 logits are within the rule's bound of each other (a near-tie, which
+    rounding may break either way; the runs then part and the check ends there)."""
     single = torch.randint(1, VOCAB, (1, 11), generator=gen).to(device)
     ids, mask = make_batch("left", device, gen)
-    for label, kw in (("unpadded", dict(input_ids=single)),
-                      ("left-pad", dict(input_ids=ids, attention_mask=mask))):
+    for label, cache, kw in (("dynamic unpadded", None, dict(input_ids=single)),
+                             ("static unpadded", "static", dict(input_ids=single)),
+                             ("static left-pad", "static", dict(input_ids=ids, attention_mask=mask))):
         out = {k: m.generate(**kw, max_new_tokens=DECODE_STEPS + 2, do_sample=False,
-                             cache_implementation="static", pad_token_id=PAD_ID,
+                             cache_implementation=cache, pad_token_id=PAD_ID,
                              output_logits=True, return_dict_in_generate=True)
                for k, m in models.items()}
         start = kw["input_ids"].shape[1]
@@ -216,7 +219,7 @@ def static_generate(model_name, models, device, gen, results):
             logits = {k: (o.logits[step].double() if k == "fp64" else o.logits[step].float())
                       for k, o in out.items()}
             real = torch.ones(logits["fp64"].shape[0], dtype=torch.bool, device=device)
-            compare(f"{model_name} static {label} step {step + 1}", logits, real, None, results)
+            compare(f"{model_name} {label} step {step + 1}", logits, real, None, results)
             bound = rule(logits)[3]
             top2 = logits["fp64"].topk(2, dim=-1).values
             tie = (top2[:, 0] - top2[:, 1]) <= bound
@@ -224,7 +227,7 @@ def static_generate(model_name, models, device, gen, results):
             tokens_ok &= not bool((differ & ~tie).any())
             steps += 1
         results.append(tokens_ok)
-        print(f"  {model_name + ' static ' + label + ' tokens':<34} "
+        print(f"  {model_name + ' ' + label + ' tokens':<34} "
               f"{'equal to sdpa' if tokens_ok else 'differ from sdpa'} over {steps} steps "
               f"({'PASS' if tokens_ok else 'FAIL'})")
 
@@ -250,7 +253,7 @@ def main(argv=None):
         models = build_models(config, dtype, args.device, args.seed)
         for side in ("left", "right"):
             run_case(model_name, models, side, dtype, args.device, gen, results)
-        static_generate(model_name, models, args.device, gen, results)
+        generate_check(model_name, models, args.device, gen, results)
         train_step(model_name, models, args.device, gen, results)
     passed = sum(results)
     print(f"summary: {passed} passed, {len(results) - passed} failed")

@@ -92,7 +92,7 @@ def _seq_pieces(x: Tensor, dim: int, cu: Optional[Tensor]) -> list[Tensor]:
     return list(x.split((cu[1:] - cu[:-1]).tolist(), dim))
 
 
-def shard_sequence(x: Tensor, group=None, *, zigzag: bool = True, dim: int = 1,
+def shard_sequence(x: Tensor, group=None, *, zigzag: bool = True, dim: Optional[int] = None,
                    cu_seqlens=None) -> Tensor:
     """This rank's slice of a full-sequence tensor (no communication).
 
@@ -104,7 +104,7 @@ def shard_sequence(x: Tensor, group=None, *, zigzag: bool = True, dim: int = 1,
         zigzag: cut each sequence into 2 x world_size equal chunks and keep chunks rank and
             2 x world_size - 1 - rank (needed by causal ring_attention); else world_size
             contiguous chunks and keep chunk rank.
-        dim: the sequence dim.
+        dim: the sequence dim (default 1, or 0 with cu_seqlens).
         cu_seqlens: packed layout: the whole sequences' cumulative lengths (CPU int tensor or a
             list, [0, ..., total]); the slice's are cu_seqlens // world_size.
 
@@ -118,6 +118,7 @@ def shard_sequence(x: Tensor, group=None, *, zigzag: bool = True, dim: int = 1,
     rank, world = _world(group)
     fn = "fa4.context_parallel.shard_sequence"
     cu = _host_cu(cu_seqlens, fn) if cu_seqlens is not None else None
+    dim = (0 if cu is not None else 1) if dim is None else dim
     if cu is not None and int(cu[-1]) != x.shape[dim]:
         raise _capi.InvalidArgumentError(
             f"{fn}: cu_seqlens[-1] = {int(cu[-1])} must equal x.shape[{dim}] = {x.shape[dim]}")
@@ -128,12 +129,12 @@ def shard_sequence(x: Tensor, group=None, *, zigzag: bool = True, dim: int = 1,
             raise _capi.InvalidArgumentError(
                 f"{fn}: a sequence of length {piece.shape[dim]} (x.shape[{dim}] or a cu_seqlens "
                 f"length) must be a multiple of {parts} ({'2 x ' if zigzag else ''}world_size {world})")
-        chunks = piece.chunk(parts, dim)
+        chunks = piece.split(piece.shape[dim] // parts, dim) if piece.shape[dim] else [piece] * parts
         out += [chunks[c] for c in _chunks(world, rank, zigzag)]
-    return torch.cat(out, dim).contiguous()
+    return torch.cat(out, dim).contiguous() if out else x.narrow(dim, 0, 0).contiguous()
 
 
-def gather_sequence(x: Tensor, group=None, *, zigzag: bool = True, dim: int = 1,
+def gather_sequence(x: Tensor, group=None, *, zigzag: bool = True, dim: Optional[int] = None,
                     cu_seqlens=None) -> Tensor:
     """The whole tensor from every rank's slice (all_gather; the inverse of shard_sequence).
 
@@ -148,6 +149,11 @@ def gather_sequence(x: Tensor, group=None, *, zigzag: bool = True, dim: int = 1,
     rank, world = _world(group)
     fn = "fa4.context_parallel.gather_sequence"
     cu = _host_cu(cu_seqlens, fn) if cu_seqlens is not None else None
+    dim = (0 if cu is not None else 1) if dim is None else dim
+    if cu is not None and int(cu[-1]) != x.shape[dim]:
+        raise _capi.InvalidArgumentError(
+            f"{fn}: cu_seqlens[-1] = {int(cu[-1])} must equal x.shape[{dim}] = {x.shape[dim]} "
+            "(the slice's cumulative lengths)")
     per_rank = len(_chunks(world, rank, zigzag))
     for piece in _seq_pieces(x, dim, cu):
         if piece.shape[dim] % per_rank:
@@ -161,10 +167,12 @@ def gather_sequence(x: Tensor, group=None, *, zigzag: bool = True, dim: int = 1,
     for i in range(len(by_rank[0])):
         ordered: list[Optional[Tensor]] = [None] * (per_rank * world)
         for r in range(world):
-            for c, chunk in zip(_chunks(world, r, zigzag), by_rank[r][i].chunk(per_rank, dim)):
+            piece = by_rank[r][i]
+            n = piece.shape[dim] // per_rank
+            for c, chunk in zip(_chunks(world, r, zigzag), piece.split(n, dim) if n else [piece] * per_rank):
                 ordered[c] = chunk
         out += ordered
-    return torch.cat(out, dim)
+    return torch.cat(out, dim) if out else x.narrow(dim, 0, 0).contiguous()
 
 
 # ---- the ring ------------------------------------------------------------------------------------
@@ -267,6 +275,8 @@ class _Plan:
         lens = cu_seqlens[1:] - cu_seqlens[:-1]
         self.cu = cu_seqlens.to(device=q.device, dtype=torch.int32, non_blocking=True)
         self.max = int(max_seqlen)
+        if not causal:
+            return
         self.used_half = (lens // 2).to(device=q.device, dtype=torch.int32, non_blocking=True)
         self.cu_half = (cu_seqlens // 2).to(device=q.device, dtype=torch.int32, non_blocking=True)
         rows = torch.cat([torch.arange(int(c) + int(n) // 2, int(c) + int(n))
@@ -437,7 +447,8 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, group=None, causal: bool 
             block call (forward and backward).
 
     Returns:
-        out (batch, seqlen_local, num_heads, headdim_v) in q's dtype, [and lse, which is not
+        out (batch, seqlen_local, num_heads, headdim_v), or (total_local, num_heads, headdim_v)
+        packed, in q's dtype, [and lse, which is not
         differentiable (as in flash_attn_func)]. Block outputs and gradients come back from fa4
         in the input dtype and are merged/accumulated in fp32 (one rounding per block).
 
@@ -481,16 +492,18 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, group=None, causal: bool 
     elif max_seqlen is not None:
         raise _capi.InvalidArgumentError(f"{_FN}: max_seqlen is for the packed layout (with cu_seqlens)")
     plan = _Plan(q, bool(causal), cu if varlen else None, max_seqlen)
+    if sink is not None and (not isinstance(sink, Tensor) or sink.dim() != 1
+                             or sink.shape[0] != q.shape[-2] or sink.dtype != torch.float32
+                             or sink.device != q.device):
+        raise _capi.InvalidArgumentError(
+            f"{_FN}: sink must be an fp32 tensor of shape (num_heads,) = ({q.shape[-2]},) on q's "
+            "device")
     ring = _Ring(group)
     o = dict(softmax_scale=None if softmax_scale is None else float(softmax_scale),
              softcap=float(softcap), deterministic=bool(deterministic), backend=backend,
              rescale_threshold=None if rescale_threshold is None else float(rescale_threshold),
              exp2_emulation_fraction=(None if exp2_emulation_fraction is None
                                       else float(exp2_emulation_fraction)))
-    if sink is not None and (not isinstance(sink, Tensor) or sink.dim() != 1
-                             or sink.shape[0] != q.shape[-2] or sink.dtype != torch.float32):
-        raise _capi.InvalidArgumentError(
-            f"{_FN}: sink must be an fp32 tensor of shape (num_heads,) = ({q.shape[-2]},)")
     needs_grad = q.requires_grad or k.requires_grad or v.requires_grad or (
         sink is not None and sink.requires_grad)
     if torch.is_grad_enabled() and needs_grad:

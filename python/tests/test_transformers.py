@@ -31,30 +31,7 @@ def test_example_check_passes_on_cpu(capsys):
     out = capsys.readouterr().out
     m = re.search(r"summary: (\d+) passed, 0 failed", out)
     assert "FAIL" not in out and m and int(m.group(1)) >= 40, out[-2000:]
-    assert "static left-pad tokens" in out and "static unpadded tokens" in out
-
-
-def test_static_cache_attends_to_filled_slots_only():
-    # StaticCache-style buffers: 10 slots, 6 filled (positions 0..5), the rest garbage. Without a
-    # mask the call must see only the filled slots, as fa4 on the first 6 keys does.
-    import fa4
-
-    q, k, v = _qkv(s=10)
-    k[:, :, 6:] = 50.0  # empty slots hold anything; attending to them would change the result
-    pos = torch.arange(4, 6).expand(2, 2)  # two queries at positions 4, 5
-    out, _ = fa4_hf.fa4_attention_forward(_Module(), q[:, :, 4:6], k, v, None, position_ids=pos)
-    want = fa4.flash_attn_func(q[:, :, 4:6].transpose(1, 2), k[:, :, :6].transpose(1, 2),
-                               v[:, :, :6].transpose(1, 2), causal=True)
-    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
-    # With a padding mask shorter than the buffers (what transformers passes for a StaticCache),
-    # the mask covers the filled slots and the rest is ignored.
-    mask = torch.tensor([[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
-    out_m, _ = fa4_hf.fa4_attention_forward(_Module(), q[:, :, 4:6], k, v, mask)
-    for b in range(2):
-        idx = mask[b].nonzero().flatten()
-        sel = lambda x: x[b:b + 1, :, idx].transpose(1, 2)  # noqa: E731
-        want_b = fa4.flash_attn_func(q[b:b + 1, :, 4:6].transpose(1, 2), sel(k), sel(v), causal=True)
-        torch.testing.assert_close(out_m[b], want_b[0], rtol=1e-5, atol=1e-5)
+    assert "static left-pad tokens" in out and "dynamic unpadded tokens" in out
 
 
 class _Module(torch.nn.Module):
@@ -93,3 +70,65 @@ def test_padding_mask_matches_per_row_attention():
                                    window_size=(2, 0))
         torch.testing.assert_close(out[b, idx], want[0], rtol=0, atol=0)
         assert torch.all(out[b, ~mask[b]] == 0)
+
+
+def _filled(x, n):  # the first n slots of (b, h, s, d) buffers, as fa4's (b, s, h, d)
+    return x[:, :, :n].transpose(1, 2)
+
+
+@pytest.mark.parametrize("q_len", [2, 20], ids=["kvcache_route", "varlen_route"])
+def test_cache_buffers_attend_to_filled_slots_only(q_len):
+    # StaticCache-style buffers: 40 slots, the first 30 filled (positions 0..29), the rest
+    # garbage that attending to would change. No mask, and position_ids of shape (1, q_len) as
+    # transformers passes them without one: every row sees only its filled slots.
+    import fa4
+
+    q, k, v = _qkv(s=40)
+    k[:, :, 30:] = 50.0
+    v[:, :, 30:] = -7.0
+    pos = torch.arange(30 - q_len, 30)[None]
+    qs = q[:, :, 30 - q_len:30]
+    out, _ = fa4_hf.fa4_attention_forward(_Module(), qs, k, v, None, position_ids=pos)
+    want = fa4.flash_attn_func(qs.transpose(1, 2), _filled(k, 30), _filled(v, 30), causal=True)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    # A non-causal module does not take the cached route: every slot is a key.
+    class Full(torch.nn.Module):
+        is_causal = False
+    out_f, _ = fa4_hf.fa4_attention_forward(Full(), qs, k, v, None, position_ids=pos)
+    want_f = fa4.flash_attn_func(qs.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    torch.testing.assert_close(out_f, want_f, rtol=1e-5, atol=1e-5)
+
+
+def test_cache_buffers_keep_gradients():
+    # Keys that require grad (prefix tuning: frozen queries, a trainable cache) take the
+    # differentiable route; the empty slots get zero gradient.
+    import fa4
+
+    q, k, v = _qkv(s=12)
+    k = k.clone().requires_grad_()
+    pos = torch.arange(6, 8)[None]
+    qs = q[:, :, 6:8]
+    out, _ = fa4_hf.fa4_attention_forward(_Module(), qs, k, v, None, position_ids=pos)
+    assert out.requires_grad
+    (dk,) = torch.autograd.grad(out.sum(), (k,))
+    k2 = k.detach().clone().requires_grad_()
+    want = fa4.flash_attn_func(qs.transpose(1, 2), _filled(k2, 8), _filled(v, 8), causal=True)
+    (dk2,) = torch.autograd.grad(want.sum(), (k2,))
+    torch.testing.assert_close(dk, dk2, rtol=1e-5, atol=1e-5)
+    assert torch.all(dk[:, :, 8:] == 0)
+
+
+def test_short_mask_covers_filled_slots():
+    # With a padding mask shorter than the buffers (what generate() passes with a StaticCache),
+    # the mask covers the filled slots and the rest is ignored.
+    import fa4
+
+    q, k, v = _qkv(s=10)
+    k[:, :, 6:] = 50.0
+    mask = torch.tensor([[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    out, _ = fa4_hf.fa4_attention_forward(_Module(), q[:, :, 4:6], k, v, mask)
+    for b in range(2):
+        idx = mask[b].nonzero().flatten()
+        sel = lambda x: x[b:b + 1, :, idx].transpose(1, 2)  # noqa: E731
+        want = fa4.flash_attn_func(q[b:b + 1, :, 4:6].transpose(1, 2), sel(k), sel(v), causal=True)
+        torch.testing.assert_close(out[b], want[0], rtol=1e-5, atol=1e-5)

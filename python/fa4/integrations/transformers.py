@@ -20,13 +20,15 @@ format of the flash-attention family, so each layer receives:
   eval() or set attention_dropout=0;
 * is_causal: taken from the call, else the module's ``is_causal``.
 
-KV caches: with a padding mask shorter than the key buffers (a StaticCache: the mask covers the
-slots filled so far, from slot 0), the keys/values past it are not used. Without a mask, a call
-whose keys outnumber its queries (decoding, or a prompt into a StaticCache) goes through
-fa4.flash_attn_with_kvcache with cache_seqlens = the last query's position + 1 (clamped to the
-buffer length, for sliding-window caches that keep fewer slots than positions): the empty slots
-of a StaticCache are never attended to, and on CUDA the decode kernel runs. position_ids come
-from transformers' kwargs; without them all key slots are taken as filled.
+KV caches: with a padding mask shorter than the key buffers (a StaticCache with padding: the
+mask covers the slots filled so far, from slot 0), the keys/values past it are not used. Without
+a mask, a causal call whose keys outnumber its queries (unpadded decoding with any cache, an
+unpadded prompt into a StaticCache) takes the filled length of each
+sequence from position_ids (last position + 1: with no padding, positions are slot indices;
+clamped to [q_len, kv_len] for sliding-window caches): up to 16 queries and no gradient go
+through fa4.flash_attn_with_kvcache (on CUDA the decode kernel), anything else through the
+varlen forward with seqused_k (differentiable; it copies the packed keys). Without position_ids
+all key slots are taken as filled.
 
 Returns (attn_output (batch, q_len, num_heads, head_dim), None); padded query rows are 0.
 """
@@ -65,17 +67,52 @@ def _check_no_holes(mask: torch.Tensor) -> None:
             "while transformers counts positions. Use left or right padding only.")
 
 
-def _filled_lengths(position_ids, query: torch.Tensor, kv_len: int):
-    """Without a padding mask: the filled KV-cache slots per sequence, (position of the last query
-    + 1) as int32 on query's device, or None where the call is not a cached one (no past keys, no
-    position_ids, or training). Positions count from 0 when nothing is padded; a sliding-window
-    cache keeps fewer slots than positions, hence the clamp to kv_len (all slots filled)."""
+# The KV-cache kernel is for a few query rows per sequence (decoding, speculative decoding);
+# longer cached calls (a prompt into a cache, chunked prefill) take the forward kernel.
+_KVCACHE_MAX_Q = 16
+# (device type, dtype, head dim, head dim v) -> whether flash_attn_with_kvcache takes it, decided
+# by the first call (the answer depends only on these).
+_kvcache_ok: dict = {}
+
+
+def _filled_lengths(position_ids, query: torch.Tensor, kv_len: int, causal: bool):
+    """Without a padding mask: the filled KV-cache slots per sequence as int32 on query's device,
+    or None where the call is not a cached one (no past keys, not causal, no usable position_ids).
+
+    With no padding, positions are slot indices (transformers counts them from 0), so sequence b
+    has position_ids[b, -1] + 1 filled slots; a StaticCache's buffers also hold empty slots past
+    them. A sliding-window cache keeps fewer slots than positions (in position order, newest
+    last), hence the clamp to kv_len; the clamp to q_len keeps at least the queries' own keys.
+    position_ids of shape (1, q_len) (transformers' default without a mask) serve every row."""
     batch, _, q_len, _ = query.shape
-    if (position_ids is None or kv_len <= q_len or query.requires_grad
-            or tuple(position_ids.shape) != (batch, q_len)):
+    if position_ids is None or kv_len <= q_len or not causal or position_ids.dim() != 2:
+        return None
+    if position_ids.shape[1] != q_len or position_ids.shape[0] not in (1, batch):
         return None
     last = position_ids[:, -1].to(device=query.device, dtype=torch.int64) + 1
-    return last.clamp(max=kv_len).to(torch.int32)
+    return last.clamp(min=q_len, max=kv_len).expand(batch).to(torch.int32)
+
+
+def _cached_attention(q, k, v, seqlens, needs_grad: bool, opts: dict):
+    """Causal attention of the last q_len positions of each sequence against its seqlens[b] filled
+    key slots (q (b, q_len, h, d); k/v (b, kv_len, hkv, d) views of the cache buffers)."""
+    batch, q_len = q.shape[0], q.shape[1]
+    key = (q.device.type, q.dtype, q.shape[-1], v.shape[-1])
+    if not needs_grad and q_len <= _KVCACHE_MAX_Q and _kvcache_ok.get(key, True):
+        try:
+            out = fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, **opts)
+            _kvcache_ok[key] = True
+            return out
+        except fa4.UnsupportedError:  # e.g. a CUDA head dim without a decode bucket
+            _kvcache_ok[key] = False
+    # The forward (differentiable, any q_len): the sequences packed, the keys of sequence b cut to
+    # seqlens[b] by seqused_k (no host sync). Packing copies the cache buffers' views.
+    kv_len = k.shape[1]
+    ar = torch.arange(batch + 1, device=q.device, dtype=torch.int32)
+    out = fa4.flash_attn_varlen_func(
+        q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:]),
+        ar * q_len, ar * kv_len, q_len, kv_len, seqused_k=seqlens, **opts)
+    return out.view(batch, q_len, *out.shape[1:])
 
 
 def fa4_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
@@ -119,19 +156,12 @@ def fa4_attention_forward(module, query, key, value, attention_mask, dropout=0.0
         return out.view(batch, q_len, *out.shape[1:]), None
 
     if attention_mask is None:
-        seqlens = _filled_lengths(kwargs.get("position_ids"), query, kv_len)
+        seqlens = _filled_lengths(kwargs.get("position_ids"), query, kv_len, bool(causal))
         if seqlens is not None:
-            # Decoding (or a prompt) against a KV cache: fa4's KV-cache path, attending to the
-            # filled slots only (a StaticCache's buffers also hold the empty ones past them).
-            try:
-                return fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, **opts), None
-            except fa4.UnsupportedError:
-                # No KV-cache kernel for this input on this device (e.g. a CUDA head dim without a
-                # decode bucket): the same attention through the forward on the filled slots.
-                filled = seqlens.tolist()
-                if len(set(filled)) != 1:
-                    raise
-                k, v = k[:, :filled[0]], v[:, :filled[0]]
+            # A cached call (decoding, or a prompt into a cache): only the filled slots are keys.
+            needs_grad = torch.is_grad_enabled() and any(
+                t is not None and t.requires_grad for t in (query, key, value, s_aux))
+            return _cached_attention(q, k, v, seqlens, needs_grad, opts), None
         return fa4.flash_attn_func(q, k, v, **opts), None
 
     mask = attention_mask[:, -kv_len:].to(device=query.device, dtype=torch.bool)
