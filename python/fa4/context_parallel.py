@@ -85,6 +85,17 @@ def _host_cu(cu_seqlens, fn: str) -> Tensor:
     return cu
 
 
+def _layout(x: Tensor, cu_seqlens, dim: Optional[int], fn: str):
+    """(cu_seqlens checked as a CPU tensor or None, the sequence dim: 1 batched, 0 packed unless
+    given); cu_seqlens[-1] must be x's length along that dim."""
+    cu = _host_cu(cu_seqlens, fn) if cu_seqlens is not None else None
+    dim = (0 if cu is not None else 1) if dim is None else dim
+    if cu is not None and int(cu[-1]) != x.shape[dim]:
+        raise _capi.InvalidArgumentError(
+            f"{fn}: cu_seqlens[-1] = {int(cu[-1])} must equal x.shape[{dim}] = {x.shape[dim]}")
+    return cu, dim
+
+
 def _seq_pieces(x: Tensor, dim: int, cu: Optional[Tensor]) -> list[Tensor]:
     """x split into its sequences along dim (one piece without cu_seqlens)."""
     if cu is None:
@@ -117,11 +128,7 @@ def shard_sequence(x: Tensor, group=None, *, zigzag: bool = True, dim: Optional[
     """
     rank, world = _world(group)
     fn = "fa4.context_parallel.shard_sequence"
-    cu = _host_cu(cu_seqlens, fn) if cu_seqlens is not None else None
-    dim = (0 if cu is not None else 1) if dim is None else dim
-    if cu is not None and int(cu[-1]) != x.shape[dim]:
-        raise _capi.InvalidArgumentError(
-            f"{fn}: cu_seqlens[-1] = {int(cu[-1])} must equal x.shape[{dim}] = {x.shape[dim]}")
+    cu, dim = _layout(x, cu_seqlens, dim, fn)
     parts = 2 * world if zigzag else world
     out = []
     for piece in _seq_pieces(x, dim, cu):
@@ -148,12 +155,7 @@ def gather_sequence(x: Tensor, group=None, *, zigzag: bool = True, dim: Optional
     """
     rank, world = _world(group)
     fn = "fa4.context_parallel.gather_sequence"
-    cu = _host_cu(cu_seqlens, fn) if cu_seqlens is not None else None
-    dim = (0 if cu is not None else 1) if dim is None else dim
-    if cu is not None and int(cu[-1]) != x.shape[dim]:
-        raise _capi.InvalidArgumentError(
-            f"{fn}: cu_seqlens[-1] = {int(cu[-1])} must equal x.shape[{dim}] = {x.shape[dim]} "
-            "(the slice's cumulative lengths)")
+    cu, dim = _layout(x, cu_seqlens, dim, fn)
     per_rank = len(_chunks(world, rank, zigzag))
     for piece in _seq_pieces(x, dim, cu):
         if piece.shape[dim] % per_rank:
