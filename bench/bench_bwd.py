@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_fwd import bench, run_meta, tflops  # noqa: E402
+from bench_fwd import bench, rotated_rounds, run_meta, tflops  # noqa: E402
 
 import fa4  # noqa: E402
 
@@ -72,14 +72,7 @@ def contenders(q, k, v, causal, deterministic=False):
 
 def time_row(r, fns, flops):
     """Median over ROUNDS rounds, each running every contender once in a rotated order."""
-    names = list(fns)
-    times = {n: [] for n in names}
-    for i in range(ROUNDS):
-        for n in names[i % len(names):] + names[:i % len(names)]:
-            try:
-                times[n].append(bench(fns[n]))
-            except Exception as e:
-                print(f"# {n} failed: {str(e).splitlines()[0][:120]}", file=sys.stderr)
+    times = rotated_rounds({n: (lambda f=f: bench(f)) for n, f in fns.items()}, ROUNDS)
     for n in ["fa4", "cudnn", "flash", "upstream_fa4"]:
         r[n] = tflops(flops, statistics.median(times[n])) if times.get(n) else None
     r["rounds"] = ROUNDS
@@ -149,10 +142,8 @@ def main():
         q, k, v = (torch.randn(2, 8192, nheads, hdim, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
         flops = 2.5 * 4 * 2 * nheads * 8192 * 8192 * hdim * (0.5 if causal else 1.0)
         fns = {"fa4": contenders(q, k, v, causal)["fa4"], "fa4_det": contenders(q, k, v, causal, True)["fa4"]}
-        names, times = list(fns), {n: [] for n in fns}
-        for i in range(ROUNDS):
-            for n in names[i % 2:] + names[:i % 2]:
-                times[n].append(bench(fns[n]))
+        names = list(fns)
+        times = rotated_rounds({n: (lambda f=f: bench(f)) for n, f in fns.items()}, ROUNDS)
         r = {"kind": "deterministic", "hdim": hdim, "causal": causal, "seqlen": 8192, "batch": 2, "nheads": nheads}
         for n in names:
             r[n] = tflops(flops, statistics.median(times[n]))

@@ -27,17 +27,12 @@ import sys
 
 import torch
 import torch.nn.functional as F
-import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa4
-from bench_fwd import run_meta
+from bench_fwd import bench, rotated_rounds, run_meta, sdpa_fn
 
 ROUNDS = 3
-
-
-def bench(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
 def make_problem(batch, seqlen_k, seqlen_q, heads, heads_kv, d, page_size, dt, gen):
@@ -61,19 +56,6 @@ def make_problem(batch, seqlen_k, seqlen_q, heads, heads_kv, d, page_size, dt, g
     return q, kp, vp, lens, table, (k, v)
 
 
-def sdpa_fn(q, k, v, backend):
-    qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-
-    def fn():
-        return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=qt.shape[1] != kt.shape[1])
-    try:
-        with sdpa_kernel([backend]):
-            fn()
-        return fn
-    except Exception:
-        return None
-
-
 def time_row(r, batch, seqlen_k, seqlen_q, heads, heads_kv, d, page_size, dt, gen):
     q, kc, vc, lens, table, (k, v) = make_problem(batch, seqlen_k, seqlen_q, heads, heads_kv, d, page_size, dt, gen)
     fa4_fn = lambda: fa4.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table)
@@ -89,17 +71,10 @@ def time_row(r, batch, seqlen_k, seqlen_q, heads, heads_kv, d, page_size, dt, ge
     # access on the H200 (torch 2.11, cuDNN 9.19), which ends the process.
     fns = {"fa4": fa4_fn, "fa4_graph": graphed(fa4_fn)}
     for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
-        fn = sdpa_fn(q, k, v, be)
+        fn = sdpa_fn(q, k, v, False, be)
         if fn:
             fns[name] = (lambda fn=fn, be=be: _in(be, fn))
-    names = list(fns)
-    times = {n: [] for n in names}
-    for i in range(ROUNDS):
-        for n in names[i % len(names):] + names[:i % len(names)]:
-            try:
-                times[n].append(bench(fns[n]))
-            except Exception as e:
-                print(f"# {n} failed: {str(e).splitlines()[0][:120]}", file=sys.stderr)
+    times = rotated_rounds({n: (lambda f=f: bench(f)) for n, f in fns.items()}, ROUNDS)
     gbytes = batch * seqlen_k * heads_kv * 2 * d * q.element_size() / 1e9
     for n in ("fa4", "fa4_graph", "cudnn", "flash"):
         ms = statistics.median(times[n]) if times.get(n) else None

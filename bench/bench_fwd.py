@@ -96,6 +96,27 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+def rotated_rounds(timers, rounds):
+    """Runs every timer (name -> zero-argument call returning ms) once per round, `rounds`
+    rounds, the order rotated each round so clock and thermal drift hit all contenders alike. A
+    timer that raises is reported on stderr and its round skipped (a backend failing mid-run keeps
+    the run). Returns name -> list of ms."""
+    names = list(timers)
+    times = {n: [] for n in names}
+    for i in range(rounds):
+        for n in names[i % len(names):] + names[:i % len(names)]:
+            try:
+                times[n].append(timers[n]())
+            except Exception as e:
+                print(f"# {n} failed: {str(e).splitlines()[0][:120]}", file=sys.stderr)
+    return times
+
+
+def _bench_in(ctx, fn):
+    with ctx():
+        return bench(fn)
+
+
 def tflops(flops, ms):
     return round(flops / ms / 1e9, 1)
 
@@ -151,16 +172,8 @@ def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
         fn = sdpa_fn(q, k, v, causal, be)
         if fn:
             fns[name] = (fn, lambda be=be: sdpa_kernel([be]))
-    names = list(fns)
-    times = {n: [] for n in names}
-    for i in range(ROUNDS):
-        for n in names[i % len(names):] + names[:i % len(names)]:
-            fn, ctx = fns[n]
-            try:
-                with ctx():
-                    times[n].append(bench(fn))
-            except Exception as e:  # a backend failing mid-run: record None, keep the run
-                print(f"# {n} failed: {str(e).splitlines()[0][:120]}", file=sys.stderr)
+    times = rotated_rounds({n: (lambda fn=fn, ctx=ctx: _bench_in(ctx, fn)) for n, (fn, ctx) in fns.items()},
+                           ROUNDS)
     # Every contender gets a key (None if it could not be timed), fa4_no_split only when asked for.
     for n in ["fa4"] + (["fa4_no_split"] if no_split else []) + ["cudnn", "flash"]:
         r[n] = tflops(flops, statistics.median(times[n])) if times.get(n) else None
