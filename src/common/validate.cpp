@@ -204,6 +204,17 @@ void resolve_sink(const Checker& c, const AttentionOptions& o, const Named& q, D
   }
 }
 
+void set_batched_strides(const Named& q, const Named& k, const Named& v, const Named& out,
+                         const Named& lse, FwdParams& p) {
+  p.q_stride = {q.t.stride[0], q.t.stride[1], q.t.stride[2]};
+  p.k_stride = {k.t.stride[0], k.t.stride[1], k.t.stride[2]};
+  p.v_stride = {v.t.stride[0], v.t.stride[1], v.t.stride[2]};
+  p.out_stride = {out.t.stride[0], out.t.stride[1], out.t.stride[2]};
+  p.lse_batch_stride = lse.t.stride[0];
+  p.lse_head_stride = lse.t.stride[1];
+  p.lse_row_stride = lse.t.stride[2];
+}
+
 }  // namespace checks
 
 using namespace checks;
@@ -310,13 +321,7 @@ FwdParams make_fwd_params(const TensorView& q_in, const TensorView& k_in, const 
     p.seqlen_k = to_int32(c, dims, "seqlen_k");
     p.total_q = int64_t(p.batch) * p.seqlen_q;
     p.total_k = int64_t(p.batch) * p.seqlen_k;
-    p.q_stride = {q.t.stride[0], q.t.stride[1], q.t.stride[2]};
-    p.k_stride = {k.t.stride[0], k.t.stride[1], k.t.stride[2]};
-    p.v_stride = {v.t.stride[0], v.t.stride[1], v.t.stride[2]};
-    p.out_stride = {out.t.stride[0], out.t.stride[1], out.t.stride[2]};
-    p.lse_batch_stride = lse.t.stride[0];
-    p.lse_head_stride = lse.t.stride[1];
-    p.lse_row_stride = lse.t.stride[2];
+    set_batched_strides(q, k, v, out, lse, p);
   } else {
     const Named cu_q{"cu_seqlens_q", check_view(c, *o.cu_seqlens_q, "cu_seqlens_q")};
     const Named cu_k{"cu_seqlens_k", check_view(c, *o.cu_seqlens_k, "cu_seqlens_k")};

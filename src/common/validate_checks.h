@@ -127,4 +127,9 @@ void resolve_scalar_options(const Checker& c, const AttentionOptions& o, FwdPara
 void resolve_sink(const Checker& c, const AttentionOptions& o, const Named& q, DimTable& dims,
                   FwdParams& p);
 
+/// The element strides of a batched (non-varlen) call: q/k/v/out as (batch, row, head), lse as
+/// (batch, head, row).
+void set_batched_strides(const Named& q, const Named& k, const Named& v, const Named& out,
+                         const Named& lse, FwdParams& p);
+
 }  // namespace fa4::detail::checks

@@ -251,13 +251,7 @@ KVCacheParams make_kvcache_params(const TensorView& q_in, const TensorView& k_ca
   p.v = vc.t.data;
   p.out = out.t.data;
   p.lse = static_cast<float*>(lse.t.data);
-  p.q_stride = {q.t.stride[0], q.t.stride[1], q.t.stride[2]};
-  p.k_stride = {kc.t.stride[0], kc.t.stride[1], kc.t.stride[2]};
-  p.v_stride = {vc.t.stride[0], vc.t.stride[1], vc.t.stride[2]};
-  p.out_stride = {out.t.stride[0], out.t.stride[1], out.t.stride[2]};
-  p.lse_batch_stride = lse.t.stride[0];
-  p.lse_head_stride = lse.t.stride[1];
-  p.lse_row_stride = lse.t.stride[2];
+  set_batched_strides(q, kc, vc, out, lse, p);
 
   // ---- the cache description ----
   if (pt) {

@@ -111,14 +111,18 @@ std::string check_tma_tensor(const char* name, const void* ptr, const detail::Ro
 
 std::string dtype_tag(DType t) { return t == DType::kBF16 ? "bf16" : "fp16"; }
 
-/// Checks shared by both directions: dtype, device, head dims (multiples of 8), row counts and the
-/// q/k/v TMA rules.
-std::string common_support(const detail::FwdParams& p) {
+/// The first checks of every selector: a 16-bit dtype, a usable sm_90 device.
+std::string dtype_device_support(const detail::FwdParams& p) {
   if (p.dtype != DType::kBF16 && p.dtype != DType::kFP16)
     return std::string("the Hopper kernels support bf16 and fp16 only; q.dtype is ") +
            dtype_name(p.dtype) + " (use CPU tensors for fp32)";
-  const DeviceFacts f = device_facts(p.device.index);
-  if (!f.error.empty()) return f.error;
+  return device_facts(p.device.index).error;
+}
+
+/// Checks shared by both directions: dtype, device, head dims (multiples of 8), row counts and the
+/// q/k/v TMA rules.
+std::string common_support(const detail::FwdParams& p) {
+  if (std::string why = dtype_device_support(p); !why.empty()) return why;
   if (p.headdim % 8 != 0 || p.headdim_v % 8 != 0)
     return "the Hopper kernels need headdim and headdim_v to be multiples of 8 (16-byte TMA rows); got " +
            std::to_string(p.headdim) + " and " + std::to_string(p.headdim_v);
@@ -304,11 +308,7 @@ void backward(const detail::BwdParams& p) {
 }
 
 std::string kvcache_support(const detail::KVCacheParams& p, std::string* kernel_name) {
-  if (p.dtype != DType::kBF16 && p.dtype != DType::kFP16)
-    return std::string("the Hopper kernels support bf16 and fp16 only; q.dtype is ") +
-           dtype_name(p.dtype) + " (use CPU tensors for fp32)";
-  const DeviceFacts f = device_facts(p.device.index);
-  if (!f.error.empty()) return f.error;
+  if (std::string why = dtype_device_support(p); !why.empty()) return why;
   if (p.headdim % 8 != 0 || p.headdim_v % 8 != 0)
     return "the Hopper decode kernel needs headdim and headdim_v to be multiples of 8 (16-byte rows); got " +
            std::to_string(p.headdim) + " and " + std::to_string(p.headdim_v);
