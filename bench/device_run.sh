@@ -4,7 +4,7 @@
 # build-hopper/devcarry (include/ = the CuTe/CUTLASS headers of `pip install nvidia-cutlass`,
 # gtest/{include,lib} = GoogleTest) and, for an A/B, the old tree in OLD (git archive of a commit).
 # Switches (environment): HD buckets to build (default all), OLD=dir of the old tree (builds it
-# too and runs bench/ab_variants.py old vs new), SANITIZE=1, PYTEST=1 (python/tests against this
+# too, buckets OLD_HD (default HD), and runs bench/ab_variants.py old vs new unless AB=0), SANITIZE=1, PYTEST=1 (python/tests against this
 # build), HOST=1 (bench/host_overhead.py), GTEST_FILTER (of the GPU test run), SAN_FILTER (gtest
 # filter of the sanitizer runs),
 # BENCH=1 (bench/bench_fwd.py, BENCH_ARGS), BWD=1 (bench/bench_bwd.py, BWD_ARGS), DECODE=1
@@ -14,14 +14,14 @@
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem --format=csv,noheader
 CARRY=$PWD/build-hopper/devcarry
-configure() {  # src_dir build_dir
+configure() {  # src_dir build_dir buckets
   cmake -S $1 -B $2 -G Ninja -DCMAKE_BUILD_TYPE=Release -DFA4_BUILD_CLI=OFF -DFA4_HOPPER_PTXAS_VERBOSE=ON \
-    -DFA4_CUTLASS_INCLUDE_DIR=$CARRY/include -DGTEST_ROOT=$CARRY/gtest -DFA4_HOPPER_HEADDIMS="${HD:-all}"
+    -DFA4_CUTLASS_INCLUDE_DIR=$CARRY/include -DGTEST_ROOT=$CARRY/gtest -DFA4_HOPPER_HEADDIMS="$3"
 }
 T0=$(date +%s)
-configure . build-dev > $OUT/cmake.log 2>&1 || tail -20 $OUT/cmake.log
+configure . build-dev "${HD:-all}" > $OUT/cmake.log 2>&1 || tail -20 $OUT/cmake.log
 if [ -n "$OLD" ]; then
-  configure $OLD build-old > $OUT/cmake_old.log 2>&1 || tail -20 $OUT/cmake_old.log
+  configure $OLD build-old "${OLD_HD:-${HD:-all}}" > $OUT/cmake_old.log 2>&1 || tail -20 $OUT/cmake_old.log
   (ninja -C build-old fa4 > $OUT/build_old.log 2>&1 || grep -E "error" $OUT/build_old.log | head) &
 fi
 ninja -C build-dev fa4 fa4_gpu_tests > $OUT/build.log 2>&1 || grep -E "error" $OUT/build.log | head -20
@@ -57,7 +57,7 @@ if [ "${HOST:-0}" = 1 ]; then
     echo "host_overhead (old) rc=$?"; tail -15 $OUT/host_old.log
   fi
 fi
-if [ -n "$OLD" ]; then
+if [ -n "$OLD" ] && [ "${AB:-1}" = 1 ]; then
   PYTHONPATH=${PYPKG:-python}:bench timeout ${AB_TIMEOUT:-300} python3 bench/ab_variants.py $OUT/ab.json \
     old=$PWD/build-old/src/libfa4.so new=$PWD/$B/src/libfa4.so ${AB_ARGS:---headdims 64,96,128,192,256} > $OUT/ab.log 2>&1
   echo "ab rc=$?"; tail -25 $OUT/ab.log

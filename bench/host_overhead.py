@@ -176,18 +176,26 @@ def serving_rows(add):
         row = {"kind": "serving", "shape": name, "batch": b, "seqlen_q": sq, "seqlen_k": sk,
                "num_heads": h, "num_heads_kv": hkv, "headdim": d}
         contenders = [("fa4", fa4_call, contextlib.nullcontext), ("cudnn", cudnn_call, cudnn_only)]
-        if sq == 1 and hasattr(fa4, "flash_attn_with_kvcache"):  # the KV-cache route of a decode step
+        if hasattr(fa4, "flash_attn_with_kvcache"):  # the KV-cache route (decode kernel), same mask
             lens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
-            contenders.append(("fa4_kvcache", lambda: fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens),
-                               contextlib.nullcontext))
+            contenders.append(("fa4_kvcache", lambda: fa4.flash_attn_with_kvcache(
+                q, k, v, cache_seqlens=lens, causal=True), contextlib.nullcontext))
         for lib, fn, ctx in contenders:
             try:
                 with ctx():
                     row[lib + "_eager_us"] = per_call_us(fn)
                     row[lib + "_graph_us"] = graph_replay_us(fn)
+                    row[lib + "_kernels_us"] = kernels_us(fn)
             except RuntimeError as e:  # a backend that refuses the shape or the capture
                 row[lib + "_error"] = str(e).splitlines()[0][:120]
         add(row)
+
+
+def kernels_us(fn):
+    """GPU time per call (us) summed over the call's kernels (bench/kernel_times.py: CUPTI records
+    through torch.profiler): the floor a graph replay approaches, without launch gaps."""
+    from kernel_times import kernel_times  # same directory
+    return round(sum(kernel_times(fn).values()), 2)
 
 
 def main():
@@ -219,7 +227,7 @@ def main():
 
     meta = run_meta()
     dt = torch.bfloat16
-    for row in host_rows("cuda", dt, host_us):
+    for row in host_rows("cuda", dt, lambda fn: host_us(fn, n=400, rounds=5)):
         add(row)
     serving_rows(add)
 

@@ -40,16 +40,41 @@ def _last_dim_contiguous(x: Tensor) -> Tensor:
     return x
 
 
+# Options without tensors (no sink, no varlen indices) depend on the scalars only and libfa4 only
+# reads them: built once per distinct set of scalars (a dict lookup instead of ~2 us of ctypes
+# field writes per call), at most _OPTIONS_CACHE_SIZE sets kept.
+_OPTIONS_CACHE: dict = {}
+_OPTIONS_CACHE_SIZE = 256
+
+
 def _options(fn, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
              softmax_scale, causal, window_size_left, window_size_right, softcap,
              rescale_threshold, exp2_emulation_fraction, backend, deterministic, streams=None):
+    key = None
+    if sink is None and cu_seqlens_q is None and cu_seqlens_k is None and seqused_k is None:
+        # type() in the key: True and 1 (or 1 and 1.0) hash alike, and must not share a check.
+        key = (max_seqlen_q, type(max_seqlen_q), max_seqlen_k, type(max_seqlen_k), softmax_scale,
+               causal, window_size_left, type(window_size_left), window_size_right,
+               type(window_size_right), softcap, rescale_threshold, exp2_emulation_fraction,
+               backend, deterministic)
+        try:
+            hit = _OPTIONS_CACHE.get(key)
+        except TypeError:  # an unhashable argument: built (and checked) every time
+            hit = key = None
+        if hit is not None:
+            return hit
     # By position: CallOptions(fn, softmax_scale, causal, window_size, softcap, sink,
     # cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, rescale_threshold,
     # exp2_emulation_fraction, backend, deterministic, streams).
-    return _core.CallOptions(
+    opts = _core.CallOptions(
         fn, softmax_scale, causal, (window_size_left, window_size_right), softcap, sink,
         cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, rescale_threshold,
         exp2_emulation_fraction, backend, deterministic, streams)
+    if key is not None:
+        if len(_OPTIONS_CACHE) >= _OPTIONS_CACHE_SIZE:
+            _OPTIONS_CACHE.clear()
+        _OPTIONS_CACHE[key] = opts
+    return opts
 
 
 # torch.cuda.current_device() minus its Python-level lazy-init check: the C function initialises
@@ -73,7 +98,10 @@ def _is_varlen(cu_seqlens_q, cu_seqlens_k) -> bool:
 def _fwd_outputs(q: Tensor, v: Tensor, varlen: bool, fake: bool):
     out_shape, lse_shape = _core.output_shapes(q.shape, v.shape, varlen, _FN_FWD)
     if fake or not varlen:
-        return (q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32))
+        # empty_like when out has q's shape (headdim_v = headdim): half the host time of new_empty
+        out = (torch.empty_like(q, memory_format=torch.contiguous_format)
+               if out_shape == q.shape else q.new_empty(out_shape))
+        return out, q.new_empty(lse_shape, dtype=torch.float32)
     # Varlen rows outside every sequence are left untouched by the library: define them.
     return (q.new_zeros(out_shape),
             torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device))
@@ -88,7 +116,9 @@ def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tensor],
               deterministic: bool) -> tuple[Tensor, Tensor]:
     """fa4 forward: (out, lse). Layouts of include/fa4/attention.h (batched, or varlen when
     cu_seqlens are given). `deterministic` is only carried to the backward."""
-    q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
+    # stride()[-1:]: one call per tensor in the common case (and () for a 0-D one, checked later)
+    if q.stride()[-1:] != (1,) or k.stride()[-1:] != (1,) or v.stride()[-1:] != (1,):
+        q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     out, lse = _fwd_outputs(q, v, cu_seqlens_q is not None or cu_seqlens_k is not None, fake=False)
     streams = {}
     opts = _options(_FN_FWD, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,

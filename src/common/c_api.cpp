@@ -102,16 +102,18 @@ int32_t guarded(const char* fn, Body&& body) noexcept {
 
 fa4::TensorView to_view(const fa4_tensor* t, const char* fn, const char* name) {
   if (t == nullptr) fail(ErrorCode::kInvalidArgument, std::string(fn) + ": " + name + " is NULL");
-  std::ostringstream s;
   if (t->ndim < 0 || t->ndim > FA4_MAX_DIMS) {
+    std::ostringstream s;
     s << fn << ": " << name << ".ndim = " << t->ndim << " must be in [0, " << FA4_MAX_DIMS << "]";
     fail(ErrorCode::kInvalidArgument, s.str());
   }
   if (t->dtype < FA4_DTYPE_BF16 || t->dtype > FA4_DTYPE_INT32) {
+    std::ostringstream s;
     s << fn << ": " << name << ".dtype = " << t->dtype << " is not an fa4_dtype value";
     fail(ErrorCode::kInvalidArgument, s.str());
   }
   if (t->device_type != FA4_DEVICE_CPU && t->device_type != FA4_DEVICE_CUDA) {
+    std::ostringstream s;
     s << fn << ": " << name << ".device_type = " << t->device_type
       << " is not an fa4_device_type value (0 = CPU, 1 = CUDA)";
     fail(ErrorCode::kInvalidArgument, s.str());

@@ -78,31 +78,42 @@ class DimTable {
     for (const char* dim : names) {
       const Entry* e = find(dim);
       if (e == nullptr) {
-        entries_.push_back({dim, x.t.shape[d], std::string(x.name) + ".shape[" +
-                                                   std::to_string(d) + "]"});
+        if (size_ == kMaxEntries) c_.fail(ErrorCode::kInternal, "DimTable holds at most ", kMaxEntries, " dims");
+        entries_[size_++] = {dim, x.t.shape[d], x.name, d};
       } else if (e->value != x.t.shape[d]) {
         c_.invalid(x.name, ".shape[", d, "] (", dim, ") = ", x.t.shape[d], " must equal ",
-                   e->source, " = ", e->value);
+                   source_of(*e), " = ", e->value);
       }
       ++d;
     }
   }
   int64_t get(const char* dim) const { return find(dim)->value; }
-  const std::string& source(const char* dim) const { return find(dim)->source; }
+  /// "<tensor>.shape[<i>]": where the dim was first seen (for messages only, so built on demand).
+  std::string source(const char* dim) const { return source_of(*find(dim)); }
 
  private:
+  // A call names at most a dozen dims: a fixed array and pointer-then-strcmp lookups keep the
+  // success path free of allocations (it runs on every call).
+  static constexpr int kMaxEntries = 16;
   struct Entry {
     const char* name;
     int64_t value;
-    std::string source;
+    const char* tensor;
+    int index;
   };
+  static std::string source_of(const Entry& e) {
+    return std::string(e.tensor) + ".shape[" + std::to_string(e.index) + "]";
+  }
   const Entry* find(const char* dim) const {
-    for (const Entry& e : entries_)
-      if (std::strcmp(e.name, dim) == 0) return &e;
+    for (int i = 0; i < size_; ++i)  // the linker merges equal literals: pointers match first
+      if (entries_[i].name == dim) return &entries_[i];
+    for (int i = 0; i < size_; ++i)
+      if (std::strcmp(entries_[i].name, dim) == 0) return &entries_[i];
     return nullptr;
   }
   const Checker& c_;
-  std::vector<Entry> entries_;
+  Entry entries_[kMaxEntries];
+  int size_ = 0;
 };
 
 /// dims.get(dim) as int32 (kUnsupported past the int32 limit).

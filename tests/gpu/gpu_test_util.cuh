@@ -61,6 +61,23 @@ inline float from16(DType t, uint16_t h) {
   return t == DType::kBF16 ? detail::bf16_to_float(h) : detail::fp16_to_float(h);
 }
 
+/// How many of graph g's nodes are not kernels (-1 if the graph cannot be read). A captured fa4
+/// forward or decode adds kernel nodes only: its scratch belongs to the graph, so a replay has no
+/// allocation, memset or free to run.
+inline int non_kernel_nodes(cudaGraph_t g) {
+  size_t n = 0;
+  if (cudaGraphGetNodes(g, nullptr, &n) != cudaSuccess) return -1;
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n && cudaGraphGetNodes(g, nodes.data(), &n) != cudaSuccess) return -1;
+  int other = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType t;
+    if (cudaGraphNodeGetType(node, &t) != cudaSuccess) return -1;
+    other += t != cudaGraphNodeTypeKernel;
+  }
+  return other;
+}
+
 }  // namespace fa4::test
 
 #define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << cudaGetErrorString(x)

@@ -239,6 +239,59 @@ TEST(HopperFwd, VarlenGraphReplay) {
   CUDA_OK(cudaStreamDestroy(s));
 }
 
+TEST(HopperFwd, CapturedScratchBelongsToTheGraph) {
+  // A captured forward whose kernel needs zeroed scratch (stream-K flags and partials; the dynamic
+  // schedule's claim counter) adds one kernel node and nothing else, replays correctly many times
+  // (the kernel leaves the scratch zero for the next replay), and a graph captured after the first
+  // one was destroyed (its buffer reused) is correct too.
+  REQUIRE_HOPPER();
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  struct Variant {
+    const char* knob;
+    const char* value;
+    Problem p;
+    bool causal;
+  };
+  Variant variants[] = {{"stream_k", "1", batched(1, 128, 3000, 16, 16, 128, 31), false},
+                        {"schedule", "dynamic", batched(3, 1024, 1024, 8, 8, 64, 32), true}};
+  for (Variant& v : variants) {
+    fa4::test::ScopedOverride knob(v.knob, v.value);
+    fa4::AttentionOptions o;
+    o.causal = v.causal;
+    v.p.poison(s);
+    v.p.run(o, s);
+    CUDA_OK(cudaStreamSynchronize(s));
+    const auto want = v.p.out_host();
+    ASSERT_FALSE(any_nan16(want)) << v.knob;
+    for (int capture = 0; capture < 2; ++capture) {
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+      std::string thrown;
+      try {
+        v.p.run(o, s);
+      } catch (const std::exception& e) {
+        thrown = e.what();  // end the capture first
+      }
+      CUDA_OK(cudaStreamEndCapture(s, &graph));
+      ASSERT_EQ(thrown, "") << v.knob;
+      EXPECT_EQ(fa4::test::non_kernel_nodes(graph), 0) << v.knob << ": allocation/memset/free nodes in the graph";
+      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int r = 0; r < 4; ++r) {
+        v.p.poison(s);
+        CUDA_OK(cudaGraphLaunch(exec, s));
+        CUDA_OK(cudaStreamSynchronize(s));
+        EXPECT_EQ(0, std::memcmp(want.data(), v.p.out_host().data(), want.size() * 2))
+            << v.knob << " capture " << capture << " replay " << r;
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }
+  }
+  CUDA_OK(cudaStreamDestroy(s));
+}
+
 /// Runs varlen sequences (cu_q, cu_k, optional used) on a fresh poisoned output and returns it.
 struct VarlenRun {
   std::vector<uint16_t> out;

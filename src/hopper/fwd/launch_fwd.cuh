@@ -188,7 +188,7 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
     kernel<<<p.sk.grid, Kt::kNumThreads, Kt::kSmemBytes, stream>>>(p);
     launched = cudaGetLastError();
   }
-  release_scratch(scratch, stream);  // a captured call's graph-owned scratch: freed after the kernel
+  release_scratch(scratch, stream);
   check_cuda(launched, kFwd, "kernel launch");
 }
 

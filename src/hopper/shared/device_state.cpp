@@ -60,6 +60,75 @@ char* alloc_scratch(int device, size_t bytes, bool zero) {
   return p;
 }
 
+/// A buffer owned by a captured graph (see acquire_scratch). The destructor callback of the graph's
+/// user object may make no CUDA call: it hands the buffer back through g_returned, and the next
+/// captured call moves it to g_capture_free for reuse.
+struct CaptureBuffer {
+  int device;
+  char* ptr;
+  size_t bytes;
+};
+std::mutex g_returned_mu;
+std::vector<CaptureBuffer> g_returned;      // given back by destroyed graphs (g_returned_mu)
+std::vector<CaptureBuffer> g_capture_free;  // ready for the next capture (g_mu)
+
+void give_back(void* record) {  // CUDA's internal thread, once the graph and its work are gone
+  auto* b = static_cast<CaptureBuffer*>(record);
+  {
+    std::lock_guard<std::mutex> lock(g_returned_mu);
+    g_returned.push_back(*b);
+  }
+  delete b;
+}
+
+/// Scratch for a call captured into `graph`: a plain device buffer (the smallest free one that
+/// fits, else a new one), zeroed now, whose lifetime a user object ties to the graph. Replays then
+/// run the kernel alone (no allocation, memset or free node): the kernels leave the zeroed part
+/// zero for the next replay, and CUDA orders the replays of one executable graph. g_mu held.
+char* capture_owned_scratch(int device, cudaGraph_t graph, size_t bytes, size_t zeroed_bytes) {
+  {
+    std::lock_guard<std::mutex> lock(g_returned_mu);
+    g_capture_free.insert(g_capture_free.end(), g_returned.begin(), g_returned.end());
+    g_returned.clear();
+  }
+  size_t best = g_capture_free.size();
+  for (size_t i = 0; i < g_capture_free.size(); ++i) {
+    const CaptureBuffer& b = g_capture_free[i];
+    if (b.device == device && b.bytes >= bytes &&
+        (best == g_capture_free.size() || b.bytes < g_capture_free[best].bytes))
+      best = i;
+  }
+  CaptureBuffer buf{device, nullptr, 0};
+  if (best < g_capture_free.size()) {
+    buf = g_capture_free[best];
+    g_capture_free.erase(g_capture_free.begin() + std::ptrdiff_t(best));
+    if (zeroed_bytes > 0) {  // zeroed again (its last graph's kernels should have left it zero)
+      RelaxedCapture relaxed;
+      cudaStream_t zs = g_zero_stream[device];  // exists: alloc_scratch made it with the buffer
+      cudaError_t e = cudaMemsetAsync(buf.ptr, 0, zeroed_bytes, zs);
+      if (e == cudaSuccess) e = cudaStreamSynchronize(zs);
+      if (e != cudaSuccess) g_capture_free.push_back(buf);
+      check(e, "zeroing the captured call's scratch");
+    }
+  } else {
+    size_t size = 4096;
+    while (size < bytes) size *= 2;
+    buf = {device, alloc_scratch(device, size, true), size};
+  }
+  auto* record = new CaptureBuffer(buf);
+  cudaUserObject_t owner = nullptr;
+  const cudaError_t e = cudaUserObjectCreate(&owner, record, give_back, 1, cudaUserObjectNoDestructorSync);
+  if (e != cudaSuccess) {
+    delete record;
+    g_capture_free.push_back(buf);
+    check(e, "cudaUserObjectCreate (captured scratch)");
+  }
+  // The graph takes the only reference: the buffer comes back once the graph and every executable
+  // made from it are destroyed and their launched work is done.
+  check(cudaGraphRetainUserObject(graph, owner, 1, cudaGraphUserObjectMove), "cudaGraphRetainUserObject");
+  return buf.ptr;
+}
+
 uint32_t* g_error_words = nullptr;  // mapped host memory, one word per device
 int g_error_devices = 0;
 
@@ -67,10 +136,17 @@ int g_error_devices = 0;
 
 LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, size_t zeroed_bytes, ScratchKind kind) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+  cudaGraph_t graph = nullptr;
+  check(cudaStreamGetCaptureInfo(stream, &capture, nullptr, &graph), "cudaStreamGetCaptureInfo");
+  if (capture == cudaStreamCaptureStatusActive && kind != ScratchKind::kBackward) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    return {capture_owned_scratch(device, graph, bytes, zeroed_bytes), false};
+  }
   if (capture != cudaStreamCaptureStatusNone) {
-    // Graph-owned: allocation, zero fill and free become nodes of the graph, so each replay has
-    // its scratch zeroed, and it goes away with the graph.
+    // The backward's workspace (dQ accumulator, row statistics: large, never zeroed) is graph
+    // memory instead: allocation and free become nodes of the graph, and CUDA shares the memory
+    // between graphs and between the nodes of one graph (a workspace per captured layer may not
+    // fit). An invalidated capture gets the same nodes; the capture fails and frees them.
     LaunchScratch s{nullptr, true};
     check(cudaMallocAsync(reinterpret_cast<void**>(&s.ptr), bytes, stream), "cudaMallocAsync (captured scratch)");
     const cudaError_t e = zeroed_bytes > 0 ? cudaMemsetAsync(s.ptr, 0, zeroed_bytes, stream) : cudaSuccess;

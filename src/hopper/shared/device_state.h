@@ -7,8 +7,12 @@
 //     counter, a combiner resets the flags it consumed), so eager calls share one buffer per
 //     (device, stream), zeroed once, when it is allocated (on the first call that needs it, then
 //     grown by doubling; outgrown buffers are kept, not freed, so growth never waits). A call made
-//     while its stream is being captured into a CUDA graph gets graph-owned scratch instead:
-//     allocation, zero fill and free become nodes of the graph.
+//     while its stream is being captured into a CUDA graph gets scratch that belongs to the graph
+//     (a buffer zeroed at capture and tied to the graph by a CUDA user object; reused once the
+//     graph is destroyed), so a replay runs the kernels alone. Not supported: two executable
+//     graphs instantiated from one captured graph running at the same time (they would share the
+//     buffer; the replays of one executable graph are ordered by CUDA). The backward's
+//     workspace, large and never zeroed, is graph memory instead (allocation and free nodes).
 //   * the asynchronous error word: a kernel that meets varlen indices breaking the rules
 //     (cu_seqlens_q/k, seqused_k; checked on the device, where the host cannot read them without a
 //     sync) computes nothing for that sequence and sets a bit here, in mapped host memory; the next
@@ -28,7 +32,7 @@ namespace fa4::hopper {
 /// Scratch of one launch (see above).
 struct LaunchScratch {
   char* ptr;
-  bool graph_owned;  ///< captured call: release_scratch frees it (a graph node)
+  bool graph_owned;  ///< captured backward: release_scratch frees it (a graph node)
 };
 
 /// Which launches share a buffer. The forward's buffer must stay zero between launches (its kernels
