@@ -56,7 +56,7 @@ def run_meta():
 # libfa4's kernel-choice overrides (src/common/overrides.h), and the environment variables that
 # builds from before them read per call instead.
 OVERRIDES = {"lpt": "FA4_HOPPER_LPT", "schedule": "FA4_HOPPER_SCHED", "epilogue": "FA4_HOPPER_EPILOGUE",
-             "stream_k": "FA4_HOPPER_STREAMK"}
+             "stream_k": "FA4_HOPPER_STREAMK", "small_q": None}  # small_q: no environment variable
 
 
 def set_overrides(lib, **switches):
@@ -68,7 +68,10 @@ def set_overrides(lib, **switches):
     setter = getattr(lib, "fa4_internal_set_override", None)
     if setter is None:  # an older build: it reads the environment per call
         for name, env in OVERRIDES.items():
-            if name in switches:
+            if env is None:
+                if name in switches:
+                    raise RuntimeError(f"override {name} needs a libfa4 with fa4_internal_set_override")
+            elif name in switches:
                 os.environ[env] = switches[name]
             else:
                 os.environ.pop(env, None)
@@ -76,6 +79,8 @@ def set_overrides(lib, **switches):
     setter.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
     setter.restype = ctypes.c_int32
     for name in OVERRIDES:
+        if OVERRIDES[name] is None and name not in switches:
+            continue  # newer than some libraries: set only when asked for (auto is the default)
         if setter(name.encode(), switches.get(name, "auto").encode()) != 0:
             raise RuntimeError(f"fa4_internal_set_override({name}): " + lib.fa4_last_error().decode())
 
@@ -89,7 +94,7 @@ def hopper_overrides(**switches):
     try:
         yield
     finally:
-        set_overrides(lib)
+        set_overrides(lib, **{name: "auto" for name in switches})
 
 
 def bench(fn):

@@ -8,8 +8,8 @@
 # build), HOST=1 (bench/host_overhead.py), GTEST_FILTER (of the GPU test run), SAN_FILTER (gtest
 # filter of the sanitizer runs),
 # BENCH=1 (bench/bench_fwd.py, BENCH_ARGS), BWD=1 (bench/bench_bwd.py, BWD_ARGS), DECODE=1
-# (bench/bench_decode.py, DECODE_ARGS), KTIMES=1 (bench/kernel_times.py), AB_ARGS (extra
-# ab_variants.py arguments).
+# (bench/bench_decode.py, DECODE_ARGS), KTIMES=1 (bench/kernel_times.py), SMALLQ=1
+# (bench/small_q_route.py), AB_ARGS (extra ab_variants.py arguments).
 # Everything is logged under $OUT; the last lines printed are the summary.
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem --format=csv,noheader
@@ -77,6 +77,10 @@ fi
 if [ "${KTIMES:-0}" = 1 ]; then
   PYTHONPATH=python:bench FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout 200 python3 bench/kernel_times.py $OUT/kernel_times.json > $OUT/kernel_times.log 2>&1
   echo "kernel_times rc=$?"; tail -12 $OUT/kernel_times.log
+fi
+if [ "${SMALLQ:-0}" = 1 ]; then
+  PYTHONPATH=python:bench FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout 200 python3 bench/small_q_route.py $OUT/small_q_route.json > $OUT/small_q_route.log 2>&1
+  echo "small_q_route rc=$?"; tail -20 $OUT/small_q_route.log
 fi
 echo "spills new: $(cat $OUT/spills_build.txt)"
 [ -n "$OLD" ] && echo "spills old: $(cat $OUT/spills_build_old.txt)"

@@ -17,13 +17,14 @@ struct Knob {
   std::atomic<int8_t>* slot;
 };
 
-std::atomic<int8_t> g_lpt{-1}, g_schedule{-1}, g_epilogue{-1}, g_stream_k{-1};
+std::atomic<int8_t> g_lpt{-1}, g_schedule{-1}, g_epilogue{-1}, g_stream_k{-1}, g_small_q{-1};
 
 const Knob kKnobs[] = {
     {"lpt", "0", "1", &g_lpt},
     {"schedule", "static", "dynamic", &g_schedule},
     {"epilogue", "direct", "tma", &g_epilogue},
     {"stream_k", "0", "1", &g_stream_k},
+    {"small_q", "fwd", "decode", &g_small_q},
 };
 
 }  // namespace
@@ -34,6 +35,7 @@ KernelOverrides kernel_overrides() {
   o.dynamic_schedule = g_schedule.load(std::memory_order_relaxed);
   o.tma_epilogue = g_epilogue.load(std::memory_order_relaxed);
   o.stream_k = g_stream_k.load(std::memory_order_relaxed);
+  o.small_q_decode = g_small_q.load(std::memory_order_relaxed);
   return o;
 }
 
@@ -53,7 +55,7 @@ void set_kernel_override(const char* name, const char* value) {
     return;
   }
   throw Error(ErrorCode::kInvalidArgument, std::string(kFn) + ": unknown override '" + name +
-                                               "' (lpt, schedule, epilogue, stream_k)");
+                                               "' (lpt, schedule, epilogue, stream_k, small_q)");
 }
 
 }  // namespace fa4::detail

@@ -1,7 +1,7 @@
 // src/common/overrides.h — kernel-choice overrides for tests and benchmarks (ablations).
 //
-// The selector picks the tile order, the tile claiming, the epilogue and the stream-K split by
-// itself; tests and benchmarks force them through these process-wide overrides, set once through
+// The selector picks the tile order, the tile claiming, the epilogue, the stream-K split and the
+// kernel of small-query forwards by itself; tests and benchmarks force them through these process-wide overrides, set once through
 // fa4_internal_set_override (declared below, exported from libfa4 but not part of the public
 // headers). Reading them on the call path is a few relaxed atomic loads: no environment lookup.
 #pragma once
@@ -18,14 +18,17 @@ struct KernelOverrides {
   int8_t dynamic_schedule = -1;  ///< "schedule": tiles claimed from an atomic counter (1) or a static stride (0)
   int8_t tma_epilogue = -1;      ///< "epilogue": O through smem + TMA store (1) or direct stores (0)
   int8_t stream_k = -1;          ///< "stream_k": split the partial last round (1) or never (0)
+  /// "small_q": a forward with few query rows per KV head on the decode kernel (1, where it can
+  /// run) or on the forward kernel (0)
+  int8_t small_q_decode = -1;
 };
 
 /// The current overrides.
 KernelOverrides kernel_overrides();
 
 /// Sets one override: name "lpt" (value "0" | "1"), "schedule" ("static" | "dynamic"), "epilogue"
-/// ("direct" | "tma") or "stream_k" ("0" | "1"); the value "auto" returns the choice to the
-/// selector. Throws fa4::Error(kInvalidArgument) naming the rule for any other name or value.
+/// ("direct" | "tma"), "stream_k" ("0" | "1") or "small_q" ("fwd" | "decode"); the value "auto"
+/// returns the choice to the selector. Throws fa4::Error(kInvalidArgument) naming the rule for any other name or value.
 void set_kernel_override(const char* name, const char* value);
 
 }  // namespace fa4::detail

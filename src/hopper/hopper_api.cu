@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -169,11 +170,54 @@ class ScopedDevice {
   int cur_;
 };
 
+/// Query rows per KV head (seqlen_q x group) up to which a batched forward may run on the decode
+/// kernel (decode/: 16-row pack-GQA tiles, keys split over CTAs); measured no further.
+constexpr int64_t kSmallQMaxRows = 128;
+
+/// p as the decode kernel's call: k/v are a full dense cache (no cache_seqlens, no append), when
+/// the selector sends p there (override "small_q" forces either way) and the decode kernel accepts
+/// it (kvcache_support); else nothing. `name` gets the decode kernel's name.
+///
+/// The rule (bench/small_q_route.py, H200): a forward tile holds tile_m query rows of one head and
+/// walks its keys alone at a fixed time per key block, so with T tiles the forward takes
+/// ceil(T / SMs) such walks. The decode kernel walks every key once per 16-row tile of a KV head's
+/// rows (batch * num_heads_kv * row tiles walks, split over the SMs) at about the forward's time
+/// per walk once it fills the GPU. It is taken when its walks fit in the forward's waves: always
+/// for one row tile (decode steps: 1.7-3.1x faster), and for up to 128 rows where the forward
+/// tiles leave SMs idle (1.3-1.5x at 8 tiles); at 64 forward tiles of 64 rows it was 0.58x.
+std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& p, std::string* name) {
+  const int8_t forced = detail::kernel_overrides().small_q_decode;
+  if (forced == 0 || p.is_varlen || p.seqlen_q <= 0 || p.seqlen_k <= 0) return std::nullopt;
+  if (p.exp2_fraction_given && p.exp2_emulation.emulated > 0) return std::nullopt;  // decode: MUFU only
+  if (forced < 0) {
+    const int64_t rows = int64_t(p.seqlen_q) * (p.num_heads / p.num_heads_kv);
+    if (rows > kSmallQMaxRows) return std::nullopt;
+    const detail::HopperFwdConfig* fc = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
+    const int64_t tile_m = fc ? fc->tile_m : 128;
+    const int64_t sms = std::max(1, device_facts(p.device.index).num_sms);
+    const int64_t fwd_waves = (int64_t(p.batch) * p.num_heads * ((p.seqlen_q + tile_m - 1) / tile_m) + sms - 1) / sms;
+    const int64_t decode_walks = int64_t(p.batch) * p.num_heads_kv *
+                                 ((rows + detail::kDecodeRowsPerCta - 1) / detail::kDecodeRowsPerCta);
+    if (decode_walks > sms * fwd_waves) return std::nullopt;
+  }
+  detail::KVCacheParams kp;
+  static_cast<detail::FwdParams&>(kp) = p;
+  kp.batch_cache = p.batch;
+  kp.key_capacity = p.seqlen_k;
+  kp.total_k = 0;
+  if (!kvcache_support(kp, name).empty()) return std::nullopt;
+  return kp;
+}
+
 }  // namespace
 
 std::string forward_support(const detail::FwdParams& p, std::string* kernel_name) {
   std::string why = common_support(p);
   if (!why.empty()) return why;
+  if (small_q_on_decode(p, kernel_name)) {
+    if (kernel_name) *kernel_name += " (small-query forward)";
+    return "";
+  }
   const detail::HopperFwdConfig* c = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
   if (!c)
     return "no Hopper kernel for headdim " + std::to_string(p.headdim) + ", headdim_v " +
@@ -242,6 +286,7 @@ std::string backward_support(const detail::BwdParams& p, std::string* kernel_nam
 
 void forward(const detail::FwdParams& p) {
   // The selector (forward_support) has accepted p: fa4::forward calls it first, once.
+  if (const std::optional<detail::KVCacheParams> kp = small_q_on_decode(p, nullptr)) return forward_kvcache(*kp);
   // An earlier kernel on this device may have met invalid varlen indices: report it now (a read of
   // host memory, no sync), before this call writes anything.
   check_async_errors(p.device.index);

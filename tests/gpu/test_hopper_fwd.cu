@@ -85,8 +85,8 @@ constexpr float kAtolO = 1e-4f;
 constexpr float kAtolLse = 1e-3f;
 
 /// Runs one case: fa4 twice (C27: bitwise equal), the exact and naive16 references, and checks.
-/// `first` (optional) receives the first run's raw output and LSE.
-void run_case(const Case& c, int repeats = 2, Result* first = nullptr) {
+/// `first` (optional) receives the first run's raw output and LSE; `kernel` the selector's choice.
+void run_case_on(const Case& c, int repeats, Result* first, std::string& kernel) {
   const bool varlen = !c.lens_q.empty();
   const int batch = varlen ? int(c.lens_q.size()) : c.batch;
   int64_t total_q = 0, total_k = 0;
@@ -203,7 +203,6 @@ void run_case(const Case& c, int repeats = 2, Result* first = nullptr) {
     o.max_seqlen_k = std::max(max_sk, 1);
   }
 
-  std::string kernel;
   const std::string why = fa4::forward_support(q, k, v, out, lse, o, &kernel);
   ASSERT_EQ(why, "") << c.name();
   std::vector<Result> runs;
@@ -286,6 +285,18 @@ void run_case(const Case& c, int repeats = 2, Result* first = nullptr) {
   EXPECT_EQ(bad_pad, 0) << c.name() << ": rows outside every sequence were written";
   EXPECT_LE(err, 2 * nerr + kAtolO) << c.name() << " kernel " << kernel << ": O err " << err << " naive " << nerr;
   EXPECT_LE(lerr, 2 * nlerr + kAtolLse) << c.name() << ": LSE err " << lerr << " naive " << nlerr;
+}
+
+/// run_case_on with the selector's kernel; where that is the decode kernel (a small-query forward,
+/// hopper_api.cu small_q_on_decode), once more on the forward kernel, so both stay tested.
+void run_case(const Case& c, int repeats = 2, Result* first = nullptr) {
+  std::string kernel;
+  run_case_on(c, repeats, first, kernel);
+  if (kernel.find("small-query") != std::string::npos) {
+    fa4::test::ScopedOverride fwd("small_q", "fwd");
+    run_case_on(c, 1, nullptr, kernel);
+    EXPECT_EQ(kernel.find("small-query"), std::string::npos) << c.name() << ": override small_q = fwd ignored";
+  }
 }
 
 // ---- the option matrix ------------------------------------------------------------------------
@@ -585,6 +596,7 @@ TEST(HopperFwd, SchedulesAgreeBitwise) {
 // without the split must give a different rounding somewhere, or the split did not run.
 TEST(HopperFwd, StreamKTailMatchesReference) {
   REQUIRE_HOPPER();
+  fa4::test::ScopedOverride fwd_kernel("small_q", "fwd");  // the split is the forward kernel's
   std::vector<Case> cases;
   for (int d : {64, 96, 128, 192, 256}) {
     Case c; c.heads = 3; c.heads_kv = 1; c.seqlen_q = 200; c.seqlen_k = 5000; c.d = c.dv = d;
@@ -660,10 +672,46 @@ TEST(HopperFwd, RisingScoresMoveTheMax) {
   }
 }
 
+// Batched forwards with few query rows per KV head run on the decode kernel (pack-GQA rows, keys
+// split over CTAs): one 16-row tile always, up to 128 rows where the forward kernel's tiles would
+// not fill the GPU; never with an explicit exp2 emulation share (the decode kernel has none), and
+// not where the decode kernel's alignment rules fail (out 4-byte aligned only).
+TEST(HopperFwd, SmallQueryForwardsRunOnTheDecodeKernel) {
+  REQUIRE_HOPPER();
+  struct Route {
+    Case c;
+    bool decode;
+  };
+  std::vector<Route> routes;
+  {
+    Case c; c.seqlen_q = 1; c.seqlen_k = 1000; c.heads = 32; c.heads_kv = 8; routes.push_back({c, true});
+    c.batch = 64; routes.push_back({c, true});                        // one row tile: any batch
+    c.batch = 1; c.seqlen_q = 4; c.causal = true; c.sink = true; routes.push_back({c, true});
+    c.seqlen_q = 128; c.heads = c.heads_kv = 8; c.d = c.dv = 64; routes.push_back({c, true});  // 8 tiles
+    c.batch = 32; routes.push_back({c, false});                       // 256 forward tiles: fill the GPU
+    c.batch = 1; c.seqlen_q = 129; routes.push_back({c, false});      // more than 128 rows
+    c.d = c.dv = 128; c.seqlen_q = 16; c.exp2_fraction = 0.5f; routes.push_back({c, false});
+    c.exp2_fraction.reset(); c.out_offset = 2; routes.push_back({c, false});  // decode needs 16-byte rows
+    c.out_offset = 0; c.softcap = 10.f; c.window_left = 5; c.window_right = 0; routes.push_back({c, true});
+  }
+  for (const Route& r : routes) {
+    Result res;
+    std::string kernel;
+    run_case_on(r.c, 2, &res, kernel);
+    EXPECT_EQ(kernel.find("small-query") != std::string::npos, r.decode) << r.c.name() << ": " << kernel;
+    if (r.decode) {  // and the forward kernel's answer passes the same checks
+      fa4::test::ScopedOverride fwd("small_q", "fwd");
+      run_case_on(r.c, 1, nullptr, kernel);
+      EXPECT_EQ(kernel.find("small-query"), std::string::npos) << r.c.name();
+    }
+  }
+}
+
 // ---- sanitizer subset (small, every code path once) ----------------------------------------------
 TEST(HopperFwd, SanitizeSmall) {
   REQUIRE_HOPPER();
   Case c; c.seqlen_q = 200; c.seqlen_k = 333; c.causal = true; c.d = c.dv = 64; run_case(c, 1);
+  Case s; s.seqlen_q = 3; s.seqlen_k = 333; s.heads = 8; s.heads_kv = 2; s.causal = true; run_case(s, 1);
   Case v; v.lens_q = {100, 0, 200}; v.lens_k = {50, 7, 300}; v.d = v.dv = 128; run_case(v, 1);
   // More tiles than SMs with a causal mask: the dynamic tile counter and the tile-index ring.
   Case d; d.batch = 2; d.heads = d.heads_kv = 80; d.seqlen_q = d.seqlen_k = 129; d.causal = true;

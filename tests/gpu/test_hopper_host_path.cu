@@ -121,6 +121,7 @@ std::vector<uint8_t> scratch_flags(cudaStream_t s) {
 
 TEST(HopperFwd, ScratchLeftZero) {
   REQUIRE_HOPPER();
+  fa4::test::ScopedOverride fwd_kernel("small_q", "fwd");  // the forward kernel's scratch
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   // Dynamic claiming: causal, 3 x 8 x 8 = 192 tiles > SMs. A counter left non-zero would make the
@@ -245,6 +246,7 @@ TEST(HopperFwd, CapturedScratchBelongsToTheGraph) {
   // (the kernel leaves the scratch zero for the next replay), and a graph captured after the first
   // one was destroyed (its buffer reused) is correct too.
   REQUIRE_HOPPER();
+  fa4::test::ScopedOverride fwd_kernel("small_q", "fwd");  // the forward kernel's scratch
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   struct Variant {
