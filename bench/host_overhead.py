@@ -45,7 +45,7 @@ def _sync():
 def host_us(fn, n=400, rounds=1):
     """Mean host time per call (us) over n calls issued back to back (GPU work is negligible);
     with rounds > 1, the median of that many such means."""
-    for _ in range(20):
+    for _ in range(200):  # fewer left the first shape measured in a process ~1.5x slow (H200 host)
         fn()
     _sync()
     means = []

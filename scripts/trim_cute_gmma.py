@@ -66,31 +66,23 @@ def trim(text):
     kept = dropped = 0
     while i < len(lines):
         line = lines[i]
-        m = STRUCT.match(line)
-        if m:
-            end = block_end(lines, i)
-            if KEEP.search(m.group(1)):
-                out.extend(lines[i:end + 1])
-                kept += 1
-            else:
-                out.append(line.rstrip() + " {};")  # the name stays (a complete, empty type)
-                dropped += 1
-            i = end + 1
+        struct, traits = STRUCT.match(line), TRAITS.match(line)
+        m = struct or traits
+        if not m:
+            out.append(line)
+            i += 1
             continue
-        m = TRAITS.match(line)
-        if m:
-            end = block_end(lines, i)
-            if KEEP.search(m.group(1)):
-                out.extend(lines[i:end + 1])
-                kept += 1
-            else:
-                start = template_start(lines, i)
-                del out[len(out) - (i - start):]  # the template header already copied
-                dropped += 1
-            i = end + 1
-            continue
-        out.append(line)
-        i += 1
+        end = block_end(lines, i)
+        if KEEP.search(m.group(1)):
+            out.extend(lines[i:end + 1])
+            kept += 1
+        elif struct:
+            out.append(line.rstrip() + " {};")  # the name stays (a complete, empty type)
+            dropped += 1
+        else:  # a traits specialisation goes with its template header (already copied)
+            del out[len(out) - (i - template_start(lines, i)):]
+            dropped += 1
+        i = end + 1
     return "\n".join(out), kept, dropped
 
 

@@ -184,7 +184,8 @@ constexpr int64_t kSmallQMaxRows = 128;
 /// rows (batch * num_heads_kv * row tiles walks, split over the SMs) at about the forward's time
 /// per walk once it fills the GPU. It is taken when its walks fit in the forward's waves: always
 /// for one row tile (decode steps: 1.7-3.1x faster), and for up to 128 rows where the forward
-/// tiles leave SMs idle (1.3-1.5x at 8 tiles); at 64 forward tiles of 64 rows it was 0.58x.
+/// tiles leave SMs idle (1.4-1.6x at 8 forward tiles, 1.0-1.1x at 16-32); at 64 forward tiles of
+/// 64 rows the decode kernel took 1.7x the forward's time.
 std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& p, std::string* name) {
   const int8_t forced = detail::kernel_overrides().small_q_decode;
   if (forced == 0 || p.is_varlen || p.seqlen_q <= 0 || p.seqlen_k <= 0) return std::nullopt;

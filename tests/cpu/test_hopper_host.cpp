@@ -182,7 +182,8 @@ TEST(HopperHost, BackwardDqStagingIsABijection) {
 }  // namespace
 
 // The decode's automatic split count (decode/launch_decode.h): one wave of CTAs when the tiles are
-// few, none when they fill the GPU, never more than the key blocks allow; explicit counts win.
+// few, one CTA per SM when the keys are few too, none when the tiles fill the GPU, never more
+// splits than key blocks; explicit counts win.
 TEST(HopperHost, DecodeSplitCount) {
   fa4::detail::KVCacheParams p;
   p.batch = 1;
@@ -199,8 +200,14 @@ TEST(HopperHost, DecodeSplitCount) {
   p.batch = 8;   // 64 tiles: 264 / 64 = 4
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 4);
   p.batch = 1;
-  p.key_capacity = 200;  // 4 key blocks: at least 2 per split
-  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 2);
+  p.key_capacity = 8192;  // 128 blocks: 8 per split at one CTA per SM, so a wave of 4-block splits
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 33);
+  p.key_capacity = 2048;  // 32 blocks: 2 per split at one CTA per SM (132 / 8 = 16 splits)
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 16);
+  p.key_capacity = 1024;  // 16 blocks: 1 per split
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 16);
+  p.key_capacity = 200;   // 4 blocks: no more splits than blocks
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 4);
   p.key_capacity = 64;
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 1);
   p.key_capacity = 1 << 30;
