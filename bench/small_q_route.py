@@ -35,7 +35,8 @@ def main():
         k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
         call = lambda: fa4.flash_attn_func(q, k, v, causal=causal)
-        row = {"batch": b, "seqlen_q": sq, "seqlen_k": sk, "heads": h, "heads_kv": hkv, "hdim": d, "causal": causal,
+        row = {"batch": b, "seqlen_q": sq, "seqlen_k": sk, "num_heads": h, "num_heads_kv": hkv, "headdim": d,
+               "causal": causal,
                "auto_kernel": fa4.forward_support(q, k, v, torch.empty_like(q),
                                                   torch.empty(b, h, sq, device="cuda"), causal=causal)[1]}
         for route in ("fwd", "decode"):

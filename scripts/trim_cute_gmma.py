@@ -13,7 +13,8 @@ compile (no MMA_Traits for it), never run different code: the kept structs are C
 for byte.
 
 Usage: trim_cute_gmma.py CUTLASS_INCLUDE_DIR OUT_DIR   (writes OUT_DIR/cute/{arch,atom}/...)
-The output is rewritten only when its content changes (no needless rebuilds).
+The output is rewritten only when its content changes (no needless rebuilds). Prints the headers
+it read, one per line (CMake re-runs the configuration when one of them changes).
 """
 import os
 import re
@@ -109,6 +110,7 @@ def main():
         if old != trimmed:
             with open(out, "w") as f:
                 f.write(trimmed)
+        print(path)
 
 
 if __name__ == "__main__":

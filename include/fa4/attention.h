@@ -44,6 +44,12 @@
 //     the call (see check_async_errors): a sequence breaking a rule is skipped and reported by the
 //     next call on the device. Nothing is ever read or written out of bounds.
 //
+// CUDA GRAPHS. Every CUDA call (forward, backward, forward_with_kvcache) can be captured: no host
+// sync, no allocation once its stream has scratch. A captured call's zeroed scratch (tile
+// counters, split flags) belongs to the captured graph and its kernels leave it zero, so run one
+// executable instance of a captured graph at a time (CUDA orders the replays of one instance):
+// two instances of one captured graph replayed concurrently would share those counters.
+//
 // ERRORS. fa4::Error (fa4/error.h). Every argument is validated before anything is written, except
 // the contents of device-resident varlen indices (above) and of device-resident KV-cache indices
 // (forward_with_kvcache). The other exception: ErrorCode::kInternal from the CPU backward's consistency check (P = exp(s - lse)

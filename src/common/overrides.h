@@ -1,9 +1,9 @@
 // src/common/overrides.h — kernel-choice overrides for tests and benchmarks (ablations).
 //
 // The selector picks the tile order, the tile claiming, the epilogue, the stream-K split and the
-// kernel of small-query forwards by itself; tests and benchmarks force them through these process-wide overrides, set once through
-// fa4_internal_set_override (declared below, exported from libfa4 but not part of the public
-// headers). Reading them on the call path is a few relaxed atomic loads: no environment lookup.
+// kernel of small-query forwards by itself; tests and benchmarks force them through these
+// process-wide overrides, set once through fa4_internal_set_override (declared below, exported
+// from libfa4 but not part of the public headers). Reading them on the call path is a few relaxed atomic loads: no environment lookup.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +28,8 @@ KernelOverrides kernel_overrides();
 
 /// Sets one override: name "lpt" (value "0" | "1"), "schedule" ("static" | "dynamic"), "epilogue"
 /// ("direct" | "tma"), "stream_k" ("0" | "1") or "small_q" ("fwd" | "decode"); the value "auto"
-/// returns the choice to the selector. Throws fa4::Error(kInvalidArgument) naming the rule for any other name or value.
+/// returns the choice to the selector. Throws fa4::Error(kInvalidArgument) naming the rule for
+/// any other name or value.
 void set_kernel_override(const char* name, const char* value);
 
 }  // namespace fa4::detail

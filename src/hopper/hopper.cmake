@@ -97,11 +97,15 @@ if(FA4_TRIM_CUTE_HEADERS)
     execute_process(
       COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/scripts/trim_cute_gmma.py
               ${FA4_CUTLASS_INCLUDE_DIR} ${_fa4_cute_overlay}
-      RESULT_VARIABLE _fa4_trim_rc ERROR_VARIABLE _fa4_trim_err)
+      RESULT_VARIABLE _fa4_trim_rc OUTPUT_VARIABLE _fa4_trim_inputs ERROR_VARIABLE _fa4_trim_err)
     if(NOT _fa4_trim_rc EQUAL 0)
       message(FATAL_ERROR "fa4: ${_fa4_trim_err}(configure with -DFA4_TRIM_CUTE_HEADERS=OFF to use CuTe's headers as they are)")
     endif()
-    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/scripts/trim_cute_gmma.py)
+    # Re-trim when the script or one of CuTe's headers it read changes (a CUTLASS upgrade in place).
+    string(REPLACE "\n" ";" _fa4_trim_inputs "${_fa4_trim_inputs}")
+    list(FILTER _fa4_trim_inputs EXCLUDE REGEX "^$")
+    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
+                 ${PROJECT_SOURCE_DIR}/scripts/trim_cute_gmma.py ${_fa4_trim_inputs})
   else()
     message(WARNING "fa4: no python3 found: compiling against CuTe's full wgmma headers (slower builds)")
   endif()

@@ -190,11 +190,18 @@ std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& 
   const int8_t forced = detail::kernel_overrides().small_q_decode;
   if (forced == 0 || p.is_varlen || p.seqlen_q <= 0 || p.seqlen_k <= 0) return std::nullopt;
   if (p.exp2_fraction_given && p.exp2_emulation.emulated > 0) return std::nullopt;  // decode: MUFU only
+  // Only where the forward kernel exists in this build too: what forward_support accepts must not
+  // depend on seqlen_q.
+  const detail::HopperFwdConfig* fc = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
+  if (!fc || !bucket_compiled(fc->headdim, fc->headdim_v)) return std::nullopt;
   if (forced < 0) {
     const int64_t rows = int64_t(p.seqlen_q) * (p.num_heads / p.num_heads_kv);
     if (rows > kSmallQMaxRows) return std::nullopt;
-    const detail::HopperFwdConfig* fc = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
-    const int64_t tile_m = fc ? fc->tile_m : 128;
+    // Beyond one row tile the rule below was measured at unpadded widths only (d64, d128).
+    const detail::HopperDecodeConfig* dc = detail::hopper_decode_bucket(p.headdim, p.headdim_v);
+    if (rows > detail::kDecodeRowsPerCta && (!dc || dc->headdim != std::max(p.headdim, p.headdim_v)))
+      return std::nullopt;
+    const int64_t tile_m = fc->tile_m;
     const int64_t sms = std::max(1, device_facts(p.device.index).num_sms);
     const int64_t fwd_waves = (int64_t(p.batch) * p.num_heads * ((p.seqlen_q + tile_m - 1) / tile_m) + sms - 1) / sms;
     const int64_t decode_walks = int64_t(p.batch) * p.num_heads_kv *

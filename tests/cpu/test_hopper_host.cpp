@@ -193,20 +193,25 @@ TEST(HopperHost, DecodeSplitCount) {
   p.key_capacity = 131072;
   const fa4::detail::HopperDecodeConfig c = fa4::detail::hopper_decode_config(128, 128);  // 2 CTAs/SM
   const int sms = 132;
-  // 8 tiles (one 16-row tile per KV head): 264 / 8 = 33 splits.
-  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 33);
+  // 8 tiles (one 16-row tile per KV head): 264 / 8 = 33 splits, rounded down to a power of two.
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 32);
   p.batch = 32;  // 256 tiles: more than half a wave -> no split
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 1);
   p.batch = 8;   // 64 tiles: 264 / 64 = 4
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 4);
   p.batch = 1;
   p.key_capacity = 8192;  // 128 blocks: 8 per split at one CTA per SM, so a wave of 4-block splits
-  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 33);
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 32);
+  p.batch = 6;            // 48 tiles: 264 / 48 = 5 splits -> 4
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 4);
+  p.batch = 1;
   p.key_capacity = 2048;  // 32 blocks: 2 per split at one CTA per SM (132 / 8 = 16 splits)
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 16);
   p.key_capacity = 1024;  // 16 blocks: 1 per split
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 16);
   p.key_capacity = 200;   // 4 blocks: no more splits than blocks
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 4);
+  p.key_capacity = 400;   // 7 blocks: 7 splits -> 4
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 4);
   p.key_capacity = 64;
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 1);

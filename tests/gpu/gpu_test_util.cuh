@@ -61,21 +61,21 @@ inline float from16(DType t, uint16_t h) {
   return t == DType::kBF16 ? detail::bf16_to_float(h) : detail::fp16_to_float(h);
 }
 
-/// How many of graph g's nodes are not kernels (-1 if the graph cannot be read). A captured fa4
-/// forward or decode adds kernel nodes only: its scratch belongs to the graph, so a replay has no
-/// allocation, memset or free to run.
-inline int non_kernel_nodes(cudaGraph_t g) {
+/// How many of graph g's nodes have type `type` (kernel, memset, ...), or, with `other` set, any
+/// other type; -1 if the graph cannot be read. A captured fa4 call adds no memset node: what must
+/// start zeroed belongs to the graph and the kernels leave it zero for the next replay.
+inline int count_nodes(cudaGraph_t g, cudaGraphNodeType type, bool other = false) {
   size_t n = 0;
   if (cudaGraphGetNodes(g, nullptr, &n) != cudaSuccess) return -1;
   std::vector<cudaGraphNode_t> nodes(n);
   if (n && cudaGraphGetNodes(g, nodes.data(), &n) != cudaSuccess) return -1;
-  int other = 0;
+  int count = 0;
   for (cudaGraphNode_t node : nodes) {
     cudaGraphNodeType t;
     if (cudaGraphNodeGetType(node, &t) != cudaSuccess) return -1;
-    other += t != cudaGraphNodeTypeKernel;
+    count += (t == type) != other;
   }
-  return other;
+  return count;
 }
 
 }  // namespace fa4::test

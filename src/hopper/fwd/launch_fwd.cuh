@@ -139,26 +139,22 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   const bool sk_eligible = !fp.is_varlen && !fp.mask.is_local() && !dynamic && fp.seqlen_k > 0;
   p.sk = sk_eligible ? detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, ctx.stream_k) : whole_tiles;
 
-  // Device scratch (device_state.h): the dynamic schedule's claim counter (at 0), or the stream-K
-  // flags (from 0) and partials (after the flag region). The flag region has one size per device
-  // (room for every CTA and the most consumer warpgroups a kernel has), so a launch's flags never
-  // lie on another launch's partials in a shared buffer. Zero when a launch starts; the kernel
-  // leaves it zero (the last claim resets the counter, each combiner the flags it consumed).
+  // Device scratch (device_state.h): the dynamic schedule's claim counter or the stream-K flags,
+  // zero when a launch starts and left zero by the kernel (the last claim resets the counter, each
+  // combiner the flags it consumed), sized for every CTA and the most consumer warpgroups a kernel
+  // has; and the stream-K partials, in a buffer of their own (every split launch overwrites them).
   constexpr int64_t kMaxMmaWarpGroups = 3;
   const size_t flag_bytes = size_t(ctx.num_sms * kMaxMmaWarpGroups * int64_t(sizeof(int32_t)) + 255) / 256 * 256;
   static_assert(Kt::kNumMmaWarpGroups <= kMaxMmaWarpGroups);
-  size_t scratch_bytes = 0;
-  if (dynamic) scratch_bytes = flag_bytes;
-  else if (p.sk.tail_ctas > 0) scratch_bytes = flag_bytes + size_t(StreamK<Kt>::workspace_bytes(p.sk.tail_ctas));
-  LaunchScratch scratch{nullptr, false};
-  if (scratch_bytes > 0) {
-    scratch = acquire_scratch(fp.device.index, stream, scratch_bytes, flag_bytes);
-    if (dynamic) {
-      p.tile_counter = reinterpret_cast<int32_t*>(scratch.ptr);
-    } else {
-      p.sk_flags = reinterpret_cast<int32_t*>(scratch.ptr);
-      p.sk_partial = reinterpret_cast<float*>(scratch.ptr + flag_bytes);
-    }
+  LaunchScratch flags{nullptr, false}, partials{nullptr, false};
+  if (dynamic || p.sk.tail_ctas > 0) flags = acquire_scratch(fp.device.index, stream, flag_bytes, flag_bytes);
+  if (dynamic) {
+    p.tile_counter = reinterpret_cast<int32_t*>(flags.ptr);
+  } else if (p.sk.tail_ctas > 0) {
+    partials = acquire_scratch(fp.device.index, stream, size_t(StreamK<Kt>::workspace_bytes(p.sk.tail_ctas)), 0,
+                               ScratchKind::kForwardPartials);
+    p.sk_flags = reinterpret_cast<int32_t*>(flags.ptr);
+    p.sk_partial = reinterpret_cast<float*>(partials.ptr);
   }
 
   cudaError_t launched = cudaSuccess;
@@ -188,7 +184,8 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
     kernel<<<p.sk.grid, Kt::kNumThreads, Kt::kSmemBytes, stream>>>(p);
     launched = cudaGetLastError();
   }
-  release_scratch(scratch, stream);
+  release_scratch(partials, stream);
+  release_scratch(flags, stream);
   check_cuda(launched, kFwd, "kernel launch");
 }
 

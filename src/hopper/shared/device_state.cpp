@@ -60,37 +60,52 @@ char* alloc_scratch(int device, size_t bytes, bool zero) {
   return p;
 }
 
-/// A buffer owned by a captured graph (see acquire_scratch). The destructor callback of the graph's
-/// user object may make no CUDA call: it hands the buffer back through g_returned, and the next
-/// captured call moves it to g_capture_free for reuse.
+/// A zeroed buffer owned by a captured graph (see acquire_scratch). The destructor callback of the
+/// graph's user object may make no CUDA call: it hands the buffer back through the returned list,
+/// and the next captured call moves it to g_capture_free for reuse.
 struct CaptureBuffer {
   int device;
   char* ptr;
   size_t bytes;
 };
-std::mutex g_returned_mu;
-std::vector<CaptureBuffer> g_returned;      // given back by destroyed graphs (g_returned_mu)
+/// Given back by destroyed graphs. On the heap and never freed: CUDA's thread may call give_back
+/// while the process runs its static destructors.
+struct ReturnedBuffers {
+  std::mutex mu;
+  std::vector<CaptureBuffer> list;
+};
+ReturnedBuffers& returned_buffers() {
+  static ReturnedBuffers* r = new ReturnedBuffers;
+  return *r;
+}
 std::vector<CaptureBuffer> g_capture_free;  // ready for the next capture (g_mu)
+CaptureScratchStats g_capture_stats;        // (g_mu)
 
 void give_back(void* record) {  // CUDA's internal thread, once the graph and its work are gone
   auto* b = static_cast<CaptureBuffer*>(record);
+  ReturnedBuffers& r = returned_buffers();
   {
-    std::lock_guard<std::mutex> lock(g_returned_mu);
-    g_returned.push_back(*b);
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.list.push_back(*b);
   }
   delete b;
 }
 
-/// Scratch for a call captured into `graph`: a plain device buffer (the smallest free one that
-/// fits, else a new one), zeroed now, whose lifetime a user object ties to the graph. Replays then
-/// run the kernel alone (no allocation, memset or free node): the kernels leave the zeroed part
-/// zero for the next replay, and CUDA orders the replays of one executable graph. g_mu held.
-char* capture_owned_scratch(int device, cudaGraph_t graph, size_t bytes, size_t zeroed_bytes) {
-  {
-    std::lock_guard<std::mutex> lock(g_returned_mu);
-    g_capture_free.insert(g_capture_free.end(), g_returned.begin(), g_returned.end());
-    g_returned.clear();
-  }
+/// Moves the buffers destroyed graphs gave back to g_capture_free. g_mu held.
+void collect_returned() {
+  ReturnedBuffers& r = returned_buffers();
+  std::lock_guard<std::mutex> lock(r.mu);
+  g_capture_free.insert(g_capture_free.end(), r.list.begin(), r.list.end());
+  r.list.clear();
+}
+
+/// Zeroed scratch (claim counters, stream-K flags, split arrival counters: a few KB) for a call
+/// captured into `graph`: a plain device buffer (the smallest free one that fits, else a new one),
+/// zeroed now, whose lifetime a user object ties to the graph. Replays need no memset node (a
+/// kernel-like node of its own on the GPU): the kernels leave the buffer zero for the next replay,
+/// and CUDA orders the replays of one executable graph. g_mu held.
+char* capture_owned_zeroed(int device, cudaGraph_t graph, size_t bytes) {
+  collect_returned();
   size_t best = g_capture_free.size();
   for (size_t i = 0; i < g_capture_free.size(); ++i) {
     const CaptureBuffer& b = g_capture_free[i];
@@ -102,22 +117,23 @@ char* capture_owned_scratch(int device, cudaGraph_t graph, size_t bytes, size_t 
   if (best < g_capture_free.size()) {
     buf = g_capture_free[best];
     g_capture_free.erase(g_capture_free.begin() + std::ptrdiff_t(best));
-    if (zeroed_bytes > 0) {  // zeroed again (its last graph's kernels should have left it zero)
-      RelaxedCapture relaxed;
-      cudaStream_t zs = g_zero_stream[device];  // exists: alloc_scratch made it with the buffer
-      cudaError_t e = cudaMemsetAsync(buf.ptr, 0, zeroed_bytes, zs);
-      if (e == cudaSuccess) e = cudaStreamSynchronize(zs);
-      if (e != cudaSuccess) g_capture_free.push_back(buf);
-      check(e, "zeroing the captured call's scratch");
-    }
+    // Zeroed again (its last graph's kernels should have left it zero).
+    RelaxedCapture relaxed;
+    cudaStream_t zs = g_zero_stream[device];  // exists: alloc_scratch made it with the buffer
+    cudaError_t e = cudaMemsetAsync(buf.ptr, 0, buf.bytes, zs);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(zs);
+    if (e != cudaSuccess) g_capture_free.push_back(buf);
+    check(e, "zeroing the captured call's scratch");
+    ++g_capture_stats.reused;
   } else {
     size_t size = 4096;
     while (size < bytes) size *= 2;
     buf = {device, alloc_scratch(device, size, true), size};
+    ++g_capture_stats.created;
   }
   auto* record = new CaptureBuffer(buf);
   cudaUserObject_t owner = nullptr;
-  const cudaError_t e = cudaUserObjectCreate(&owner, record, give_back, 1, cudaUserObjectNoDestructorSync);
+  cudaError_t e = cudaUserObjectCreate(&owner, record, give_back, 1, cudaUserObjectNoDestructorSync);
   if (e != cudaSuccess) {
     delete record;
     g_capture_free.push_back(buf);
@@ -125,7 +141,9 @@ char* capture_owned_scratch(int device, cudaGraph_t graph, size_t bytes, size_t 
   }
   // The graph takes the only reference: the buffer comes back once the graph and every executable
   // made from it are destroyed and their launched work is done.
-  check(cudaGraphRetainUserObject(graph, owner, 1, cudaGraphUserObjectMove), "cudaGraphRetainUserObject");
+  e = cudaGraphRetainUserObject(graph, owner, 1, cudaGraphUserObjectMove);
+  if (e != cudaSuccess) cudaUserObjectRelease(owner, 1);  // give_back returns the buffer
+  check(e, "cudaGraphRetainUserObject (captured scratch)");
   return buf.ptr;
 }
 
@@ -134,19 +152,27 @@ int g_error_devices = 0;
 
 }  // namespace
 
+CaptureScratchStats capture_scratch_stats() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  collect_returned();
+  CaptureScratchStats s = g_capture_stats;
+  s.free = g_capture_free.size();
+  return s;
+}
+
 LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, size_t zeroed_bytes, ScratchKind kind) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   cudaGraph_t graph = nullptr;
   check(cudaStreamGetCaptureInfo(stream, &capture, nullptr, &graph), "cudaStreamGetCaptureInfo");
-  if (capture == cudaStreamCaptureStatusActive && kind != ScratchKind::kBackward) {
+  if (capture == cudaStreamCaptureStatusActive && zeroed_bytes > 0) {
     std::lock_guard<std::mutex> lock(g_mu);
-    return {capture_owned_scratch(device, graph, bytes, zeroed_bytes), false};
+    return {capture_owned_zeroed(device, graph, bytes), false};
   }
   if (capture != cudaStreamCaptureStatusNone) {
-    // The backward's workspace (dQ accumulator, row statistics: large, never zeroed) is graph
-    // memory instead: allocation and free become nodes of the graph, and CUDA shares the memory
-    // between graphs and between the nodes of one graph (a workspace per captured layer may not
-    // fit). An invalidated capture gets the same nodes; the capture fails and frees them.
+    // Scratch that every launch overwrites (split partials, the backward's dQ accumulator and row
+    // statistics: up to GBs, never zeroed) is graph memory: allocation and free become nodes of
+    // the graph, and CUDA shares the memory between graphs and between the nodes of one graph.
+    // (An invalidated capture takes this path too; the capture fails and frees them.)
     LaunchScratch s{nullptr, true};
     check(cudaMallocAsync(reinterpret_cast<void**>(&s.ptr), bytes, stream), "cudaMallocAsync (captured scratch)");
     const cudaError_t e = zeroed_bytes > 0 ? cudaMemsetAsync(s.ptr, 0, zeroed_bytes, stream) : cudaSuccess;

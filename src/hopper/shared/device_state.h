@@ -7,12 +7,14 @@
 //     counter, a combiner resets the flags it consumed), so eager calls share one buffer per
 //     (device, stream), zeroed once, when it is allocated (on the first call that needs it, then
 //     grown by doubling; outgrown buffers are kept, not freed, so growth never waits). A call made
-//     while its stream is being captured into a CUDA graph gets scratch that belongs to the graph
-//     (a buffer zeroed at capture and tied to the graph by a CUDA user object; reused once the
-//     graph is destroyed), so a replay runs the kernels alone. Not supported: two executable
-//     graphs instantiated from one captured graph running at the same time (they would share the
-//     buffer; the replays of one executable graph are ordered by CUDA). The backward's
-//     workspace, large and never zeroed, is graph memory instead (allocation and free nodes).
+//     while its stream is being captured into a CUDA graph gets, for what must start zeroed (a
+//     few KB of counters and flags), a buffer zeroed at capture and tied to the graph by a CUDA
+//     user object (reused once the graph is destroyed), so a replay runs no memset; what every
+//     launch overwrites (split partials, the backward's workspace) is graph memory (allocation
+//     and free nodes, memory CUDA shares between graphs). Not supported: two executable graphs
+//     instantiated from one captured graph running at the same time (they would share the
+//     counters; the replays of one executable graph are ordered by CUDA). Where the graph also
+//     holds graph memory, CUDA refuses the second instantiation itself.
 //   * the asynchronous error word: a kernel that meets varlen indices breaking the rules
 //     (cu_seqlens_q/k, seqused_k; checked on the device, where the host cannot read them without a
 //     sync) computes nothing for that sequence and sets a bit here, in mapped host memory; the next
@@ -32,7 +34,7 @@ namespace fa4::hopper {
 /// Scratch of one launch (see above).
 struct LaunchScratch {
   char* ptr;
-  bool graph_owned;  ///< captured backward: release_scratch frees it (a graph node)
+  bool graph_owned;  ///< captured, not zeroed: graph memory, release_scratch frees it (a graph node)
 };
 
 /// Which launches share a buffer. The forward's buffer must stay zero between launches (its kernels
@@ -41,7 +43,9 @@ struct LaunchScratch {
 /// The decode's split partials (decode/) are overwritten by every split-KV decode: a third buffer.
 /// Its per-tile arrival counters must stay zero between launches (the last arriving split resets
 /// its tile's) and their number varies with the shape, so they get a fourth buffer, all of it zero.
-enum class ScratchKind : int { kForward = 0, kBackward = 1, kDecode = 2, kDecodeArrivals = 3 };
+/// The forward's stream-K partials (overwritten by every split launch) have a buffer of their own
+/// too, so the zeroed flags can be captured apart from them.
+enum class ScratchKind : int { kForward = 0, kBackward = 1, kDecode = 2, kDecodeArrivals = 3, kForwardPartials = 4 };
 
 /// At least `bytes` bytes for a launch on (device, stream), the first `zeroed_bytes` of them zero.
 /// The current device must be `device`. Throws fa4::Error(kCudaError) if it cannot be had.
@@ -50,6 +54,16 @@ LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, siz
 
 /// After the launch that used `s`, on the same stream.
 void release_scratch(const LaunchScratch& s, cudaStream_t stream);
+
+/// The zeroed buffers of captured calls so far (tests): created, reused after their graph was
+/// destroyed, and free now (given back by destroyed graphs; CUDA runs the give-back shortly after
+/// the destruction, on a thread of its own).
+struct CaptureScratchStats {
+  size_t created = 0;
+  size_t reused = 0;
+  size_t free = 0;
+};
+CaptureScratchStats capture_scratch_stats();
 
 /// Bits of the asynchronous error word.
 enum AsyncError : uint32_t {
