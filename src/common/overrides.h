@@ -3,7 +3,8 @@
 // The selector picks the tile order, the tile claiming, the epilogue, the stream-K split and the
 // kernel of small-query forwards by itself; tests and benchmarks force them through these
 // process-wide overrides, set once through fa4_internal_set_override (declared below, exported
-// from libfa4 but not part of the public headers). Reading them on the call path is a few relaxed atomic loads: no environment lookup.
+// from libfa4 but not part of the public headers). Reading them on the call path is a few relaxed
+// atomic loads: no environment lookup.
 #pragma once
 
 #include <cstdint>

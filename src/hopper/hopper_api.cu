@@ -294,7 +294,8 @@ std::string backward_support(const detail::BwdParams& p, std::string* kernel_nam
 
 void forward(const detail::FwdParams& p) {
   // The selector (forward_support) has accepted p: fa4::forward calls it first, once.
-  if (const std::optional<detail::KVCacheParams> kp = small_q_on_decode(p, nullptr)) return forward_kvcache(*kp);
+  if (const std::optional<detail::KVCacheParams> kp = small_q_on_decode(p, nullptr))
+    return forward_kvcache(*kp, "fa4::forward");
   // An earlier kernel on this device may have met invalid varlen indices: report it now (a read of
   // host memory, no sync), before this call writes anything.
   check_async_errors(p.device.index);
@@ -405,14 +406,15 @@ std::string kvcache_support(const detail::KVCacheParams& p, std::string* kernel_
   return "";
 }
 
-void forward_kvcache(const detail::KVCacheParams& p) {
+void forward_kvcache(const detail::KVCacheParams& p, const char* fn) {
   // The selector (kvcache_support) has accepted p. Earlier invalid indices: report now.
   check_async_errors(p.device.index);
   const DeviceFacts f = device_facts(p.device.index);
   LaunchContext ctx;
   ctx.num_sms = f.num_sms;
   ctx.l2_bytes = f.l2_bytes;
-  const ScopedDevice scoped_device(p.device.index, "fa4::forward_with_kvcache");
+  ctx.fn = fn;
+  const ScopedDevice scoped_device(p.device.index, fn);
   ctx.async_error = async_error_word(p.device.index);
 
   const detail::HopperDecodeConfig* c = detail::hopper_decode_bucket(p.headdim, p.headdim_v);

@@ -32,7 +32,8 @@ std::string kvcache_support(const detail::KVCacheParams& p, std::string* kernel_
 /// split-KV decode kernel (with more than one split, the last split of a tile merges). Device-resident
 /// cache_seqlens / cache_batch_idx / page_table are checked by the kernels (AsyncError bits):
 /// a sequence breaking a rule gets no output and nothing is read or written out of bounds.
-/// Precondition: kvcache_support(p) == "".
-void forward_kvcache(const detail::KVCacheParams& p);
+/// Precondition: kvcache_support(p) == "". `fn` names the call in CUDA errors (fa4::forward when
+/// the selector sent a small-query forward here).
+void forward_kvcache(const detail::KVCacheParams& p, const char* fn = "fa4::forward_with_kvcache");
 
 }  // namespace fa4::hopper

@@ -24,6 +24,13 @@ struct ScopedOverride {
   ScopedOverride& operator=(const ScopedOverride&) = delete;
 };
 
+/// Every GPU test's poison (NaN in bf16 and fp16: a value the kernel never wrote shows as NaN)
+/// and the absolute terms of the accuracy rule (error <= 2 x the naive same-precision
+/// implementation's + atol): out elements, lse values.
+inline constexpr uint16_t kPoison16 = 0xFFFF;
+inline constexpr float kAtolO = 1e-4f;
+inline constexpr float kAtolLse = 1e-3f;
+
 /// True when device 0 is a Hopper (compute capability 9.x) GPU the sm_90a kernels can run on.
 inline bool have_hopper() {
   int n = 0;

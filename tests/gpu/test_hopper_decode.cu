@@ -34,10 +34,10 @@ using fa4::TensorView;
 using fa4::test::DevBuf;
 using fa4::test::from16;
 using fa4::test::to16;
+using fa4::test::kAtolLse;
+using fa4::test::kAtolO;
+using fa4::test::kPoison16;
 
-constexpr uint16_t kPoison16 = 0xFFFF;  // NaN in bf16 and fp16
-constexpr float kAtolO = 1e-4f;
-constexpr float kAtolLse = 1e-3f;
 
 struct KvCase {
   DType dtype = DType::kBF16;

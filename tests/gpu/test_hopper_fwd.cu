@@ -37,6 +37,9 @@ using fa4::TensorView;
 using fa4::test::DevBuf;
 using fa4::test::from16;
 using fa4::test::to16;
+using fa4::test::kAtolLse;
+using fa4::test::kAtolO;
+using fa4::test::kPoison16;
 
 
 
@@ -80,9 +83,6 @@ struct Result {
 };
 
 
-constexpr uint16_t kPoison16 = 0xFFFF;  // NaN in bf16 and fp16
-constexpr float kAtolO = 1e-4f;
-constexpr float kAtolLse = 1e-3f;
 
 /// Runs one case: fa4 twice (C27: bitwise equal), the exact and naive16 references, and checks.
 /// `first` (optional) receives the first run's raw output and LSE; `kernel` the selector's choice.

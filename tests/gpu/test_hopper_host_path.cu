@@ -27,11 +27,12 @@
 
 namespace {
 
+using fa4::test::kPoison16;
+
 using fa4::DType;
 using fa4::TensorView;
 
 
-constexpr uint16_t kPoison16 = 0xFFFF;  // NaN in bf16
 
 /// A bf16 problem in device memory: q (rows_q, H, d), k/v (rows_k, HK, d), out, lse (H, rows_q)
 /// for varlen, or the batched 4-D layout when `batch` > 0.

@@ -18,7 +18,7 @@ void run_decode(const detail::KVCacheParams& p, const LaunchContext& ctx) {
   constexpr detail::HopperDecodeConfig c = detail::hopper_decode_config(kHeadDim, kHeadDimV);
   using Smem = decode::DecodeSmem<kHeadDim, c.block_n, c.stages>;
   using Elem = typename decode::ElemOf<kBF16>::type;
-  constexpr const char* kFn = "fa4::forward_with_kvcache";
+  const char* const kFn = ctx.fn;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.device.stream);
 
   decode::DecodeArgs a{};

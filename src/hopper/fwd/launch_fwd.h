@@ -31,6 +31,8 @@ struct LaunchContext {
   int stream_k = -1;
   /// Varlen: the device's asynchronous error word (device_state.h); nullptr otherwise.
   uint32_t* async_error = nullptr;
+  /// The API call, for CUDA errors (the decode launch: forward_with_kvcache, or a small-query forward).
+  const char* fn = "fa4::forward_with_kvcache";
 };
 
 /// kDType: 0 = bf16, 1 = fp16 (values of fa4::DType). Defined in launch_fwd.cuh; explicitly
