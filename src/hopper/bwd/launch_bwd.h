@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "core/params.h"
-#include "hopper/fwd/launch_fwd.h"
+#include "hopper/shared/launch_context.h"
 
 namespace fa4::hopper {
 

@@ -9,7 +9,7 @@
 
 #include "core/params.h"
 #include "hopper/decode/tuning_decode.h"
-#include "hopper/fwd/launch_fwd.h"
+#include "hopper/shared/launch_context.h"
 
 namespace fa4::hopper {
 

@@ -6,34 +6,9 @@
 #include <cstdint>
 
 #include "core/params.h"
+#include "hopper/shared/launch_context.h"
 
 namespace fa4::hopper {
-
-/// Most tiles one launch numbers: tile indices are int32 and a CTA computes `t + grid` (grid
-/// <= 2^16) past the last one, which must not overflow.
-inline constexpr int64_t kMaxTiles = int64_t(INT32_MAX) - (int64_t(1) << 16);
-
-/// Host facts the launch needs (queried once per device by hopper_api.cu).
-struct LaunchContext {
-  int32_t num_sms = 0;
-  int64_t l2_bytes = 0;
-  bool lpt = true;  ///< LPT order + L2 sections (auto: masked/varlen only; override "lpt" forces)
-  /// Tiles claimed from an atomic counter (greedy, tile_scheduler.cuh) instead of a static stride
-  /// (hopper_api.cu sets it: causal/window, not varlen; override "schedule" forces).
-  /// Used only when there are more tiles than CTAs.
-  bool dynamic_schedule = false;
-  /// O through smem + TMA store (hopper_api.cu sets it where out is batched and TMA-aligned;
-  /// override "epilogue" = direct forces the direct register stores, for the ablation).
-  bool tma_epilogue = false;
-  /// Stream-K split of the last partial round (core/stream_k.h; dense problems only): -1
-  /// where the cost model predicts a gain, 0 never, 1 wherever there is a partial round
-  /// (override "stream_k" forces; tests and the ablation; common/overrides.h).
-  int stream_k = -1;
-  /// Varlen: the device's asynchronous error word (device_state.h); nullptr otherwise.
-  uint32_t* async_error = nullptr;
-  /// The API call, for CUDA errors (the decode launch: forward_with_kvcache, or a small-query forward).
-  const char* fn = "fa4::forward_with_kvcache";
-};
 
 /// kDType: 0 = bf16, 1 = fp16 (values of fa4::DType). Defined in launch_fwd.cuh; explicitly
 /// instantiated once per compiled bucket. Throws fa4::Error(kCudaError) if a CUDA call fails.

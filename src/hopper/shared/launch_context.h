@@ -1,0 +1,36 @@
+// src/hopper/shared/launch_context.h — what the selector (hopper_api.cu) hands every Hopper launch
+// (fwd/, bwd/, decode/): the device's facts and the launch choices it made. Host only, no CUDA.
+#pragma once
+
+#include <cstdint>
+
+namespace fa4::hopper {
+
+/// Most tiles one launch numbers: tile indices are int32 and a CTA computes `t + grid` (grid
+/// <= 2^16) past the last one, which must not overflow.
+inline constexpr int64_t kMaxTiles = int64_t(INT32_MAX) - (int64_t(1) << 16);
+
+/// Host facts the launch needs (queried once per device by hopper_api.cu) and its choices.
+struct LaunchContext {
+  int32_t num_sms = 0;
+  int64_t l2_bytes = 0;
+  bool lpt = true;  ///< LPT order + L2 sections (auto: masked/varlen only; override "lpt" forces)
+  /// Tiles claimed from an atomic counter (greedy, tile_scheduler.cuh) instead of a static stride
+  /// (hopper_api.cu sets it: causal/window, not varlen; override "schedule" forces).
+  /// Used only when there are more tiles than CTAs.
+  bool dynamic_schedule = false;
+  /// O through smem + TMA store (hopper_api.cu sets it where out is batched and TMA-aligned;
+  /// override "epilogue" = direct forces the direct register stores, for the ablation).
+  bool tma_epilogue = false;
+  /// Stream-K split of the last partial round (core/stream_k.h; dense problems only): -1
+  /// where the cost model predicts a gain, 0 never, 1 wherever there is a partial round
+  /// (override "stream_k" forces; tests and the ablation; common/overrides.h).
+  int stream_k = -1;
+  /// Varlen and KV-cache calls: the device's asynchronous error word (device_state.h); else nullptr.
+  uint32_t* async_error = nullptr;
+  /// The API call the decode launch names in CUDA errors (forward_with_kvcache, or fa4::forward
+  /// for a small-query forward the selector sent there).
+  const char* fn = "fa4::forward_with_kvcache";
+};
+
+}  // namespace fa4::hopper
