@@ -196,6 +196,23 @@ __device__ __forceinline__ bool arrive_last(const DecodeArgs& a, int32_t* s_last
   return *s_last != 0;
 }
 
+/// Writes one finished output slice: row (b, i, h), columns c..c+3 of out (o = acc / l with the
+/// sink, core/softmax.h finalize_row) and, from the thread of column 0, the row's lse.
+template <bool kBF16>
+__device__ __forceinline__ void store_final(const detail::KVCacheParams& p, int32_t b, int32_t i, int32_t h, int c,
+                                            float m, float l, const float4& acc, const float* sink) {
+  using Elem = typename ElemOf<kBF16>::type;
+  const detail::RowNorm nrm = detail::finalize_row(m, l, sink ? sink[h] : -INFINITY);
+  Elem* out = static_cast<Elem*>(p.out) + int64_t(b) * p.out_stride.batch + int64_t(i) * p.out_stride.row +
+              int64_t(h) * p.out_stride.head + c;
+  uint2 v;
+  v.x = pack2<kBF16>(acc.x * nrm.o_scale, acc.y * nrm.o_scale);
+  v.y = pack2<kBF16>(acc.z * nrm.o_scale, acc.w * nrm.o_scale);
+  *reinterpret_cast<uint2*>(out) = v;
+  if (c == 0)
+    p.lse[int64_t(b) * p.lse_batch_stride + int64_t(h) * p.lse_head_stride + int64_t(i) * p.lse_row_stride] = nrm.lse;
+}
+
 /// Merges the splits' partial rows of one tile (rows row0.. of kv_head in sequence b) into out/lse.
 /// A split's normalised row with log2-sum-exp L_s is the partial state (m = L_s, l = 1, O = row);
 /// the states are merged online (merge_weight; a split raising the max rescales the sum so far)
@@ -208,7 +225,6 @@ __device__ __forceinline__ bool arrive_last(const DecodeArgs& a, int32_t* s_last
 template <bool kBF16, int kD>
 __device__ __forceinline__ void combine_tile(const DecodeArgs& a, int32_t b, int32_t kv_head, int32_t row0,
                                              int32_t rows) {
-  using Elem = typename ElemOf<kBF16>::type;
   const detail::KVCacheParams& p = a.p;
   const int32_t n_rows = min(16, rows - row0);
   constexpr int kC4 = kD / 4;
@@ -236,15 +252,7 @@ __device__ __forceinline__ void combine_tile(const DecodeArgs& a, int32_t b, int
         acc.x += w * x.x; acc.y += w * x.y; acc.z += w * x.z; acc.w += w * x.w;
       }
     }
-    const detail::RowNorm nrm = detail::finalize_row(m, l, p.sink ? p.sink[h] : -INFINITY);
-    Elem* out = static_cast<Elem*>(p.out) + int64_t(b) * p.out_stride.batch + int64_t(i) * p.out_stride.row +
-                int64_t(h) * p.out_stride.head + c;
-    uint2 v;
-    v.x = pack2<kBF16>(acc.x * nrm.o_scale, acc.y * nrm.o_scale);
-    v.y = pack2<kBF16>(acc.z * nrm.o_scale, acc.w * nrm.o_scale);
-    *reinterpret_cast<uint2*>(out) = v;
-    if (c == 0)
-      p.lse[int64_t(b) * p.lse_batch_stride + int64_t(h) * p.lse_head_stride + int64_t(i) * p.lse_row_stride] = nrm.lse;
+    store_final<kBF16>(p, b, i, h, c, m, l, acc, p.sink);
   }
 }
 
@@ -519,15 +527,7 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
     }
     const int32_t i = row / a.group, h = kv_head * a.group + row % a.group;
     if (a.num_splits == 1) {
-      const detail::RowNorm nrm = detail::finalize_row(mm, ll, sink ? sink[h] : -INFINITY);
-      Elem* out = static_cast<Elem*>(p.out) + int64_t(b) * p.out_stride.batch + int64_t(i) * p.out_stride.row +
-                  int64_t(h) * p.out_stride.head + c;
-      uint2 v;
-      v.x = pack2<kBF16>(acc.x * nrm.o_scale, acc.y * nrm.o_scale);
-      v.y = pack2<kBF16>(acc.z * nrm.o_scale, acc.w * nrm.o_scale);
-      *reinterpret_cast<uint2*>(out) = v;
-      if (c == 0)
-        p.lse[int64_t(b) * p.lse_batch_stride + int64_t(h) * p.lse_head_stride + int64_t(i) * p.lse_row_stride] = nrm.lse;
+      store_final<kBF16>(p, b, i, h, c, mm, ll, acc, sink);
     } else {
       // Empty (no key seen) only when ll == 0: a NaN from the data must reach the merge, which
       // then propagates it like one split would.
