@@ -36,23 +36,27 @@ std::map<std::tuple<int, unsigned long long, int>, std::pair<char*, size_t>> g_e
 std::map<int, cudaStream_t> g_zero_stream;  // a private stream per device for the one-time memset
 std::vector<char*> g_outgrown;              // kept, not freed: see acquire_scratch
 
-/// cudaMalloc + (when `zero`) zero fill on a private non-blocking stream (never the caller's).
-/// Called with g_mu held.
+/// Zero fill of `bytes` at p on device's private non-blocking stream (never the caller's; made on
+/// first use), waited for. Only when a buffer is allocated or handed to a new capture, never per
+/// call. Called with g_mu held.
+cudaError_t zero_on_private_stream(int device, char* p, size_t bytes) {
+  RelaxedCapture relaxed;  // another thread may be capturing in global mode
+  cudaStream_t& zs = g_zero_stream[device];
+  if (!zs) {
+    const cudaError_t e = cudaStreamCreateWithFlags(&zs, cudaStreamNonBlocking);
+    if (e != cudaSuccess) return e;
+  }
+  const cudaError_t e = cudaMemsetAsync(p, 0, bytes, zs);
+  return e == cudaSuccess ? cudaStreamSynchronize(zs) : e;
+}
+
+/// cudaMalloc + (when `zero`) zero_on_private_stream. Called with g_mu held.
 char* alloc_scratch(int device, size_t bytes, bool zero) {
   RelaxedCapture relaxed;  // another thread may be capturing in global mode
   char* p = nullptr;
   check(cudaMalloc(reinterpret_cast<void**>(&p), bytes), "cudaMalloc (launch scratch)");
   if (!zero) return p;  // (the backward's workspace: every launch writes what it reads)
-  cudaStream_t& zs = g_zero_stream[device];
-  if (!zs) {
-    const cudaError_t e = cudaStreamCreateWithFlags(&zs, cudaStreamNonBlocking);
-    if (e != cudaSuccess) {
-      cudaFree(p);
-      check(e, "cudaStreamCreate (scratch)");
-    }
-  }
-  cudaError_t e = cudaMemsetAsync(p, 0, bytes, zs);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(zs);
+  const cudaError_t e = zero_on_private_stream(device, p, bytes);
   if (e != cudaSuccess) {
     cudaFree(p);
     check(e, "zeroing the launch scratch");
@@ -118,10 +122,7 @@ char* capture_owned_zeroed(int device, cudaGraph_t graph, size_t bytes) {
     buf = g_capture_free[best];
     g_capture_free.erase(g_capture_free.begin() + std::ptrdiff_t(best));
     // Zeroed again (its last graph's kernels should have left it zero).
-    RelaxedCapture relaxed;
-    cudaStream_t zs = g_zero_stream[device];  // exists: alloc_scratch made it with the buffer
-    cudaError_t e = cudaMemsetAsync(buf.ptr, 0, buf.bytes, zs);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(zs);
+    const cudaError_t e = zero_on_private_stream(device, buf.ptr, buf.bytes);
     if (e != cudaSuccess) g_capture_free.push_back(buf);
     check(e, "zeroing the captured call's scratch");
     ++g_capture_stats.reused;
