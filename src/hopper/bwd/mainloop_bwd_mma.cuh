@@ -1,13 +1,17 @@
 // src/hopper/bwd/mainloop_bwd_mma.cuh — a consumer warpgroup of the backward: its 64 keys of the CTA's
 // key block against every query block that sees them (kernel_traits_bwd.cuh lists the products).
 //
-// Per step (one query block of one query head):
+// Per step (one query block of one query head), in issue order:
 //   S^T = K Q^T, dP^T = V dO^T                     (SS, issued together)
-//   P^T = exp2(S^T scale_log2 - lse_log2)          masked pairs exactly 0 (never exp of -inf - lse)
+//   P^T = exp2(S^T scale_log2 - lse_log2)          on MUFU while dP^T's product runs; masked pairs
+//                                                  exactly 0 (never exp of -inf - lse)
 //   dS^T = P^T (dP^T - D) [* (1 - tanh^2): softcap]
-//   dV += P^T dO, dK += dS^T Q                     (RS: P^T, dS^T straight from registers)
-//   dS^T -> smem (bf16/fp16); both warpgroups meet (dS complete); dQ = dS K for half of d each
-//   dQ staged in smem for the dQ writer warp's bulk reduce-add (mainloop_bwd_load.cuh)
+//   dS^T -> smem (stmatrix); dV += P^T dO          (RS: P^T straight from registers)
+//   both warpgroups meet (dS complete); dQ = dS K for half of d each; dK += dS^T Q (RS)
+//   dQ staged in smem for the dQ writer warp's bulk reduce-add (mainloop_bwd_load.cuh) while
+//   dK's product runs
+// The elementwise code comes in four versions (softcap or not, per-pair mask or none): a step
+// whose pairs are all visible, as most are, selects nothing.
 // dK and dV stay in registers over the whole walk (all query heads of the KV head's group: no dK/dV
 // atomics or buffers for GQA), then leave through direct stores (dK scaled by softmax_scale).
 #pragma once
@@ -99,6 +103,48 @@ struct BwdMma {
     typename Kt::PipelineStateKV rkv;
     int ds_buf = 0;
 
+    // One step of the walk (the query block ea_in.q0 of the stage rq holds), in the issue order of
+    // the header comment; kSoftcap / kMasked pick the elementwise version.
+    auto step = [&](const ElemArgs& ea_in, auto softcap_c, auto masked_c) __attribute__((always_inline)) {
+      constexpr bool kSoftcap = decltype(softcap_c)::value;
+      constexpr bool kMasked = decltype(masked_c)::value;
+      const int st = rq.index();
+      consumer_wait(pipe_q, rq);
+      wgmma</*zero_init=*/true, -1>(mma_s, tSrK, tSrQ(_, _, _, st), tSrS);
+      wgmma<true, -1>(mma_dp, tdPrV, tdPrdO(_, _, _, st), tdPrdP);
+      ElemArgs ea = ea_in;
+      ea.lse = ss.smem_lse.data() + st * kBlockM;
+      ea.dsum = ss.smem_d.data() + st * kBlockM;
+      // P^T on the exp unit while the dP^T product runs on the tensor cores.
+      warpgroup_wait<1>();
+      warpgroup_fence_operand(tSrS);
+      probs<kSoftcap, kMasked>(p, ea, tSrS, tdVrP32);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tdPrdP);
+      dscores<kSoftcap, kMasked>(ea, tSrS, tdPrdP, tdVrP32, tdKrdS32);
+      copy(r2s_ds, tdSadS, tdSsdS(_, _, _, ds_buf));
+      wgmma<false, -1>(mma_dv, tdVrP, tdVrdOt(_, _, _, st), tdVrdV);
+      // dS^T of both warpgroups is in smem (generic stores, read next by the async proxy).
+      cutlass::arch::fence_view_async_shared();
+      arch::named_barrier_sync(Barriers::consumers(), Kt::kNumMmaThreads);
+      wgmma<true, -1>(mma_dq, tdQrdS(_, _, _, ds_buf), tdQrKt, tdQrdQ);
+      wgmma<false, 1>(mma_dk, tdKrdS, tdKrQt(_, _, _, st), tdKrdK);  // dV and dQ done, dK runs on
+      warpgroup_fence_operand(tdQrdQ);
+      ds_buf ^= 1;
+      // Stage dQ for the writer warp (once it has read the previous step's) under dK's product.
+      arch::named_barrier_sync(Barriers::dq_empty(wg), kStageThreads);
+      float4* stage = reinterpret_cast<float4*>(ss.smem_dq.data());
+#pragma unroll
+      for (int gq = 0; gq < Kt::kHeadDim / 16; ++gq)
+        stage[dq_chunk_index<Kt::kHeadDim>(wg, gq, t128) / 4] =
+            make_float4(tdQrdQ(4 * gq), tdQrdQ(4 * gq + 1), tdQrdQ(4 * gq + 2), tdQrdQ(4 * gq + 3));
+      cutlass::arch::fence_view_async_shared();
+      arch::named_barrier_arrive(Barriers::dq_full(wg), kStageThreads);
+      warpgroup_wait<0>();  // dK has read dS^T (registers) and Q^T (the stage)
+      pipe_q.consumer_release(rq);
+      ++rq;
+    };
+
     for (int32_t i = 0, t = bwd_tile_index(p, 0); t < p.num_tiles; t = bwd_tile_index(p, ++i)) {
       const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, true>(p, t);
       if (!ti.has_keys) continue;  // no dK/dV rows
@@ -117,93 +163,18 @@ struct BwdMma {
         consumer_wait(pipe_kv, rkv);
         for (int32_t g = 0; g < p.group_size; ++g) {
           for (int32_t m = ti.m.m_lo; m < ti.m.m_hi; ++m) {
-            const int st = rq.index();
-            consumer_wait(pipe_q, rq);
-            wgmma</*zero_init=*/true, -1>(mma_s, tSrK, tSrQ(_, _, _, st), tSrS);
-            wgmma<true, -1>(mma_dp, tdPrV, tdPrdO(_, _, _, st), tdPrdP);
-            const float* lse = ss.smem_lse.data() + st * kBlockM;
-            const float* dsum = ss.smem_d.data() + st * kBlockM;
             const int32_t q0 = m * kBlockM;
-            // Fragment entry v: key row r = (v / 2) % 2, query column c of the block.
-            auto column = [&](int v) { return (v >> 2) * 8 + col_lane + (v & 1); };
-            auto seen = [&](int v) {
-              const int32_t query = q0 + column(v);
-              const int r = (v >> 1) & 1;
-              return query >= vis_first[r] && query < vis_last[r];
-            };
-            if constexpr (Kt::kConfig.softmax_under_mma) {
-              // P^T while dP^T's product runs; dV's product issued at once; dS^T while it runs.
-              warpgroup_wait<1>();  // S^T
-#pragma unroll
-              for (int k = 0; k < kFragS / 2; ++k) {
-                float pv[2];
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                  const int v = 2 * k + e;
-                  float x = tSrS(v);
-                  if (p.has_softcap) x = tanhf(x * p.softcap_inv_scale);
-                  pv[e] = seen(v) ? arch::ex2_approx(fmaf(x, p.score_scale_log2, -lse[column(v)])) : 0.f;
-                  // What dS^T needs of P^T: P, times tanh's derivative under softcap.
-                  tSrS(v) = p.has_softcap ? pv[e] * (1.f - x * x) : pv[e];
-                }
-                tdVrP32(k) = pack2<Element>(pv[0], pv[1]);
-              }
-              wgmma<false, -1>(mma_dv, tdVrP, tdVrdOt(_, _, _, st), tdVrdV);
-              warpgroup_wait<1>();  // dP^T (dV may still run)
-#pragma unroll
-              for (int k = 0; k < kFragS / 2; ++k) {
-                float ds[2];
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                  const int v = 2 * k + e;
-                  // A masked pair's dP^T may be anything (another row's dO): select, never multiply.
-                  ds[e] = seen(v) ? tSrS(v) * (tdPrdP(v) - dsum[column(v)]) : 0.f;
-                }
-                tdKrdS32(k) = pack2<Element>(ds[0], ds[1]);
-              }
-              copy(r2s_ds, tdSadS, tdSsdS(_, _, _, ds_buf));
-              wgmma<false, -1>(mma_dk, tdKrdS, tdKrQt(_, _, _, st), tdKrdK);
-            } else {
-              warpgroup_wait<0>();
-              // Two adjacent columns at a time, packed at once, so the fp32 S^T and dP^T registers
-              // die as P^T and dS^T (16-bit) are born.
-#pragma unroll
-              for (int k = 0; k < kFragS / 2; ++k) {
-                float pv[2], ds[2];
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                  const int v = 2 * k + e;
-                  float x = tSrS(v);
-                  if (p.has_softcap) x = tanhf(x * p.softcap_inv_scale);
-                  const bool vis = seen(v);
-                  pv[e] = vis ? arch::ex2_approx(fmaf(x, p.score_scale_log2, -lse[column(v)])) : 0.f;
-                  float d = pv[e] * (tdPrdP(v) - dsum[column(v)]);
-                  if (p.has_softcap) d *= 1.f - x * x;
-                  ds[e] = vis ? d : 0.f;  // dP^T of a masked pair may be anything (other rows' dO)
-                }
-                tdVrP32(k) = pack2<Element>(pv[0], pv[1]);
-                tdKrdS32(k) = pack2<Element>(ds[0], ds[1]);
-              }
-              copy(r2s_ds, tdSadS, tdSsdS(_, _, _, ds_buf));
-              wgmma<false, -1>(mma_dv, tdVrP, tdVrdOt(_, _, _, st), tdVrdV);
-              wgmma<false, -1>(mma_dk, tdKrdS, tdKrQt(_, _, _, st), tdKrdK);
-            }
-            // dS^T of both warpgroups is in smem (generic stores, read next by the async proxy).
-            cutlass::arch::fence_view_async_shared();
-            arch::named_barrier_sync(Barriers::consumers(), Kt::kNumMmaThreads);
-            wgmma<true, 0>(mma_dq, tdQrdS(_, _, _, ds_buf), tdQrKt, tdQrdQ);  // waits for dV, dK too
-            pipe_q.consumer_release(rq);
-            ++rq;
-            ds_buf ^= 1;
-            // Stage dQ for the writer warp once it has read the previous step's.
-            arch::named_barrier_sync(Barriers::dq_empty(wg), kStageThreads);
-            float4* stage = reinterpret_cast<float4*>(ss.smem_dq.data());
-#pragma unroll
-            for (int gq = 0; gq < Kt::kHeadDim / 16; ++gq)
-              stage[dq_chunk_index<Kt::kHeadDim>(wg, gq, t128) / 4] =
-                  make_float4(tdQrdQ(4 * gq), tdQrdQ(4 * gq + 1), tdQrdQ(4 * gq + 2), tdQrdQ(4 * gq + 3));
-            cutlass::arch::fence_view_async_shared();
-            arch::named_barrier_arrive(Barriers::dq_full(wg), kStageThreads);
+            // Warp-uniform: does any (key, query) pair of this warp's 16 keys fall outside the mask
+            // (or past either sequence)? Most steps of a causal walk and every step of a dense one
+            // have none. Chosen before the step's products are issued: a branch with wgmma
+            // accumulators in flight makes ptxas serialise the products.
+            const bool inside = vis_first[0] <= q0 && q0 + kBlockM <= vis_last[0] && vis_first[1] <= q0 &&
+                                q0 + kBlockM <= vis_last[1];
+            const bool masked = !__all_sync(0xffffffffu, inside);
+            const ElemArgs ea{nullptr, nullptr, q0, col_lane, {vis_first[0], vis_first[1]}, {vis_last[0], vis_last[1]}};
+            if (p.has_softcap) step(ea, std::true_type{}, std::true_type{});  // softcap: always the selecting version
+            else if (masked) step(ea, std::false_type{}, std::true_type{});
+            else step(ea, std::false_type{}, std::false_type{});
           }
         }
         pipe_kv.consumer_release(rkv);
@@ -213,6 +184,71 @@ struct BwdMma {
     }
     // The writer's last dq_empty arrival (or its first, if this CTA had no step) is consumed here.
     arch::named_barrier_sync(Barriers::dq_empty(wg), kStageThreads);
+  }
+
+  /// What the elementwise steps read besides the accumulators: the query block's lse_log2 and D
+  /// rows in smem, and the thread's key rows' visible query ranges (for masked steps).
+  struct ElemArgs {
+    const float* lse;
+    const float* dsum;
+    int32_t q0;  // first query of the block
+    int col_lane;
+    int32_t vis_first[2], vis_last[2];
+  };
+
+  // Fragment entry v of S^T / dP^T (64 keys x tile_m queries per warpgroup): key row (v / 2) % 2
+  // (0: fragment_row, 1: 8 below), query column (v / 4) * 8 + col_lane + v % 2 of the block.
+  __device__ __forceinline__ static int frag_column(int v, int col_lane) { return (v >> 2) * 8 + col_lane + (v & 1); }
+
+  /// P^T = exp2(s * scale_log2 - lse_log2) in place (s = tanh(raw * softcap_inv_scale) under
+  /// softcap). kMasked: pairs outside a key row's visible queries get exactly 0 by selection (never
+  /// exp2 of -inf - lse, never a value from another sequence's rows). kSoftcap: P^T goes to its dV
+  /// operand here and the accumulator keeps P^T (1 - tanh^2), the factor dS^T needs; without
+  /// softcap, dscores packs P^T once it is done with it.
+  template <bool kSoftcap, bool kMasked, class FragS, class FragP32>
+  __device__ __forceinline__ static void probs(const Params& p, const ElemArgs& ea, FragS& s, FragP32& p32) {
+    constexpr int kFrag = decltype(cute::size(s))::value;
+#pragma unroll
+    for (int k = 0; k < kFrag / 2; ++k) {
+      // One 8-byte load gives both columns of the pair (col_lane is even).
+      const float2 l = *reinterpret_cast<const float2*>(ea.lse + (k >> 1) * 8 + ea.col_lane);
+      float pv[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int v = 2 * k + e;
+        float x = s(v);
+        if constexpr (kSoftcap) x = tanhf(x * p.softcap_inv_scale);
+        pv[e] = arch::ex2_approx(fmaf(x, p.score_scale_log2, -(e ? l.y : l.x)));
+        if constexpr (kMasked) {
+          const int32_t query = ea.q0 + frag_column(v, ea.col_lane);
+          const int r = (v >> 1) & 1;
+          pv[e] = query >= ea.vis_first[r] && query < ea.vis_last[r] ? pv[e] : 0.f;
+        }
+        s(v) = kSoftcap ? pv[e] * (1.f - x * x) : pv[e];
+      }
+      if constexpr (kSoftcap) p32(k) = pack2<Element>(pv[0], pv[1]);
+    }
+  }
+
+  /// dS^T = P^T (dP^T - D) [x (1 - tanh^2), folded into s by probs], packed to 16 bits for the dK
+  /// operand and the smem copy; P^T packed for dV (no softcap). kMasked: where P^T is 0 (outside
+  /// the mask) dS^T is 0 by selection: that pair's dP^T may be anything (another row's dO).
+  template <bool kSoftcap, bool kMasked, class FragS, class FragdP, class FragP32, class FragdS32>
+  __device__ __forceinline__ static void dscores(const ElemArgs& ea, FragS& s, FragdP& dp, FragP32& p32, FragdS32& ds32) {
+    constexpr int kFrag = decltype(cute::size(s))::value;
+#pragma unroll
+    for (int k = 0; k < kFrag / 2; ++k) {
+      const float2 d = *reinterpret_cast<const float2*>(ea.dsum + (k >> 1) * 8 + ea.col_lane);
+      float ds[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int v = 2 * k + e;
+        ds[e] = s(v) * (dp(v) - (e ? d.y : d.x));
+        if constexpr (kMasked) ds[e] = s(v) == 0.f ? 0.f : ds[e];
+      }
+      if constexpr (!kSoftcap) p32(k) = pack2<Element>(s(2 * k), s(2 * k + 1));
+      ds32(k) = pack2<Element>(ds[0], ds[1]);
+    }
   }
 
   /// dK (x softmax_scale) and dV from registers: rows < seqlen_k, columns < the real head dims.

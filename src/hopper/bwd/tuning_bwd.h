@@ -31,24 +31,18 @@ struct HopperBwdConfig {
   int32_t q_stages;       ///< depth of the Q / dO / lse / D ring
   int32_t consumer_regs;  ///< setmaxnreg of the two MMA warpgroups
   int32_t producer_regs;  ///< setmaxnreg of the producer warpgroup (TMA warp + dQ writer warp)
-  /// P^T is computed while dP^T's product runs, dV's product is issued before dS^T is computed
-  /// (and dS^T computed while it runs); else both wait for S^T and dP^T and are packed pairwise,
-  /// which keeps fewer fp32 values live (mainloop_bwd_mma.cuh). Off: with 128 dK/dV accumulators
-  /// per thread the overlap's extra live fp32 P^T spills (d128: 212 vs 180 bytes) and measured
-  /// 25-30% slower (bench/results/history.md, backward A/B).
-  bool softmax_under_mma;
 };
 
 // Internal linkage (not `inline`): an inline variable is a GNU-unique symbol, which the dynamic
 // linker shares between every libfa4 loaded in one process (A/B runs load several builds),
 // so one build would read another build's table.
 constexpr HopperBwdConfig kHopperBwdConfigs[] = {
-    // d, dv, tile_m, tile_n, q_stages, regs (consumer, producer), softmax_under_mma. The producer
+    // d, dv, tile_m, tile_n, q_stages, regs (consumer, producer). The producer
     // warpgroup's two warps (TMA, dQ writer with the deterministic ordering) spill at 24 registers,
     // the consumers below 232: d128's ptxas spill stores were 302 bytes at 240/24, 178 at 232/40,
     // 298 at 224/56.
-    {64, 64, 64, 128, 2, 232, 40, false},
-    {128, 128, 64, 128, 2, 232, 40, false},
+    {64, 64, 64, 128, 2, 232, 40},
+    {128, 128, 64, 128, 2, 232, 40},
 };
 // No d96 row: the transposed views of a 96-column (64-byte swizzled) Q / dO tile are not a
 // canonical MN-major wgmma layout (CuTe's GMMA layout check), so 72..128 run on the d128 kernel
