@@ -9,7 +9,8 @@
 # filter of the sanitizer runs),
 # BENCH=1 (bench/bench_fwd.py, BENCH_ARGS), BWD=1 (bench/bench_bwd.py, BWD_ARGS), DECODE=1
 # (bench/bench_decode.py, DECODE_ARGS), KTIMES=1 (bench/kernel_times.py), SMALLQ=1
-# (bench/small_q_route.py), AB_ARGS (extra ab_variants.py arguments).
+# (bench/small_q_route.py), AB_ARGS (extra ab_variants.py arguments), NCU=1 (ncu over
+# bench/profile_bwd.py, NCU_ARGS: its arguments, default "128 0 4096").
 # Everything is logged under $OUT; the last lines printed are the summary.
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem --format=csv,noheader
@@ -81,6 +82,16 @@ fi
 if [ "${SMALLQ:-0}" = 1 ]; then
   PYTHONPATH=python:bench FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout 200 python3 bench/small_q_route.py $OUT/small_q_route.json > $OUT/small_q_route.log 2>&1
   echo "small_q_route rc=$?"; tail -20 $OUT/small_q_route.log
+fi
+if [ "${NCU:-0}" = 1 ]; then  # every kernel's time, and the main kernels' throughput and stalls
+  PYTHONPATH=python FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout 240 ncu --clock-control none \
+    --metrics gpu__time_duration.sum python3 bench/profile_bwd.py ${NCU_ARGS:-128 0 4096} > $OUT/ncu_times.txt 2>&1
+  echo "ncu times rc=$?"; grep -E "^  [^ ].*\(|gpu__time_duration" $OUT/ncu_times.txt | cut -c1-120 | tail -40
+  PYTHONPATH=python FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout 240 ncu --clock-control none -k regex:"bwd_kernel|bprop" \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --section WarpStateStats --metrics regex:'^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' \
+    python3 bench/profile_bwd.py ${NCU_ARGS:-128 0 4096} > $OUT/ncu.txt 2>&1
+  echo "ncu rc=$?"; grep -E "bwd_kernel|bprop|Duration|SM Busy|Issue Slots|Spilling Requests  |stalled_[a-z_]+_per" $OUT/ncu.txt | cut -c1-130 | head -60
 fi
 echo "spills new: $(cat $OUT/spills_build.txt)"
 [ -n "$OLD" ] && echo "spills old: $(cat $OUT/spills_build_old.txt)"
