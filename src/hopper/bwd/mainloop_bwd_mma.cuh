@@ -10,8 +10,8 @@
 //   both warpgroups meet (dS complete); dQ = dS K for half of d each; dK += dS^T Q (RS)
 //   dQ staged in smem for the dQ writer warp's bulk reduce-add (mainloop_bwd_load.cuh) while
 //   dK's product runs
-// The elementwise code comes in four versions (softcap or not, per-pair mask or none): a step
-// whose pairs are all visible, as most are, selects nothing.
+// The elementwise code comes in three versions: dense (a step whose pairs are all visible, as
+// most are, selects nothing), masked, and softcap (which always selects).
 // dK and dV stay in registers over the whole walk (all query heads of the KV head's group: no dK/dV
 // atomics or buffers for GQA), then leave through direct stores (dK scaled by softmax_scale).
 #pragma once
