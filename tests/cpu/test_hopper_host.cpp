@@ -130,6 +130,31 @@ TEST(HopperHost, BackwardQueryBlocksCoverThePredicate) {
       }
 }
 
+// Backward: the consumer's dense steps (no per-pair mask) are exactly the query blocks whose every
+// query sees every key of the warpgroup's 64 keys, under every mask, length pair and tail.
+TEST(HopperHost, BackwardDenseQueryBlocksAreExactlyTheFullyVisibleOnes) {
+  using fa4::detail::MaskSpec;
+  constexpr int kM = 64, kKeys = 64;
+  const MaskSpec masks[] = {{-1, -1}, {-1, 0}, {0, 0}, {5, 3}, {200, -1}, {-1, 40}, {0, -1}, {130, 0}, {64, 64}};
+  int dense_seen = 0;
+  for (const MaskSpec& mk : masks)
+    for (int sq : {1, 63, 64, 130, 300, 512})
+      for (int sk : {0, 1, 63, 64, 100, 129, 400, 512})
+        for (int key0 = 0; key0 < sk + kKeys; key0 += kKeys) {
+          const auto d = fa4::hopper::dense_query_blocks<kM, kKeys>(key0, sq, sk, mk);
+          for (int m = 0; m * kM < sq + kM; ++m) {
+            bool all = (m + 1) * kM <= sq && key0 + kKeys <= sk;
+            for (int i = m * kM; i < (m + 1) * kM && all; ++i)
+              for (int j = key0; j < key0 + kKeys && all; ++j) all = fa4::detail::key_visible(i, j, sq, sk, mk);
+            EXPECT_EQ(all, m >= d.m_lo && m < d.m_hi)
+                << "key0 " << key0 << " m " << m << " sq " << sq << " sk " << sk << " mask " << mk.window_left << ","
+                << mk.window_right;
+            dense_seen += all;
+          }
+        }
+  EXPECT_GT(dense_seen, 100);  // the cases above include many dense steps, not only masked ones
+}
+
 // Backward workspace: varlen sequences' chunk ranges are disjoint and inside bwd_num_chunks.
 TEST(HopperHost, BackwardChunksNeverOverlap) {
   constexpr int kM = 64;

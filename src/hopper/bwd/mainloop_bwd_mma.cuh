@@ -162,26 +162,18 @@ struct BwdMma {
           vis_first[r] = int32_t(q.first);
           vis_last[r] = int32_t(q.last);
         }
-        // The query blocks that all 64 keys of this warpgroup see whole: m in [dense_lo, dense_hi).
-        // The visible range's ends rise with the key (core/mask.h), so the last key bounds the
-        // start and the first key the end; keys past seqlen_k see nothing. The same for every
-        // thread of the warpgroup: its four warps must run the same wgmma instructions (.aligned),
-        // so the choice of the step's version cannot be made per warp.
-        const int32_t wg_key0 = ti.n_block * kBlockN + wg * 64;
-        int32_t dense_lo = 1, dense_hi = 0;
-        if (wg_key0 + 63 < ti.s.seqlen_k) {
-          const int64_t first = detail::visible_query_range(wg_key0 + 63, ti.s.seqlen_q, ti.s.seqlen_k, p.mask).first;
-          const int64_t last = detail::visible_query_range(wg_key0, ti.s.seqlen_q, ti.s.seqlen_k, p.mask).last;
-          dense_lo = int32_t((first + kBlockM - 1) / kBlockM);
-          dense_hi = int32_t(last / kBlockM);
-        }
+        // The query blocks that all 64 keys of this warpgroup see whole (schedule_bwd.h): the
+        // same for every thread of the warpgroup, whose four warps must run the same wgmma
+        // instructions (.aligned), so the step's version cannot be chosen per warp.
+        const QueryBlocks dense =
+            dense_query_blocks<kBlockM, 64>(ti.n_block * kBlockN + wg * 64, ti.s.seqlen_q, ti.s.seqlen_k, p.mask);
         consumer_wait(pipe_kv, rkv);
         for (int32_t g = 0; g < p.group_size; ++g) {
           for (int32_t m = ti.m.m_lo; m < ti.m.m_hi; ++m) {
             const int32_t q0 = m * kBlockM;
             // Chosen before the step's products are issued: a branch with wgmma accumulators in
             // flight makes ptxas serialise the products.
-            const bool masked = m < dense_lo || m >= dense_hi;
+            const bool masked = m < dense.m_lo || m >= dense.m_hi;
             const ElemArgs ea{nullptr, nullptr, q0, col_lane, {vis_first[0], vis_first[1]}, {vis_last[0], vis_last[1]}};
             if (p.has_softcap) step(ea, std::true_type{}, std::true_type{});  // softcap: always the selecting version
             else if (masked) step(ea, std::false_type{}, std::true_type{});

@@ -31,6 +31,22 @@ FA4_HD QueryBlocks query_blocks(int32_t n_block, int32_t seqlen_q, int32_t seqle
   return r;
 }
 
+/// The query blocks [m_lo, m_hi) that every key of [key0, key0 + kKeys) sees whole: all kBlockM
+/// queries of the block (each below seqlen_q) see every one of those keys (each below seqlen_k),
+/// so a step there needs no per-pair mask. The visible range's ends rise with the key, so the
+/// last key bounds the start and the first key the end. Empty (m_lo >= m_hi) when a key is past
+/// seqlen_k or no block qualifies.
+template <int kBlockM, int kKeys>
+FA4_HD QueryBlocks dense_query_blocks(int32_t key0, int32_t seqlen_q, int32_t seqlen_k, detail::MaskSpec mask) {
+  QueryBlocks r;
+  if (key0 < 0 || int64_t(key0) + kKeys > seqlen_k) return r;
+  const int64_t first = detail::visible_query_range(key0 + kKeys - 1, seqlen_q, seqlen_k, mask).first;
+  const int64_t last = detail::visible_query_range(key0, seqlen_q, seqlen_k, mask).last;
+  r.m_lo = int32_t((first + kBlockM - 1) / kBlockM);
+  r.m_hi = int32_t(last / kBlockM);
+  return r;
+}
+
 /// Coordinates of tile t: key block n_block of KV head h_kv of sequence b. Dense problems: key
 /// block fastest, so the CTAs running at once share a head's Q and dO in L2. Masked (causal,
 /// window) and varlen problems (lpt): key block slowest, so the tiles go longest first (under a
