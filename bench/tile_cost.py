@@ -13,8 +13,14 @@ epilogue), the partly idle last round of tiles, and the launch. Reported: a in m
 round of tiles (tiles / SMs, what one CTA pays per tile), and a as a share of the time at
 seqlen_k = seqlen_q. fa4 and cuDNN are timed interleaved in one process, like bench/ab_variants.py.
 
+--backward does the same for the backward (bench_bwd.py's contenders: fa4, cuDNN, FLASH, upstream
+FlashAttention-4 where installed): the key side is fixed (batch x seqlen_k x num_heads, i.e. a
+fixed number of key tiles of 128 keys) while seqlen_q grows; a is then each key tile's fixed cost
+(K/V load, dK/dV store, fill and drain) plus the partly idle last round, and b the cost per 1k
+queries (the walk, and the pre/postprocess, which grow with the queries).
+
 Usage (GPU machine, repo root):
-    PYTHONPATH=python python3 bench/tile_cost.py OUT.json [--headdim 128] [--rounds 3]
+    PYTHONPATH=python python3 bench/tile_cost.py OUT.json [--headdim 128] [--rounds 3] [--backward]
 """
 import argparse
 import json
@@ -34,6 +40,7 @@ from generate_kernels import config_rows  # noqa: E402  (the one parser of the t
 
 BATCH, SEQLEN_Q = 4, 4096
 SEQLENS_K = [1024, 2048, 4096, 8192, 16384]
+BWD_TILE_N = 128  # keys per backward tile (src/hopper/bwd/tuning_bwd.h)
 
 
 def tile_m(headdim):
@@ -52,16 +59,8 @@ def fit_line(xs, ys):
     return my - b * mx, b
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out_json")
-    ap.add_argument("--headdim", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
-    d = args.headdim
-    heads = 2048 // d
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    tiles = BATCH * heads * -(-SEQLEN_Q // tile_m(d))
+def sweep_forward(d, heads, rounds):
+    """Median ms per contender per seqlen_k: the query side fixed, the keys growing."""
     torch.manual_seed(0)
     q = torch.randn(BATCH, SEQLEN_Q, heads, d, device="cuda", dtype=torch.bfloat16)
     qt = q.transpose(1, 2).contiguous()
@@ -74,27 +73,71 @@ def main():
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             err = float((fns["fa4"]().float() - fns["cudnn"]().transpose(1, 2).float()).abs().max())
             times = {n: [] for n in fns}
-            for r in range(args.rounds):
+            for r in range(rounds):
                 for n in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
                     times[n].append(bench(fns[n]))
         for n in fns:
             ms[n][sk] = statistics.median(times[n])
         print(f"d{d} seqlen_k={sk:6} fa4 {ms['fa4'][sk]:.4f} ms  cuDNN {ms['cudnn'][sk]:.4f} ms  "
               f"max |fa4 - cuDNN| {err:.1e}", flush=True)
+    return ms
+
+
+def sweep_backward(d, heads, rounds):
+    """Median ms of the backward alone per contender per seqlen_q: the key side fixed (SEQLEN_Q
+    keys), the queries growing."""
+    from bench_bwd import contenders  # same directory; imports upstream FlashAttention-4 if present
+    torch.manual_seed(0)
+    k, v = (torch.randn(BATCH, SEQLEN_Q, heads, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(2))
+    ms = {}
+    for sq in SEQLENS_K:
+        q = torch.randn(BATCH, sq, heads, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        fns = contenders(q, k, v, causal=False)
+        times = {n: [] for n in fns}
+        for r in range(rounds):
+            order = list(fns)
+            for n in order[r % len(order):] + order[:r % len(order)]:
+                times[n].append(bench(fns[n]))
+        for n in fns:
+            ms.setdefault(n, {})[sq] = statistics.median(times[n])
+        print(f"d{d} backward seqlen_q={sq:6} " + "  ".join(f"{n} {ms[n][sq]:.4f} ms" for n in fns), flush=True)
+    return {n: t for n, t in ms.items() if len(t) == len(SEQLENS_K)}  # contenders that ran every length
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_json")
+    ap.add_argument("--headdim", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--backward", action="store_true", help="the backward: keys fixed, queries growing")
+    args = ap.parse_args()
+    d = args.headdim
+    heads = 2048 // d
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if args.backward:
+        tiles = BATCH * heads * -(-SEQLEN_Q // BWD_TILE_N)
+        ms = sweep_backward(d, heads, args.rounds)
+        unit, swept = "queries", "seqlen_q"
+    else:
+        tiles = BATCH * heads * -(-SEQLEN_Q // tile_m(d))
+        ms = sweep_forward(d, heads, args.rounds)
+        unit, swept = "keys", "seqlen_k"
     fits = {}
     for n, t in ms.items():
         a, b = fit_line(SEQLENS_K, [t[s] for s in SEQLENS_K])
         resid = max(abs(t[s] - (a + b * s)) / t[s] for s in SEQLENS_K)
-        fits[n] = {"a_us": round(a * 1e3, 2), "b_us_per_1k_keys": round(b * 1e6, 2),
+        fits[n] = {"a_us": round(a * 1e3, 2), f"b_us_per_1k_{unit}": round(b * 1e6, 2),
                    "a_per_tile_round_us": round(a * 1e3 / (tiles / sms), 3),
-                   "a_share_at_seqlen_q": round(a / t[SEQLEN_Q], 4), "max_rel_residual": round(resid, 4)}
-        print(f"{n:6} a = {fits[n]['a_us']:8.2f} us ({fits[n]['a_per_tile_round_us']:.3f} us per round of "
-              f"{sms} tiles, {100 * fits[n]['a_share_at_seqlen_q']:.1f}% of seqlen_k = {SEQLEN_Q}); "
-              f"b = {fits[n]['b_us_per_1k_keys']:.2f} us per 1k keys; worst fit residual "
+                   "a_share_at_4k": round(a / t[SEQLEN_Q], 4), "max_rel_residual": round(resid, 4)}
+        print(f"{n:12} a = {fits[n]['a_us']:8.2f} us ({fits[n]['a_per_tile_round_us']:.3f} us per round of "
+              f"{sms} tiles, {100 * fits[n]['a_share_at_4k']:.1f}% of {swept} = {SEQLEN_Q}); "
+              f"b = {fits[n][f'b_us_per_1k_{unit}']:.2f} us per 1k {unit}; worst fit residual "
               f"{100 * resid:.2f}%", flush=True)
     with open(args.out_json, "w") as f:
-        json.dump({"meta": run_meta(), "headdim": d, "batch": BATCH, "seqlen_q": SEQLEN_Q, "num_heads": heads,
-                   "tiles": tiles, "sms": sms, "seqlens_k": SEQLENS_K,
+        json.dump({"meta": run_meta(), "direction": "backward" if args.backward else "forward", "headdim": d,
+                   "batch": BATCH, "fixed_seqlen": SEQLEN_Q, "num_heads": heads, "tiles": tiles, "sms": sms,
+                   "swept": swept, "seqlens": SEQLENS_K,
                    "median_ms": {n: {str(s): t[s] for s in SEQLENS_K} for n, t in ms.items()},
                    "fit": fits}, f, indent=1)
 
