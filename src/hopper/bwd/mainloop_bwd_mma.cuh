@@ -225,7 +225,11 @@ struct BwdMma {
         if constexpr (kMasked) {
           const int32_t query = ea.q0 + frag_column(v, ea.col_lane);
           const int r = (v >> 1) & 1;
-          pv[e] = query >= ea.vis_first[r] && query < ea.vis_last[r] ? pv[e] : 0.f;
+          const bool vis = query >= ea.vis_first[r] && query < ea.vis_last[r];
+          pv[e] = vis ? pv[e] : 0.f;
+          // A masked pair's softcap factor is 1 by selection: tanh of a NaN score (rows past the
+          // sequence) would make 0 * (1 - x^2) NaN, and dscores keys on the product being 0.
+          if constexpr (kSoftcap) x = vis ? x : 0.f;
         }
         s(v) = kSoftcap ? pv[e] * (1.f - x * x) : pv[e];
       }
