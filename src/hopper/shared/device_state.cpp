@@ -50,6 +50,14 @@ cudaError_t zero_on_private_stream(int device, char* p, size_t bytes) {
   return e == cudaSuccess ? cudaStreamSynchronize(zs) : e;
 }
 
+/// A scratch buffer's size for `bytes`: a power of two of at least 4 KiB, so a buffer that grows
+/// is replaced only a few times (the doublings cost at most as much again as the final size).
+size_t scratch_capacity(size_t bytes) {
+  size_t size = 4096;
+  while (size < bytes) size *= 2;
+  return size;
+}
+
 /// cudaMalloc + (when `zero`) zero_on_private_stream. Called with g_mu held.
 char* alloc_scratch(int device, size_t bytes, bool zero) {
   RelaxedCapture relaxed;  // another thread may be capturing in global mode
@@ -127,8 +135,7 @@ char* capture_owned_zeroed(int device, cudaGraph_t graph, size_t bytes) {
     check(e, "zeroing the captured call's scratch");
     ++g_capture_stats.reused;
   } else {
-    size_t size = 4096;
-    while (size < bytes) size *= 2;
+    const size_t size = scratch_capacity(bytes);
     buf = {device, alloc_scratch(device, size, true), size};
     ++g_capture_stats.created;
   }
@@ -188,12 +195,9 @@ LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, siz
   std::lock_guard<std::mutex> lock(g_mu);
   std::pair<char*, size_t>& b = g_eager[{device, stream_id, static_cast<int>(kind)}];
   if (b.second >= bytes) return {b.first, false};
-  // Grow to a power of two of at least 4 KiB, so a stream's buffer is replaced only a few times.
   // The old buffer is kept, not freed: kernels queued on the stream, or a call of another thread
-  // that took it a moment ago, may still use it, and waiting for them would be a host sync. The
-  // doublings cost at most as much again as the final size.
-  size_t size = 4096;
-  while (size < bytes) size *= 2;
+  // that took it a moment ago, may still use it, and waiting for them would be a host sync.
+  const size_t size = scratch_capacity(bytes);
   if (b.first) g_outgrown.push_back(b.first);
   b = {alloc_scratch(device, size, zeroed_bytes > 0), size};
   return {b.first, false};
