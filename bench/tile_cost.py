@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa4
-from bench_fwd import bench, run_meta  # same directory
+from bench_fwd import bench, rotated_rounds, run_meta  # same directory
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "scripts"))
 from generate_kernels import config_rows  # noqa: E402  (the one parser of the tuning table)
@@ -94,14 +94,11 @@ def sweep_backward(d, heads, rounds):
     for sq in SEQLENS_K:
         q = torch.randn(BATCH, sq, heads, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         fns = contenders(q, k, v, causal=False)
-        times = {n: [] for n in fns}
-        for r in range(rounds):
-            order = list(fns)
-            for n in order[r % len(order):] + order[:r % len(order)]:
-                times[n].append(bench(fns[n]))
-        for n in fns:
+        times = rotated_rounds({n: (lambda f=f: bench(f)) for n, f in fns.items()}, rounds)
+        ran = [n for n in fns if times[n]]
+        for n in ran:
             ms.setdefault(n, {})[sq] = statistics.median(times[n])
-        print(f"d{d} backward seqlen_q={sq:6} " + "  ".join(f"{n} {ms[n][sq]:.4f} ms" for n in fns), flush=True)
+        print(f"d{d} backward seqlen_q={sq:6} " + "  ".join(f"{n} {ms[n][sq]:.4f} ms" for n in ran), flush=True)
     return {n: t for n, t in ms.items() if len(t) == len(SEQLENS_K)}  # contenders that ran every length
 
 
