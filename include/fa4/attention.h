@@ -30,12 +30,11 @@
 //   * A query row with no visible key (causal with seqlen_q > seqlen_k, windows, seqlen_k == 0,
 //     zero-length varlen key sequence): out row = 0, lse = -inf (or = sink_h when a sink is
 //     given), and zero gradients. Never NaN.
-//   * NaN in q/k/v still propagates to the rows it reaches. NaN in a key/value row past the end
-//     of its sequence (tile padding, seqused_k, the next varlen sequence) never does. On the CPU
-//     a NaN in a key masked for some rows (causal/window) never reaches those rows either; on the
-//     Hopper kernel a NaN in such a V row can (0 * NaN in the P.V matrix product). The Hopper
-//     backward, varlen: a NaN in the rows just past a sequence's last key (or query) block's real
-//     rows can reach that sequence's dq (dk, dv) the same way (src/hopper/bwd/README.md).
+//   * NaN in q/k/v (dout) still propagates to the rows it reaches. NaN in a row outside its
+//     sequence (tile padding, seqused_k, the next varlen sequence) never does, forward or
+//     backward. On the CPU a NaN in a key masked for some rows (causal/window) never reaches
+//     those rows either; on the Hopper kernels it can, as 0 * NaN in a matrix product: a V row
+//     in the forward, and K, Q and dO rows in the backward's gradients of that sequence.
 //   * batch == 0, seqlen_q == 0 or total_q == 0: forward reads and writes nothing; backward
 //     writes zeros to dk/dv (and dsink), whose gradient is then exactly 0.
 //   * varlen: rows of out/lse/dq/dk/dv outside every [cu_seqlens[b], cu_seqlens[b+1]) range, and

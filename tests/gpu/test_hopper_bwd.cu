@@ -10,7 +10,8 @@
 // Cases of ../shared/cases covered here for the backward: fully masked rows give zero gradients, never
 // NaN (causal with seqlen_q > seqlen_k, windows); seqlen_q != seqlen_k bottom-right; tails that are
 // not a multiple of the tiles; GQA/MQA sums of dK/dV; varlen; padded head dims use every channel;
-// dsink; deterministic mode bitwise over 10 runs; invalid device-side varlen indices (skipped,
+// dsink; deterministic mode bitwise over 10 runs; NaN in one varlen sequence's rows never reaches
+// the others' gradients; invalid device-side varlen indices (skipped,
 // reported asynchronously); an unsupported head dim is a clear kUnsupported.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -184,6 +185,71 @@ TEST(HopperBwd, DeterministicBitwise) {
   }
 }
 
+std::vector<char> tensor_bytes(const fa4::test::HostTensor& t) {
+  const char* b = static_cast<const char*>(t.data());
+  return std::vector<char>(b, b + t.numel() * fa4::dtype_size(t.dtype()));
+}
+
+/// Varlen: the rows just past a sequence's last query block (of 64) and key block (of 128) are
+/// the next sequence's, and its gradients are multiplied by an exact 0 there. NaN in all of the
+/// middle sequence's q, k, v and dout rows must leave the other two sequences' dq, dk and dv
+/// bitwise those of a run with finite inputs (deterministic mode), in both buckets, causal or not.
+TEST(HopperBwd, VarlenNaNInTheNextSequenceStaysThere) {
+  REQUIRE_HOPPER();
+  for (int d : {64, 128})
+    for (bool causal : {false, true}) {
+      CaseSpec s = base(d);
+      s.device = "cuda";
+      s.backward = true;
+      s.deterministic = true;
+      s.batch = 3;
+      s.varlen = true;  // random lengths in [1, 300]
+      s.seqlen_q = s.seqlen_k = 300;
+      s.num_heads_kv = 2;
+      s.causal = causal;
+      Problem p;
+      do {  // sequence 0 must end inside a query block and a key block
+        s.seed = fa4::test::next_seed();
+        p = Problem::make(s);
+      } while (p.seq.len_q(0) % 64 == 0 || p.seq.len_k(0) % 128 == 0 || p.seq.len_q(1) == 0 || p.seq.len_k(1) == 0);
+      DeviceProblem dp(p, nullptr);
+      fa4::cli::run_forward(p, dp.placement(), fa4::Backend::kCuda);
+      fa4::cli::run_backward(p, dp.placement(), fa4::Backend::kCuda);
+      dp.download_outputs();
+      const std::vector<char> good_dq = tensor_bytes(p.dq), good_dk = tensor_bytes(p.dk), good_dv = tensor_bytes(p.dv);
+      const fa4::cli::Placement& at = dp.placement();
+      // Sequence 1's input rows to NaN (0xFF bytes), then the backward again (out and lse of the
+      // finite forward: sequence 1's gradients become NaN, the others' must not move).
+      auto poison_seq1 = [&](void* ptr, const fa4::test::HostTensor& t, const std::vector<int32_t>& cu, int64_t total) {
+        const size_t row = size_t(t.numel()) * fa4::dtype_size(t.dtype()) / size_t(total);
+        ASSERT_EQ(cudaMemset(static_cast<char*>(ptr) + size_t(cu[1]) * row, 0xFF, size_t(cu[2] - cu[1]) * row),
+                  cudaSuccess);
+      };
+      poison_seq1(at.q, p.q, p.seq.cu_q, p.seq.total_q());
+      poison_seq1(at.dout, p.dout, p.seq.cu_q, p.seq.total_q());
+      poison_seq1(at.k, p.k, p.seq.cu_k, p.seq.total_k());
+      poison_seq1(at.v, p.v, p.seq.cu_k, p.seq.total_k());
+      fa4::cli::run_backward(p, dp.placement(), fa4::Backend::kCuda);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      dp.download_outputs();
+      auto same_outside_seq1 = [&](const std::vector<char>& good, const fa4::test::HostTensor& t,
+                                   const std::vector<int32_t>& cu, int64_t total, const char* name) {
+        const std::vector<char> got = tensor_bytes(t);
+        const size_t row = got.size() / size_t(total);
+        for (size_t i = 0; i < got.size(); ++i) {
+          const bool seq1 = i >= size_t(cu[1]) * row && i < size_t(cu[2]) * row;
+          if (!seq1 && got[i] != good[i]) {
+            ADD_FAILURE() << name << " byte " << i << " (row " << i / row << ") moved: " << s.describe();
+            return;
+          }
+        }
+      };
+      same_outside_seq1(good_dq, p.dq, p.seq.cu_q, p.seq.total_q(), "dq");
+      same_outside_seq1(good_dk, p.dk, p.seq.cu_k, p.seq.total_k(), "dk");
+      same_outside_seq1(good_dv, p.dv, p.seq.cu_k, p.seq.total_k(), "dv");
+    }
+}
+
 /// Small problems for compute-sanitizer (memcheck / racecheck / synccheck): varlen + GQA + causal
 /// + sink, deterministic and not, one bucket each of 64 and 128.
 TEST(HopperBwd, SanitizeSmall) {
@@ -222,10 +288,7 @@ TEST(HopperBwd, SanitizeBadVarlenIndices) {
   fa4::cli::run_forward(p, dp.placement(), fa4::Backend::kCuda);
   fa4::cli::run_backward(p, dp.placement(), fa4::Backend::kCuda);  // valid indices: the reference
   dp.download_outputs();
-  auto bytes = [](const fa4::test::HostTensor& t) {
-    const char* b = static_cast<const char*>(t.data());
-    return std::vector<char>(b, b + t.numel() * fa4::dtype_size(t.dtype()));
-  };
+  auto bytes = tensor_bytes;
   const std::vector<char> good_dq = bytes(p.dq), good_dk = bytes(p.dk), good_dv = bytes(p.dv);
   // Poison the gradients again (0xFF: NaN in bf16).
   const fa4::cli::Placement& at = dp.placement();

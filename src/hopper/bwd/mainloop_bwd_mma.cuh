@@ -110,6 +110,16 @@ struct BwdMma {
       constexpr bool kMasked = decltype(masked_c)::value;
       const int st = rq.index();
       consumer_wait(pipe_q, rq);
+      if constexpr (kMasked) {  // a sequence's last query block is never dense
+        if (p.is_varlen && ea_in.q_rows < kBlockM) {
+          // Rows past the sequence are the next sequence's, not TMA zero fill; dK += dS^T Q and
+          // dV += P^T dO multiply them by an exact 0, but 0 * NaN = NaN.
+          zero_rows<kBlockM, Kt::kHeadDim>(sQ(_, _, st), ea_in.q_rows, tid);
+          zero_rows<kBlockM, Kt::kHeadDimV>(sdO(_, _, st), ea_in.q_rows, tid);
+          cutlass::arch::fence_view_async_shared();
+          arch::named_barrier_sync(Barriers::consumers(), Kt::kNumMmaThreads);
+        }
+      }
       wgmma</*zero_init=*/true, -1>(mma_s, tSrK, tSrQ(_, _, _, st), tSrS);
       wgmma<true, -1>(mma_dp, tdPrV, tdPrdO(_, _, _, st), tdPrdP);
       ElemArgs ea = ea_in;
@@ -162,19 +172,31 @@ struct BwdMma {
           vis_first[r] = int32_t(q.first);
           vis_last[r] = int32_t(q.last);
         }
-        // The query blocks that all 64 keys of this warpgroup see whole (schedule_bwd.h): the
-        // same for every thread of the warpgroup, whose four warps must run the same wgmma
-        // instructions (.aligned), so the step's version cannot be chosen per warp.
+        // The query blocks that all kBlockN keys of the tile see whole (schedule_bwd.h): one
+        // version per step for the whole CTA. A warpgroup's four warps must issue the same wgmma
+        // instructions (.aligned), and both warpgroups must wait on the dS barrier from the same
+        // bar.sync (aligned too: every waiting thread at one instruction), so the version can be
+        // chosen neither per warp nor per warpgroup.
         const QueryBlocks dense =
-            dense_query_blocks<kBlockM, 64>(ti.n_block * kBlockN + wg * 64, ti.s.seqlen_q, ti.s.seqlen_k, p.mask);
+            dense_query_blocks<kBlockM, kBlockN>(ti.n_block * kBlockN, ti.s.seqlen_q, ti.s.seqlen_k, p.mask);
         consumer_wait(pipe_kv, rkv);
+        const int32_t k_rows = ti.s.seqlen_k - ti.n_block * kBlockN;  // >= 1 (has_keys)
+        if (p.is_varlen && k_rows < kBlockN) {
+          // As for Q above: dQ = dS K multiplies these rows (another sequence's, or past
+          // seqused_k) by an exact 0. V's need nothing: dP^T's masked pairs are dropped by
+          // selection.
+          zero_rows<kBlockN, Kt::kHeadDim>(sK, k_rows, tid);
+          cutlass::arch::fence_view_async_shared();
+          arch::named_barrier_sync(Barriers::consumers(), Kt::kNumMmaThreads);
+        }
         for (int32_t g = 0; g < p.group_size; ++g) {
           for (int32_t m = ti.m.m_lo; m < ti.m.m_hi; ++m) {
             const int32_t q0 = m * kBlockM;
             // Chosen before the step's products are issued: a branch with wgmma accumulators in
             // flight makes ptxas serialise the products.
             const bool masked = m < dense.m_lo || m >= dense.m_hi;
-            const ElemArgs ea{nullptr, nullptr, q0, col_lane, {vis_first[0], vis_first[1]}, {vis_last[0], vis_last[1]}};
+            const ElemArgs ea{nullptr, nullptr, q0, ti.s.seqlen_q - q0, col_lane, {vis_first[0], vis_first[1]},
+                              {vis_last[0], vis_last[1]}};
             if (p.has_softcap) step(ea, std::true_type{}, std::true_type{});  // softcap: always the selecting version
             else if (masked) step(ea, std::false_type{}, std::true_type{});
             else step(ea, std::false_type{}, std::false_type{});
@@ -194,10 +216,24 @@ struct BwdMma {
   struct ElemArgs {
     const float* lse;
     const float* dsum;
-    int32_t q0;  // first query of the block
+    int32_t q0;      // first query of the block
+    int32_t q_rows;  // the block's rows inside the sequence (< kBlockM only in its last block)
     int col_lane;
     int32_t vis_first[2], vis_last[2];
   };
+
+  /// Sets rows [first, kRows) of the (kRows, kCols) smem tile t to 0, all consumer threads
+  /// together. The trip count is the same in every thread (the store is predicated instead): a
+  /// loop exit that may diverge makes the compiler move the loop's pipeline states from uniform
+  /// to per-thread registers.
+  template <int kRows, int kCols, class Tile>
+  __device__ __forceinline__ static void zero_rows(Tile&& t, int32_t first, int tid) {
+    const int32_t count = (kRows - first) * kCols;
+    for (int32_t base = 0; base < count; base += Kt::kNumMmaThreads) {
+      const int32_t e = base + tid;
+      if (e < count) t(first + e / kCols, e % kCols) = Element(0.f);
+    }
+  }
 
   // Fragment entry v of S^T / dP^T (64 keys x tile_m queries per warpgroup): key row (v / 2) % 2
   // (0: fragment_row, 1: 8 below), query column (v / 4) * 8 + col_lane + v % 2 of the block.
