@@ -61,6 +61,16 @@ __device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t num_t
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(num_threads) : "memory");
 }
 
+/// `ptr`, as a value the compiler cannot see through: what is derived from it inside a loop is
+/// recomputed there instead of hoisted out of it. The backward's smem descriptors of K and V (16
+/// 64-bit values at d128) are loop-invariant; hoisted, they occupy registers the consumers do not
+/// have, and ptxas spills them and reloads one before every wgmma.
+template <class T>
+__device__ __forceinline__ T* opaque(T* ptr) {
+  asm volatile("" : "+l"(ptr));
+  return ptr;
+}
+
 /// 2^x on the MUFU unit. -inf -> +0, results below 2^-126 flush to 0 (irrelevant in a softmax whose
 /// row maximum contributes 2^0 to the sum).
 __device__ __forceinline__ float ex2_approx(float x) {

@@ -61,9 +61,7 @@ struct BwdMma {
     auto wg_dv = mma_dv.get_slice(wg * 128);
     auto wg_dk = mma_dk.get_slice(wg * 128);
     auto wg_dq = mma_dq.get_slice(wg * 128);
-    Tensor tSrK = wg_s.partition_fragment_A(sK);         // (MMA, MMA_M, MMA_K)
     Tensor tSrQ = wg_s.partition_fragment_B(sQ);         // (MMA, MMA_N, MMA_K, stage)
-    Tensor tdPrV = wg_dp.partition_fragment_A(sV);
     Tensor tdPrdO = wg_dp.partition_fragment_B(sdO);     // (.., stage)
     Tensor tdVrdOt = wg_dv.partition_fragment_B(sdOt);   // (.., stage)
     Tensor tdKrQt = wg_dk.partition_fragment_B(sQt);     // (.., stage)
@@ -105,10 +103,23 @@ struct BwdMma {
 
     // One step of the walk (the query block ea_in.q0 of the stage rq holds), in the issue order of
     // the header comment; kSoftcap / kMasked pick the elementwise version.
-    auto step = [&](const ElemArgs& ea_in, auto softcap_c, auto masked_c) __attribute__((always_inline)) {
+    auto step = [&](const ElemArgs& ea_in, const BwdTile& ti, auto softcap_c, auto masked_c) __attribute__((always_inline)) {
       constexpr bool kSoftcap = decltype(softcap_c)::value;
       constexpr bool kMasked = decltype(masked_c)::value;
       const int st = rq.index();
+      ElemArgs ea = ea_in;
+      if constexpr (kMasked) {
+        // The queries each of this thread's two key rows sees (core/mask.h; empty past
+        // seqlen_k), here rather than once per tile: the masked steps are few, and the dense
+        // ones then carry four fewer registers.
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int32_t j = ti.n_block * kBlockN + arch::fragment_row(tid) + 8 * r;
+          const detail::QueryRange q = detail::visible_query_range(j, ti.s.seqlen_q, ti.s.seqlen_k, p.mask);
+          ea.vis_first[r] = int32_t(q.first);
+          ea.vis_last[r] = int32_t(q.last);
+        }
+      }
       consumer_wait(pipe_q, rq);
       if constexpr (kMasked) {  // a sequence's last query block is never dense
         if (p.is_varlen && ea_in.q_rows < kBlockM) {
@@ -120,9 +131,14 @@ struct BwdMma {
           arch::named_barrier_sync(Barriers::consumers(), Kt::kNumMmaThreads);
         }
       }
-      wgmma</*zero_init=*/true, -1>(mma_s, tSrK, tSrQ(_, _, _, st), tSrS);
-      wgmma<true, -1>(mma_dp, tdPrV, tdPrdO(_, _, _, st), tdPrdP);
-      ElemArgs ea = ea_in;
+      {
+        // K's and V's descriptors from an opaque base (arch::opaque): a few adds per step instead
+        // of 16 spilled 64-bit descriptors reloaded before each wgmma.
+        Tensor sK_step = make_tensor(make_smem_ptr(arch::opaque(ss.smem_k.data())), typename Kt::SmemLayoutK{});
+        Tensor sV_step = make_tensor(make_smem_ptr(arch::opaque(ss.smem_v.data())), typename Kt::SmemLayoutV{});
+        wgmma</*zero_init=*/true, -1>(mma_s, wg_s.partition_fragment_A(sK_step), tSrQ(_, _, _, st), tSrS);
+        wgmma<true, -1>(mma_dp, wg_dp.partition_fragment_A(sV_step), tdPrdO(_, _, _, st), tdPrdP);
+      }
       ea.lse = ss.smem_lse.data() + st * kBlockM;
       ea.dsum = ss.smem_d.data() + st * kBlockM;
       // P^T on the exp unit while the dP^T product runs on the tensor cores.
@@ -163,15 +179,6 @@ struct BwdMma {
       clear(tdVrdV);
       clear(tdKrdK);
       if (ti.has_steps()) {
-        // The queries each of this thread's two key rows sees (core/mask.h; empty past seqlen_k).
-        int32_t vis_first[2], vis_last[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int32_t j = ti.n_block * kBlockN + arch::fragment_row(tid) + 8 * r;
-          const detail::QueryRange q = detail::visible_query_range(j, ti.s.seqlen_q, ti.s.seqlen_k, p.mask);
-          vis_first[r] = int32_t(q.first);
-          vis_last[r] = int32_t(q.last);
-        }
         // The query blocks that all kBlockN keys of the tile see whole (schedule_bwd.h): one
         // version per step for the whole CTA. A warpgroup's four warps must issue the same wgmma
         // instructions (.aligned), and both warpgroups must wait on the dS barrier from the same
@@ -195,11 +202,10 @@ struct BwdMma {
             // Chosen before the step's products are issued: a branch with wgmma accumulators in
             // flight makes ptxas serialise the products.
             const bool masked = m < dense.m_lo || m >= dense.m_hi;
-            const ElemArgs ea{nullptr, nullptr, q0, ti.s.seqlen_q - q0, col_lane, {vis_first[0], vis_first[1]},
-                              {vis_last[0], vis_last[1]}};
-            if (p.has_softcap) step(ea, std::true_type{}, std::true_type{});  // softcap: always the selecting version
-            else if (masked) step(ea, std::false_type{}, std::true_type{});
-            else step(ea, std::false_type{}, std::false_type{});
+            const ElemArgs ea{nullptr, nullptr, q0, ti.s.seqlen_q - q0, col_lane, {}, {}};
+            if (p.has_softcap) step(ea, ti, std::true_type{}, std::true_type{});  // softcap: always the selecting version
+            else if (masked) step(ea, ti, std::false_type{}, std::true_type{});
+            else step(ea, ti, std::false_type{}, std::false_type{});
           }
         }
         pipe_kv.consumer_release(rkv);
@@ -219,7 +225,7 @@ struct BwdMma {
     int32_t q0;      // first query of the block
     int32_t q_rows;  // the block's rows inside the sequence (< kBlockM only in its last block)
     int col_lane;
-    int32_t vis_first[2], vis_last[2];
+    int32_t vis_first[2], vis_last[2];  // masked steps: set by the step itself
   };
 
   /// Sets rows [first, kRows) of the (kRows, kCols) smem tile t to 0, all consumer threads
