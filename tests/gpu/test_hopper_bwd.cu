@@ -153,9 +153,10 @@ TEST(HopperBwd, LongerSequences) {
 /// causal and a window: three tile orders / query-block ranges).
 TEST(HopperBwd, DeterministicBitwise) {
   REQUIRE_HOPPER();
+  for (int d : {64, 128})  // the two dQ forms (tuning_bwd.h dq_own_keys)
   for (int mask = 0; mask < 3; ++mask) {
     const bool causal = mask == 1;
-    CaseSpec s = base(64);
+    CaseSpec s = base(d);
     if (mask == 2) s.window = {300, 100};
     s.device = "cuda";
     s.backward = true;

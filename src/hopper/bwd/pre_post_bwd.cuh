@@ -35,6 +35,7 @@ struct BwdAuxParams {
   int64_t dq_batch_stride{}, dq_row_stride{}, dq_head_stride{};
   int64_t lse_batch_stride{}, lse_head_stride{}, lse_row_stride{};
   bool dq_aligned_pairs{};
+  bool rows_vec8{};  // out and dout rows load 8 elements (16 bytes) at a time
 
   int32_t batch{}, num_heads{}, headdim{}, headdim_v{};
   int32_t seqlen_q{}, seqlen_k{};
@@ -73,6 +74,44 @@ __global__ void __launch_bounds__(kBwdAuxThreads) bwd_preprocess_kernel(const Bw
   if (p.dq_semaphore && threadIdx.x == 0) p.dq_semaphore[chunk] = 0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t bt = p.is_varlen ? 0 : b;
+  if (p.rows_vec8) {
+    // kHeadDim / 8 lanes per row, 16 bytes of O and of dO each: a warp covers 32 / (kHeadDim / 8)
+    // rows per pass and every pass's loads are in flight together (the loop is unrolled).
+    constexpr int kLanesPerRow = kHeadDim / 8;
+    constexpr int kRowsPerPass = 32 / kLanesPerRow;
+    static_assert(32 % kLanesPerRow == 0 && kBwdChunkRows % (kRowsPerPass * (kBwdAuxThreads / 32)) == 0);
+    const int sub = lane % kLanesPerRow;
+#pragma unroll
+    for (int r0 = warp * kRowsPerPass; r0 < kBwdChunkRows; r0 += kRowsPerPass * (kBwdAuxThreads / 32)) {
+      const int r = r0 + lane / kLanesPerRow;
+      const int32_t i = m * kBwdChunkRows + r;
+      float d = 0.f;
+      if (i < s.seqlen_q && 8 * sub < p.headdim_v) {
+        const int64_t row = int64_t(s.q_row0) + i;
+        const int64_t o0 = bt * p.out_batch_stride + row * p.out_row_stride + int64_t(h) * p.out_head_stride;
+        const int64_t g0 = bt * p.dout_batch_stride + row * p.dout_row_stride + int64_t(h) * p.dout_head_stride;
+        const uint4 ov = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.out) + o0 + 8 * sub);
+        const uint4 gv = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.dout) + g0 + 8 * sub);
+        const Element* oe = reinterpret_cast<const Element*>(&ov);
+        const Element* ge = reinterpret_cast<const Element*>(&gv);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) d += float(oe[e]) * float(ge[e]);
+      }
+#pragma unroll
+      for (int o = kLanesPerRow / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+      if (sub == 0) {
+        float l = INFINITY;
+        if (i < s.seqlen_q) {
+          const int64_t row = int64_t(s.q_row0) + i;
+          const float lse = p.lse[bt * p.lse_batch_stride + int64_t(h) * p.lse_head_stride + row * p.lse_row_stride];
+          l = lse == -INFINITY ? INFINITY : lse * detail::kLog2e;
+        }
+        p.dpsum[chunk * kBwdChunkRows + r] = d;
+        p.lse_log2[chunk * kBwdChunkRows + r] = l;
+      }
+    }
+    return;
+  }
   for (int r = warp; r < kBwdChunkRows; r += kBwdAuxThreads / 32) {
     const int32_t i = m * kBwdChunkRows + r;
     float d = 0.f, l = INFINITY;

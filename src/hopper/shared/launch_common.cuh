@@ -55,5 +55,11 @@ inline bool aligned_pairs(const void* base, const detail::RowStrides& s, bool va
   return reinterpret_cast<uintptr_t>(base) % (2 * elem) == 0 && (varlen || batch <= 1 || s.batch % 2 == 0) &&
          s.row % 2 == 0 && s.head % 2 == 0;
 }
+/// Every row of the tensor starts 16-byte aligned, so 8 adjacent 16-bit elements are one 16-byte
+/// load (the real head dims are multiples of 8).
+inline bool aligned_vec8(const void* base, const detail::RowStrides& s, bool varlen, int32_t batch, int64_t elem) {
+  return elem == 2 && reinterpret_cast<uintptr_t>(base) % 16 == 0 && (varlen || batch <= 1 || s.batch % 8 == 0) &&
+         s.row % 8 == 0 && s.head % 8 == 0;
+}
 
 }  // namespace fa4::hopper
