@@ -136,6 +136,7 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   a.lse_head_stride = fp.lse_head_stride;
   a.lse_row_stride = fp.lse_row_stride;
   a.dq_aligned_pairs = aligned_pairs(fp.dq, fp.dq_stride, fp.is_varlen, fp.batch, kElem);
+  a.dq_vec8 = aligned_vec8(fp.dq, fp.dq_stride, fp.is_varlen, fp.batch, kElem);
   a.rows_vec8 = aligned_vec8(fp.out, fp.out_stride, fp.is_varlen, fp.batch, kElem) &&
                 aligned_vec8(fp.dout, fp.dout_stride, fp.is_varlen, fp.batch, kElem);
   a.batch = fp.batch;

@@ -3,7 +3,7 @@
 //                lse in log2 units (+inf where lse = -inf: P = 2^(s - inf) = 0, never NaN), the
 //                block's fp32 dQ accumulator zeroed, its deterministic-mode semaphore reset;
 //   postprocess  per query block: dQ = softmax_scale * accumulator, in the input dtype, from the
-//                staging's fragment order (schedule_bwd.h dq_chunk_index);
+//                staging's fragment order (schedule_bwd.h dq_chunk_index) through smem to rows;
 //   dsink        per head, in a fixed order (deterministic): dsink_h = -sum_i exp(sink_h - lse_i) D_i
 //                (src/cpu/naive_attention.h derives it).
 // Each CTA handles one (query block, head, sequence); blocks past a varlen sequence return at once.
@@ -35,6 +35,7 @@ struct BwdAuxParams {
   int64_t dq_batch_stride{}, dq_row_stride{}, dq_head_stride{};
   int64_t lse_batch_stride{}, lse_head_stride{}, lse_row_stride{};
   bool dq_aligned_pairs{};
+  bool dq_vec8{};   // dq rows store 8 elements (16 bytes) at a time
   bool rows_vec8{};  // out and dout rows load 8 elements (16 bytes) at a time
 
   int32_t batch{}, num_heads{}, headdim{}, headdim_v{};
@@ -138,28 +139,43 @@ __global__ void __launch_bounds__(kBwdAuxThreads) bwd_postprocess_kernel(const B
   if (m * kBwdChunkRows >= s.seqlen_q) return;
   const int64_t chunk = int64_t(h) * p.chunks + chunk_base<kBwdChunkRows>(p, b, s) + m;
   const float* acc = p.dq_accum + chunk * (kBwdChunkRows * kHeadDim);
-  const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  // The chunk goes through smem as (row, column) in the dtype: read in its fragment order (a
+  // float4 per thread, coalesced), written out a row piece of 16 bytes per thread, so a warp
+  // stores whole 128-byte lines. Straight from the fragment order a warp's store covers eight rows
+  // of 16 bytes each, and the postprocess ran at a third of the bandwidth. The 8-element pad puts
+  // the eight rows of a fragment store in different banks.
+  constexpr int kPitch = kHeadDim + 8;
+  __shared__ alignas(16) Element tile[kBwdChunkRows * kPitch];
+  {
+    const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+    const int r0 = arch::fragment_row(t);
+#pragma unroll
+    for (int g = 0; g < kHeadDim / 16; ++g) {
+      const int col = wg * (kHeadDim / 2) + 8 * g + arch::fragment_col(t);
+      const float4 x = *reinterpret_cast<const float4*>(acc + dq_chunk_index<kHeadDim>(wg, g, t));
+      *reinterpret_cast<uint32_t*>(tile + r0 * kPitch + col) = pack2<Element>(x.x * p.softmax_scale, x.y * p.softmax_scale);
+      *reinterpret_cast<uint32_t*>(tile + (r0 + 8) * kPitch + col) =
+          pack2<Element>(x.z * p.softmax_scale, x.w * p.softmax_scale);
+    }
+  }
+  __syncthreads();
   const int64_t bt = p.is_varlen ? 0 : b;
   Element* dq = static_cast<Element*>(p.dq) + bt * p.dq_batch_stride + int64_t(h) * p.dq_head_stride;
-  const int r0 = arch::fragment_row(t);
+  const int32_t rows = min(kBwdChunkRows, s.seqlen_q - m * kBwdChunkRows);
+  constexpr int kPieces = kHeadDim / 8;  // 16-byte pieces per row
+  for (int i = threadIdx.x; i < kBwdChunkRows * kPieces; i += kBwdAuxThreads) {
+    const int r = i / kPieces, col = (i % kPieces) * 8;
+    if (r >= rows || col >= p.headdim) continue;  // real dims are multiples of 8
+    const Element* src = tile + r * kPitch + col;
+    Element* row = dq + (int64_t(s.q_row0) + m * kBwdChunkRows + r) * p.dq_row_stride + col;
+    if (p.dq_vec8) {
+      *reinterpret_cast<uint4*>(row) = *reinterpret_cast<const uint4*>(src);
+    } else if (p.dq_aligned_pairs) {
 #pragma unroll
-  for (int g = 0; g < kHeadDim / 16; ++g) {
-    const int col = wg * (kHeadDim / 2) + 8 * g + arch::fragment_col(t);
-    const float4 x = *reinterpret_cast<const float4*>(acc + dq_chunk_index<kHeadDim>(wg, g, t));
-    if (col >= p.headdim) continue;
+      for (int e = 0; e < 8; e += 2) *reinterpret_cast<uint32_t*>(row + e) = *reinterpret_cast<const uint32_t*>(src + e);
+    } else {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int32_t i = m * kBwdChunkRows + r0 + 8 * r;
-      if (i >= s.seqlen_q) continue;
-      Element* row = dq + (int64_t(s.q_row0) + i) * p.dq_row_stride;
-      const float a = (r == 0 ? x.x : x.z) * p.softmax_scale;
-      const float c = (r == 0 ? x.y : x.w) * p.softmax_scale;
-      if (p.dq_aligned_pairs) {
-        *reinterpret_cast<uint32_t*>(row + col) = pack2<Element>(a, c);
-      } else {
-        row[col] = Element(a);
-        row[col + 1] = Element(c);
-      }
+      for (int e = 0; e < 8; ++e) row[e] = src[e];
     }
   }
 }
