@@ -153,7 +153,7 @@ TEST(HopperBwd, LongerSequences) {
 /// causal and a window: three tile orders / query-block ranges).
 TEST(HopperBwd, DeterministicBitwise) {
   REQUIRE_HOPPER();
-  for (int d : {64, 128})  // the two dQ forms (tuning_bwd.h dq_own_keys)
+  for (int d : {64, 128})  // both buckets
   for (int mask = 0; mask < 3; ++mask) {
     const bool causal = mask == 1;
     CaseSpec s = base(d);
@@ -219,8 +219,9 @@ TEST(HopperBwd, VarlenNaNInTheNextSequenceStaysThere) {
       dp.download_outputs();
       const std::vector<char> good_dq = tensor_bytes(p.dq), good_dk = tensor_bytes(p.dk), good_dv = tensor_bytes(p.dv);
       const fa4::cli::Placement& at = dp.placement();
-      // Sequence 1's input rows to NaN (0xFF bytes), then the backward again (out and lse of the
-      // finite forward: sequence 1's gradients become NaN, the others' must not move).
+      // Sequence 1's input rows to NaN (0xFF bytes) and the gradients poisoned again, then the
+      // backward again (out and lse of the finite forward: sequence 1's gradients become NaN, the
+      // others' must come out bitwise as before).
       auto poison_seq1 = [&](void* ptr, const fa4::test::HostTensor& t, const std::vector<int32_t>& cu, int64_t total) {
         const size_t row = size_t(t.numel()) * fa4::dtype_size(t.dtype()) / size_t(total);
         ASSERT_EQ(cudaMemset(static_cast<char*>(ptr) + size_t(cu[1]) * row, 0xFF, size_t(cu[2] - cu[1]) * row),
@@ -230,6 +231,8 @@ TEST(HopperBwd, VarlenNaNInTheNextSequenceStaysThere) {
       poison_seq1(at.dout, p.dout, p.seq.cu_q, p.seq.total_q());
       poison_seq1(at.k, p.k, p.seq.cu_k, p.seq.total_k());
       poison_seq1(at.v, p.v, p.seq.cu_k, p.seq.total_k());
+      for (auto [ptr, t] : {std::pair{at.dq, &p.dq}, std::pair{at.dk, &p.dk}, std::pair{at.dv, &p.dv}})
+        ASSERT_EQ(cudaMemset(ptr, 0xFF, size_t(t->numel()) * fa4::dtype_size(t->dtype())), cudaSuccess);
       fa4::cli::run_backward(p, dp.placement(), fa4::Backend::kCuda);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       dp.download_outputs();
@@ -248,6 +251,17 @@ TEST(HopperBwd, VarlenNaNInTheNextSequenceStaysThere) {
       same_outside_seq1(good_dq, p.dq, p.seq.cu_q, p.seq.total_q(), "dq");
       same_outside_seq1(good_dk, p.dk, p.seq.cu_k, p.seq.total_k(), "dk");
       same_outside_seq1(good_dv, p.dv, p.seq.cu_k, p.seq.total_k(), "dv");
+      // The poisoning reached the kernel: sequence 1's dq holds NaN (its rows with keys).
+      const std::vector<char> dq1 = tensor_bytes(p.dq);
+      const size_t q_row = dq1.size() / size_t(p.seq.total_q());
+      bool nan_seen = false;
+      for (int64_t r = p.seq.cu_q[1]; r < p.seq.cu_q[2] && !nan_seen; ++r)
+        for (int64_t c = 0; c < int64_t(q_row / 2) && !nan_seen; ++c) {
+          uint16_t x;  // bf16: NaN when the exponent is all ones and the mantissa is not zero
+          std::memcpy(&x, dq1.data() + size_t(r) * q_row + 2 * size_t(c), 2);
+          nan_seen = (x & 0x7F80) == 0x7F80 && (x & 0x007F) != 0;
+        }
+      EXPECT_TRUE(nan_seen) << "sequence 1's dq has no NaN: " << s.describe();
     }
 }
 

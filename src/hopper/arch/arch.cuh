@@ -15,6 +15,8 @@
 //     gathered one by one through the page table, which TMA boxes cannot do for any page size),
 //     ldmatrix (plain and transposed) and mma.sync m16n8k16: a decode tile has 16 rows, a quarter
 //     of one wgmma's 64, and its four warps work on separate keys;
+//   * an empty asm that hides a pointer's value from the compiler (opaque), so per-step address
+//     arithmetic (the backward's smem descriptors) is not hoisted into registers it lacks;
 //   * setmaxnreg: moves registers from the producer warpgroup (which only issues TMA) to the two
 //     consumer warpgroups (which hold S, P and O in registers). Needs sm_90a and a register cap at
 //     kernel entry (__launch_bounds__(threads, 1)).

@@ -163,6 +163,9 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   cudaError_t launched = cudaSuccess;
   const dim3 aux_grid(unsigned(p.num_m_blocks), unsigned(fp.num_heads), unsigned(fp.batch));
   const bool has_rows = p.num_m_blocks > 0 && fp.num_heads > 0 && fp.batch > 0;
+  // The preprocess's 16-byte path reads kHeadDim columns of O and dO (headdim_v's): a bucket
+  // with dv > d would need it templated on dv.
+  static_assert(kHeadDimV <= kHeadDim, "bwd_preprocess_kernel covers kHeadDim columns of O / dO");
   if (has_rows) {
     bwd_preprocess_kernel<Element, kHeadDim><<<aux_grid, kBwdAuxThreads, 0, stream>>>(a);
     launched = cudaGetLastError();
