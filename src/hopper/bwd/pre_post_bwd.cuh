@@ -75,6 +75,24 @@ __global__ void __launch_bounds__(kBwdAuxThreads) bwd_preprocess_kernel(const Bw
   if (p.dq_semaphore && threadIdx.x == 0) p.dq_semaphore[chunk] = 0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t bt = p.is_varlen ? 0 : b;
+  // Query row i's O and dO offsets, and its D and lse_log2 into the chunk's row r (+inf past the
+  // sequence or where lse = -inf).
+  auto out_offset = [&](int32_t i) {
+    return bt * p.out_batch_stride + (int64_t(s.q_row0) + i) * p.out_row_stride + int64_t(h) * p.out_head_stride;
+  };
+  auto dout_offset = [&](int32_t i) {
+    return bt * p.dout_batch_stride + (int64_t(s.q_row0) + i) * p.dout_row_stride + int64_t(h) * p.dout_head_stride;
+  };
+  auto store_stats = [&](int r, int32_t i, float d) {
+    float l = INFINITY;
+    if (i < s.seqlen_q) {
+      const float lse = p.lse[bt * p.lse_batch_stride + int64_t(h) * p.lse_head_stride +
+                              (int64_t(s.q_row0) + i) * p.lse_row_stride];
+      l = lse == -INFINITY ? INFINITY : lse * detail::kLog2e;
+    }
+    p.dpsum[chunk * kBwdChunkRows + r] = d;
+    p.lse_log2[chunk * kBwdChunkRows + r] = l;
+  };
   if (p.rows_vec8) {
     // kHeadDim / 8 lanes per row, 16 bytes of O and of dO each: a warp covers 32 / (kHeadDim / 8)
     // rows per pass and every pass's loads are in flight together (the loop is unrolled).
@@ -88,11 +106,8 @@ __global__ void __launch_bounds__(kBwdAuxThreads) bwd_preprocess_kernel(const Bw
       const int32_t i = m * kBwdChunkRows + r;
       float d = 0.f;
       if (i < s.seqlen_q && 8 * sub < p.headdim_v) {
-        const int64_t row = int64_t(s.q_row0) + i;
-        const int64_t o0 = bt * p.out_batch_stride + row * p.out_row_stride + int64_t(h) * p.out_head_stride;
-        const int64_t g0 = bt * p.dout_batch_stride + row * p.dout_row_stride + int64_t(h) * p.dout_head_stride;
-        const uint4 ov = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.out) + o0 + 8 * sub);
-        const uint4 gv = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.dout) + g0 + 8 * sub);
+        const uint4 ov = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.out) + out_offset(i) + 8 * sub);
+        const uint4 gv = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.dout) + dout_offset(i) + 8 * sub);
         const Element* oe = reinterpret_cast<const Element*>(&ov);
         const Element* ge = reinterpret_cast<const Element*>(&gv);
 #pragma unroll
@@ -100,35 +115,19 @@ __global__ void __launch_bounds__(kBwdAuxThreads) bwd_preprocess_kernel(const Bw
       }
 #pragma unroll
       for (int o = kLanesPerRow / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-      if (sub == 0) {
-        float l = INFINITY;
-        if (i < s.seqlen_q) {
-          const int64_t row = int64_t(s.q_row0) + i;
-          const float lse = p.lse[bt * p.lse_batch_stride + int64_t(h) * p.lse_head_stride + row * p.lse_row_stride];
-          l = lse == -INFINITY ? INFINITY : lse * detail::kLog2e;
-        }
-        p.dpsum[chunk * kBwdChunkRows + r] = d;
-        p.lse_log2[chunk * kBwdChunkRows + r] = l;
-      }
+      if (sub == 0) store_stats(r, i, d);
     }
     return;
   }
   for (int r = warp; r < kBwdChunkRows; r += kBwdAuxThreads / 32) {
     const int32_t i = m * kBwdChunkRows + r;
-    float d = 0.f, l = INFINITY;
+    float d = 0.f;
     if (i < s.seqlen_q) {
-      const int64_t row = int64_t(s.q_row0) + i;
-      const int64_t o0 = bt * p.out_batch_stride + row * p.out_row_stride + int64_t(h) * p.out_head_stride;
-      const int64_t g0 = bt * p.dout_batch_stride + row * p.dout_row_stride + int64_t(h) * p.dout_head_stride;
+      const int64_t o0 = out_offset(i), g0 = dout_offset(i);
       for (int c = lane; c < p.headdim_v; c += 32) d += load_f<Element>(p.out, o0 + c) * load_f<Element>(p.dout, g0 + c);
       for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-      const float lse = p.lse[bt * p.lse_batch_stride + int64_t(h) * p.lse_head_stride + row * p.lse_row_stride];
-      l = lse == -INFINITY ? INFINITY : lse * detail::kLog2e;
     }
-    if (lane == 0) {
-      p.dpsum[chunk * kBwdChunkRows + r] = d;
-      p.lse_log2[chunk * kBwdChunkRows + r] = l;
-    }
+    if (lane == 0) store_stats(r, i, d);
   }
 }
 

@@ -49,17 +49,22 @@ cudaError_t raise_smem_limit_once(Kernel kernel, int bytes, int device) {
 }
 }  // namespace
 
-/// True when every pair of adjacent 16-bit elements a direct store writes (columns 2k, 2k+1 of a
-/// row) is one aligned 4-byte word, for a tensor at `base` with strides `s`.
+/// True when every run of n adjacent elements starting at a column that is a multiple of n is one
+/// aligned (n * elem)-byte access, for a tensor at `base` (element size `elem`) with strides `s`.
+inline bool aligned_runs(const void* base, const detail::RowStrides& s, bool varlen, int32_t batch, int64_t elem,
+                         int64_t n) {
+  return reinterpret_cast<uintptr_t>(base) % (n * elem) == 0 && (varlen || batch <= 1 || s.batch % n == 0) &&
+         s.row % n == 0 && s.head % n == 0;
+}
+/// Every pair of adjacent 16-bit elements a direct store writes (columns 2k, 2k+1 of a row) is one
+/// aligned 4-byte word.
 inline bool aligned_pairs(const void* base, const detail::RowStrides& s, bool varlen, int32_t batch, int64_t elem) {
-  return reinterpret_cast<uintptr_t>(base) % (2 * elem) == 0 && (varlen || batch <= 1 || s.batch % 2 == 0) &&
-         s.row % 2 == 0 && s.head % 2 == 0;
+  return aligned_runs(base, s, varlen, batch, elem, 2);
 }
 /// Every row of the tensor starts 16-byte aligned, so 8 adjacent 16-bit elements are one 16-byte
-/// load (the real head dims are multiples of 8).
+/// access (the real head dims are multiples of 8).
 inline bool aligned_vec8(const void* base, const detail::RowStrides& s, bool varlen, int32_t batch, int64_t elem) {
-  return elem == 2 && reinterpret_cast<uintptr_t>(base) % 16 == 0 && (varlen || batch <= 1 || s.batch % 8 == 0) &&
-         s.row % 8 == 0 && s.head % 8 == 0;
+  return elem == 2 && aligned_runs(base, s, varlen, batch, elem, 8);
 }
 
 }  // namespace fa4::hopper
