@@ -56,7 +56,8 @@ def run_meta():
 # libfa4's kernel-choice overrides (src/common/overrides.h), and the environment variables that
 # builds from before them read per call instead.
 OVERRIDES = {"lpt": "FA4_HOPPER_LPT", "schedule": "FA4_HOPPER_SCHED", "epilogue": "FA4_HOPPER_EPILOGUE",
-             "stream_k": "FA4_HOPPER_STREAMK", "small_q": None}  # small_q: no environment variable
+             "stream_k": "FA4_HOPPER_STREAMK", "small_q": None,
+             "bwd_lpt_band": None}  # small_q, bwd_lpt_band: no environment variable
 
 
 def set_overrides(lib, **switches):

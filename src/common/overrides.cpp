@@ -2,6 +2,7 @@
 #include "common/overrides.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -18,6 +19,7 @@ struct Knob {
 };
 
 std::atomic<int8_t> g_lpt{-1}, g_schedule{-1}, g_epilogue{-1}, g_stream_k{-1}, g_small_q{-1};
+std::atomic<int32_t> g_bwd_lpt_band{0};
 
 const Knob kKnobs[] = {
     {"lpt", "0", "1", &g_lpt},
@@ -36,12 +38,26 @@ KernelOverrides kernel_overrides() {
   o.tma_epilogue = g_epilogue.load(std::memory_order_relaxed);
   o.stream_k = g_stream_k.load(std::memory_order_relaxed);
   o.small_q_decode = g_small_q.load(std::memory_order_relaxed);
+  o.bwd_lpt_band = g_bwd_lpt_band.load(std::memory_order_relaxed);
   return o;
 }
 
 void set_kernel_override(const char* name, const char* value) {
   constexpr const char* kFn = "fa4_internal_set_override";
   if (!name || !value) throw Error(ErrorCode::kInvalidArgument, std::string(kFn) + ": name and value must not be NULL");
+  if (std::strcmp(name, "bwd_lpt_band") == 0) {
+    int32_t v = 0;
+    if (std::strcmp(value, "auto") != 0) {
+      char* end = nullptr;
+      const long x = std::strtol(value, &end, 10);
+      if (end == value || *end != '\0' || x < 1 || x > 64)
+        throw Error(ErrorCode::kInvalidArgument, std::string(kFn) + ": bwd_lpt_band = '" + value +
+                                                     "' must be an integer in 1..64 or 'auto'");
+      v = int32_t(x);
+    }
+    g_bwd_lpt_band.store(v, std::memory_order_relaxed);
+    return;
+  }
   for (const Knob& k : kKnobs) {
     if (std::strcmp(name, k.name) != 0) continue;
     int8_t v;
@@ -55,7 +71,7 @@ void set_kernel_override(const char* name, const char* value) {
     return;
   }
   throw Error(ErrorCode::kInvalidArgument, std::string(kFn) + ": unknown override '" + name +
-                                               "' (lpt, schedule, epilogue, stream_k, small_q)");
+                                               "' (lpt, schedule, epilogue, stream_k, small_q, bwd_lpt_band)");
 }
 
 }  // namespace fa4::detail

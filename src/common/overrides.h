@@ -22,14 +22,17 @@ struct KernelOverrides {
   /// "small_q": a forward with few query rows per KV head on the decode kernel (1, where it can
   /// run) or on the forward kernel (0)
   int8_t small_q_decode = -1;
+  /// "bwd_lpt_band": the backward's key blocks per band of the longest-first order (1..64), 0: the
+  /// tuning table's (bwd/tuning_bwd.h)
+  int32_t bwd_lpt_band = 0;
 };
 
 /// The current overrides.
 KernelOverrides kernel_overrides();
 
 /// Sets one override: name "lpt" (value "0" | "1"), "schedule" ("static" | "dynamic"), "epilogue"
-/// ("direct" | "tma"), "stream_k" ("0" | "1") or "small_q" ("fwd" | "decode"); the value "auto"
-/// returns the choice to the selector. Throws fa4::Error(kInvalidArgument) naming the rule for
+/// ("direct" | "tma"), "stream_k" ("0" | "1"), "small_q" ("fwd" | "decode") or "bwd_lpt_band"
+/// ("1" .. "64"); the value "auto" returns the choice to the selector. Throws fa4::Error(kInvalidArgument) naming the rule for
 /// any other name or value.
 void set_kernel_override(const char* name, const char* value);
 

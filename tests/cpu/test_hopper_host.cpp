@@ -7,13 +7,16 @@
 
 #include <cstdint>
 #include <set>
+#include <string>
 #include <tuple>
 #include <vector>
 
 #include <algorithm>
 #include <random>
 
+#include "common/overrides.h"
 #include "core/mask.h"
+#include "fa4/error.h"
 #include "hopper/bwd/schedule_bwd.h"
 #include "hopper/decode/launch_decode.h"
 #include "hopper/shared/mask.cuh"
@@ -78,17 +81,21 @@ TEST(HopperHost, KeyRangeAndMaskDecisionMatchThePredicate) {
       }
 }
 
-// Backward: every tile once over all CTAs, each CTA's tiles increasing (the deterministic mode's
-// no-deadlock argument), and the coordinates a permutation of (key block, kv head, sequence).
+// Backward: every tile once over all CTAs, each CTA's tiles increasing and a head's key blocks in
+// increasing tile order (the deterministic mode's no-deadlock argument), the coordinates a
+// permutation of (key block, kv head, sequence), and under lpt the first band's key blocks first.
 TEST(HopperHost, BackwardTileOrderIsAPermutation) {
   for (bool lpt : {false, true})
+  for (int band : {1, 2, 3, 8, 100})
     for (int n : {1, 3, 64})
       for (int hkv : {1, 8})
         for (int b : {1, 3})
           for (int grid : {1, 7, 132}) {
+            if (!lpt && band > 1) continue;  // the band only shapes the lpt order
             const int tiles = n * hkv * b;
             std::vector<int> hits(tiles, 0);
             std::set<std::tuple<int, int, int>> coords;
+            std::vector<int> index_of(tiles, -1);  // by (b, h_kv, n_block)
             for (int cta = 0; cta < std::min(grid, tiles); ++cta) {
               int prev = -1;
               for (int i = 0;; ++i) {
@@ -97,15 +104,46 @@ TEST(HopperHost, BackwardTileOrderIsAPermutation) {
                 ASSERT_GT(t, prev);
                 prev = t;
                 ++hits[t];
-                const auto c = fa4::hopper::bwd_tile_coord(t, n, hkv, b, lpt);
+                const auto c = fa4::hopper::bwd_tile_coord(t, n, hkv, b, lpt, band);
                 ASSERT_TRUE(c.n_block >= 0 && c.n_block < n && c.h_kv >= 0 && c.h_kv < hkv && c.b >= 0 && c.b < b);
                 coords.insert({c.n_block, c.h_kv, c.b});
-                if (lpt && t < hkv * b) EXPECT_EQ(c.n_block, 0);  // longest (first) key blocks first
+                index_of[(c.b * hkv + c.h_kv) * n + c.n_block] = t;
+                // longest (first) key blocks first: the first band's
+                if (lpt && t < std::min(band, n) * hkv * b) EXPECT_LT(c.n_block, band);
               }
             }
             for (int t = 0; t < tiles; ++t) EXPECT_EQ(hits[t], 1) << "tile " << t << " lpt " << lpt << " grid " << grid;
             EXPECT_EQ(int(coords.size()), tiles);
+            for (int bh = 0; bh < hkv * b; ++bh)
+              for (int k = 1; k < n; ++k) {
+                EXPECT_LT(index_of[bh * n + k - 1], index_of[bh * n + k]) << "band " << band << " head " << bh;
+                // lpt: a band's key blocks of one head are consecutive tiles (handed out together)
+                if (lpt && k % band != 0) EXPECT_EQ(index_of[bh * n + k], index_of[bh * n + k - 1] + 1);
+              }
           }
+}
+
+// The backward's band override: 1..64 or auto (0: the tuning table's); anything else is a clear
+// error naming the rule, and leaves the value as it was.
+TEST(HopperHost, BackwardLptBandOverride) {
+  using fa4::detail::kernel_overrides;
+  using fa4::detail::set_kernel_override;
+  set_kernel_override("bwd_lpt_band", "4");
+  EXPECT_EQ(kernel_overrides().bwd_lpt_band, 4);
+  for (const char* bad : {"0", "65", "-1", "4x", "", "x"}) {
+    try {
+      set_kernel_override("bwd_lpt_band", bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const fa4::Error& e) {
+      EXPECT_EQ(e.code(), fa4::ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("1..64"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(kernel_overrides().bwd_lpt_band, 4) << bad;
+  }
+  set_kernel_override("bwd_lpt_band", "64");
+  EXPECT_EQ(kernel_overrides().bwd_lpt_band, 64);
+  set_kernel_override("bwd_lpt_band", "auto");
+  EXPECT_EQ(kernel_overrides().bwd_lpt_band, 0);
 }
 
 // Backward: a key block visits every query block holding a query that sees one of its keys.

@@ -43,7 +43,7 @@ struct BwdTile {
 template <int kBlockM, int kBlockN, bool kValidate, class Params>
 __device__ __forceinline__ BwdTile make_bwd_tile(const Params& p, int32_t t) {
   BwdTile ti;
-  const BwdTileCoord c = bwd_tile_coord(t, p.num_n_blocks, p.num_heads_kv, p.batch, p.lpt);
+  const BwdTileCoord c = bwd_tile_coord(t, p.num_n_blocks, p.num_heads_kv, p.batch, p.lpt, p.lpt_band);
   ti.n_block = c.n_block;
   ti.h_kv = c.h_kv;
   ti.b = c.b;

@@ -49,17 +49,31 @@ FA4_HD QueryBlocks dense_query_blocks(int32_t key0, int32_t seqlen_q, int32_t se
 
 /// Coordinates of tile t: key block n_block of KV head h_kv of sequence b. Dense problems: key
 /// block fastest, so the CTAs running at once share a head's Q and dO in L2. Masked (causal,
-/// window) and varlen problems (lpt): key block slowest, so the tiles go longest first (under a
-/// bottom-right causal mask the first key blocks see the most queries). Either way a key block
-/// of a head has a higher index than the blocks before it, which the deterministic mode's
-/// ordering relies on (mainloop_bwd_load.cuh).
+/// window) and varlen problems (lpt): bands of `band` key blocks slowest, so the tiles go
+/// longest first (under a bottom-right causal mask the first key blocks see the most queries),
+/// and inside a band a (sequence, KV head)'s key blocks next to each other, so the CTAs running
+/// at once hold `band` tiles of each head they work on and share its Q and dO in L2 (band 1:
+/// key block slowest; with more (sequence, KV head) pairs than CTAs, the CTAs of a round then
+/// work on as many different heads and share nothing). The last band may be shorter. Either way
+/// a key block of a head has a higher index than the blocks before it, which the deterministic
+/// mode's ordering relies on (mainloop_bwd_load.cuh).
 struct BwdTileCoord {
   int32_t n_block, h_kv, b;
 };
-FA4_HD BwdTileCoord bwd_tile_coord(int32_t t, int32_t num_n_blocks, int32_t num_heads_kv, int32_t batch, bool lpt) {
+FA4_HD BwdTileCoord bwd_tile_coord(int32_t t, int32_t num_n_blocks, int32_t num_heads_kv, int32_t batch, bool lpt,
+                                   int32_t band) {
   const int32_t num_bh = num_heads_kv * batch;
-  const int32_t n = lpt ? t / num_bh : t % num_n_blocks;
-  const int32_t bh = lpt ? t % num_bh : t / num_n_blocks;
+  int32_t n, bh;
+  if (!lpt) {
+    n = t % num_n_blocks;
+    bh = t / num_n_blocks;
+  } else {
+    const int32_t n0 = t / (band * num_bh) * band;  // the band's first key block
+    const int32_t width = band < num_n_blocks - n0 ? band : num_n_blocks - n0;
+    const int32_t r = t - n0 * num_bh;  // index inside the band
+    n = n0 + r % width;
+    bh = r / width;
+  }
   return {n, bh % num_heads_kv, bh / num_heads_kv};
 }
 

@@ -31,18 +31,23 @@ struct HopperBwdConfig {
   int32_t q_stages;       ///< depth of the Q / dO / lse / D ring
   int32_t consumer_regs;  ///< setmaxnreg of the two MMA warpgroups
   int32_t producer_regs;  ///< setmaxnreg of the producer warpgroup (TMA warp + dQ writer warp)
+  /// Masked / varlen / deterministic problems (longest first): key blocks of one head handed out
+  /// together (schedule_bwd.h bwd_tile_coord), so the CTAs running at once share their heads' Q
+  /// and dO in L2; 1 = key block slowest. A host simulation of the static snake rounds puts the
+  /// makespan within 3.1% of the mean load for 1-8 (causal, 1k-8k, 16k tokens).
+  int32_t lpt_band;
 };
 
 // Internal linkage (not `inline`): an inline variable is a GNU-unique symbol, which the dynamic
 // linker shares between every libfa4 loaded in one process (A/B runs load several builds),
 // so one build would read another build's table.
 constexpr HopperBwdConfig kHopperBwdConfigs[] = {
-    // d, dv, tile_m, tile_n, q_stages, regs (consumer, producer). The producer warpgroup's two
+    // d, dv, tile_m, tile_n, q_stages, regs (consumer, producer), lpt_band. The producer warpgroup's two
     // warps (TMA, dQ writer with the deterministic ordering) spill at 24 registers, the consumers
     // below 232: ptxas reports 96 bytes of spill stores at d128 and 44 at d64 (232/40), most
     // outside the steps; 240/24 spilled more in the producer on an earlier form of the step.
-    {64, 64, 64, 128, 2, 232, 40},
-    {128, 128, 64, 128, 2, 232, 40},
+    {64, 64, 64, 128, 2, 232, 40, 8},
+    {128, 128, 64, 128, 2, 232, 40, 8},
 };
 // No d96 row: the transposed views of a 96-column (64-byte swizzled) Q / dO tile are not a
 // canonical MN-major wgmma layout (CuTe's GMMA layout check), so 72..128 run on the d128 kernel

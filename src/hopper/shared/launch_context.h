@@ -15,6 +15,9 @@ struct LaunchContext {
   int32_t num_sms = 0;
   int64_t l2_bytes = 0;
   bool lpt = true;  ///< LPT order + L2 sections (auto: masked/varlen only; override "lpt" forces)
+  /// Backward under lpt: key blocks per band (bwd/schedule_bwd.h); 0: the tuning table's
+  /// (override "bwd_lpt_band" forces).
+  int32_t bwd_lpt_band = 0;
   /// Tiles claimed from an atomic counter (greedy, tile_scheduler.cuh) instead of a static stride
   /// (hopper_api.cu sets it: causal/window, not varlen; override "schedule" forces).
   /// Used only when there are more tiles than CTAs.
