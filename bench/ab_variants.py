@@ -123,6 +123,9 @@ def main():
     ap.add_argument("--headdims", default="64,128", help="comma list of q/k head dims (192 covers 192x128)")
     ap.add_argument("--small", action="store_true", help="short-sequence shapes instead")
     ap.add_argument("--backward", action="store_true", help="time the backward (head dims <= 128)")
+    ap.add_argument("--shape", action="append", default=[],
+                    help="headdim,causal(0|1),seqlen,num_heads,num_heads_kv: these shapes instead (repeatable; "
+                         "batch = 16384 // seqlen)")
     args = ap.parse_args()
     variants = [parse(v) for v in args.variants]
     loaded = {}
@@ -134,7 +137,13 @@ def main():
     hds = {int(h) for h in args.headdims.split(",")}
     gpu = torch.cuda.get_device_name()
     rows = []
-    for d, causal, s, h, hkv, *rest in (SMALL_SHAPES if args.small else SHAPES):
+    shapes = SMALL_SHAPES if args.small else SHAPES
+    if args.shape:
+        shapes = []
+        for spec in args.shape:
+            d_, c_, s_, h_, hkv_ = (int(x) for x in spec.split(","))
+            shapes.append((d_, bool(c_), s_, h_, hkv_))
+    for d, causal, s, h, hkv, *rest in shapes:
         if d not in hds:
             continue
         dv = rest[0] if rest else d
