@@ -78,7 +78,7 @@ def use(lib, env):
     _in_use = (lib, env)
 
 
-def backward_row(libs, q, k, v, causal, rounds):
+def backward_row(libs, q, k, v, causal, rounds, deterministic=False):
     """Backward-only times of every variant and cuDNN on (q, k, v), interleaved rounds."""
     b, s, h, d = q.shape
     hkv = k.shape[2]
@@ -93,7 +93,7 @@ def backward_row(libs, q, k, v, causal, rounds):
     errs = {}
     for name, (lib, env) in libs.items():
         use(lib, env)
-        out = fa4.flash_attn_func(q, k, v, causal=causal)
+        out = fa4.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
         errs[name] = float((torch.autograd.grad(out, (q,), dout, retain_graph=True)[0].float()
                             - dq_ref.float()).abs().max())
         fns[name] = (lambda lib_=lib, env_=env, out_=out: (use(lib_, env_),
@@ -106,10 +106,11 @@ def backward_row(libs, q, k, v, causal, rounds):
                 times[n].append(bench(fns[n]))
     flops = 2.5 * 4 * b * h * s * s * d * (0.5 if causal else 1.0)
     tf = {n: tflops(flops, statistics.median(t)) for n, t in times.items()}
-    row = {"direction": "bwd", "headdim": d, "causal": causal, "seqlen": s, "batch": b, "num_heads": h,
+    row = {"direction": "bwd", "deterministic": deterministic, "headdim": d, "causal": causal,
+           "seqlen": s, "batch": b, "num_heads": h,
            "num_heads_kv": hkv, "tflops": tf, "max_abs_err_dq_vs_cudnn": errs,
            "ratio_vs_cudnn": {n: round(tf[n] / tf["cudnn"], 3) for n in tf if n != "cudnn"}}
-    print(f"bwd d{d} causal={causal!s:5} s={s:5} h={h}/{hkv} " + " ".join(f"{n}:{tf[n]:6.1f}" for n in names) +
+    print(f"bwd{' det' if deterministic else ''} d{d} causal={causal!s:5} s={s:5} h={h}/{hkv} " + " ".join(f"{n}:{tf[n]:6.1f}" for n in names) +
           " | " + " ".join(f"{n}/cudnn={row['ratio_vs_cudnn'][n]:.3f}" for n in libs) +
           " | dq maxerr " + " ".join(f"{errs[n]:.1e}" for n in libs), flush=True)
     return row
@@ -123,6 +124,7 @@ def main():
     ap.add_argument("--headdims", default="64,128", help="comma list of q/k head dims (192 covers 192x128)")
     ap.add_argument("--small", action="store_true", help="short-sequence shapes instead")
     ap.add_argument("--backward", action="store_true", help="time the backward (head dims <= 128)")
+    ap.add_argument("--deterministic", action="store_true", help="with --backward: fa4 in deterministic mode")
     ap.add_argument("--shape", action="append", default=[],
                     help="headdim,causal(0|1),seqlen,num_heads,num_heads_kv: these shapes instead (repeatable; "
                          "batch = 16384 // seqlen)")
@@ -155,7 +157,7 @@ def main():
         if args.backward:
             if d > 128 or dv > 128:
                 continue
-            rows.append(backward_row(libs, q, k, v, causal, args.rounds))
+            rows.append(backward_row(libs, q, k, v, causal, args.rounds, args.deterministic))
             continue
         qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
 
