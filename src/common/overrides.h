@@ -25,6 +25,8 @@ struct KernelOverrides {
   /// "bwd_lpt_band": the backward's key blocks per band of the longest-first order (1..64), 0: the
   /// tuning table's (bwd/tuning_bwd.h)
   int32_t bwd_lpt_band = 0;
+  /// "bwd_walk": the backward CTA walks its query blocks from the last down ("desc", 1) or up ("asc", 0)
+  int8_t bwd_descending = -1;
 };
 
 /// The current overrides.

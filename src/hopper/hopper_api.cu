@@ -352,6 +352,7 @@ void backward(const detail::BwdParams& p) {
   const detail::KernelOverrides o = detail::kernel_overrides();
   ctx.lpt = o.lpt < 0 ? (p.mask.is_local() || p.is_varlen || p.deterministic) : o.lpt == 1;
   ctx.bwd_lpt_band = o.bwd_lpt_band;  // 0: the tuning table's
+  ctx.bwd_descending = o.bwd_descending == 1;
   const ScopedDevice scoped_device(p.device.index, "fa4::backward");
   if (p.is_varlen) ctx.async_error = async_error_word(p.device.index);
 

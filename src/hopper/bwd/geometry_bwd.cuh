@@ -36,8 +36,12 @@ struct BwdTile {
   int32_t chunk0;  // chunk_base(b)
   QueryBlocks m;
   bool has_keys;   // the key block starts inside the sequence (its dK/dV rows exist)
+  bool descending;  // the walk goes from m_hi - 1 down to m_lo
 
   __device__ __forceinline__ bool has_steps() const { return m.m_hi > m.m_lo; }
+  __device__ __forceinline__ int32_t num_steps() const { return m.m_hi - m.m_lo; }
+  /// The query block of step s (0 <= s < num_steps()); every role walks the same order.
+  __device__ __forceinline__ int32_t step_block(int32_t s) const { return descending ? m.m_hi - 1 - s : m.m_lo + s; }
 };
 
 template <int kBlockM, int kBlockN, bool kValidate, class Params>
@@ -51,6 +55,7 @@ __device__ __forceinline__ BwdTile make_bwd_tile(const Params& p, int32_t t) {
   ti.chunk0 = chunk_base<kBlockM>(p, ti.b, ti.s);
   ti.m = query_blocks<kBlockM, kBlockN>(ti.n_block, ti.s.seqlen_q, ti.s.seqlen_k, p.mask);
   ti.has_keys = ti.n_block * kBlockN < ti.s.seqlen_k;
+  ti.descending = p.descending;
   return ti;
 }
 

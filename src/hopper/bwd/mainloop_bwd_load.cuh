@@ -76,7 +76,8 @@ struct BwdLoad {
                                 Shape<Int<kBlockM>, Int<Kt::kHeadDimV>>{}, make_coord(_, _0{}));
         Tensor tQgQ = group_modes<0, 3>(cta_q.partition_S(gQ));      // (TMA, m_block)
         Tensor tdOgdO = group_modes<0, 3>(cta_do.partition_S(gdO));  // (TMA, m_block)
-        for (int32_t m = ti.m.m_lo; m < ti.m.m_hi; ++m) {
+        for (int32_t i_step = 0; i_step < ti.num_steps(); ++i_step) {
+          const int32_t m = ti.step_block(i_step);
           if (leader) {
             pipe_q.producer_acquire(wq);
             uint64_t* bar = pipe_q.producer_get_barrier(wq);
@@ -135,7 +136,8 @@ struct BwdDqWriter {
       const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, true>(p, t);
       for (int32_t g = 0; g < p.group_size && ti.has_steps(); ++g) {
         const int32_t h = ti.h_kv * p.group_size + g;
-        for (int32_t m = ti.m.m_lo; m < ti.m.m_hi; ++m) {
+        for (int32_t i_step = 0; i_step < ti.num_steps(); ++i_step) {
+          const int32_t m = ti.step_block(i_step);
           const int64_t chunk = int64_t(h) * p.chunks + ti.chunk0 + m;
           float* dst = p.dq_accum + chunk * (kBlockM * Kt::kHeadDim);
           if (p.deterministic) {

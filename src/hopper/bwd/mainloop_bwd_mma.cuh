@@ -197,7 +197,8 @@ struct BwdMma {
           arch::named_barrier_sync(Barriers::consumers(), Kt::kNumMmaThreads);
         }
         for (int32_t g = 0; g < p.group_size; ++g) {
-          for (int32_t m = ti.m.m_lo; m < ti.m.m_hi; ++m) {
+          for (int32_t i_step = 0; i_step < ti.num_steps(); ++i_step) {
+            const int32_t m = ti.step_block(i_step);
             const int32_t q0 = m * kBlockM;
             // Chosen before the step's products are issued: a branch with wgmma accumulators in
             // flight makes ptxas serialise the products.

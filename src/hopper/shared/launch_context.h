@@ -18,6 +18,8 @@ struct LaunchContext {
   /// Backward under lpt: key blocks per band (bwd/schedule_bwd.h); 0: the tuning table's
   /// (override "bwd_lpt_band" forces).
   int32_t bwd_lpt_band = 0;
+  /// Backward: query blocks walked from the last down (bwd/geometry_bwd.cuh BwdTile::step_block; override "bwd_walk").
+  bool bwd_descending = false;
   /// Tiles claimed from an atomic counter (greedy, tile_scheduler.cuh) instead of a static stride
   /// (hopper_api.cu sets it: causal/window, not varlen; override "schedule" forces).
   /// Used only when there are more tiles than CTAs.
