@@ -23,9 +23,9 @@ struct KernelOverrides {
   /// run) or on the forward kernel (0)
   int8_t small_q_decode = -1;
   /// "bwd_lpt_band": the backward's key blocks per band of the longest-first order (1..64), 0: the
-  /// tuning table's (bwd/tuning_bwd.h)
+  /// selector's (bwd/tuning_bwd.h; 1 in deterministic mode)
   int32_t bwd_lpt_band = 0;
-  /// "bwd_walk": the backward CTA walks its query blocks from the last down ("desc", 1) or up ("asc", 0)
+  /// "bwd_walk": a backward CTA walks its query blocks from the last down ("desc", 1) or up ("asc", 0)
   int8_t bwd_descending = -1;
 };
 
@@ -33,9 +33,9 @@ struct KernelOverrides {
 KernelOverrides kernel_overrides();
 
 /// Sets one override: name "lpt" (value "0" | "1"), "schedule" ("static" | "dynamic"), "epilogue"
-/// ("direct" | "tma"), "stream_k" ("0" | "1"), "small_q" ("fwd" | "decode") or "bwd_lpt_band"
-/// ("1" .. "64"); the value "auto" returns the choice to the selector. Throws fa4::Error(kInvalidArgument) naming the rule for
-/// any other name or value.
+/// ("direct" | "tma"), "stream_k" ("0" | "1"), "small_q" ("fwd" | "decode"), "bwd_walk"
+/// ("asc" | "desc") or "bwd_lpt_band" ("1" .. "64"); the value "auto" returns the choice to the
+/// selector. Throws fa4::Error(kInvalidArgument) naming the rule for any other name or value.
 void set_kernel_override(const char* name, const char* value);
 
 }  // namespace fa4::detail

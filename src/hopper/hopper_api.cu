@@ -342,21 +342,16 @@ void backward(const detail::BwdParams& p) {
   LaunchContext ctx;
   ctx.num_sms = f.num_sms;
   ctx.l2_bytes = f.l2_bytes;
-  // Tiles of unequal cost (causal/window masks, varlen): longest first in snake rounds, in bands
-  // of a few key blocks per head so the CTAs running together share Q and dO in L2
-  // (bwd/schedule_bwd.h; the band from bwd/tuning_bwd.h, override "bwd_lpt_band"). Deterministic mode takes that order on dense problems too: with the key
-  // block fastest, all key blocks of a head reach a query block together and add into it one after
-  // another (a chain as long as the head's key blocks); key block slowest, the CTAs running
-  // together are spread over the heads, so the chains are short (not measured yet on dense
-  // problems). The "lpt" override forces it either way.
-  const detail::KernelOverrides o = detail::kernel_overrides();
-  ctx.lpt = o.lpt < 0 ? (p.mask.is_local() || p.is_varlen || p.deterministic) : o.lpt == 1;
-  ctx.bwd_lpt_band = o.bwd_lpt_band;  // 0: the tuning table's
-  ctx.bwd_descending = o.bwd_descending == 1;
+  const detail::HopperBwdConfig* c = detail::hopper_bwd_bucket(p.headdim, p.headdim_v);
+  if (c == nullptr) throw Error(ErrorCode::kInternal, "fa4::backward (hopper): no backward bucket for an accepted input");
+  const detail::BwdOrder order =
+      detail::bwd_order(*c, p.mask.is_local(), p.is_varlen, p.deterministic, detail::kernel_overrides());
+  ctx.lpt = order.lpt;
+  ctx.bwd_lpt_band = order.band;
+  ctx.bwd_descending = order.descending;
   const ScopedDevice scoped_device(p.device.index, "fa4::backward");
   if (p.is_varlen) ctx.async_error = async_error_word(p.device.index);
 
-  const detail::HopperBwdConfig* c = detail::hopper_bwd_bucket(p.headdim, p.headdim_v);
   const bool bf16 = p.dtype == DType::kBF16;
 #define FA4_DISPATCH_BWD(D, DV) FA4_DISPATCH_ROW(find_hopper_bwd_config, run_bwd, D, DV)
   FA4_HOPPER_BUCKETS(FA4_DISPATCH_BWD)

@@ -18,6 +18,7 @@
 #include "core/mask.h"
 #include "fa4/error.h"
 #include "hopper/bwd/schedule_bwd.h"
+#include "hopper/bwd/tuning_bwd.h"
 #include "hopper/decode/launch_decode.h"
 #include "hopper/shared/mask.cuh"
 #include "hopper/shared/tile_scheduler.cuh"
@@ -86,7 +87,7 @@ TEST(HopperHost, KeyRangeAndMaskDecisionMatchThePredicate) {
 // permutation of (key block, kv head, sequence), and under lpt the first band's key blocks first.
 TEST(HopperHost, BackwardTileOrderIsAPermutation) {
   for (bool lpt : {false, true})
-  for (int band : {1, 2, 3, 8, 100})
+  for (int band : {1, 2, 3, 8, 16, 100})
     for (int n : {1, 3, 64})
       for (int hkv : {1, 8})
         for (int b : {1, 3})
@@ -123,9 +124,9 @@ TEST(HopperHost, BackwardTileOrderIsAPermutation) {
           }
 }
 
-// The backward's band override: 1..64 or auto (0: the tuning table's); anything else is a clear
-// error naming the rule, and leaves the value as it was.
-TEST(HopperHost, BackwardLptBandOverride) {
+// The backward's order overrides: bwd_lpt_band 1..64 or auto (0: the selector's), bwd_walk asc,
+// desc or auto; anything else is a clear error naming the rule, and leaves the value as it was.
+TEST(HopperHost, BackwardOrderOverrides) {
   using fa4::detail::kernel_overrides;
   using fa4::detail::set_kernel_override;
   set_kernel_override("bwd_lpt_band", "4");
@@ -144,6 +145,67 @@ TEST(HopperHost, BackwardLptBandOverride) {
   EXPECT_EQ(kernel_overrides().bwd_lpt_band, 64);
   set_kernel_override("bwd_lpt_band", "auto");
   EXPECT_EQ(kernel_overrides().bwd_lpt_band, 0);
+
+  set_kernel_override("bwd_walk", "desc");
+  EXPECT_EQ(kernel_overrides().bwd_descending, 1);
+  set_kernel_override("bwd_walk", "asc");
+  EXPECT_EQ(kernel_overrides().bwd_descending, 0);
+  for (const char* bad : {"1", "down", ""}) {
+    EXPECT_THROW(set_kernel_override("bwd_walk", bad), fa4::Error) << bad;
+    EXPECT_EQ(kernel_overrides().bwd_descending, 0) << bad;
+  }
+  set_kernel_override("bwd_walk", "auto");
+  EXPECT_EQ(kernel_overrides().bwd_descending, -1);
+}
+
+// The backward's order: masked / varlen problems longest first in the row's bands and walk;
+// deterministic mode longest first always, band 1, ascending; dense problems key block fastest;
+// each override wins over its part alone.
+TEST(HopperHost, BackwardOrderChoice) {
+  using fa4::detail::bwd_order;
+  using fa4::detail::KernelOverrides;
+  const fa4::detail::HopperBwdConfig row{128, 128, 64, 128, 2, 232, 40, 16, true};
+  const KernelOverrides none;
+  for (bool masked : {false, true})
+    for (bool varlen : {false, true})
+      for (bool det : {false, true}) {
+        const auto r = bwd_order(row, masked, varlen, det, none);
+        EXPECT_EQ(r.lpt, masked || varlen || det);
+        EXPECT_EQ(r.band, det ? 1 : 16);
+        EXPECT_EQ(r.descending, !det);
+      }
+  fa4::detail::HopperBwdConfig asc_row = row;
+  asc_row.walk_descending = false;
+  asc_row.lpt_band = 3;
+  EXPECT_FALSE(bwd_order(asc_row, true, false, false, none).descending);
+  EXPECT_EQ(bwd_order(asc_row, true, false, false, none).band, 3);
+  KernelOverrides o;
+  o.bwd_lpt_band = 5;
+  o.bwd_descending = 1;
+  o.lpt = 0;
+  for (bool det : {false, true}) {
+    const auto r = bwd_order(row, true, false, det, o);
+    EXPECT_FALSE(r.lpt);
+    EXPECT_EQ(r.band, 5);
+    EXPECT_TRUE(r.descending);
+  }
+  o.bwd_descending = 0;
+  EXPECT_FALSE(bwd_order(row, true, false, false, o).descending);
+}
+
+// A walk visits every query block of [m_lo, m_hi) once: from the last down or from the first up.
+TEST(HopperHost, BackwardWalkVisitsEveryBlockOnce) {
+  for (int lo : {0, 3})
+    for (int hi : {lo + 1, lo + 2, lo + 17})
+      for (bool desc : {false, true}) {
+        const fa4::hopper::QueryBlocks m{lo, hi};
+        std::vector<int> seen;
+        for (int s = 0; s < hi - lo; ++s) seen.push_back(fa4::hopper::bwd_step_block(m, desc, s));
+        std::vector<int> want;
+        for (int b = lo; b < hi; ++b) want.push_back(b);
+        if (desc) std::reverse(want.begin(), want.end());
+        EXPECT_EQ(seen, want) << lo << " " << hi << " " << desc;
+      }
 }
 
 // Backward: a key block visits every query block holding a query that sees one of its keys.

@@ -41,7 +41,7 @@ struct BwdTile {
   __device__ __forceinline__ bool has_steps() const { return m.m_hi > m.m_lo; }
   __device__ __forceinline__ int32_t num_steps() const { return m.m_hi - m.m_lo; }
   /// The query block of step s (0 <= s < num_steps()); every role walks the same order.
-  __device__ __forceinline__ int32_t step_block(int32_t s) const { return descending ? m.m_hi - 1 - s : m.m_lo + s; }
+  __device__ __forceinline__ int32_t step_block(int32_t s) const { return bwd_step_block(m, descending, s); }
 };
 
 template <int kBlockM, int kBlockN, bool kValidate, class Params>

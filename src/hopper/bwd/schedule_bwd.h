@@ -47,16 +47,21 @@ FA4_HD QueryBlocks dense_query_blocks(int32_t key0, int32_t seqlen_q, int32_t se
   return r;
 }
 
+/// The query block of step s (0 <= s < m_hi - m_lo) of a walk over [m_lo, m_hi): from the last
+/// down when `descending`, else from the first up. Every role of the CTA walks the same order.
+FA4_HD int32_t bwd_step_block(QueryBlocks m, bool descending, int32_t s) {
+  return descending ? m.m_hi - 1 - s : m.m_lo + s;
+}
+
 /// Coordinates of tile t: key block n_block of KV head h_kv of sequence b. Dense problems: key
 /// block fastest, so the CTAs running at once share a head's Q and dO in L2. Masked (causal,
-/// window) and varlen problems (lpt): bands of `band` key blocks slowest, so the tiles go
-/// longest first (under a bottom-right causal mask the first key blocks see the most queries),
-/// and inside a band a (sequence, KV head)'s key blocks next to each other, so the CTAs running
-/// at once hold `band` tiles of each head they work on and share its Q and dO in L2 (band 1:
-/// key block slowest; with more (sequence, KV head) pairs than CTAs, the CTAs of a round then
-/// work on as many different heads and share nothing). The last band may be shorter. Either way
-/// a key block of a head has a higher index than the blocks before it, which the deterministic
-/// mode's ordering relies on (mainloop_bwd_load.cuh).
+/// window) and varlen problems (lpt): longest first (under a bottom-right causal mask the first
+/// key blocks see the most queries) in bands of `band` key blocks: band after band, and inside a
+/// band each (sequence, KV head)'s key blocks next to each other, so the CTAs running at once
+/// hold `band` tiles of each head they work on (band 1: key block slowest, and with more
+/// (sequence, KV head) pairs than CTAs those of a round share nothing). The last band may be
+/// narrower. Either way a key block of a head has a higher index than the blocks before it,
+/// which the deterministic mode's ordering relies on (mainloop_bwd_load.cuh).
 struct BwdTileCoord {
   int32_t n_block, h_kv, b;
 };

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 
+#include "common/overrides.h"
 #include "hopper/buckets.h"
 
 namespace fa4::detail {
@@ -31,23 +32,28 @@ struct HopperBwdConfig {
   int32_t q_stages;       ///< depth of the Q / dO / lse / D ring
   int32_t consumer_regs;  ///< setmaxnreg of the two MMA warpgroups
   int32_t producer_regs;  ///< setmaxnreg of the producer warpgroup (TMA warp + dQ writer warp)
-  /// Masked / varlen / deterministic problems (longest first): key blocks of one head handed out
-  /// together (schedule_bwd.h bwd_tile_coord), so the CTAs running at once share their heads' Q
-  /// and dO in L2; 1 = key block slowest. A host simulation of the static snake rounds puts the
-  /// makespan within 3.1% of the mean load for 1-8 (causal, 1k-8k, 16k tokens).
+  /// Masked / varlen problems (longest first, not deterministic): key blocks of one (sequence, KV
+  /// head) handed out together (schedule_bwd.h bwd_tile_coord). With one key block per head in
+  /// flight (band 1) and more heads than CTAs, every Q / dO load and dQ reduce-add of a step
+  /// misses L2 (the walk turns DRAM-bound); a band's CTAs share them.
   int32_t lpt_band;
+  /// ... and walk their query blocks from the last down (schedule_bwd.h bwd_step_block): under a
+  /// bottom-right causal mask every key block's walk then starts at the same (last) query block,
+  /// so a band's CTAs stay on the same block step after step.
+  bool walk_descending;
 };
 
 // Internal linkage (not `inline`): an inline variable is a GNU-unique symbol, which the dynamic
 // linker shares between every libfa4 loaded in one process (A/B runs load several builds),
 // so one build would read another build's table.
 constexpr HopperBwdConfig kHopperBwdConfigs[] = {
-    // d, dv, tile_m, tile_n, q_stages, regs (consumer, producer), lpt_band. The producer warpgroup's two
+    // d, dv, tile_m, tile_n, q_stages, regs (consumer, producer), lpt_band, walk_descending
+    // (bench/results/history.md: the band / walk A/B). The producer warpgroup's two
     // warps (TMA, dQ writer with the deterministic ordering) spill at 24 registers, the consumers
     // below 232: ptxas reports 96 bytes of spill stores at d128 and 44 at d64 (232/40), most
     // outside the steps; 240/24 spilled more in the producer on an earlier form of the step.
-    {64, 64, 64, 128, 2, 232, 40, 8},
-    {128, 128, 64, 128, 2, 232, 40, 8},
+    {64, 64, 64, 128, 2, 232, 40, 16, true},
+    {128, 128, 64, 128, 2, 232, 40, 16, true},
 };
 // No d96 row: the transposed views of a 96-column (64-byte swizzled) Q / dO tile are not a
 // canonical MN-major wgmma layout (CuTe's GMMA layout check), so 72..128 run on the d128 kernel
@@ -70,6 +76,28 @@ constexpr const HopperBwdConfig* hopper_bwd_bucket(int32_t d, int32_t dv) {
 constexpr HopperBwdConfig hopper_bwd_config(int32_t headdim, int32_t headdim_v) {
   const HopperBwdConfig* c = find_hopper_bwd_config(headdim, headdim_v);
   return c ? *c : throw "fa4: no Hopper backward config for this (headdim, headdim_v)";
+}
+
+/// The backward's tile order (schedule_bwd.h): longest first (lpt), its band, the walk direction.
+struct BwdOrder {
+  bool lpt;
+  int32_t band;
+  bool descending;
+};
+
+/// The order of a backward on `row`. Tiles of unequal cost (causal/window masks, varlen): longest
+/// first in the row's bands and walk direction, so a band's CTAs read the same Q / dO block and
+/// reduce-add into the same dQ chunk at about the same time, in L2. Deterministic mode: longest
+/// first on dense problems too, band 1 and an ascending walk: a band's key blocks would add into
+/// each chunk one after another (a chain), and with key block slowest the CTAs running together
+/// belong to different heads. The overrides "lpt", "bwd_lpt_band" and "bwd_walk" force each part.
+inline BwdOrder bwd_order(const HopperBwdConfig& row, bool masked, bool varlen, bool deterministic,
+                          const KernelOverrides& o) {
+  BwdOrder r;
+  r.lpt = o.lpt < 0 ? (masked || varlen || deterministic) : o.lpt == 1;
+  r.band = o.bwd_lpt_band > 0 ? o.bwd_lpt_band : (deterministic ? 1 : row.lpt_band);
+  r.descending = o.bwd_descending >= 0 ? o.bwd_descending == 1 : (!deterministic && row.walk_descending);
+  return r;
 }
 
 // Every row is a bucket of the bucket list.

@@ -15,10 +15,11 @@ struct LaunchContext {
   int32_t num_sms = 0;
   int64_t l2_bytes = 0;
   bool lpt = true;  ///< LPT order + L2 sections (auto: masked/varlen only; override "lpt" forces)
-  /// Backward under lpt: key blocks per band (bwd/schedule_bwd.h); 0: the tuning table's
-  /// (override "bwd_lpt_band" forces).
-  int32_t bwd_lpt_band = 0;
-  /// Backward: query blocks walked from the last down (bwd/geometry_bwd.cuh BwdTile::step_block; override "bwd_walk").
+  /// Backward under lpt: key blocks per band (bwd/schedule_bwd.h bwd_tile_coord; hopper_api.cu
+  /// sets it from bwd/tuning_bwd.h, override "bwd_lpt_band" forces).
+  int32_t bwd_lpt_band = 1;
+  /// Backward: each CTA walks its query blocks from the last down (bwd/schedule_bwd.h
+  /// bwd_step_block; hopper_api.cu sets it, override "bwd_walk" forces).
   bool bwd_descending = false;
   /// Tiles claimed from an atomic counter (greedy, tile_scheduler.cuh) instead of a static stride
   /// (hopper_api.cu sets it: causal/window, not varlen; override "schedule" forces).
