@@ -80,9 +80,9 @@ def set_overrides(lib, **switches):
     setter.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
     setter.restype = ctypes.c_int32
     for name in OVERRIDES:
-        if OVERRIDES[name] is None and name not in switches:
-            continue  # newer than some libraries: set only when asked for (auto is the default)
-        if setter(name.encode(), switches.get(name, "auto").encode()) != 0:
+        status = setter(name.encode(), switches.get(name, "auto").encode())
+        # A knob newer than the library may be unknown to it: an error only where it was asked for.
+        if status != 0 and (name in switches or OVERRIDES[name] is not None):
             raise RuntimeError(f"fa4_internal_set_override({name}): " + lib.fa4_last_error().decode())
 
 

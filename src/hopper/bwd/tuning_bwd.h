@@ -87,16 +87,17 @@ struct BwdOrder {
 
 /// The order of a backward on `row`. Tiles of unequal cost (causal/window masks, varlen): longest
 /// first in the row's bands and walk direction, so a band's CTAs read the same Q / dO block and
-/// reduce-add into the same dQ chunk at about the same time, in L2. Deterministic mode: longest
-/// first on dense problems too, band 1 and an ascending walk: a band's key blocks would add into
-/// each chunk one after another (a chain), and with key block slowest the CTAs running together
-/// belong to different heads. The overrides "lpt", "bwd_lpt_band" and "bwd_walk" force each part.
+/// reduce-add into the same dQ chunk at about the same time, in L2. Deterministic mode: the same
+/// on dense problems too (key block fastest, every key block of a head would reach a chunk
+/// together and add into it one after another; in bands of the walk's direction the key blocks
+/// of a band start together and then stay a fixed lag apart). The overrides "lpt",
+/// "bwd_lpt_band" and "bwd_walk" force each part.
 inline BwdOrder bwd_order(const HopperBwdConfig& row, bool masked, bool varlen, bool deterministic,
                           const KernelOverrides& o) {
   BwdOrder r;
   r.lpt = o.lpt < 0 ? (masked || varlen || deterministic) : o.lpt == 1;
-  r.band = o.bwd_lpt_band > 0 ? o.bwd_lpt_band : (deterministic ? 1 : row.lpt_band);
-  r.descending = o.bwd_descending >= 0 ? o.bwd_descending == 1 : (!deterministic && row.walk_descending);
+  r.band = o.bwd_lpt_band > 0 ? o.bwd_lpt_band : row.lpt_band;
+  r.descending = o.bwd_descending >= 0 ? o.bwd_descending == 1 : row.walk_descending;
   return r;
 }
 
