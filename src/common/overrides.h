@@ -23,7 +23,7 @@ struct KernelOverrides {
   /// run) or on the forward kernel (0)
   int8_t small_q_decode = -1;
   /// "bwd_lpt_band": the backward's key blocks per band of the longest-first order (1..64), 0: the
-  /// selector's (bwd/tuning_bwd.h; 1 in deterministic mode)
+  /// selector's (bwd/tuning_bwd.h bwd_order)
   int32_t bwd_lpt_band = 0;
   /// "bwd_walk": a backward CTA walks its query blocks from the last down ("desc", 1) or up ("asc", 0)
   int8_t bwd_descending = -1;

@@ -32,7 +32,7 @@ struct HopperBwdConfig {
   int32_t q_stages;       ///< depth of the Q / dO / lse / D ring
   int32_t consumer_regs;  ///< setmaxnreg of the two MMA warpgroups
   int32_t producer_regs;  ///< setmaxnreg of the producer warpgroup (TMA warp + dQ writer warp)
-  /// Masked / varlen problems (longest first, not deterministic): key blocks of one (sequence, KV
+  /// Masked / varlen / deterministic problems (longest first): key blocks of one (sequence, KV
   /// head) handed out together (schedule_bwd.h bwd_tile_coord). With one key block per head in
   /// flight (band 1) and more heads than CTAs, every Q / dO load and dQ reduce-add of a step
   /// misses L2 (the walk turns DRAM-bound); a band's CTAs share them.
@@ -50,8 +50,8 @@ constexpr HopperBwdConfig kHopperBwdConfigs[] = {
     // d, dv, tile_m, tile_n, q_stages, regs (consumer, producer), lpt_band, walk_descending
     // (bench/results/history.md: the band / walk A/B). The producer warpgroup's two
     // warps (TMA, dQ writer with the deterministic ordering) spill at 24 registers, the consumers
-    // below 232: ptxas reports 96 bytes of spill stores at d128 and 44 at d64 (232/40), most
-    // outside the steps; 240/24 spilled more in the producer on an earlier form of the step.
+    // below 232: ptxas reports no spill stores at 232/40 (d64 and d128); 240/24 spilled more in
+    // the producer on an earlier form of the step.
     {64, 64, 64, 128, 2, 232, 40, 16, true},
     {128, 128, 64, 128, 2, 232, 40, 16, true},
 };
