@@ -12,8 +12,11 @@ Usage (on the GPU machine, repo root):
     PYTHONPATH=python python3 bench/ab_variants.py OUT.json base=path/libfa4.so new=other/libfa4.so
 With --backward the backward alone is timed (torch.autograd.grad of an output each variant
 computed, retain_graph; FLOPs x 2.5), against cuDNN's backward, and dq is compared with cuDNN's.
-A variant may also force libfa4's kernel choices for its calls (bench_fwd.set_overrides: lpt,
-schedule, epilogue, stream_k):  static=path/libfa4.so?schedule=static&lpt=1
+A variant may also force libfa4's kernel choices for its calls (bench_fwd.OVERRIDES: lpt,
+schedule, epilogue, stream_k, small_q, bwd_lpt_band, bwd_walk; the others go back to auto):
+    static=path/libfa4.so?schedule=static&lpt=1      banded=path/libfa4.so?bwd_lpt_band=16&bwd_walk=desc
+--deterministic (with --backward) runs fa4 in deterministic mode; --shape replaces the shape list
+(its head dims must be in --headdims).
 """
 import argparse
 import contextlib
@@ -129,6 +132,8 @@ def main():
                     help="headdim,causal(0|1),seqlen,num_heads,num_heads_kv: these shapes instead (repeatable; "
                          "batch = 16384 // seqlen)")
     args = ap.parse_args()
+    if args.deterministic and not args.backward:
+        ap.error("--deterministic needs --backward (the forward has no deterministic mode to time)")
     variants = [parse(v) for v in args.variants]
     loaded = {}
     libs = {}
@@ -144,6 +149,8 @@ def main():
         shapes = []
         for spec in args.shape:
             d_, c_, s_, h_, hkv_ = (int(x) for x in spec.split(","))
+            if d_ not in hds:
+                ap.error(f"--shape {spec}: head dim {d_} is not in --headdims {args.headdims}")
             shapes.append((d_, bool(c_), s_, h_, hkv_))
     for d, causal, s, h, hkv, *rest in shapes:
         if d not in hds:

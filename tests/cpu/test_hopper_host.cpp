@@ -84,15 +84,24 @@ TEST(HopperHost, KeyRangeAndMaskDecisionMatchThePredicate) {
 
 // Backward: every tile once over all CTAs, each CTA's tiles increasing and a head's key blocks in
 // increasing tile order (the deterministic mode's no-deadlock argument), the coordinates a
-// permutation of (key block, kv head, sequence), and under lpt the first band's key blocks first.
+// permutation of (key block, kv head, sequence), and under lpt band after band (the longest,
+// first key blocks first).
 TEST(HopperHost, BackwardTileOrderIsAPermutation) {
   for (bool lpt : {false, true})
-  for (int band : {1, 2, 3, 8, 16, 100})
+    for (int band : {1, 2, 3, 8, 16, 100})
     for (int n : {1, 3, 64})
       for (int hkv : {1, 8})
         for (int b : {1, 3})
           for (int grid : {1, 7, 132}) {
             if (!lpt && band > 1) continue;  // the band only shapes the lpt order
+            if (lpt) {  // in tile order, the bands' indices never decrease
+              int prev_band = 0;
+              for (int t = 0; t < n * hkv * b; ++t) {
+                const int k = fa4::hopper::bwd_tile_coord(t, n, hkv, b, true, band).n_block / band;
+                EXPECT_GE(k, prev_band) << "tile " << t << " band " << band << " n " << n;
+                prev_band = k;
+              }
+            }
             const int tiles = n * hkv * b;
             std::vector<int> hits(tiles, 0);
             std::set<std::tuple<int, int, int>> coords;
@@ -109,8 +118,6 @@ TEST(HopperHost, BackwardTileOrderIsAPermutation) {
                 ASSERT_TRUE(c.n_block >= 0 && c.n_block < n && c.h_kv >= 0 && c.h_kv < hkv && c.b >= 0 && c.b < b);
                 coords.insert({c.n_block, c.h_kv, c.b});
                 index_of[(c.b * hkv + c.h_kv) * n + c.n_block] = t;
-                // longest (first) key blocks first: the first band's
-                if (lpt && t < std::min(band, n) * hkv * b) EXPECT_LT(c.n_block, band);
               }
             }
             for (int t = 0; t < tiles; ++t) EXPECT_EQ(hits[t], 1) << "tile " << t << " lpt " << lpt << " grid " << grid;
@@ -159,7 +166,7 @@ TEST(HopperHost, BackwardOrderOverrides) {
 }
 
 // The backward's order: masked / varlen problems and deterministic mode longest first in the
-// row's bands and walk; other dense problems key block fastest; each override wins over its part.
+// row's bands and walk; other dense problems key block fastest, ascending; each override wins.
 TEST(HopperHost, BackwardOrderChoice) {
   using fa4::detail::bwd_order;
   using fa4::detail::KernelOverrides;
@@ -168,11 +175,19 @@ TEST(HopperHost, BackwardOrderChoice) {
   for (bool masked : {false, true})
     for (bool varlen : {false, true})
       for (bool det : {false, true}) {
+        const bool lpt = masked || varlen || det;
         const auto r = bwd_order(row, masked, varlen, det, none);
-        EXPECT_EQ(r.lpt, masked || varlen || det);
+        EXPECT_EQ(r.lpt, lpt);
         EXPECT_EQ(r.band, 16);
-        EXPECT_TRUE(r.descending);
+        EXPECT_EQ(r.descending, lpt);  // dense problems walk up (all key blocks together either way)
       }
+  // The shipped rows: bands of 16, descending, for both buckets.
+  for (int d : {64, 128}) {
+    const fa4::detail::HopperBwdConfig* c = fa4::detail::hopper_bwd_bucket(d, d);
+    ASSERT_NE(c, nullptr) << d;
+    const auto r = bwd_order(*c, true, false, false, none);
+    EXPECT_TRUE(r.lpt && r.descending && r.band == 16) << d;
+  }
   fa4::detail::HopperBwdConfig asc_row = row;
   asc_row.walk_descending = false;
   asc_row.lpt_band = 3;

@@ -14,8 +14,8 @@
 
 namespace fa4::test {
 
-/// Forces one kernel choice (common/overrides.h: "lpt", "schedule", "epilogue", "stream_k") for
-/// the scope, then returns it to the selector.
+/// Forces one kernel choice (common/overrides.h: "lpt", "schedule", "bwd_lpt_band", ...) for the
+/// scope, then returns it to the selector.
 struct ScopedOverride {
   const char* name;
   ScopedOverride(const char* n, const char* value) : name(n) { fa4::detail::set_kernel_override(n, value); }

@@ -10,7 +10,7 @@
 // Cases of ../shared/cases covered here for the backward: fully masked rows give zero gradients, never
 // NaN (causal with seqlen_q > seqlen_k, windows); seqlen_q != seqlen_k bottom-right; tails that are
 // not a multiple of the tiles; GQA/MQA sums of dK/dV; varlen; padded head dims use every channel;
-// dsink; deterministic mode bitwise over 10 runs; NaN in one varlen sequence's rows never reaches
+// dsink; deterministic mode bitwise over 10 runs and across tile orders; NaN in one varlen sequence's rows never reaches
 // the others' gradients; invalid device-side varlen indices (skipped,
 // reported asynchronously); an unsupported head dim is a clear kUnsupported.
 #include <cuda_runtime.h>
@@ -189,6 +189,50 @@ TEST(HopperBwd, DeterministicBitwise) {
 std::vector<char> tensor_bytes(const fa4::test::HostTensor& t) {
   const char* b = static_cast<const char*>(t.data());
   return std::vector<char>(b, b + t.numel() * fa4::dtype_size(t.dtype()));
+}
+
+/// Deterministic mode under other tile orders (overrides bwd_lpt_band, bwd_walk): several bands, a
+/// narrower last band, more tiles than SMs (waits across rounds). dq is added in ascending key
+/// block order whatever the order, so it is bitwise that of band 1 with an ascending walk; dK/dV
+/// sum a CTA's query blocks in its walk's order, so they are bitwise equal between bands of one
+/// walk direction. Causal and not, both buckets.
+TEST(HopperBwd, DeterministicAcrossTileOrders) {
+  REQUIRE_HOPPER();
+  for (int d : {64, 128})
+    for (bool causal : {false, true}) {
+      CaseSpec s = base(d);
+      s.device = "cuda";
+      s.backward = true;
+      s.deterministic = true;
+      s.batch = 2;
+      s.num_heads = 8;
+      s.num_heads_kv = 4;
+      s.seqlen_q = s.seqlen_k = 40 * 128 + 56;  // 41 key blocks: bands of 16 leave a last band of 9
+      s.causal = causal;
+      s.seed = fa4::test::next_seed();
+      Problem p = Problem::make(s);
+      DeviceProblem dp(p, nullptr);
+      fa4::cli::run_forward(p, dp.placement(), fa4::Backend::kCuda);
+      struct Order {
+        const char* band;
+        const char* walk;
+      };
+      std::vector<std::vector<char>> ref[2];  // by walk: dq, dk, dv of the first band run
+      for (const Order& o : {Order{"1", "asc"}, Order{"16", "asc"}, Order{"3", "asc"}, Order{"1", "desc"},
+                             Order{"16", "desc"}, Order{"5", "desc"}}) {
+        const fa4::test::ScopedOverride band("bwd_lpt_band", o.band);
+        const fa4::test::ScopedOverride walk("bwd_walk", o.walk);
+        fa4::cli::run_backward(p, dp.placement(), fa4::Backend::kCuda);
+        dp.download_outputs();
+        ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+        const std::vector<std::vector<char>> now{tensor_bytes(p.dq), tensor_bytes(p.dk), tensor_bytes(p.dv)};
+        const int w = std::strcmp(o.walk, "desc") == 0;
+        if (ref[w].empty()) ref[w] = now;
+        EXPECT_TRUE(now[0] == ref[0][0]) << "dq, band " << o.band << " walk " << o.walk << " d" << d << " causal " << causal;
+        EXPECT_TRUE(now[1] == ref[w][1] && now[2] == ref[w][2])
+            << "dk/dv, band " << o.band << " walk " << o.walk << " d" << d << " causal " << causal;
+      }
+    }
 }
 
 /// Varlen: the rows just past a sequence's last query block (of 64) and key block (of 128) are

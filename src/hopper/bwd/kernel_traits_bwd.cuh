@@ -182,9 +182,9 @@ struct BwdKernelTraits {
     bool deterministic{};
 
     int32_t num_n_blocks{};     // ceil(seqlen_k / tile_n) (varlen: of max_seqlen_k)
-    bool lpt{};                 // masked / varlen: longest tiles first, snake rounds (geometry_bwd.cuh)
+    bool lpt{};                 // longest tiles first, snake rounds (schedule_bwd.h; tuning_bwd.h bwd_order)
     int32_t lpt_band{1};        // lpt: key blocks of a head next to each other (schedule_bwd.h bwd_tile_coord)
-    bool descending{};          // query blocks walked from the last down (geometry_bwd.cuh BwdTile::step_block)
+    bool descending{};          // query blocks walked from the last down (schedule_bwd.h bwd_step_block)
     int32_t num_tiles{};        // num_n_blocks * num_heads_kv * batch
   };
 };

@@ -98,7 +98,8 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   p.num_m_blocks = int32_t((int64_t(p.seqlen_q) + Kt::kBlockM - 1) / Kt::kBlockM);
   p.num_n_blocks = int32_t((int64_t(p.seqlen_k) + Kt::kBlockN - 1) / Kt::kBlockN);
   p.lpt = ctx.lpt;
-  p.lpt_band = ctx.bwd_lpt_band;
+  // A band wider than the key blocks is one band (and keeps band * pairs within int32).
+  p.lpt_band = std::max(1, std::min(ctx.bwd_lpt_band, p.num_n_blocks));
   p.descending = ctx.bwd_descending;
   const int64_t chunks = bwd_num_chunks<Kt::kBlockM>(fp.is_varlen, fp.batch, fp.total_q, p.num_m_blocks);
   const int64_t num_tiles = int64_t(p.num_n_blocks) * fp.num_heads_kv * fp.batch;

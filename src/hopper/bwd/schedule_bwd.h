@@ -83,9 +83,11 @@ FA4_HD BwdTileCoord bwd_tile_coord(int32_t t, int32_t num_n_blocks, int32_t num_
 }
 
 /// The tile of CTA `cta`'s i-th iteration in a grid of `grid` CTAs (>= the tile count: none).
-/// Rounds of `grid` tiles; with lpt odd rounds run backwards, so the CTA that took a round's
-/// longest tile takes the next round's shortest (a plain stride hands CTA 0 the longest tile of
-/// every round). Every CTA's sequence increases, so the lowest unfinished tile is always running.
+/// Rounds of `grid` tiles; with lpt odd rounds run backwards, so the CTA that took the first
+/// (longest) end of a round takes the shorter end of the next (a plain stride hands CTA 0 the
+/// first tile of every round). Inside a band the cost falls with the key block and rises again
+/// at the next head, so a round is a sawtooth of band-wide teeth and the snake evens out the
+/// rounds' ends. Every CTA's sequence increases, so the lowest unfinished tile is always running.
 FA4_HD int32_t bwd_tile_index(int32_t i, int32_t cta, int32_t grid, bool lpt) {
   return i * grid + (lpt && (i & 1) ? grid - 1 - cta : cta);
 }

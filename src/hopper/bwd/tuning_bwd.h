@@ -47,8 +47,8 @@ struct HopperBwdConfig {
 // linker shares between every libfa4 loaded in one process (A/B runs load several builds),
 // so one build would read another build's table.
 constexpr HopperBwdConfig kHopperBwdConfigs[] = {
-    // d, dv, tile_m, tile_n, q_stages, regs (consumer, producer), lpt_band, walk_descending
-    // (bench/results/history.md: the band / walk A/B). The producer warpgroup's two
+    // d, dv, tile_m, tile_n, q_stages, regs (consumer, producer), lpt_band, walk_descending.
+    // The producer warpgroup's two
     // warps (TMA, dQ writer with the deterministic ordering) spill at 24 registers, the consumers
     // below 232: ptxas reports no spill stores at 232/40 (d64 and d128); 240/24 spilled more in
     // the producer on an earlier form of the step.
@@ -87,19 +87,28 @@ struct BwdOrder {
 
 /// The order of a backward on `row`. Tiles of unequal cost (causal/window masks, varlen): longest
 /// first in the row's bands and walk direction, so a band's CTAs read the same Q / dO block and
-/// reduce-add into the same dQ chunk at about the same time, in L2. Deterministic mode: the same
-/// on dense problems too (key block fastest, every key block of a head would reach a chunk
-/// together and add into it one after another; in bands of the walk's direction the key blocks
-/// of a band start together and then stay a fixed lag apart). The overrides "lpt",
-/// "bwd_lpt_band" and "bwd_walk" force each part.
+/// reduce-add into the same dQ chunk at about the same time, in L2. Deterministic mode takes that
+/// order on dense problems too: key block fastest, every key block of a head would reach each
+/// chunk at once and add into it one after another, a chain as long as the head's key blocks;
+/// in bands the chain is at most a band long. Other dense problems: key block fastest, walked
+/// from the first query block up (all of a head's key blocks see every block, so they walk
+/// together either way). The overrides "lpt", "bwd_lpt_band" and "bwd_walk" force each part.
 inline BwdOrder bwd_order(const HopperBwdConfig& row, bool masked, bool varlen, bool deterministic,
                           const KernelOverrides& o) {
   BwdOrder r;
   r.lpt = o.lpt < 0 ? (masked || varlen || deterministic) : o.lpt == 1;
   r.band = o.bwd_lpt_band > 0 ? o.bwd_lpt_band : row.lpt_band;
-  r.descending = o.bwd_descending >= 0 ? o.bwd_descending == 1 : row.walk_descending;
+  r.descending = o.bwd_descending >= 0 ? o.bwd_descending == 1 : (r.lpt && row.walk_descending);
   return r;
 }
+
+// Bands the overrides could also ask for (common/overrides.cpp: 1..64).
+constexpr bool bwd_bands_in_range() {
+  for (const HopperBwdConfig& c : kHopperBwdConfigs)
+    if (c.lpt_band < 1 || c.lpt_band > 64) return false;
+  return true;
+}
+static_assert(bwd_bands_in_range(), "kHopperBwdConfigs: lpt_band must be in 1..64");
 
 // Every row is a bucket of the bucket list.
 #define FA4_BWD_ROW_IS_BUCKET(D, DV) +(find_hopper_bwd_config(D, DV) != nullptr ? 1 : 0)

@@ -14,7 +14,9 @@ inline constexpr int64_t kMaxTiles = int64_t(INT32_MAX) - (int64_t(1) << 16);
 struct LaunchContext {
   int32_t num_sms = 0;
   int64_t l2_bytes = 0;
-  bool lpt = true;  ///< LPT order + L2 sections (auto: masked/varlen only; override "lpt" forces)
+  /// LPT order + L2 sections (forward: masked/varlen; backward: tuning_bwd.h bwd_order; override
+  /// "lpt" forces)
+  bool lpt = true;
   /// Backward under lpt: key blocks per band (bwd/schedule_bwd.h bwd_tile_coord; hopper_api.cu
   /// sets it from bwd/tuning_bwd.h, override "bwd_lpt_band" forces).
   int32_t bwd_lpt_band = 1;
