@@ -149,23 +149,28 @@ TEST(HopperBwd, LongerSequences) {
   check_case(c);
 }
 
+/// A deterministic-mode CUDA backward of bucket d (base's shape; the test sets the rest).
+CaseSpec deterministic_case(int d, bool causal) {
+  CaseSpec s = base(d);
+  s.device = "cuda";
+  s.backward = true;
+  s.deterministic = true;
+  s.causal = causal;
+  return s;
+}
+
 /// deterministic = true: ten backward runs on the same inputs give bitwise-equal dq, dk, dv (dense,
 /// causal and a window: three tile orders / query-block ranges).
 TEST(HopperBwd, DeterministicBitwise) {
   REQUIRE_HOPPER();
   for (int d : {64, 128})  // both buckets
   for (int mask = 0; mask < 3; ++mask) {
-    const bool causal = mask == 1;
-    CaseSpec s = base(d);
+    CaseSpec s = deterministic_case(d, mask == 1);
     if (mask == 2) s.window = {300, 100};
-    s.device = "cuda";
-    s.backward = true;
-    s.deterministic = true;
     s.batch = 1;
     s.num_heads = 4;
     s.num_heads_kv = 2;
     s.seqlen_q = s.seqlen_k = 1024;  // 8 key blocks add into every query block's dQ
-    s.causal = causal;
     s.seed = fa4::test::next_seed();
     Problem p = Problem::make(s);
     DeviceProblem dp(p, nullptr);
@@ -200,15 +205,11 @@ TEST(HopperBwd, DeterministicAcrossTileOrders) {
   REQUIRE_HOPPER();
   for (int d : {64, 128})
     for (bool causal : {false, true}) {
-      CaseSpec s = base(d);
-      s.device = "cuda";
-      s.backward = true;
-      s.deterministic = true;
+      CaseSpec s = deterministic_case(d, causal);
       s.batch = 2;
       s.num_heads = 8;
       s.num_heads_kv = 4;
       s.seqlen_q = s.seqlen_k = 40 * 128 + 56;  // 41 key blocks: bands of 16 leave a last band of 9
-      s.causal = causal;
       s.seed = fa4::test::next_seed();
       Problem p = Problem::make(s);
       DeviceProblem dp(p, nullptr);
@@ -243,15 +244,11 @@ TEST(HopperBwd, VarlenNaNInTheNextSequenceStaysThere) {
   REQUIRE_HOPPER();
   for (int d : {64, 128})
     for (bool causal : {false, true}) {
-      CaseSpec s = base(d);
-      s.device = "cuda";
-      s.backward = true;
-      s.deterministic = true;
+      CaseSpec s = deterministic_case(d, causal);
       s.batch = 3;
       s.varlen = true;  // random lengths in [1, 300]
       s.seqlen_q = s.seqlen_k = 300;
       s.num_heads_kv = 2;
-      s.causal = causal;
       Problem p;
       do {  // sequence 0 must end inside a query block and a key block
         s.seed = fa4::test::next_seed();
