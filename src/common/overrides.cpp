@@ -52,9 +52,10 @@ void set_kernel_override(const char* name, const char* value) {
     if (std::strcmp(value, "auto") != 0) {
       char* end = nullptr;
       const long x = std::strtol(value, &end, 10);
-      if (value[0] < '0' || value[0] > '9' || *end != '\0' || x < 1 || x > 64)
+      if (value[0] < '0' || value[0] > '9' || *end != '\0' || x < 1 || x > kMaxBwdLptBand)
         throw Error(ErrorCode::kInvalidArgument, std::string(kFn) + ": bwd_lpt_band = '" + value +
-                                                     "' must be an integer in 1..64 or 'auto'");
+                                                     "' must be an integer in 1.." +
+                                                     std::to_string(kMaxBwdLptBand) + " or 'auto'");
       v = int32_t(x);
     }
     g_bwd_lpt_band.store(v, std::memory_order_relaxed);

@@ -13,6 +13,9 @@
 
 namespace fa4::detail {
 
+/// The widest band "bwd_lpt_band" accepts (and the tuning table may hold: bwd/tuning_bwd.h).
+inline constexpr int32_t kMaxBwdLptBand = 64;
+
 /// -1: the selector decides; 0 / 1: forced off / on.
 struct KernelOverrides {
   int8_t lpt = -1;               ///< "lpt": LPT order + L2 sections

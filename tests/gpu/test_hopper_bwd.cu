@@ -10,9 +10,9 @@
 // Cases of ../shared/cases covered here for the backward: fully masked rows give zero gradients, never
 // NaN (causal with seqlen_q > seqlen_k, windows); seqlen_q != seqlen_k bottom-right; tails that are
 // not a multiple of the tiles; GQA/MQA sums of dK/dV; varlen; padded head dims use every channel;
-// dsink; deterministic mode bitwise over 10 runs and across tile orders; NaN in one varlen sequence's rows never reaches
-// the others' gradients; invalid device-side varlen indices (skipped,
-// reported asynchronously); an unsupported head dim is a clear kUnsupported.
+// dsink; deterministic mode bitwise over 10 runs and across tile orders; NaN in one varlen
+// sequence's rows never reaches the others' gradients; invalid device-side varlen indices
+// (skipped, reported asynchronously); an unsupported head dim is a clear kUnsupported.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -149,6 +149,11 @@ TEST(HopperBwd, LongerSequences) {
   check_case(c);
 }
 
+std::vector<char> tensor_bytes(const fa4::test::HostTensor& t) {
+  const char* b = static_cast<const char*>(t.data());
+  return std::vector<char>(b, b + t.numel() * fa4::dtype_size(t.dtype()));
+}
+
 /// A deterministic-mode CUDA backward of bucket d (base's shape; the test sets the rest).
 CaseSpec deterministic_case(int d, bool causal) {
   CaseSpec s = base(d);
@@ -179,21 +184,12 @@ TEST(HopperBwd, DeterministicBitwise) {
     for (int run = 0; run < 10; ++run) {
       fa4::cli::run_backward(p, dp.placement(), fa4::Backend::kCuda);
       dp.download_outputs();
-      std::vector<std::vector<char>> now;
-      for (const fa4::test::HostTensor* t : {&p.dq, &p.dk, &p.dv}) {
-        const char* b = static_cast<const char*>(t->data());
-        now.emplace_back(b, b + t->numel() * fa4::dtype_size(t->dtype()));
-      }
+      const std::vector<std::vector<char>> now{tensor_bytes(p.dq), tensor_bytes(p.dk), tensor_bytes(p.dv)};
       if (run == 0) first = now;
       else
         for (size_t i = 0; i < now.size(); ++i) EXPECT_TRUE(now[i] == first[i]) << "run " << run << " tensor " << i;
     }
   }
-}
-
-std::vector<char> tensor_bytes(const fa4::test::HostTensor& t) {
-  const char* b = static_cast<const char*>(t.data());
-  return std::vector<char>(b, b + t.numel() * fa4::dtype_size(t.dtype()));
 }
 
 /// Deterministic mode under other tile orders (overrides bwd_lpt_band, bwd_walk): several bands, a
@@ -344,8 +340,7 @@ TEST(HopperBwd, SanitizeBadVarlenIndices) {
   fa4::cli::run_forward(p, dp.placement(), fa4::Backend::kCuda);
   fa4::cli::run_backward(p, dp.placement(), fa4::Backend::kCuda);  // valid indices: the reference
   dp.download_outputs();
-  auto bytes = tensor_bytes;
-  const std::vector<char> good_dq = bytes(p.dq), good_dk = bytes(p.dk), good_dv = bytes(p.dv);
+  const std::vector<char> good_dq = tensor_bytes(p.dq), good_dk = tensor_bytes(p.dk), good_dv = tensor_bytes(p.dv);
   // Poison the gradients again (0xFF: NaN in bf16).
   const fa4::cli::Placement& at = dp.placement();
   for (auto [ptr, t] : {std::pair{at.dq, &p.dq}, std::pair{at.dk, &p.dk}, std::pair{at.dv, &p.dv}})
@@ -367,7 +362,7 @@ TEST(HopperBwd, SanitizeBadVarlenIndices) {
   fa4::check_async_errors(0);  // reported once, then clear
   dp.download_outputs();
   // Packed rows (of the valid layout): sequence 0's equal the reference, sequences 1-2's are poison.
-  const std::vector<char> dq = bytes(p.dq), dk = bytes(p.dk), dv = bytes(p.dv);
+  const std::vector<char> dq = tensor_bytes(p.dq), dk = tensor_bytes(p.dk), dv = tensor_bytes(p.dv);
   const size_t q_row = dq.size() / size_t(p.seq.total_q()), k_row = dk.size() / size_t(p.seq.total_k()),
                v_row = dv.size() / size_t(p.seq.total_k());
   auto split_check = [](const std::vector<char>& got, const std::vector<char>& ref, size_t row_bytes, int32_t rows0,

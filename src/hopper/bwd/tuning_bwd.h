@@ -102,13 +102,13 @@ inline BwdOrder bwd_order(const HopperBwdConfig& row, bool masked, bool varlen, 
   return r;
 }
 
-// Bands the overrides could also ask for (common/overrides.cpp: 1..64).
+// Bands the overrides could also ask for (common/overrides.h kMaxBwdLptBand).
 constexpr bool bwd_bands_in_range() {
   for (const HopperBwdConfig& c : kHopperBwdConfigs)
-    if (c.lpt_band < 1 || c.lpt_band > 64) return false;
+    if (c.lpt_band < 1 || c.lpt_band > kMaxBwdLptBand) return false;
   return true;
 }
-static_assert(bwd_bands_in_range(), "kHopperBwdConfigs: lpt_band must be in 1..64");
+static_assert(bwd_bands_in_range(), "kHopperBwdConfigs: lpt_band must be in 1..kMaxBwdLptBand");
 
 // Every row is a bucket of the bucket list.
 #define FA4_BWD_ROW_IS_BUCKET(D, DV) +(find_hopper_bwd_config(D, DV) != nullptr ? 1 : 0)
