@@ -5,11 +5,12 @@ timed with triton.testing.do_bench (median, CUDA events), interleaved rounds.
 
 What is timed is the backward alone: torch.autograd.grad of a saved forward output (retain_graph),
 the same for every contender. FLOPs = 2.5 x the forward's 4*b*h*sq*sk*d (x0.5 causal).
-Shapes (FA3/FA4 papers): batch*seqlen = 16k tokens, num_heads*headdim = 2048, head dims 64/128,
+Shapes (FA3/FA4 papers): batch*seqlen = 16k tokens, num_heads*headdim = 2048, head dims 64/128/256,
 seqlen 512..16k, causal and not; Llama-3.1-8B (GQA 32/8, d128, causal 8k); deterministic vs not.
 
 Usage (on the GPU machine, from the repo root):
     PYTHONPATH=python FA4_LIBRARY=build-dev/src/libfa4.so python3 bench/bench_bwd.py OUT.json [--quick] [--rounds N]
+        [--headdims 64,128,256]
 Writes OUT.json (git commit, GPU, clocks, date, versions, rows) and OUT.png.
 """
 import argparse
@@ -97,9 +98,16 @@ def main():
     ap.add_argument("out_json")
     ap.add_argument("--quick", action="store_true", help="seqlen 1k-16k, no deterministic rows")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--headdims", default="64,128,256", help="comma-separated head dims of the standard rows")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
+    try:
+        hdims = [int(x) for x in args.headdims.split(",")]
+    except ValueError:
+        ap.error(f"--headdims takes comma-separated integers, got {args.headdims!r}")
+    if not hdims or any(h not in (64, 128, 256) for h in hdims):
+        ap.error(f"--headdims: each of 64, 128, 256 (num_heads = 2048 / headdim), got {args.headdims!r}")
     global ROUNDS
     ROUNDS = args.rounds
     meta = run_meta()
@@ -113,7 +121,7 @@ def main():
         print(json.dumps(row), flush=True)
 
     seqlens = [1024, 4096, 8192, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
-    for hdim in [64, 128]:
+    for hdim in hdims:
         nheads = 2048 // hdim
         for causal in [False, True]:
             for seqlen in seqlens:
@@ -129,15 +137,17 @@ def main():
                 del q, k, v
 
     # Llama-3.1-8B training shape: 32 q heads, 8 kv heads, d128, causal, seqlen 8k.
-    q = torch.randn(1, 8192, 32, 128, device="cuda", dtype=dt, requires_grad=True)
-    k, v = (torch.randn(1, 8192, 8, 128, device="cuda", dtype=dt, requires_grad=True) for _ in range(2))
-    flops = 2.5 * 4 * 32 * 8192 * 8192 * 128 * 0.5
-    add(time_row({"kind": "llama3.1-8b", "hdim": 128, "causal": True, "seqlen": 8192, "batch": 1, "nheads": 32},
-                 contenders(q, k, v, True), flops))
-    del q, k, v
+    if 128 in hdims:
+        q = torch.randn(1, 8192, 32, 128, device="cuda", dtype=dt, requires_grad=True)
+        k, v = (torch.randn(1, 8192, 8, 128, device="cuda", dtype=dt, requires_grad=True) for _ in range(2))
+        flops = 2.5 * 4 * 32 * 8192 * 8192 * 128 * 0.5
+        add(time_row({"kind": "llama3.1-8b", "hdim": 128, "causal": True, "seqlen": 8192, "batch": 1, "nheads": 32},
+                     contenders(q, k, v, True), flops))
+        del q, k, v
 
     # Deterministic mode against the default, same inputs, interleaved.
-    for hdim, causal in ([(128, True), (128, False), (64, True)] if not args.quick else [(128, True)]):
+    det_rows = [(128, True), (128, False), (64, True), (256, True)] if not args.quick else [(128, True), (256, True)]
+    for hdim, causal in [(h, c) for h, c in det_rows if h in hdims]:
         nheads = 2048 // hdim
         q, k, v = (torch.randn(2, 8192, nheads, hdim, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
         flops = 2.5 * 4 * 2 * nheads * 8192 * 8192 * hdim * (0.5 if causal else 1.0)
@@ -157,9 +167,9 @@ def main():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         std = [r for r in rows if r["kind"] == "standard"]
-        fig, axes = plt.subplots(2, 2, figsize=(10, 7), squeeze=False)
+        fig, axes = plt.subplots(2, len(hdims), figsize=(5 * len(hdims), 7), squeeze=False)
         for ci, causal in enumerate([False, True]):
-            for hi, hdim in enumerate([64, 128]):
+            for hi, hdim in enumerate(hdims):
                 ax = axes[ci][hi]
                 sel = [r for r in std if r["hdim"] == hdim and r["causal"] == causal]
                 for key in ("fa4", "cudnn", "flash", "upstream_fa4"):

@@ -143,7 +143,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
 
     Raises:
         InvalidArgumentError (ValueError) for a broken rule, UnsupportedError
-        (NotImplementedError) where no kernel exists (e.g. the CUDA backward above headdim 128),
+        (NotImplementedError) where no kernel exists (e.g. a CUDA head dim that is no multiple of 8),
         NoDeviceError / CudaError (RuntimeError). Nothing is written on error.
 
     Algorithm: FlashAttention-4 (arXiv 2603.05451): tiled online softmax with software exp2 and

@@ -14,7 +14,7 @@ the op: torch.compile / export, ``torch.jit.trace``, active TorchDispatchMode / 
 
 CUDA tensors run on ``torch.cuda.current_stream()`` of their device (forward and backward: the
 Hopper kernels); CPU tensors run the CPU FlashAttention-4 implementation. Where libfa4 has no
-kernel (e.g. the CUDA backward for head dims above 128) the call raises fa4.UnsupportedError, a
+kernel (e.g. a CUDA head dim that is no multiple of 8) the call raises fa4.UnsupportedError, a
 NotImplementedError; fa4 never falls back silently.
 """
 

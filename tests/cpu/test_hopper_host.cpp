@@ -170,7 +170,7 @@ TEST(HopperHost, BackwardOrderOverrides) {
 TEST(HopperHost, BackwardOrderChoice) {
   using fa4::detail::bwd_order;
   using fa4::detail::KernelOverrides;
-  const fa4::detail::HopperBwdConfig row{128, 128, 64, 128, 2, 232, 40, 16, true};
+  const fa4::detail::HopperBwdConfig row{128, 128, 64, 128, 2, 232, 40, 16, true, false};
   const KernelOverrides none;
   for (bool masked : {false, true})
     for (bool varlen : {false, true})
@@ -181,8 +181,8 @@ TEST(HopperHost, BackwardOrderChoice) {
         EXPECT_EQ(r.band, 16);
         EXPECT_EQ(r.descending, lpt);  // dense problems walk up (all key blocks together either way)
       }
-  // The shipped rows: bands of 16, descending, for both buckets.
-  for (int d : {64, 128}) {
+  // The shipped rows: bands of 16, descending, for every bucket.
+  for (int d : {64, 128, 256}) {
     const fa4::detail::HopperBwdConfig* c = fa4::detail::hopper_bwd_bucket(d, d);
     ASSERT_NE(c, nullptr) << d;
     const auto r = bwd_order(*c, true, false, false, none);
@@ -205,6 +205,26 @@ TEST(HopperHost, BackwardOrderChoice) {
   }
   o.bwd_descending = 0;
   EXPECT_FALSE(bwd_order(row, true, false, false, o).descending);
+}
+
+// The backward's buckets: an input runs on the smallest row that holds both head dims (padded);
+// above 128 that is the d256 row, whose warpgroups share the keys (tuning_bwd.h shared_keys).
+TEST(HopperHost, BackwardBuckets) {
+  using fa4::detail::hopper_bwd_bucket;
+  struct Want {
+    int d, dv, row_d;
+  };
+  for (const Want w : {Want{8, 8, 64}, Want{64, 64, 64}, Want{40, 64, 64}, Want{72, 72, 128}, Want{64, 128, 128},
+                       Want{128, 128, 128}, Want{136, 136, 256}, Want{192, 128, 256}, Want{192, 192, 256},
+                       Want{128, 256, 256}, Want{256, 256, 256}}) {
+    const fa4::detail::HopperBwdConfig* c = hopper_bwd_bucket(w.d, w.dv);
+    ASSERT_NE(c, nullptr) << w.d << "x" << w.dv;
+    EXPECT_EQ(c->headdim, w.row_d) << w.d << "x" << w.dv;
+    EXPECT_EQ(c->headdim_v, w.row_d) << w.d << "x" << w.dv;
+    EXPECT_EQ(c->shared_keys, w.row_d == 256) << w.d << "x" << w.dv;
+    EXPECT_EQ(c->tile_n, c->shared_keys ? 64 : 128) << w.d << "x" << w.dv;
+  }
+  EXPECT_EQ(hopper_bwd_bucket(264, 264), nullptr);
 }
 
 // A walk visits every query block of [m_lo, m_hi) once: from the last down or from the first up.

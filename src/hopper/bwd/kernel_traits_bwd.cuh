@@ -2,16 +2,22 @@
 // types and the by-value parameter block of one (dtype, headdim, headdim_v) backward instantiation.
 //
 // The five products of a step (one query block of tile_m rows against the CTA's tile_n keys), per
-// consumer warpgroup wg (64 of the keys; FlashAttention-3's "SdP swapAB" form, so that P^T and dS^T
-// come out of the accumulators already as the A operands of dV and dK):
+// consumer warpgroup wg (FlashAttention-3's "SdP swapAB" form: keys on M, so P^T and dS^T come out
+// of the accumulators as the A operands of dV and dK). Rows with 64 keys per warpgroup (d <= 128):
 //   S^T  = K_wg Q^T        SS   (64 x tile_m, k = d)    -> P^T = exp2(S^T * scale_log2 - lse_log2)
 //   dP^T = V_wg dO^T       SS   (64 x tile_m, k = dv)   -> dS^T = P^T (dP^T - D)
 //   dV  += P^T dO          RS   (64 x dv, k = tile_m)   P^T from registers
 //   dK  += dS^T Q          RS   (64 x d,  k = tile_m)   dS^T from registers
 //   dQ   = dS K            SS   (tile_m x d/2 per warpgroup, k = tile_n): dS from smem (both
 //                               warpgroups' dS^T written there), each warpgroup half of d's columns
-// The transposed operands (Q^T, dO^T, K^T, dS) are views of the same swizzled smem: a K-major
-// 128-byte-swizzled tile read along its other mode is the MN-major canonical wgmma layout.
+// Rows with shared keys (tuning_bwd.h shared_keys, d256): both warpgroups hold all 64 keys, and
+//   S^T, dP^T              SS   (64 x tile_m/2: the warpgroup's half of the query block)
+//   dV  += P^T dO_wg       SS   (64 x dv/2, k = tile_m): P^T of both warpgroups from smem
+//   dK  += dS^T Q_wg       SS   (64 x d/2,  k = tile_m): dS^T from smem
+//   dQ   = dS K_wg         SS   (tile_m x 64, k = tile_n), d/128 parts of 64 columns per warpgroup
+// The transposed operands (Q^T, dO^T, K^T, dS, and with shared keys P^T, dS^T as A) are views of
+// the same swizzled smem: a K-major 128-byte-swizzled tile read along its other mode is the MN-major
+// canonical wgmma layout.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -42,37 +48,57 @@ struct BwdKernelTraits {
   static constexpr int kNumMmaWarpGroups = 2;
   static constexpr int kNumMmaThreads = kNumMmaWarpGroups * cutlass::NumThreadsPerWarpGroup;
   static constexpr int kNumThreads = kNumMmaThreads + cutlass::NumThreadsPerWarpGroup;
-  static_assert(kBlockN == 64 * kNumMmaWarpGroups, "each consumer warpgroup owns 64 keys");
+  /// Both warpgroups hold all the keys (tuning_bwd.h shared_keys) and split queries / columns.
+  static constexpr bool kSharedKeys = kConfig.shared_keys;
+  static_assert(kBlockN == (kSharedKeys ? 64 : 64 * kNumMmaWarpGroups),
+                "a consumer warpgroup's key rows are one wgmma M-extent (64)");
+  /// Columns of one dQ product per warpgroup, and the products per step (kSharedKeys: parts of 64
+  /// columns, each a whole 128-byte swizzle atom of K^T, so that a warpgroup's 32 accumulators
+  /// fit beside dK and dV's 128).
+  static constexpr int kDqCols = kSharedKeys ? 64 : kHeadDim / 2;
+  static constexpr int kDqParts = (kHeadDim / 2) / kDqCols;
+  static_assert(!kSharedKeys || (kHeadDim % 128 == 0 && kHeadDimV % 128 == 0),
+                "shared keys: each warpgroup's half of d and dv is whole 64-column swizzle atoms");
   static_assert(kBlockM == 64, "the dQ staging and the postprocess assume 64-row query blocks");
   static_assert(kHeadDim % 16 == 0 && kHeadDimV % 16 == 0, "dQ splits d over two warpgroups (multiples of 8)");
   static_assert(kNumMmaThreads * kConfig.consumer_regs + cutlass::NumThreadsPerWarpGroup * kConfig.producer_regs <=
                     detail::kHopperRegisterFile,
                 "setmaxnreg split over the SM's register file");
 
-  using AtomKeys = Layout<Shape<Int<kNumMmaWarpGroups>, _1, _1>>;  // warpgroups stacked along the keys
+  // Rows with 64 keys per warpgroup: the warpgroups stacked along the keys (M); with shared keys,
+  // side by side along N (queries of S^T / dP^T, columns of dK / dV).
+  using AtomKeys = Layout<Shape<Int<kNumMmaWarpGroups>, _1, _1>>;
+  using AtomCols = Layout<Shape<_1, Int<kNumMmaWarpGroups>, _1>>;
+  using AtomSdP = std::conditional_t<kSharedKeys, AtomCols, AtomKeys>;
+  static constexpr int kSdPCols = kSharedKeys ? kBlockM / kNumMmaWarpGroups : kBlockM;  // per warpgroup
+  static constexpr int kDkvSplit = kSharedKeys ? kNumMmaWarpGroups : 1;  // dK / dV column parts
   using TiledMmaS = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<Int<kBlockN>, Int<kBlockM>, Int<kHeadDim>>>(),
-      AtomKeys{}));
+      GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<Int<kBlockN>, Int<kSdPCols>, Int<kHeadDim>>>(),
+      AtomSdP{}));
   using TiledMmadP = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<Int<kBlockN>, Int<kBlockM>, Int<kHeadDimV>>>(),
-      AtomKeys{}));
-  using TiledMmadV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, ElementAccum, Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kBlockM>>,
-                           GMMA::Major::K, GMMA::Major::MN>(),
-      AtomKeys{}));
-  using TiledMmadK = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, ElementAccum, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kBlockM>>,
-                           GMMA::Major::K, GMMA::Major::MN>(),
-      AtomKeys{}));
-  // dQ: the two warpgroups side by side along d (each tile_m x d/2), k = all tile_n keys.
+      GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<Int<kBlockN>, Int<kSdPCols>, Int<kHeadDimV>>>(),
+      AtomSdP{}));
+  template <int kCols>
+  using MmaDkv = std::conditional_t<
+      kSharedKeys,
+      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<Int<kBlockN>, Int<kCols / 2>, Int<kBlockM>>,
+                                                   GMMA::Major::MN, GMMA::Major::MN>(),
+                              AtomCols{})),
+      decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, ElementAccum, Shape<Int<kBlockN>, Int<kCols>, Int<kBlockM>>,
+                                                   GMMA::Major::K, GMMA::Major::MN>(),
+                              AtomKeys{}))>;
+  using TiledMmadV = MmaDkv<kHeadDimV>;
+  using TiledMmadK = MmaDkv<kHeadDim>;
+  // dQ: the two warpgroups side by side along d (each tile_m x d/2), k = all tile_n keys; with
+  // shared keys one warpgroup's atom, run per 64-column part on a slice of K^T.
   using TiledMmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<Int<kBlockM>, Int<kHeadDim / 2>, Int<kBlockN>>,
+      GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<Int<kBlockM>, Int<kDqCols>, Int<kBlockN>>,
                            GMMA::Major::K, GMMA::Major::MN>(),
-      Layout<Shape<_1, Int<kNumMmaWarpGroups>, _1>>{}));
-  static_assert(size<1>(typename TiledMmaS::AtomShape_MNK{}) == kBlockM, "S^T atom narrower than tile_m");
-  static_assert(size<1>(typename TiledMmadV::AtomShape_MNK{}) == kHeadDimV, "dV atom narrower than dv");
-  static_assert(size<1>(typename TiledMmadK::AtomShape_MNK{}) == kHeadDim, "dK atom narrower than d");
-  static_assert(size<1>(typename TiledMmadQ::AtomShape_MNK{}) == kHeadDim / 2, "dQ atom narrower than d/2");
+      Layout<Shape<_1, Int<kSharedKeys ? 1 : kNumMmaWarpGroups>, _1>>{}));
+  static_assert(size<1>(typename TiledMmaS::AtomShape_MNK{}) == kSdPCols, "S^T atom narrower than the warpgroup's queries");
+  static_assert(size<1>(typename TiledMmadV::AtomShape_MNK{}) == kHeadDimV / kDkvSplit, "dV atom narrower than dv");
+  static_assert(size<1>(typename TiledMmadK::AtomShape_MNK{}) == kHeadDim / kDkvSplit, "dK atom narrower than d");
+  static_assert(size<1>(typename TiledMmadQ::AtomShape_MNK{}) == kDqCols, "dQ atom narrower than its part");
 
   template <int kRows, int kCols>
   using KMajorAtom = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, Int<kRows>, Int<kCols>>());
@@ -84,7 +110,10 @@ struct BwdKernelTraits {
   using SmemLayoutV = decltype(tile_to_shape(KMajorAtom<kBlockN, kHeadDimV>{}, Shape<Int<kBlockN>, Int<kHeadDimV>>{}));
   // dS (query, key), key contiguous: the A operand of dQ; two buffers (step parity), so a
   // warpgroup writing the next step's dS^T never races the other one's dQ product of this step.
-  using SmemLayoutdS = decltype(tile_to_shape(KMajorAtom<kBlockM, kBlockN>{}, Shape<Int<kBlockM>, Int<kBlockN>, _2>{}));
+  // Shared keys: buffers 2 and 3 hold P (same layout), whose transposed view is dV's A operand.
+  static constexpr int kDsBuffers = kSharedKeys ? 4 : 2;
+  static constexpr int kPBuffer0 = 2;  // shared keys: P of step parity b in buffer kPBuffer0 + b
+  using SmemLayoutdS = decltype(tile_to_shape(KMajorAtom<kBlockM, kBlockN>{}, Shape<Int<kBlockM>, Int<kBlockN>, Int<kDsBuffers>>{}));
 
   // Transposed views (same bytes).
   using SmemLayoutQt = decltype(composition(
@@ -96,7 +125,7 @@ struct BwdKernelTraits {
   using SmemLayoutKt = decltype(composition(
       SmemLayoutK{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Stride<Int<kBlockN>, _1>{})));
   using SmemLayoutdSt = decltype(composition(
-      SmemLayoutdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>, _2>{},
+      SmemLayoutdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>, Int<kDsBuffers>>{},
                                   Stride<Int<kBlockM>, _1, Int<kBlockM * kBlockN>>{})));
 
   // dQ staging: each warpgroup's tile_m x d/2 fp32 accumulators in fragment order (thread t's

@@ -10,6 +10,11 @@
 //   both warpgroups meet (dS complete); dQ = dS K for half of d each; dK += dS^T Q (RS)
 //   dQ staged in smem for the dQ writer warp's bulk reduce-add (mainloop_bwd_load.cuh) while
 //   dK's product runs
+// With shared keys (kernel_traits_bwd.cuh, d256) each warpgroup holds half the queries of S^T and
+// dP^T and half the columns of dK, dV, dQ: P^T goes to smem as well, and the step is
+//   S^T, dP^T; P^T -> smem; both warpgroups meet (P complete); dV += P^T dO (SS); dS^T while dV
+//   runs; dS^T -> smem; both meet; dQ part 0 and dK issued; dQ part 0 staged under dK, dQ part 1
+//   issued into the same registers and staged
 // The elementwise code comes in three versions: dense (a step whose pairs are all visible, as
 // most are, selects nothing), masked, and softcap (which always selects).
 // dK and dV stay in registers over the whole walk (all query heads of the KV head's group: no dK/dV
@@ -31,6 +36,7 @@ struct BwdMma {
   using Element = typename Kt::Element;
   static constexpr int kBlockM = Kt::kBlockM;
   static constexpr int kBlockN = Kt::kBlockN;
+  static constexpr bool kSharedKeys = Kt::kSharedKeys;
   using Barriers = arch::NamedBarriers<Kt::kNumMmaWarpGroups>;
   static constexpr uint32_t kStageThreads = cutlass::NumThreadsPerWarpGroup + 32;
 
@@ -60,27 +66,47 @@ struct BwdMma {
     auto wg_dp = mma_dp.get_slice(wg * 128);
     auto wg_dv = mma_dv.get_slice(wg * 128);
     auto wg_dk = mma_dk.get_slice(wg * 128);
-    auto wg_dq = mma_dq.get_slice(wg * 128);
+    auto wg_dq = mma_dq.get_slice(kSharedKeys ? 0 : wg * 128);  // shared keys: one warpgroup's atom
     Tensor tSrQ = wg_s.partition_fragment_B(sQ);         // (MMA, MMA_N, MMA_K, stage)
     Tensor tdPrdO = wg_dp.partition_fragment_B(sdO);     // (.., stage)
     Tensor tdVrdOt = wg_dv.partition_fragment_B(sdOt);   // (.., stage)
     Tensor tdKrQt = wg_dk.partition_fragment_B(sQt);     // (.., stage)
     Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);     // (.., dS buffer)
-    Tensor tdQrKt = wg_dq.partition_fragment_B(sKt);
+    Tensor tdQrKt = wg_dq.partition_fragment_B(sKt);     // (the warpgroup's half of d; not with shared keys)
+    // Shared keys: dV's and dK's A operands are P^T and dS^T in smem (the transposed dS views),
+    // and dQ's B operand a part of K^T's columns; their descriptors are built in the step from an
+    // opaque base (arch::opaque), as K's and V's.
+    auto smem_ds_step = [&] {
+      return make_tensor(make_smem_ptr(arch::opaque(ss.smem_ds.data())), typename Kt::SmemLayoutdSt{});
+    };
+    // dQ's B operand for a part: K^T's columns of this warpgroup's half of d (shared keys: part
+    // `part` of its kDqParts parts of 64 columns).
+    auto dq_operand_b = [&](int part) __attribute__((always_inline)) {
+      if constexpr (kSharedKeys) {
+        Tensor sKt_step = make_tensor(make_smem_ptr(arch::opaque(ss.smem_k.data())), typename Kt::SmemLayoutKt{});
+        Tensor sKt_part =
+            local_tile(sKt_step, Shape<Int<Kt::kDqCols>, Int<kBlockN>>{}, make_coord(wg * Kt::kDqParts + part, _0{}));
+        return wg_dq.partition_fragment_B(sKt_part);
+      } else {
+        return tdQrKt;
+      }
+    };
 
     Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kBlockN>, Int<kBlockM>>{});
     Tensor tdPrdP = partition_fragment_C(mma_dp, Shape<Int<kBlockN>, Int<kBlockM>>{});
     Tensor tdVrdV = partition_fragment_C(mma_dv, Shape<Int<kBlockN>, Int<Kt::kHeadDimV>>{});
     Tensor tdKrdK = partition_fragment_C(mma_dk, Shape<Int<kBlockN>, Int<Kt::kHeadDim>>{});
-    Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Kt::kHeadDim>>{});
+    Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Kt::kDqCols * (kSharedKeys ? 1 : 2)>>{});
     constexpr int kFragS = decltype(size(tSrS))::value;
     static_assert(kFragS == kBlockN * kBlockM / Kt::kNumMmaThreads);
-    static_assert(decltype(size(tdQrdQ))::value == Kt::kHeadDim / 4, "dQ fragment: 64 x d/2 per warpgroup");
+    static_assert(decltype(size(tdQrdQ))::value == Kt::kDqCols / 2, "dQ fragment: 64 x kDqCols per warpgroup");
     // P^T and dS^T as the RS A operands of dV and dK (same registers, A order), and dS^T in the
-    // accumulator order for its smem copy.
+    // accumulator order for its smem copy (shared keys: both only for the smem copies, then the
+    // A operands of dV and dK are their smem views).
     Tensor tdVrP = make_tensor<Element>(acc_to_a_layout(tSrS.layout()));
     Tensor tdKrdS = make_tensor<Element>(acc_to_a_layout(tdPrdP.layout()));
     Tensor tdSrdS = make_tensor(tdKrdS.data(), tdPrdP.layout());
+    Tensor tPrP = make_tensor(tdVrP.data(), tSrS.layout());
     // dS^T leaves the registers through stmatrix.trans: each 8x8 block of the (key, query)
     // accumulator lands as 8 query rows of 8 contiguous keys, i.e. straight in dS's (query, key)
     // layout: 4 instructions per thread instead of 32 scattered 16-bit stores.
@@ -88,11 +114,14 @@ struct BwdMma {
     auto r2s_ds_thr = r2s_ds.get_thread_slice(tid);
     Tensor tdSsdS = r2s_ds_thr.partition_D(as_position_independent_swizzle_tensor(sdSt));  // (.., dS buffer)
     Tensor tdSadS = r2s_ds_thr.retile_S(tdSrdS);
+    Tensor tPaP = r2s_ds_thr.retile_S(tPrP);
     Tensor tdVrP32 = recast<uint32_t>(tdVrP);
     Tensor tdKrdS32 = recast<uint32_t>(tdKrdS);
 
-    const int col_lane = arch::fragment_col(tid);
     const int t128 = tid % 128;
+    // The query column (of the block) of the thread's first value pair: with shared keys the
+    // warpgroup's S^T covers queries [32 wg, 32 wg + 32).
+    const int col_lane = arch::fragment_col(tid) + (kSharedKeys ? wg * Kt::kSdPCols : 0);
     auto consumer_wait = [](auto& pipe, auto st) {
       auto token = pipe.consumer_try_wait(st);
       pipe.consumer_wait(st, token);
@@ -114,7 +143,7 @@ struct BwdMma {
         // ones then carry four fewer registers.
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int32_t j = ti.n_block * kBlockN + arch::fragment_row(tid) + 8 * r;
+          const int32_t j = ti.n_block * kBlockN + key_row(tid) + 8 * r;
           const detail::QueryRange q = detail::visible_query_range(j, ti.s.seqlen_q, ti.s.seqlen_k, p.mask);
           ea.vis_first[r] = int32_t(q.first);
           ea.vis_last[r] = int32_t(q.last);
@@ -136,8 +165,16 @@ struct BwdMma {
         // of 16 spilled 64-bit descriptors reloaded before each wgmma.
         Tensor sK_step = make_tensor(make_smem_ptr(arch::opaque(ss.smem_k.data())), typename Kt::SmemLayoutK{});
         Tensor sV_step = make_tensor(make_smem_ptr(arch::opaque(ss.smem_v.data())), typename Kt::SmemLayoutV{});
-        wgmma</*zero_init=*/true, -1>(mma_s, wg_s.partition_fragment_A(sK_step), tSrQ(_, _, _, st), tSrS);
-        wgmma<true, -1>(mma_dp, wg_dp.partition_fragment_A(sV_step), tdPrdO(_, _, _, st), tdPrdP);
+        if constexpr (kSharedKeys) {
+          // (at d256 Q's and dO's 16 descriptors each spill as well)
+          Tensor sQ_step = make_tensor(make_smem_ptr(arch::opaque(ss.smem_q.data())), typename Kt::SmemLayoutQ{});
+          Tensor sdO_step = make_tensor(make_smem_ptr(arch::opaque(ss.smem_do.data())), typename Kt::SmemLayoutdO{});
+          wgmma<true, -1>(mma_s, wg_s.partition_fragment_A(sK_step), wg_s.partition_fragment_B(sQ_step(_, _, st)), tSrS);
+          wgmma<true, -1>(mma_dp, wg_dp.partition_fragment_A(sV_step), wg_dp.partition_fragment_B(sdO_step(_, _, st)), tdPrdP);
+        } else {
+          wgmma</*zero_init=*/true, -1>(mma_s, wg_s.partition_fragment_A(sK_step), tSrQ(_, _, _, st), tSrS);
+          wgmma<true, -1>(mma_dp, wg_dp.partition_fragment_A(sV_step), tdPrdO(_, _, _, st), tdPrdP);
+        }
       }
       ea.lse = ss.smem_lse.data() + st * kBlockM;
       ea.dsum = ss.smem_d.data() + st * kBlockM;
@@ -145,25 +182,43 @@ struct BwdMma {
       warpgroup_wait<1>();
       warpgroup_fence_operand(tSrS);
       probs<kSoftcap, kMasked>(p, ea, tSrS, tdVrP32);
-      warpgroup_wait<0>();
+      if constexpr (kSharedKeys) {
+        // dV reads both warpgroups' P^T: through smem, then dV's product runs under dS^T.
+        copy(r2s_ds, tPaP, tdSsdS(_, _, _, Kt::kPBuffer0 + ds_buf));
+        cutlass::arch::fence_view_async_shared();
+        arch::named_barrier_sync(Barriers::consumers(), Kt::kNumMmaThreads);
+        wgmma<false, -1>(mma_dv, wg_dv.partition_fragment_A(smem_ds_step()(_, _, Kt::kPBuffer0 + ds_buf)),
+                         tdVrdOt(_, _, _, st), tdVrdV);
+        warpgroup_wait<1>();  // dP^T (dV still runs)
+      } else {
+        warpgroup_wait<0>();
+      }
       warpgroup_fence_operand(tdPrdP);
       dscores<kSoftcap, kMasked>(ea, tSrS, tdPrdP, tdVrP32, tdKrdS32);
       copy(r2s_ds, tdSadS, tdSsdS(_, _, _, ds_buf));
-      wgmma<false, -1>(mma_dv, tdVrP, tdVrdOt(_, _, _, st), tdVrdV);
+      if constexpr (!kSharedKeys) wgmma<false, -1>(mma_dv, tdVrP, tdVrdOt(_, _, _, st), tdVrdV);
       // dS^T of both warpgroups is in smem (generic stores, read next by the async proxy).
       cutlass::arch::fence_view_async_shared();
       arch::named_barrier_sync(Barriers::consumers(), Kt::kNumMmaThreads);
-      wgmma<true, -1>(mma_dq, tdQrdS(_, _, _, ds_buf), tdQrKt, tdQrdQ);
-      wgmma<false, 1>(mma_dk, tdKrdS, tdKrQt(_, _, _, st), tdKrdK);  // dV and dQ done, dK runs on
+      // dQ (part 0) and dK; dQ staged for the writer warp (once it has read the previous step's)
+      // while dK's product runs, and with shared keys the further parts after it.
+      wgmma<true, -1>(mma_dq, tdQrdS(_, _, _, ds_buf), dq_operand_b(0), tdQrdQ);
+      if constexpr (kSharedKeys)
+        wgmma<false, -1>(mma_dk, wg_dk.partition_fragment_A(smem_ds_step()(_, _, ds_buf)), tdKrQt(_, _, _, st), tdKrdK);
+      else wgmma<false, -1>(mma_dk, tdKrdS, tdKrQt(_, _, _, st), tdKrdK);
+      warpgroup_wait<1>();  // dQ (part 0) done, dK runs on
       warpgroup_fence_operand(tdQrdQ);
       ds_buf ^= 1;
-      // Stage dQ for the writer warp (once it has read the previous step's) under dK's product.
       arch::named_barrier_sync(Barriers::dq_empty(wg), kStageThreads);
-      float4* stage = reinterpret_cast<float4*>(ss.smem_dq.data());
+      stage_dq(ss, 0, t128, wg, tdQrdQ);
 #pragma unroll
-      for (int gq = 0; gq < Kt::kHeadDim / 16; ++gq)
-        stage[dq_chunk_index<Kt::kHeadDim>(wg, gq, t128) / 4] =
-            make_float4(tdQrdQ(4 * gq), tdQrdQ(4 * gq + 1), tdQrdQ(4 * gq + 2), tdQrdQ(4 * gq + 3));
+      for (int part = 1; part < Kt::kDqParts; ++part) {
+        warpgroup_fence_operand(tdQrdQ);
+        wgmma<true, -1>(mma_dq, tdQrdS(_, _, _, ds_buf ^ 1), dq_operand_b(part), tdQrdQ);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tdQrdQ);
+        stage_dq(ss, part, t128, wg, tdQrdQ);
+      }
       cutlass::arch::fence_view_async_shared();
       arch::named_barrier_arrive(Barriers::dq_full(wg), kStageThreads);
       warpgroup_wait<0>();  // dK has read dS^T (registers) and Q^T (the stage)
@@ -242,15 +297,17 @@ struct BwdMma {
     }
   }
 
-  // Fragment entry v of S^T / dP^T (64 keys x tile_m queries per warpgroup): key row (v / 2) % 2
-  // (0: fragment_row, 1: 8 below), query column (v / 4) * 8 + col_lane + v % 2 of the block.
+  // Fragment entry v of S^T / dP^T (64 keys x the warpgroup's queries): key row (v / 2) % 2
+  // (0: key_row, 1: 8 below), query column (v / 4) * 8 + col_lane + v % 2 of the block (col_lane
+  // includes the warpgroup's first query with shared keys).
   __device__ __forceinline__ static int frag_column(int v, int col_lane) { return (v >> 2) * 8 + col_lane + (v & 1); }
 
   /// P^T = exp2(s * scale_log2 - lse_log2) in place (s = tanh(raw * softcap_inv_scale) under
   /// softcap). kMasked: pairs outside a key row's visible queries get exactly 0 by selection (never
   /// exp2 of -inf - lse, never a value from another sequence's rows). kSoftcap: P^T goes to its dV
   /// operand here and the accumulator keeps P^T (1 - tanh^2), the factor dS^T needs; without
-  /// softcap, dscores packs P^T once it is done with it.
+  /// softcap, dscores packs P^T once it is done with it (shared keys: here, for its smem copy
+  /// before dS^T).
   template <bool kSoftcap, bool kMasked, class FragS, class FragP32>
   __device__ __forceinline__ static void probs(const Params& p, const ElemArgs& ea, FragS& s, FragP32& p32) {
     constexpr int kFrag = decltype(cute::size(s))::value;
@@ -276,7 +333,7 @@ struct BwdMma {
         }
         s(v) = kSoftcap ? pv[e] * (1.f - x * x) : pv[e];
       }
-      if constexpr (kSoftcap) p32(k) = pack2<Element>(pv[0], pv[1]);
+      if constexpr (kSoftcap || kSharedKeys) p32(k) = pack2<Element>(pv[0], pv[1]);
     }
   }
 
@@ -296,33 +353,55 @@ struct BwdMma {
         ds[e] = s(v) * (dp(v) - (e ? d.y : d.x));
         if constexpr (kMasked) ds[e] = s(v) == 0.f ? 0.f : ds[e];
       }
-      if constexpr (!kSoftcap) p32(k) = pack2<Element>(s(2 * k), s(2 * k + 1));
+      if constexpr (!kSoftcap && !kSharedKeys) p32(k) = pack2<Element>(s(2 * k), s(2 * k + 1));
       ds32(k) = pack2<Element>(ds[0], ds[1]);
     }
   }
 
-  /// dK (x softmax_scale) and dV from registers: rows < seqlen_k, columns < the real head dims.
+  /// Tile row (key, 0..kBlockN-1) of the thread's first accumulator row (the second is 8 below).
+  __device__ __forceinline__ static int key_row(int tid) {
+    return kSharedKeys ? arch::fragment_row(tid % 128) : arch::fragment_row(tid);
+  }
+
+  /// Stages dQ part `part` of warpgroup wg (its columns part * kDqCols.. of the warpgroup's half
+  /// of d) in fragment order (schedule_bwd.h dq_chunk_index): a float4 per 8-column group.
+  template <class SharedStorage, class FragdQ>
+  __device__ __forceinline__ static void stage_dq(SharedStorage& ss, int part, int t128, int wg, FragdQ& dq) {
+    float4* stage = reinterpret_cast<float4*>(ss.smem_dq.data());
+    constexpr int kGroups = Kt::kDqCols / 8;
+#pragma unroll
+    for (int gq = 0; gq < kGroups; ++gq)
+      stage[dq_chunk_index<Kt::kHeadDim>(wg, part * kGroups + gq, t128) / 4] =
+          make_float4(dq(4 * gq), dq(4 * gq + 1), dq(4 * gq + 2), dq(4 * gq + 3));
+  }
+
+  /// dK (x softmax_scale) and dV from registers: rows < seqlen_k, columns < the real head dims
+  /// (shared keys: the warpgroup's half of the columns).
   template <class FragK, class FragV>
   __device__ __forceinline__ static void store_dkdv(const Params& p, const BwdTile& ti, int tid, FragK& dk, FragV& dv) {
     const int32_t bt = p.is_varlen ? 0 : ti.b;
-    store_rows<Kt::kHeadDim>(static_cast<Element*>(p.dk), int64_t(bt) * p.dk_batch_stride + int64_t(ti.h_kv) * p.dk_head_stride,
-                             p.dk_row_stride, p.headdim, p.dk_aligned_pairs, p.softmax_scale, ti, tid, dk);
-    store_rows<Kt::kHeadDimV>(static_cast<Element*>(p.dv), int64_t(bt) * p.dv_batch_stride + int64_t(ti.h_kv) * p.dv_head_stride,
-                              p.dv_row_stride, p.headdim_v, p.dv_aligned_pairs, 1.f, ti, tid, dv);
+    const int wg = tid / 128;
+    constexpr int kColsK = Kt::kHeadDim / Kt::kDkvSplit, kColsV = Kt::kHeadDimV / Kt::kDkvSplit;
+    store_rows<kColsK>(static_cast<Element*>(p.dk), int64_t(bt) * p.dk_batch_stride + int64_t(ti.h_kv) * p.dk_head_stride,
+                       p.dk_row_stride, kSharedKeys ? wg * kColsK : 0, p.headdim, p.dk_aligned_pairs, p.softmax_scale, ti,
+                       tid, dk);
+    store_rows<kColsV>(static_cast<Element*>(p.dv), int64_t(bt) * p.dv_batch_stride + int64_t(ti.h_kv) * p.dv_head_stride,
+                       p.dv_row_stride, kSharedKeys ? wg * kColsV : 0, p.headdim_v, p.dv_aligned_pairs, 1.f, ti, tid, dv);
   }
 
+  /// kCols accumulator columns of the thread's two key rows, at columns col0 + (0..kCols-1).
   template <int kCols, class Frag>
-  __device__ __forceinline__ static void store_rows(Element* base, int64_t offset, int64_t row_stride, int32_t cols,
+  __device__ __forceinline__ static void store_rows(Element* base, int64_t offset, int64_t row_stride, int col0, int32_t cols,
                                                     bool aligned_pairs, float scale, const BwdTile& ti, int tid, Frag& acc) {
     const int col_lane = arch::fragment_col(tid);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int32_t j = ti.n_block * kBlockN + arch::fragment_row(tid) + 8 * r;
+      const int32_t j = ti.n_block * kBlockN + key_row(tid) + 8 * r;
       if (j >= ti.s.seqlen_k) continue;
       Element* row = base + offset + (int64_t(ti.s.k_row0) + j) * row_stride;
 #pragma unroll
       for (int g = 0; g < kCols / 8; ++g) {
-        const int col = g * 8 + col_lane;
+        const int col = col0 + g * 8 + col_lane;
         if (col >= cols) continue;  // real dims are multiples of 8: the pair is all in or all out
         const float a = acc(g * 4 + 2 * r) * scale;
         const float b = acc(g * 4 + 2 * r + 1) * scale;

@@ -9,12 +9,19 @@
 // owns tile_n = 128 keys of one KV head, split over two consumer warpgroups (64 keys each, one
 // wgmma M-extent), and walks the query blocks of tile_m = 64 rows that see them. dK and dV stay in
 // fp32 registers for the whole walk (2 x 64 x d / 128 floats per thread), so d is bounded by the
-// register file: 64 + 64 floats at d128, with S^T, dP^T and dQ (32 each) beside them. d192/d256
-// need the dK/dV columns split over more warpgroups or an smem round trip: no row yet.
+// register file: 64 + 64 floats at d128, with S^T, dP^T and dQ (32 each) beside them.
+// Above d128 that would be 2 x 64 x 256 / 128 = 256 floats at d256, so the d256 row shares the
+// keys instead (`shared_keys`, FlashAttention-3's d256 split in our swapped form): tile_n = 64
+// keys, both warpgroups hold all of them and each half of the query block for S^T and dP^T, and
+// half of d's (dv's) columns of dK, dV and dQ: 64 + 64 floats of dK/dV, dQ in parts of 64 columns
+// (32 floats), S^T and dP^T 16 each. P^T then goes through smem too (both warpgroups' dV reads all
+// 64 queries' P^T). d192 and 192x128 run on it (TMA zero-fills the padded columns): with 96
+// columns per warpgroup a warpgroup's half would start inside a 128-byte swizzle atom.
 // (These are not always the forward's buckets: a d96 input runs the forward's d96 kernel and the
 // backward's d128.)
 // Shared memory (d128): K, V 32 KB each, q_stages x (Q + dO) 64 KB, dS^T double buffer 32 KB,
-// the dQ staging 32 KB.
+// the dQ staging 32 KB. d256: K, V 32 KB each, one stage of Q + dO 64 KB, P^T and dS^T double
+// buffers 32 KB, the dQ staging 64 KB (224 KB: no room for a second Q / dO stage).
 #pragma once
 
 #include <cstdint>
@@ -41,19 +48,24 @@ struct HopperBwdConfig {
   /// bottom-right causal mask every key block's walk then starts at the same (last) query block,
   /// so a band's CTAs stay on the same block step after step.
   bool walk_descending;
+  /// Both consumer warpgroups hold all tile_n (= 64) keys and split the query block of S^T / dP^T
+  /// and the columns of dK, dV and dQ (kernel_traits_bwd.cuh); otherwise each holds 64 of the keys.
+  bool shared_keys;
 };
 
 // Internal linkage (not `inline`): an inline variable is a GNU-unique symbol, which the dynamic
 // linker shares between every libfa4 loaded in one process (A/B runs load several builds),
 // so one build would read another build's table.
 constexpr HopperBwdConfig kHopperBwdConfigs[] = {
-    // d, dv, tile_m, tile_n, q_stages, regs (consumer, producer), lpt_band, walk_descending.
+    // d, dv, tile_m, tile_n, q_stages, regs (consumer, producer), lpt_band, walk_descending,
+    // shared_keys.
     // The producer warpgroup's two
     // warps (TMA, dQ writer with the deterministic ordering) spill at 24 registers, the consumers
     // below 232: ptxas reports no spill stores at 232/40 (d64 and d128); 240/24 spilled more in
     // the producer on an earlier form of the step.
-    {64, 64, 64, 128, 2, 232, 40, 16, true},
-    {128, 128, 64, 128, 2, 232, 40, 16, true},
+    {64, 64, 64, 128, 2, 232, 40, 16, true, false},
+    {128, 128, 64, 128, 2, 232, 40, 16, true, false},
+    {256, 256, 64, 64, 1, 232, 40, 16, true, true},
 };
 // No d96 row: the transposed views of a 96-column (64-byte swizzled) Q / dO tile are not a
 // canonical MN-major wgmma layout (CuTe's GMMA layout check), so 72..128 run on the d128 kernel
