@@ -1,10 +1,11 @@
 // src/hopper/bwd/kernel_bwd.cuh — the persistent, warp-specialised backward kernel (key-stationary).
 //
 // CTA = 3 warpgroups (384 threads), one CTA per SM, grid = min(tiles, SMs); a tile is one key
-// block (tile_n = 128 keys) of one KV head:
+// block (tile_n = 128 keys; 64 for the d256 row) of one KV head:
 //   warpgroup 0  setmaxnreg down: warp 0 issues the TMA loads (mainloop_bwd_load.cuh BwdLoad),
 //                warp 1 reduce-adds the staged dQ parts (BwdDqWriter); warps 2-3 exit.
-//   warpgroups 1, 2  consumers, 64 keys each (mainloop_bwd_mma.cuh): S^T, dP^T, dV, dK, dQ.
+//   warpgroups 1, 2  consumers, 64 keys each, or (d256) the same 64 keys and half the queries /
+//                    columns each (mainloop_bwd_mma.cuh): S^T, dP^T, dV, dK, dQ.
 // The preprocess (D, lse_log2, zeroed dQ accumulator) runs before it and the postprocess (dQ in the
 // input dtype, dsink) after it, on the same stream (pre_post_bwd.cuh).
 #pragma once

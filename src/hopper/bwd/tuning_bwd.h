@@ -6,7 +6,7 @@
 // backward_support) reports it unsupported.
 //
 // Tile geometry (FlashAttention-3's hopper backward, arXiv 2407.08608, for 16-bit inputs): a CTA
-// owns tile_n = 128 keys of one KV head, split over two consumer warpgroups (64 keys each, one
+// owns tile_n = 128 keys of one KV head (d <= 128), split over two consumer warpgroups (64 keys each, one
 // wgmma M-extent), and walks the query blocks of tile_m = 64 rows that see them. dK and dV stay in
 // fp32 registers for the whole walk (2 x 64 x d / 128 floats per thread), so d is bounded by the
 // register file: 64 + 64 floats at d128, with S^T, dP^T and dQ (32 each) beside them.
