@@ -40,7 +40,9 @@ from generate_kernels import config_rows  # noqa: E402  (the one parser of the t
 
 BATCH, SEQLEN_Q = 4, 4096
 SEQLENS_K = [1024, 2048, 4096, 8192, 16384]
-BWD_TILE_N = 128  # keys per backward tile (src/hopper/bwd/tuning_bwd.h)
+def bwd_tile_n(d):
+    """Keys per backward tile (src/hopper/bwd/tuning_bwd.h): 128, or 64 for the d256 row (shared keys)."""
+    return 64 if d > 128 else 128
 
 
 def tile_m(headdim):
@@ -113,7 +115,7 @@ def main():
     heads = 2048 // d
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if args.backward:
-        tiles = BATCH * heads * -(-SEQLEN_Q // BWD_TILE_N)
+        tiles = BATCH * heads * -(-SEQLEN_Q // bwd_tile_n(d))
         ms = sweep_backward(d, heads, args.rounds)
         unit, swept = "queries", "seqlen_q"
     else:

@@ -221,7 +221,7 @@ struct BwdMma {
       }
       cutlass::arch::fence_view_async_shared();
       arch::named_barrier_arrive(Barriers::dq_full(wg), kStageThreads);
-      warpgroup_wait<0>();  // dK has read dS^T (registers) and Q^T (the stage)
+      warpgroup_wait<0>();  // dK has read dS^T (registers, or smem with shared keys) and Q^T (the stage)
       warpgroup_fence_operand(tdKrdK);  // complete: the next step's dK, or the tile's store, reads it
       warpgroup_fence_operand(tdVrdV);
       pipe_q.consumer_release(rq);
