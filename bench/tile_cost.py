@@ -36,13 +36,16 @@ import fa4
 from bench_fwd import bench, rotated_rounds, run_meta  # same directory
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "scripts"))
-from generate_kernels import config_rows  # noqa: E402  (the one parser of the tuning table)
+from generate_kernels import bwd_tile_n as bwd_tile_n_rows, config_rows  # noqa: E402  (the parsers of the tuning tables)
 
 BATCH, SEQLEN_Q = 4, 4096
 SEQLENS_K = [1024, 2048, 4096, 8192, 16384]
-def bwd_tile_n(d):
-    """Keys per backward tile (src/hopper/bwd/tuning_bwd.h): 128, or 64 for the d256 row (shared keys)."""
-    return 64 if d > 128 else 128
+def bwd_tile_n(headdim):
+    """Keys per backward tile of the (headdim, headdim) bucket, from the backward tuning table."""
+    rows = bwd_tile_n_rows()
+    if (headdim, headdim) not in rows:
+        raise SystemExit(f"tile_cost.py: no ({headdim}, {headdim}) row in the backward tuning table")
+    return rows[(headdim, headdim)]
 
 
 def tile_m(headdim):

@@ -91,6 +91,16 @@ def bwd_buckets():
     return table_buckets(BWD_CONFIG, "kHopperBwdConfigs")
 
 
+def bwd_tile_n():
+    """{(headdim, headdim_v): tile_n} of the backward tuning table's rows ("{d, dv, tile_m, tile_n,").
+    Used by bench/tile_cost.py."""
+    text = BWD_CONFIG.read_text()
+    table = text[text.index("kHopperBwdConfigs[] = {"):]
+    table = table[: table.index("};")]
+    return {(int(d), int(dv)): int(tn)
+            for d, dv, tn in re.findall(r"^\s*\{\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*,\s*(\d+)\s*,", table, re.M)}
+
+
 def decode_buckets():
     """Buckets with a row in the decode tuning table (src/hopper/decode/tuning_decode.h)."""
     return table_buckets(DECODE_CONFIG, "kHopperDecodeConfigs")

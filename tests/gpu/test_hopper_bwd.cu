@@ -23,6 +23,7 @@
 #include "../tools/cli_case.h"
 #include "../tools/cli_device.h"
 #include "gpu_test_util.cuh"
+#include "hopper/bwd/tuning_bwd.h"
 
 namespace {
 
@@ -288,7 +289,7 @@ TEST(HopperBwd, DeterministicAcrossTileOrders) {
     }
 }
 
-/// Varlen: the rows just past a sequence's last query block (of 64) and key block (of 128) are
+/// Varlen: the rows just past a sequence's last query block (tile_m rows) and key block (tile_n) are
 /// the next sequence's, and its gradients are multiplied by an exact 0 there. NaN in all of the
 /// middle sequence's q, k, v and dout rows must leave the other two sequences' dq, dk and dv
 /// bitwise those of a run with finite inputs (deterministic mode), in every bucket (d256: key
@@ -297,6 +298,8 @@ TEST(HopperBwd, VarlenNaNInTheNextSequenceStaysThere) {
   REQUIRE_HOPPER();
   for (int d : {64, 128, 256})
     for (bool causal : {false, true}) {
+      const fa4::detail::HopperBwdConfig* row = fa4::detail::hopper_bwd_bucket(d, d);
+      ASSERT_NE(row, nullptr) << d;
       CaseSpec s = deterministic_case(d, causal);
       s.batch = 3;
       s.varlen = true;  // random lengths in [1, 300]
@@ -306,7 +309,7 @@ TEST(HopperBwd, VarlenNaNInTheNextSequenceStaysThere) {
       do {  // sequence 0 must end inside a query block and a key block
         s.seed = fa4::test::next_seed();
         p = Problem::make(s);
-      } while (p.seq.len_q(0) % 64 == 0 || p.seq.len_k(0) % (d == 256 ? 64 : 128) == 0 || p.seq.len_q(1) == 0 ||
+      } while (p.seq.len_q(0) % row->tile_m == 0 || p.seq.len_k(0) % row->tile_n == 0 || p.seq.len_q(1) == 0 ||
                p.seq.len_k(1) == 0);
       DeviceProblem dp(p, nullptr);
       fa4::cli::run_forward(p, dp.placement(), fa4::Backend::kCuda);

@@ -57,6 +57,8 @@ struct BwdKernelTraits {
   /// fit beside dK and dV's 128).
   static constexpr int kDqCols = kSharedKeys ? 64 : kHeadDim / 2;
   static constexpr int kDqParts = (kHeadDim / 2) / kDqCols;
+  /// Warpgroups one dQ product spans (side by side along d): both, or with shared keys each its own.
+  static constexpr int kDqMmaWarpGroups = kSharedKeys ? 1 : kNumMmaWarpGroups;
   static_assert(!kSharedKeys || (kHeadDim % 128 == 0 && kHeadDimV % 128 == 0),
                 "shared keys: each warpgroup's half of d and dv is whole 64-column swizzle atoms");
   static_assert(kBlockM == 64, "the dQ staging and the postprocess assume 64-row query blocks");
@@ -94,7 +96,7 @@ struct BwdKernelTraits {
   using TiledMmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<Int<kBlockM>, Int<kDqCols>, Int<kBlockN>>,
                            GMMA::Major::K, GMMA::Major::MN>(),
-      Layout<Shape<_1, Int<kSharedKeys ? 1 : kNumMmaWarpGroups>, _1>>{}));
+      Layout<Shape<_1, Int<kDqMmaWarpGroups>, _1>>{}));
   static_assert(size<1>(typename TiledMmaS::AtomShape_MNK{}) == kSdPCols, "S^T atom narrower than the warpgroup's queries");
   static_assert(size<1>(typename TiledMmadV::AtomShape_MNK{}) == kHeadDimV / kDkvSplit, "dV atom narrower than dv");
   static_assert(size<1>(typename TiledMmadK::AtomShape_MNK{}) == kHeadDim / kDkvSplit, "dK atom narrower than d");

@@ -96,7 +96,7 @@ struct BwdMma {
     Tensor tdPrdP = partition_fragment_C(mma_dp, Shape<Int<kBlockN>, Int<kBlockM>>{});
     Tensor tdVrdV = partition_fragment_C(mma_dv, Shape<Int<kBlockN>, Int<Kt::kHeadDimV>>{});
     Tensor tdKrdK = partition_fragment_C(mma_dk, Shape<Int<kBlockN>, Int<Kt::kHeadDim>>{});
-    Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Kt::kDqCols * (kSharedKeys ? 1 : 2)>>{});
+    Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Kt::kDqCols * Kt::kDqMmaWarpGroups>>{});
     constexpr int kFragS = decltype(size(tSrS))::value;
     static_assert(kFragS == kBlockN * kBlockM / Kt::kNumMmaThreads);
     static_assert(decltype(size(tdQrdQ))::value == Kt::kDqCols / 2, "dQ fragment: 64 x kDqCols per warpgroup");
