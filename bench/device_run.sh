@@ -10,7 +10,8 @@
 # BENCH=1 (bench/bench_fwd.py, BENCH_ARGS), BWD=1 (bench/bench_bwd.py, BWD_ARGS), DECODE=1
 # (bench/bench_decode.py, DECODE_ARGS), KTIMES=1 (bench/kernel_times.py), SMALLQ=1
 # (bench/small_q_route.py), AB_ARGS (extra ab_variants.py arguments), NCU=1 (ncu over
-# bench/profile_bwd.py, NCU_ARGS: its arguments, default "128 0 4096").
+# bench/profile_bwd.py, NCU_ARGS: its arguments, default "128 0 4096"), DNCU=1 (ncu over
+# bench/profile_decode.py, DNCU_ARGS: its shapes).
 # Everything is logged under $OUT; the last lines printed are the summary.
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem --format=csv,noheader
@@ -92,6 +93,14 @@ if [ "${NCU:-0}" = 1 ]; then  # every kernel's time, and the main kernels' throu
     --section WarpStateStats --metrics regex:'^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' \
     python3 bench/profile_bwd.py ${NCU_ARGS:-128 0 4096} > $OUT/ncu.txt 2>&1
   echo "ncu rc=$?"; grep -E "bwd_kernel|bprop|Duration|SM Busy|Issue Slots|Spilling Requests  |stalled_[a-z_]+_per" $OUT/ncu.txt | cut -c1-130 | head -60
+fi
+if [ "${DNCU:-0}" = 1 ]; then  # the decode kernel's throughput and stall reasons (bench/profile_decode.py)
+  PYTHONPATH=python:bench FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout 240 ncu --clock-control none -k regex:decode_kernel \
+    --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+    --metrics regex:'^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' \
+    python3 bench/profile_decode.py ${DNCU_ARGS:-1,1024,32,8,128,1 1,8192,32,8,128,0} > $OUT/ncu_decode.txt 2>&1
+  echo "ncu decode rc=$?"; grep -E "decode_kernel|Duration|SM Busy|Issue Slots Busy|Memory Throughput|stalled_[a-z_]+_per" $OUT/ncu_decode.txt \
+    | awk '$NF+0 >= 0.05 || !/stalled/' | cut -c1-120 | head -${DNCU_LINES:-70}
 fi
 echo "spills new: $(cat $OUT/spills_build.txt)"
 [ -n "$OLD" ] && echo "spills old: $(cat $OUT/spills_build_old.txt)"

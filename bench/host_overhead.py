@@ -156,6 +156,13 @@ def graph_replay_us(fn, n=200):
     return per_call_us(g.replay, n)
 
 
+def global_merge():
+    """libfa4's decode with every split's partial merged through global scratch (override
+    decode_cluster = 0), entered once around a timing."""
+    from bench_fwd import hopper_overrides  # same directory
+    return hopper_overrides(decode_cluster="0")
+
+
 def cudnn_only():
     """torch SDPA restricted to its cuDNN backend (entered once around a timing, not per call)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -175,7 +182,10 @@ def serving_rows(add):
         cudnn_call = lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=h != hkv)
         row = {"kind": "serving", "shape": name, "batch": b, "seqlen_q": sq, "seqlen_k": sk,
                "num_heads": h, "num_heads_kv": hkv, "headdim": d}
-        contenders = [("fa4", fa4_call, contextlib.nullcontext), ("cudnn", cudnn_call, cudnn_only)]
+        contenders = [("fa4", fa4_call, contextlib.nullcontext), ("cudnn", cudnn_call, cudnn_only),
+                      # the same call with the decode's cluster merge off (every split through global
+                      # scratch): the A/B of that merge, in this process
+                      ("fa4_global_merge", fa4_call, global_merge)]
         if hasattr(fa4, "flash_attn_with_kvcache"):  # the KV-cache route (decode kernel), same mask
             lens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
             contenders.append(("fa4_kvcache", lambda: fa4.flash_attn_with_kvcache(

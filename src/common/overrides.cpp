@@ -18,7 +18,8 @@ struct Knob {
   std::atomic<int8_t>* slot;
 };
 
-std::atomic<int8_t> g_lpt{-1}, g_schedule{-1}, g_epilogue{-1}, g_stream_k{-1}, g_small_q{-1}, g_bwd_walk{-1};
+std::atomic<int8_t> g_lpt{-1}, g_schedule{-1}, g_epilogue{-1}, g_stream_k{-1}, g_small_q{-1}, g_bwd_walk{-1},
+    g_decode_cluster{-1};
 std::atomic<int32_t> g_bwd_lpt_band{0};
 
 const Knob kKnobs[] = {
@@ -28,6 +29,7 @@ const Knob kKnobs[] = {
     {"stream_k", "0", "1", &g_stream_k},
     {"small_q", "fwd", "decode", &g_small_q},
     {"bwd_walk", "asc", "desc", &g_bwd_walk},
+    {"decode_cluster", "0", "1", &g_decode_cluster},
 };
 
 }  // namespace
@@ -41,6 +43,7 @@ KernelOverrides kernel_overrides() {
   o.small_q_decode = g_small_q.load(std::memory_order_relaxed);
   o.bwd_descending = g_bwd_walk.load(std::memory_order_relaxed);
   o.bwd_lpt_band = g_bwd_lpt_band.load(std::memory_order_relaxed);
+  o.decode_cluster = g_decode_cluster.load(std::memory_order_relaxed);
   return o;
 }
 
@@ -74,7 +77,7 @@ void set_kernel_override(const char* name, const char* value) {
     return;
   }
   throw Error(ErrorCode::kInvalidArgument, std::string(kFn) + ": unknown override '" + name +
-                                               "' (lpt, schedule, epilogue, stream_k, small_q, bwd_walk, bwd_lpt_band)");
+                                               "' (lpt, schedule, epilogue, stream_k, small_q, bwd_walk, bwd_lpt_band, decode_cluster)");
 }
 
 }  // namespace fa4::detail

@@ -30,6 +30,10 @@ struct KernelOverrides {
   int32_t bwd_lpt_band = 0;
   /// "bwd_walk": a backward CTA walks its query blocks from the last down ("desc", 1) or up ("asc", 0)
   int8_t bwd_descending = -1;
+  /// "decode_cluster": the decode's splits merge in thread-block clusters wherever clusters take no
+  /// more waves than the plain launch (1), or always through global scratch (0); -1: where it
+  /// pays (decode/launch_decode.h decode_cluster_size)
+  int8_t decode_cluster = -1;
 };
 
 /// The current overrides.
@@ -37,7 +41,7 @@ KernelOverrides kernel_overrides();
 
 /// Sets one override: name "lpt" (value "0" | "1"), "schedule" ("static" | "dynamic"), "epilogue"
 /// ("direct" | "tma"), "stream_k" ("0" | "1"), "small_q" ("fwd" | "decode"), "bwd_walk"
-/// ("asc" | "desc") or "bwd_lpt_band" ("1" .. "64"); the value "auto" returns the choice to the
+/// ("asc" | "desc"), "decode_cluster" ("0" | "1") or "bwd_lpt_band" ("1" .. "64"); the value "auto" returns the choice to the
 /// selector. Throws fa4::Error(kInvalidArgument) naming the rule for any other name or value.
 void set_kernel_override(const char* name, const char* value);
 

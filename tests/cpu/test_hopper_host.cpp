@@ -347,6 +347,49 @@ TEST(HopperHost, BackwardDqStagingIsABijection) {
 
 }  // namespace
 
+// The decode's cluster of splits (decode/launch_decode.h): the largest power of two up to 16 that
+// divides the split count and keeps the launch in as few waves as the plain launch; 1 (no
+// cluster) for odd counts or where no cluster size fits. And its override.
+TEST(HopperHost, DecodeClusterSize) {
+  using fa4::hopper::decode_cluster_size;
+  fa4::hopper::DecodeClusterCapacity roomy;  // sizes 2, 4, 8 hold 264 CTAs at once, 16 holds 256
+  roomy.clusters[0] = 132; roomy.clusters[1] = 66; roomy.clusters[2] = 33; roomy.clusters[3] = 16;
+  const int expect[][2] = {{1, 1}, {2, 2}, {3, 1}, {4, 4}, {6, 2}, {7, 1}, {8, 8}, {12, 4},
+                           {16, 16}, {24, 8}, {32, 16}, {48, 16}, {64, 16}, {96, 16}, {256, 16}};
+  const int64_t big = fa4::detail::kDecodeClusterMinMergeBytes;  // a merge worth a cluster
+  for (const auto& e : expect) {
+    const int64_t ctas = 8 * e[0];  // 8 tiles
+    EXPECT_EQ(decode_cluster_size(e[0], ctas, 264, 0, roomy, /*forced=*/true), e[1]) << e[0] << " splits";
+    EXPECT_EQ(e[0] % decode_cluster_size(e[0], ctas, 264, 0, roomy, true), 0) << e[0];
+    // Automatic: only within one wave and for a merge of kDecodeClusterMinMergeBytes or more.
+    EXPECT_EQ(decode_cluster_size(e[0], ctas, 264, big, roomy), ctas <= 264 ? e[1] : 1) << e[0] << " splits";
+    EXPECT_EQ(decode_cluster_size(e[0], ctas, 264, big - 1, roomy), 1) << e[0] << " splits";
+  }
+  // 256 CTAs fit one plain wave of 264; clusters of 16 hold 16 x 12 = 192 (a second wave): 8.
+  fa4::hopper::DecodeClusterCapacity tight = roomy;
+  tight.clusters[3] = 12;
+  EXPECT_EQ(decode_cluster_size(32, 256, 264, big, tight), 8);
+  tight.clusters[2] = 20;  // clusters of 8 hold 160: 4
+  EXPECT_EQ(decode_cluster_size(32, 256, 264, big, tight), 4);
+  // Forced, more than one plain wave: clusters may take as many waves (512 CTAs: 2).
+  EXPECT_EQ(decode_cluster_size(64, 512, 264, 0, tight, true), 4);
+  EXPECT_EQ(decode_cluster_size(64, 512, 264, big, tight), 1);
+  fa4::hopper::DecodeClusterCapacity none;  // no cluster launches at all
+  EXPECT_EQ(decode_cluster_size(16, 128, 264, big, none), 1);
+  EXPECT_EQ(decode_cluster_size(16, 128, 264, big, none, true), 1);
+  using fa4::detail::kernel_overrides;
+  using fa4::detail::set_kernel_override;
+  EXPECT_EQ(kernel_overrides().decode_cluster, -1);
+  set_kernel_override("decode_cluster", "0");
+  EXPECT_EQ(kernel_overrides().decode_cluster, 0);
+  EXPECT_THROW(set_kernel_override("decode_cluster", "off"), fa4::Error);
+  EXPECT_EQ(kernel_overrides().decode_cluster, 0);
+  set_kernel_override("decode_cluster", "1");
+  EXPECT_EQ(kernel_overrides().decode_cluster, 1);
+  set_kernel_override("decode_cluster", "auto");
+  EXPECT_EQ(kernel_overrides().decode_cluster, -1);
+}
+
 // The decode's automatic split count (decode/launch_decode.h): one wave of CTAs when the tiles are
 // few, one CTA per SM when the keys are few too, none when the tiles fill the GPU, never more
 // splits than key blocks; explicit counts win.

@@ -214,6 +214,28 @@ void run_fa4(KvProblem& P, std::vector<uint16_t>& out, std::vector<float>& lse, 
   lse = P.lse->download();
 }
 
+/// Captures one forward_with_kvcache call of P (its options and tensors moved to stream s) into a
+/// graph. The capture ends even if the call throws (a thread left capturing fails every later
+/// CUDA call); the message is then in *thrown.
+cudaGraph_t capture_call(KvProblem& P, cudaStream_t s, std::string* thrown) {
+  auto on = [&](TensorView t) { t.device.stream = s; return t; };
+  fa4::KVCacheOptions o = P.o;
+  if (o.cache_seqlens) o.cache_seqlens = on(*o.cache_seqlens);
+  if (o.page_table) o.page_table = on(*o.page_table);
+  cudaGraph_t g = nullptr;
+  if (cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    *thrown = "cudaStreamBeginCapture failed";
+    return nullptr;
+  }
+  try {
+    fa4::forward_with_kvcache(on(P.tq), on(P.tk), on(P.tv), on(P.tout), on(P.tlse), o);
+  } catch (const std::exception& e) {
+    *thrown = e.what();
+  }
+  if (cudaStreamEndCapture(s, &g) != cudaSuccess && thrown->empty()) *thrown = "cudaStreamEndCapture failed";
+  return g;
+}
+
 /// The whole check of one case (see the file comment).
 void run_case(const KvCase& c) {
   KvProblem P;
@@ -256,7 +278,8 @@ void run_case(const KvCase& c) {
   // Split-KV: every tile's arrival counter is back at zero (the default stream's buffer, which
   // both runs used), bad sequences included; a counter left set would stop the next merge. Only
   // with explicit splits > 1: then the buffer exists and holds at least these counters (with one
-  // split the acquire below would allocate a fresh, zeroed buffer and check nothing).
+  // split, or one thread-block cluster holding every split of a tile, the acquire below would
+  // allocate a fresh, zeroed buffer and check nothing).
   if (c.num_splits > 1) {
     const size_t tiles = size_t(B) * HK * ((size_t(Sq) * (H / HK) + 15) / 16);
     const char* base = fa4::hopper::acquire_scratch(0, nullptr, tiles * 4, tiles * 4,
@@ -544,7 +567,10 @@ TEST(HopperDecode, GraphReplayFollowsCacheSeqlens) {
   c.capacity = 1024;
   c.cache_seqlens = {1000, 50};
   c.full_page_table = true;  // the replay changes the lengths
-  c.num_splits = 4;           // the split merge's arrival counters must be reset by every replay
+  // 6 splits, clusters forced: clusters of 2 merge in shared memory, the 3 cluster partials
+  // through global scratch, whose arrival counters every replay must leave reset.
+  c.num_splits = 6;
+  const fa4::test::ScopedOverride cluster("decode_cluster", "1");
   c.seed = 800;
   KvProblem P;
   build(P, c);
@@ -559,20 +585,9 @@ TEST(HopperDecode, GraphReplayFollowsCacheSeqlens) {
 
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  fa4::KVCacheOptions o = P.o;
-  auto on = [&](TensorView t) { t.device.stream = s; return t; };
-  o.cache_seqlens = on(*o.cache_seqlens);
-  o.page_table = on(*o.page_table);
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   std::string thrown;
-  try {
-    fa4::forward_with_kvcache(on(P.tq), on(P.tk), on(P.tv), on(P.tout), on(P.tlse), o);
-  } catch (const std::exception& e) {
-    thrown = e.what();  // end the capture first: a thread left capturing fails every later CUDA call
-  }
-  CUDA_OK(cudaStreamEndCapture(s, &g));
+  cudaGraph_t g = capture_call(P, s, &thrown);
+  cudaGraphExec_t ge;
   ASSERT_EQ(thrown, "");
   EXPECT_EQ(fa4::test::count_nodes(g, cudaGraphNodeTypeMemset), 0) << "the captured call added memset nodes";
   CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
@@ -588,6 +603,62 @@ TEST(HopperDecode, GraphReplayFollowsCacheSeqlens) {
   cudaGraphExecDestroy(ge);
   cudaGraphDestroy(g);
   cudaStreamDestroy(s);
+}
+
+// The splits of a tile that form one thread-block cluster merge through distributed shared memory,
+// in split order: bitwise the result of the global merge (override decode_cluster = 0) for split
+// counts one cluster of the portable size holds whole (2, 4, 8; clusters forced: decode_cluster =
+// 1). With 16 (one cluster of 16 where the device schedules it, else two of 8 and a global merge of
+// their partials), 24 and 64 (clusters of 8 and 16, then the global merge; at 64 the automatic
+// rule picks the clusters itself, 256 KB of partials per tile), and with the global merge alone,
+// each within the accuracy rule (run_case). A call whose splits form one cluster of 8 per tile
+// needs no scratch: captured, it is one kernel node (this also proves the clusters were used).
+TEST(HopperDecode, ClusterMergeMatchesTheGlobalMerge) {
+  REQUIRE_HOPPER();
+  for (int splits : {2, 4, 8, 16, 24, 64}) {
+    KvCase c;
+    c.batch = 2;
+    c.heads = 16;
+    c.heads_kv = 2;       // group 8: 8 live rows of the 16-row tile
+    c.capacity = 64 * 70;  // 70 blocks: uneven shares, and empty splits at 64
+    c.cache_seqlens = {64 * 70, 1000};
+    c.page_size = splits == 8 ? 16 : 0;
+    c.sink = splits == 4;
+    c.num_splits = splits;
+    c.seed = 900 + splits;
+    run_case(c);
+    for (const char* mode : {"0", "1"}) {
+      const fa4::test::ScopedOverride merge("decode_cluster", mode);
+      run_case(c);
+    }
+    if (splits > 8) continue;
+    KvProblem P;
+    build(P, c);
+    std::vector<uint16_t> out_cluster, out_global;
+    std::vector<float> lse_cluster, lse_global;
+    {  // (each override scope ends at "auto", so the two must not nest)
+      const fa4::test::ScopedOverride cluster("decode_cluster", "1");
+      run_fa4(P, out_cluster, lse_cluster);
+    }
+    {
+      const fa4::test::ScopedOverride global("decode_cluster", "0");
+      run_fa4(P, out_global, lse_global);
+    }
+    EXPECT_TRUE(out_cluster == out_global) << c.name() << ": the cluster merge differs from the global merge";
+    EXPECT_EQ(0, std::memcmp(lse_cluster.data(), lse_global.data(), lse_global.size() * 4)) << c.name();
+    if (splits != 8) continue;
+    const fa4::test::ScopedOverride cluster("decode_cluster", "1");
+    cudaStream_t s;
+    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    std::string thrown;
+    cudaGraph_t g = capture_call(P, s, &thrown);
+    ASSERT_EQ(thrown, "");
+    EXPECT_EQ(fa4::test::count_nodes(g, cudaGraphNodeTypeKernel), 1);
+    EXPECT_EQ(fa4::test::count_nodes(g, cudaGraphNodeTypeKernel, /*other=*/true), 0)
+        << "a captured decode whose splits form one cluster added non-kernel nodes";
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(s);
+  }
 }
 
 TEST(HopperDecode, ExplicitExp2EmulationIsAClearError) {
@@ -615,11 +686,16 @@ TEST(HopperDecode, SanitizeSmall) {
   c.cache_seqlens = {130, 3};
   c.seqlen_new = 2;
   c.causal = true;
-  c.num_splits = 3;
-  run_case(c);
+  const fa4::test::ScopedOverride cluster("decode_cluster", "1");  // wherever the launch fits
+  for (int splits : {3, 4, 6}) {  // the global merge, one cluster per tile, clusters of 2 + global
+    c.num_splits = splits;
+    run_case(c);
+  }
   c.bad_page_b = 0;
-  c.num_splits = 1;
-  run_case(c);
+  for (int splits : {1, 4, 6}) {  // 6: a flagged cluster of 2 then arrives at the global merge
+    c.num_splits = splits;
+    run_case(c);
+  }
 }
 
 }  // namespace

@@ -15,6 +15,9 @@
 //     gathered one by one through the page table, which TMA boxes cannot do for any page size),
 //     ldmatrix (plain and transposed) and mma.sync m16n8k16: a decode tile has 16 rows, a quarter
 //     of one wgmma's 64, and its four warps work on separate keys;
+//   * thread-block clusters (decode/): the CTA's rank, the cluster-wide barrier (release/acquire)
+//     and the address of a peer CTA's shared-memory variable (distributed shared memory), with
+//     which the splits of one decode tile merge without a round trip through global memory;
 //   * an empty asm that hides a pointer's value from the compiler (opaque), so per-step address
 //     arithmetic (the backward's smem descriptors) is not hoisted into registers it lacks;
 //   * setmaxnreg: moves registers from the producer warpgroup (which only issues TMA) to the two
@@ -200,6 +203,32 @@ __device__ __forceinline__ void mma_m16n8k16(float (&c)[4], const uint32_t (&a)[
                  "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---- thread-block clusters (decode split merge) ----
+
+/// This CTA's rank in its cluster (0 .. cluster size - 1; 0 without a cluster launch).
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
+/// Cluster-wide barrier, executed by every thread of every CTA of the cluster: the arrive releases
+/// the thread's earlier writes (shared memory included) at cluster scope, the wait acquires the
+/// others'. The first one also guarantees every peer CTA has started, which reading its shared
+/// memory requires; a CTA whose shared memory peers read must not exit before a later one.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+/// The generic address of `p` (a variable in this CTA's shared memory) in the shared memory of the
+/// cluster's CTA `rank`: ordinary loads through it read the peer's copy (distributed shared memory).
+template <class T>
+__device__ __forceinline__ const T* cluster_peer(const T* p, uint32_t rank) {
+  uint64_t a;
+  asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(a) : "l"(p), "r"(rank));
+  return reinterpret_cast<const T*>(a);
 }
 
 }  // namespace fa4::hopper::arch

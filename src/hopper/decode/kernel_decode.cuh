@@ -6,10 +6,15 @@
 //   * packs the group (pack-GQA): a CTA's 16 rows are (query token, query head of one KV head),
 //     row r -> token r / group, head kv_head * group + r % group, so one K/V load serves them all;
 //   * splits the keys (split-KV, FlashDecoding): grid (split, kv head x row tile, batch), each CTA
-//     one range of 64-key blocks; each split writes its normalised partial rows and log2-sum-exps
-//     and arrives at its tile's counter, and the split that arrives last merges them with the
-//     shared merge maths (core/softmax.h). No second kernel: a combine launch would cost more than
-//     the merge itself at batch 1, where split-KV matters most;
+//     one range of 64-key blocks, merged with the shared merge maths (core/softmax.h). The splits
+//     of a tile that form one thread-block cluster (up to 16) merge through distributed shared
+//     memory: each CTA leaves its normalised partial rows and log2-sum-exps in its own smem and,
+//     after a cluster barrier, merges a share of the tile's rows from all of them. Where a tile has
+//     more splits than a cluster (or no cluster launch), each cluster's (or split's) partial goes
+//     to global scratch and arrives at the tile's counter, and the CTA that arrives last merges
+//     them. No second kernel: a combine launch would cost more than the merge itself at batch 1,
+//     where split-KV matters most. A cluster holding all of a tile's splits skips the global round
+//     trip and the atomic; clusters are used where the global merge is long (launch_decode.h);
 //   * gathers K/V rows one by one with cp.async (16 bytes per copy; a row's address comes from the
 //     page table when paged, so every page size works and pages may be in any order), into a ring
 //     of `stages` swizzled smem blocks;
@@ -19,13 +24,16 @@
 // Device-resident indices are checked here (the host never reads them): cache_seqlens,
 // cache_batch_idx and the page-table entries of keys [0, seqlen_k) (each split checks its keys,
 // split 0 also those before the first visible one); a split that meets a broken rule writes
-// nothing, sets the rule's AsyncError bit and arrives flagged, so its tile's merge writes nothing.
+// nothing and sets the rule's AsyncError bit; its tile's merge writes nothing either: the split
+// arrives flagged at the global merge, or, in a cluster, flags its partial for its peers (and the
+// cluster arrives flagged where a global merge follows).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/constants.h"
 #include "core/mask.h"
@@ -41,10 +49,12 @@ namespace fa4::hopper::decode {
 struct DecodeArgs {
   detail::KVCacheParams p;
   uint32_t* async_error;  ///< mapped error word (device_state.h)
-  float* o_partial;       ///< splits > 1: (split, batch, seqlen_q, num_heads, kD) fp32, normalised rows
-  float* lse_partial;     ///< splits > 1: (split, batch, num_heads, seqlen_q), log2 units, -inf if empty
-  int32_t* arrivals;      ///< splits > 1: (batch, kv head x row tile) counters, zero between launches
+  float* o_partial;       ///< num_partials > 1: (partial, batch, seqlen_q, num_heads, kD) fp32, normalised rows
+  float* lse_partial;     ///< num_partials > 1: (partial, batch, num_heads, seqlen_q), log2 units, -inf if empty
+  int32_t* arrivals;      ///< num_partials > 1: (batch, kv head x row tile) counters, zero between launches
   int32_t num_splits;
+  int32_t cluster;        ///< CTAs (splits) per thread-block cluster, merged in DSMEM; divides num_splits
+  int32_t num_partials;   ///< num_splits / cluster: the partials of a tile that meet in global scratch
   int32_t group;          ///< num_heads / num_heads_kv
   int32_t row_tiles;      ///< ceil(seqlen_q * group / 16)
 };
@@ -164,12 +174,16 @@ struct DecodeSmem {
   static constexpr int kStageElems = 2 * kBlockN * kD;  // K block then V block
   // + the K/V row offsets of every stage's block (int64, 2 x kBlockN per stage).
   static constexpr int kBytes = (kQElems + kStages * kStageElems) * 2 + kStages * 2 * kBlockN * 8;
-  // The cross-warp merge reuses the ring: 4 warps x 16 rows x kD fp32 + row stats.
-  static_assert(4 * 16 * kD * 4 + 2 * 4 * 16 * 4 <= kStages * kStageElems * 2, "merge buffer does not fit");
+  // The cross-warp merge reuses the ring: 4 warps x 16 rows x kD fp32 + row stats; behind it the
+  // CTA's partial for the cluster merge (16 rows x kD fp32, 16 log2-sum-exps, the broken-index flag).
+  static constexpr int kMergeFloats = 4 * 16 * kD + 2 * 4 * 16;
+  static constexpr int kClusterFloats = 16 * kD + 16 + 4;
+  static_assert((kMergeFloats + kClusterFloats) * 4 <= kStages * kStageElems * 2, "merge buffers do not fit");
 };
 
 // ---------------------------------------------------------------------------------------------
-// Split-KV merge, done by the last split of each (sequence, kv head x row tile) to finish.
+// Split-KV merge: through global scratch by the last CTA of each (sequence, kv head x row tile) to
+// arrive, or through distributed shared memory within a thread-block cluster.
 
 /// Arrivals at a tile's counter carry this bit from a split that met a broken index rule (at most
 /// kDecodeMaxSplits of them, so the count below never reaches it).
@@ -196,6 +210,59 @@ __device__ __forceinline__ bool arrive_last(const DecodeArgs& a, int32_t* s_last
   return *s_last != 0;
 }
 
+/// A tile row's merged state over some partials: running max m (log2 units), sum l relative to it,
+/// and 4 columns of the un-normalised output.
+struct MergedSlice {
+  float m, l;
+  float4 acc;
+};
+
+/// Merges n partial rows online (core/softmax.h merge_weight): load(s, L_s, x_s) gives partial s's
+/// log2-sum-exp and its 4 columns of the normalised row, which is the state (m = L_s, l = 1, O = x_s).
+/// A partial raising the max rescales the sum so far. An empty partial (L_s = -inf) has weight 0
+/// and its row is not used; fmaxf drops a NaN L_s from the max, but its weight is NaN and so is the
+/// row. The global and the cluster merge share this, so a tile merged either way is bitwise the same.
+template <class Load>
+__device__ __forceinline__ MergedSlice merge_partials(int32_t n, Load load) {
+  auto ex2 = [](float x) { return arch::ex2_approx(x); };
+  MergedSlice r{-INFINITY, 0.f, make_float4(0.f, 0.f, 0.f, 0.f)};
+#pragma unroll 16
+  for (int32_t s = 0; s < n; ++s) {
+    float ls;
+    float4 x;
+    load(s, ls, x);
+    const float m_new = fmaxf(r.m, ls);
+    const float alpha = detail::merge_weight(r.m, m_new, 1.f, ex2), w = detail::merge_weight(ls, m_new, 1.f, ex2);
+    r.m = m_new;
+    r.l = r.l * alpha + w;
+    r.acc.x *= alpha; r.acc.y *= alpha; r.acc.z *= alpha; r.acc.w *= alpha;
+    if (w != 0.f) {
+      r.acc.x += w * x.x; r.acc.y += w * x.y; r.acc.z += w * x.z; r.acc.w += w * x.w;
+    }
+  }
+  return r;
+}
+
+/// A partial state (m, l, acc) as merge_partials reads it: the normalised row acc / l into *x and
+/// its log2-sum-exp into *lse. Empty (no key seen) only when l == 0: a NaN from the data must reach
+/// the merge, which then propagates it like one split would.
+__device__ __forceinline__ void normalise_partial(float m, float l, const float4& acc, float4* x, float* lse) {
+  const float inv = l != 0.f ? 1.f / l : 0.f;
+  *x = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+  if (lse) *lse = l != 0.f ? m + log2f(l) : -INFINITY;
+}
+
+/// Stores a partial state of row (b, i, h), columns c..c+3, as partial `part` of the global scratch
+/// (the log2-sum-exp from the thread of column 0).
+template <int kD>
+__device__ __forceinline__ void store_partial(const DecodeArgs& a, int32_t part, int32_t b, int32_t i, int32_t h,
+                                              int c, float m, float l, const float4& acc) {
+  const detail::KVCacheParams& p = a.p;
+  const int64_t prow = ((int64_t(part) * p.batch + b) * p.seqlen_q + i) * p.num_heads + h;
+  normalise_partial(m, l, acc, reinterpret_cast<float4*>(a.o_partial + prow * kD + c),
+                    c == 0 ? a.lse_partial + ((int64_t(part) * p.batch + b) * p.num_heads + h) * p.seqlen_q + i : nullptr);
+}
+
 /// Writes one finished output slice: row (b, i, h), columns c..c+3 of out (o = acc / l with the
 /// sink, core/softmax.h finalize_row) and, from the thread of column 0, the row's lse.
 template <bool kBF16>
@@ -213,47 +280,62 @@ __device__ __forceinline__ void store_final(const detail::KVCacheParams& p, int3
     p.lse[int64_t(b) * p.lse_batch_stride + int64_t(h) * p.lse_head_stride + int64_t(i) * p.lse_row_stride] = nrm.lse;
 }
 
-/// Merges the splits' partial rows of one tile (rows row0.. of kv_head in sequence b) into out/lse.
-/// A split's normalised row with log2-sum-exp L_s is the partial state (m = L_s, l = 1, O = row);
-/// the states are merged online (merge_weight; a split raising the max rescales the sum so far)
-/// and finished with finalize_row (the sink joins here), as one split would have been. An empty
-/// split (L_s = -inf) has weight 0 and its row is not used; fmaxf drops a NaN L_s from the max,
-/// but its weight is NaN and so is the row. Each thread merges 4 columns of one row and loads
-/// that row's L_s itself (the warp's threads of a row share the load), so the L_s and O loads of
-/// 16 splits are in flight at once. Partials are read through L2 (ld.cg): other SMs wrote
-/// them during this launch.
+/// Merges the global partials of one tile (rows row0.. of kv_head in sequence b) into out/lse with
+/// merge_partials, finished with finalize_row (the sink joins here), as one split would have been.
+/// Each thread merges 4 columns of one row and loads that row's L_s itself (the warp's threads of a
+/// row share the load), so the L_s and O loads of 16 partials are in flight at once. Partials are
+/// read through L2 (ld.cg): other SMs wrote them during this launch.
 template <bool kBF16, int kD>
 __device__ __forceinline__ void combine_tile(const DecodeArgs& a, int32_t b, int32_t kv_head, int32_t row0,
                                              int32_t rows) {
   const detail::KVCacheParams& p = a.p;
   const int32_t n_rows = min(16, rows - row0);
   constexpr int kC4 = kD / 4;
-  const int64_t lse_stride = int64_t(p.batch) * p.num_heads * p.seqlen_q;  // one split's
+  const int64_t lse_stride = int64_t(p.batch) * p.num_heads * p.seqlen_q;  // one partial's
   const int64_t o_stride = int64_t(p.batch) * p.seqlen_q * p.num_heads * kD;
-  auto ex2 = [](float x) { return arch::ex2_approx(x); };
   for (int idx = threadIdx.x; idx < n_rows * kC4; idx += blockDim.x) {
     const int r = idx / kC4, c = (idx % kC4) * 4;
     if (c >= p.headdim_v) continue;
     const int32_t i = (row0 + r) / a.group, h = kv_head * a.group + (row0 + r) % a.group;
     const float* lse_src = a.lse_partial + (int64_t(b) * p.num_heads + h) * p.seqlen_q + i;
     const float* o_src = a.o_partial + ((int64_t(b) * p.seqlen_q + i) * p.num_heads + h) * kD + c;
-    float m = -INFINITY, l = 0.f;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 16
-    for (int s = 0; s < a.num_splits; ++s) {
-      const float ls = __ldcg(lse_src + s * lse_stride);
-      const float4 x = __ldcg(reinterpret_cast<const float4*>(o_src + s * o_stride));
-      const float m_new = fmaxf(m, ls);
-      const float alpha = detail::merge_weight(m, m_new, 1.f, ex2), w = detail::merge_weight(ls, m_new, 1.f, ex2);
-      m = m_new;
-      l = l * alpha + w;
-      acc.x *= alpha; acc.y *= alpha; acc.z *= alpha; acc.w *= alpha;
-      if (w != 0.f) {
-        acc.x += w * x.x; acc.y += w * x.y; acc.z += w * x.z; acc.w += w * x.w;
-      }
-    }
-    store_final<kBF16>(p, b, i, h, c, m, l, acc, p.sink);
+    const MergedSlice ms = merge_partials(a.num_partials, [&](int32_t s, float& ls, float4& x) {
+      ls = __ldcg(lse_src + s * lse_stride);
+      x = __ldcg(reinterpret_cast<const float4*>(o_src + s * o_stride));
+    });
+    store_final<kBF16>(p, b, i, h, c, ms.m, ms.l, ms.acc, p.sink);
   }
+}
+
+/// The cluster merge of one tile: every CTA of the cluster (one split each) has its normalised
+/// partial rows in sPart (16 x kD fp32), their log2-sum-exps in sLse and its broken-index flag in
+/// *sBad, all published by a cluster barrier. This CTA merges its share of the tile's (row, 4
+/// columns) slices over the cluster's CTAs in rank order (= split order), reading their smem, and
+/// writes them finished (the cluster holds every split) or as the cluster's global partial. Returns
+/// true, writing nothing, when any CTA of the cluster met a broken index rule.
+template <bool kBF16, int kD>
+__device__ __forceinline__ bool cluster_merge(const DecodeArgs& a, int32_t b, int32_t kv_head, int32_t row0,
+                                              int32_t rows, const float* sPart, const float* sLse,
+                                              const int32_t* sBad) {
+  const detail::KVCacheParams& p = a.p;
+  bool bad = false;
+  for (int32_t q = 0; q < a.cluster; ++q) bad |= *arch::cluster_peer(sBad, uint32_t(q)) != 0;
+  if (bad) return true;
+  const int32_t n_rows = min(16, rows - row0);
+  constexpr int kC4 = kD / 4;
+  const int32_t rank = int32_t(arch::cluster_ctarank());
+  for (int idx = rank * int(blockDim.x) + threadIdx.x; idx < n_rows * kC4; idx += a.cluster * int(blockDim.x)) {
+    const int r = idx / kC4, c = (idx % kC4) * 4;
+    if (c >= p.headdim_v) continue;
+    const MergedSlice ms = merge_partials(a.cluster, [&](int32_t q, float& ls, float4& x) {
+      ls = *arch::cluster_peer(sLse + r, uint32_t(q));
+      x = *reinterpret_cast<const float4*>(arch::cluster_peer(sPart + r * kD + c, uint32_t(q)));
+    });
+    const int32_t i = (row0 + r) / a.group, h = kv_head * a.group + (row0 + r) % a.group;
+    if (a.num_partials == 1) store_final<kBF16>(p, b, i, h, c, ms.m, ms.l, ms.acc, p.sink);
+    else store_partial<kD>(a, int32_t(blockIdx.x) / a.cluster, b, i, h, c, ms.m, ms.l, ms.acc);
+  }
+  return false;
 }
 
 template <bool kBF16, int kD, int kBlockN, int kStages>
@@ -295,8 +377,11 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
   __shared__ int32_t s_last;
   if (bad) {
     if (tid == 0) report(a.async_error, bad);
-    if (a.num_splits > 1) arrive_last(a, &s_last, true);  // never the merging CTA
-    return;
+    if (a.cluster == 1) {
+      if (a.num_splits > 1) arrive_last(a, &s_last, true);  // never the merging CTA
+      return;
+    }
+    // In a cluster the CTA stays for its peers' barriers: it reads no key and flags its partial.
   }
 
   // This row tile's keys within the split.
@@ -312,7 +397,7 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
     t_lo = max(blk_lo, int32_t((tile_keys.first - seq_keys.first) / kBlockN));
     t_hi = min(blk_hi, int32_t((key_end - seq_keys.first + kBlockN - 1) / kBlockN));
   }
-  const int32_t n_iter = t_hi - t_lo;
+  const int32_t n_iter = bad ? 0 : t_hi - t_lo;
 
   // ---- Q tile (cp.async group 0, with the first K/V block) ----
   const Elem* q = static_cast<const Elem*>(p.q);
@@ -329,9 +414,10 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
 
   const Elem* k_base = static_cast<const Elem*>(p.k) + int64_t(kv_head) * p.k_stride.head;
   const Elem* v_base = static_cast<const Elem*>(p.v) + int64_t(kv_head) * p.v_stride.head;
-  // Row offsets (elements; -1: not loaded) of a block's 64 keys in K and V, one row per thread of
-  // the first 64. Computed one block ahead into registers and stored after the compute, so the
-  // page-table load (and the division by page_size) is off the path of the copies that use it.
+  // Paged: row offsets (elements; -1: not loaded) of a block's 64 keys in K and V, one row per
+  // thread of the first 64. Computed one block ahead into registers and stored after the compute,
+  // so the page-table load (and the division by page_size) is off the path of the copies that use
+  // it. A dense cache's rows are one stride apart: each thread steps its own pointer instead.
   int64_t* sOff = reinterpret_cast<int64_t*>(sRing + kStages * Smem::kStageElems);  // [stage][K, V][64]
   auto row_offsets = [&](int32_t blk, int64_t& ko, int64_t& vo) {
     const int32_t j = int32_t(seq_keys.first) + blk * kBlockN + tid;
@@ -341,27 +427,47 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
       vo = cache_row_offset(p, pages, cs.cache_b, j, p.v_stride);
     }
   };
-  auto load_block = [&](int stage) {
+  // Block blk of the split into ring stage `stage`: thread t copies 16-byte chunk t % kC of rows
+  // t / kC + kRowsPerPass * i; rows past key_end and head-dim padding are zero-filled, never read.
+  auto load_block = [&](int stage, int32_t blk) {
     Elem* sK = sRing + stage * Smem::kStageElems;
     Elem* sV = sK + kBlockN * kD;
-    const int64_t* off = sOff + stage * 2 * kBlockN;
     const int c = tid % kC;
+    const bool k_col = c * 8 < p.headdim, v_col = c * 8 < p.headdim_v;
+    if (p.paged) {
+      const int64_t* off = sOff + stage * 2 * kBlockN;
 #pragma unroll
-    for (int it = 0; it < kBlockN / kRowsPerPass; ++it) {
-      const int r = tid / kC + it * kRowsPerPass;
-      const int64_t ko = off[r], vo = off[kBlockN + r];
-      const bool k_ok = ko >= 0 && c * 8 < p.headdim, v_ok = vo >= 0 && c * 8 < p.headdim_v;
-      arch::cp_async_16(sK + swz<kD>(r, c), k_base + (k_ok ? ko + c * 8 : 0), k_ok);
-      arch::cp_async_16(sV + swz<kD>(r, c), v_base + (v_ok ? vo + c * 8 : 0), v_ok);
+      for (int it = 0; it < kBlockN / kRowsPerPass; ++it) {
+        const int r = tid / kC + it * kRowsPerPass;
+        const int64_t ko = off[r], vo = off[kBlockN + r];
+        const bool k_ok = ko >= 0 && k_col, v_ok = vo >= 0 && v_col;
+        arch::cp_async_16(sK + swz<kD>(r, c), k_base + (k_ok ? ko + c * 8 : 0), k_ok);
+        arch::cp_async_16(sV + swz<kD>(r, c), v_base + (v_ok ? vo + c * 8 : 0), v_ok);
+      }
+    } else {
+      const int32_t j = int32_t(seq_keys.first) + blk * kBlockN + tid / kC;  // key of this thread's first row
+      const Elem* k_row = k_base + int64_t(cs.cache_b) * p.k_stride.batch + int64_t(j) * p.k_stride.row + c * 8;
+      const Elem* v_row = v_base + int64_t(cs.cache_b) * p.v_stride.batch + int64_t(j) * p.v_stride.row + c * 8;
+      const int64_t k_step = int64_t(kRowsPerPass) * p.k_stride.row, v_step = int64_t(kRowsPerPass) * p.v_stride.row;
+#pragma unroll
+      for (int it = 0; it < kBlockN / kRowsPerPass; ++it) {
+        const int r = tid / kC + it * kRowsPerPass;
+        const bool in = j + it * kRowsPerPass < key_end;
+        const bool k_ok = in && k_col, v_ok = in && v_col;
+        arch::cp_async_16(sK + swz<kD>(r, c), k_ok ? k_row : k_base, k_ok);
+        arch::cp_async_16(sV + swz<kD>(r, c), v_ok ? v_row : v_base, v_ok);
+        k_row += k_step;
+        v_row += v_step;
+      }
     }
   };
-  if (tid < kBlockN)
+  if (p.paged && tid < kBlockN)
     for (int s = 0; s < kStages && s < n_iter; ++s)
       row_offsets(t_lo + s, sOff[s * 2 * kBlockN + tid], sOff[s * 2 * kBlockN + kBlockN + tid]);
   __syncthreads();
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_iter) load_block(s);
+    if (s < n_iter) load_block(s, t_lo + s);
     arch::cp_async_commit();
   }
 
@@ -373,6 +479,11 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
     row_keys[rr] = row < rows ? detail::visible_key_range(row / a.group, p.seqlen_q, seqlen_k, p.mask)
                               : detail::KeyRange{0, 0};
   }
+  // Keys every row of the tile sees (bottom-right masks: both ends grow with the row).
+  const detail::KeyRange all_keys{detail::visible_key_range(last_row / a.group, p.seqlen_q, seqlen_k, p.mask).first,
+                                  detail::visible_key_range(row0 / a.group, p.seqlen_q, seqlen_k, p.mask).last};
+  constexpr bool kQInRegs = kD <= 128;  // 32 registers at d128; d256 holds 128 O registers already
+  uint32_t q_frag[kQInRegs ? kD / 16 : 1][4];
   const bool softcap = p.softcap > 0.f;
   const float s_mul = softcap ? p.softmax_scale / p.softcap : p.softmax_scale_log2;
   const float s_cap = p.softcap * detail::kLog2e;
@@ -387,16 +498,24 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
     arch::cp_async_wait<kStages - 2>();
     __syncthreads();  // block `it` landed for every thread; the stage refilled below is consumed
     const int32_t nxt = it + kStages - 1;
-    if (nxt < n_iter) load_block(nxt % kStages);
+    if (nxt < n_iter) load_block(nxt % kStages, t_lo + nxt);
     arch::cp_async_commit();
-    // Offsets of block nxt + 1, whose stage is the one computed on below (its offsets were read
-    // when it was issued, before the barrier above).
+    // Paged: offsets of block nxt + 1, whose stage is the one computed on below (its offsets were
+    // read when it was issued, before the barrier above).
     int64_t pre_k = -1, pre_v = -1;
-    const bool prefetch = tid < kBlockN && nxt + 1 < n_iter;
+    const bool prefetch = p.paged && tid < kBlockN && nxt + 1 < n_iter;
     if (prefetch) row_offsets(t_lo + nxt + 1, pre_k, pre_v);
     const Elem* sK = sRing + (it % kStages) * Smem::kStageElems;
     const Elem* sV = sK + kBlockN * kD;
 
+    // Q's A fragments: read from smem once (the first block's wait covered the Q copy) where they
+    // fit in registers, else per block.
+    if constexpr (kQInRegs) {
+      if (it == 0) {
+#pragma unroll
+        for (int ks = 0; ks < kD / 16; ++ks) arch::ldmatrix_x4<false>(q_frag[ks], sQ + swz<kD>(lane % 16, ks * 2 + lane / 16));
+      }
+    }
     // S = Q K^T for this warp's 16 keys: two n8 tiles, each accumulated in two chains (even and
     // odd k steps) so that four independent mma.sync chains of kD/32 overlap their latency.
     float sc[2][4], sc_odd[2][4];
@@ -407,7 +526,12 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks) {
       uint32_t qa[4], kb[4];
-      arch::ldmatrix_x4<false>(qa, sQ + swz<kD>(lane % 16, ks * 2 + lane / 16));
+      if constexpr (kQInRegs) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) qa[x] = q_frag[ks][x];
+      } else {
+        arch::ldmatrix_x4<false>(qa, sQ + swz<kD>(lane % 16, ks * 2 + lane / 16));
+      }
       arch::ldmatrix_x4<false>(kb, sK + swz<kD>(16 * warp + (lane / 16) * 8 + lane % 8, ks * 2 + (lane / 8) % 2));
       float(*acc)[4] = ks % 2 ? sc_odd : sc;
       arch::mma_m16n8k16<kBF16>(acc[0], qa, kb[0], kb[1]);
@@ -418,20 +542,41 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
 #pragma unroll
       for (int e = 0; e < 4; ++e) sc[nt][e] += sc_odd[nt][e];
 
-    // Scores in log2 units, masked to -inf; the online softmax per row.
-    const int32_t key_w = int32_t(seq_keys.first) + (t_lo + it) * kBlockN + 16 * warp + 2 * (lane % 4);
+    // Scores in log2 units, masked to -inf; the online softmax per row. Softcap and the mask are
+    // CTA-uniform choices made per block, outside the element loop (a per-element select would
+    // evaluate tanh and the two bounds for every score of every block).
+    const int32_t blk_first = int32_t(seq_keys.first) + (t_lo + it) * kBlockN;
+    const int32_t key_w = blk_first + 16 * warp + 2 * (lane % 4);
     float row_max[2] = {-INFINITY, -INFINITY};
+    auto scores = [&](auto capped, auto masked) {
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int rr = e / 2;
-        const int32_t j = key_w + nt * 8 + e % 2;
-        float x = softcap ? s_cap * tanhf(sc[nt][e] * s_mul) : sc[nt][e] * s_mul;
-        if (j < row_keys[rr].first || j >= row_keys[rr].last) x = -INFINITY;
-        sc[nt][e] = x;
-        row_max[rr] = fmaxf(row_max[rr], x);
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int rr = e / 2;
+          float x;
+          if constexpr (decltype(capped)::value) x = s_cap * tanhf(sc[nt][e] * s_mul);
+          else x = sc[nt][e] * s_mul;
+          if constexpr (decltype(masked)::value) {
+            const int32_t j = key_w + nt * 8 + e % 2;
+            if (j < row_keys[rr].first || j >= row_keys[rr].last) x = -INFINITY;
+          }
+          sc[nt][e] = x;
+          row_max[rr] = fmaxf(row_max[rr], x);
+        }
+    };
+    // Unmasked: every key of the block is one every row of the tile sees (rows past the tile's
+    // last are never stored, whatever they compute).
+    const bool masked = blk_first < all_keys.first || blk_first + kBlockN > all_keys.last;
+    using Yes = std::true_type;
+    using No = std::false_type;
+    if (softcap) {
+      if (masked) scores(Yes{}, Yes{});
+      else scores(Yes{}, No{});
+    } else {
+      if (masked) scores(No{}, Yes{});
+      else scores(No{}, No{});
+    }
     bool grow[2];
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
@@ -508,7 +653,11 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
   }
   __syncthreads();
 
-  // ---- finalize (one split) or store the normalised partial (several) ----
+  // ---- finalize (one split) or the normalised partial (several): in smem for the cluster merge,
+  // else in the global scratch ----
+  float* sPart = sL + 4 * 16;  // [16][kD]
+  float* sLse = sPart + 16 * kD;
+  int32_t* sBad = reinterpret_cast<int32_t*>(sLse + 16);
   const float* sink = p.sink;
   for (int idx = tid; idx < 16 * (kD / 4); idx += 128) {
     const int r = idx / (kD / 4), c = (idx % (kD / 4)) * 4;
@@ -526,22 +675,23 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
       acc.x += x.x; acc.y += x.y; acc.z += x.z; acc.w += x.w;
     }
     const int32_t i = row / a.group, h = kv_head * a.group + row % a.group;
-    if (a.num_splits == 1) {
+    if (a.cluster > 1)
+      normalise_partial(mm, ll, acc, reinterpret_cast<float4*>(sPart + r * kD + c), c == 0 ? sLse + r : nullptr);
+    else if (a.num_splits == 1)
       store_final<kBF16>(p, b, i, h, c, mm, ll, acc, sink);
-    } else {
-      // Empty (no key seen) only when ll == 0: a NaN from the data must reach the merge, which
-      // then propagates it like one split would.
-      const float inv = ll != 0.f ? 1.f / ll : 0.f;
-      const int64_t prow = ((int64_t(split) * p.batch + b) * p.seqlen_q + i) * p.num_heads + h;
-      *reinterpret_cast<float4*>(a.o_partial + prow * kD + c) =
-          make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-      if (c == 0)
-        a.lse_partial[((int64_t(split) * p.batch + b) * p.num_heads + h) * p.seqlen_q + i] =
-            ll != 0.f ? mm + log2f(ll) : -INFINITY;
-    }
+    else
+      store_partial<kD>(a, split, b, i, h, c, mm, ll, acc);
   }
-  if (a.num_splits > 1 && arrive_last(a, &s_last, false))
+  if (a.cluster > 1) {
+    if (tid == 0) *sBad = bad != 0;
+    arch::cluster_sync();  // every CTA's partial, flag and start visible
+    const bool cluster_bad = cluster_merge<kBF16, kD>(a, b, kv_head, row0, rows, sPart, sLse, sBad);
+    arch::cluster_sync();  // the peers are done reading this CTA's smem: it may exit
+    if (a.num_partials > 1 && arrive_last(a, &s_last, cluster_bad))
+      combine_tile<kBF16, kD>(a, b, kv_head, row0, rows);
+  } else if (a.num_splits > 1 && arrive_last(a, &s_last, false)) {
     combine_tile<kBF16, kD>(a, b, kv_head, row0, rows);
+  }
 }
 
 }  // namespace fa4::hopper::decode

@@ -4,12 +4,72 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
+
 #include "hopper/decode/kernel_decode.cuh"
 #include "hopper/decode/launch_decode.h"
 #include "hopper/shared/device_state.h"
 #include "hopper/shared/launch_common.cuh"
 
 namespace fa4::hopper {
+
+namespace {
+/// The launch attributes of a cluster launch of `c` CTAs along x, spread over the GPC's SMs (the
+/// default packs a cluster onto as few SMs as fit it; a decode CTA alone on its SM walks its keys
+/// faster, and a short decode has SMs to spare).
+struct ClusterAttrs {
+  cudaLaunchAttribute a[2]{};
+  explicit ClusterAttrs(int32_t c) {
+    a[0].id = cudaLaunchAttributeClusterDimension;
+    a[0].val.clusterDim.x = unsigned(c);
+    a[0].val.clusterDim.y = a[0].val.clusterDim.z = 1;
+    a[1].id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
+    a[1].val.clusterSchedulingPolicyPreference = cudaClusterSchedulingPolicySpread;
+  }
+};
+
+/// decode_kernel `Key`'s DecodeClusterCapacity on `device`, asked once per device (driver queries
+/// cost more host time than a short decode's launch). Internal linkage, like the smem flags of
+/// launch_common.cuh (several libfa4 builds in one process). A race asks twice, harmlessly.
+template <class Key>
+struct ClusterCapacitySlot {
+  std::atomic<bool> known{false};
+  std::atomic<int32_t> clusters[4]{};
+};
+
+template <class Key, class Kernel>
+DecodeClusterCapacity cluster_capacity_once(Kernel kernel, int smem, int device) {
+  static ClusterCapacitySlot<Key> slots[64];
+  ClusterCapacitySlot<Key>& slot = slots[device & 63];
+  DecodeClusterCapacity cap;
+  if (device < 64 && slot.known.load(std::memory_order_acquire)) {
+    for (int i = 0; i < 4; ++i) cap.clusters[i] = slot.clusters[i].load(std::memory_order_relaxed);
+    return cap;
+  }
+  // Past the portable size (8) only with this attribute; refused, size 16 reads 0 below.
+  bool refused = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess;
+  for (int32_t c = 2, i = 0; c <= detail::kDecodeMaxCluster; c *= 2, ++i) {
+    ClusterAttrs attrs(c);
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(c));
+    cfg.blockDim = dim3(32 * detail::kDecodeWarps);
+    cfg.dynamicSmemBytes = size_t(smem);
+    cfg.attrs = attrs.a;
+    cfg.numAttrs = 2;
+    int n = 0;
+    const bool ok = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) == cudaSuccess;
+    cap.clusters[i] = ok ? n : 0;
+    refused |= !ok;
+  }
+  if (refused) cudaGetLastError();  // a refused query leaves no error behind for a later check
+  if (device < 64) {
+    for (int i = 0; i < 4; ++i) slot.clusters[i].store(cap.clusters[i], std::memory_order_relaxed);
+    slot.known.store(true, std::memory_order_release);
+  }
+  return cap;
+}
+}  // namespace
 
 template <int kDType, int kHeadDim, int kHeadDimV>
 void run_decode(const detail::KVCacheParams& p, const LaunchContext& ctx) {
@@ -28,14 +88,27 @@ void run_decode(const detail::KVCacheParams& p, const LaunchContext& ctx) {
   const int64_t rows = int64_t(p.seqlen_q) * a.group;
   a.row_tiles = int32_t((rows + detail::kDecodeRowsPerCta - 1) / detail::kDecodeRowsPerCta);
   a.num_splits = decode_num_splits(p, c, ctx.num_sms);
+  auto kernel = decode::decode_kernel<kBF16, kHeadDim, c.block_n, c.stages>;
+  using Key = decode::DecodeKernelKey<kBF16, kHeadDim>;
+  check_cuda(raise_smem_limit_once<Key>(kernel, Smem::kBytes, p.device.index), kFn,
+             "cudaFuncSetAttribute (decode shared memory)");
+  const int64_t ctas = int64_t(a.num_splits) * p.num_heads_kv * a.row_tiles * p.batch;
+  const int64_t merge_bytes = int64_t(a.num_splits) * std::min<int64_t>(rows, detail::kDecodeRowsPerCta) *
+                              p.headdim_v * int64_t(sizeof(float));
+  a.cluster = ctx.decode_cluster != 0 && a.num_splits > 1
+                  ? decode_cluster_size(a.num_splits, ctas, int64_t(ctx.num_sms) * c.ctas_per_sm, merge_bytes,
+                                        cluster_capacity_once<Key>(kernel, Smem::kBytes, p.device.index),
+                                        ctx.decode_cluster == 1)
+                  : 1;
+  a.num_partials = a.num_splits / a.cluster;
 
   // Everything that can fail on the host (scratch, the smem limit) comes before the append, the
   // first write to a caller's tensor.
   LaunchScratch scratch{nullptr, false}, arrivals{nullptr, false};
-  if (p.seqlen_q > 0 && a.num_splits > 1) {
-    const size_t splits = size_t(a.num_splits), batch = size_t(p.batch);
-    const size_t o_bytes = splits * batch * p.seqlen_q * p.num_heads * kHeadDim * sizeof(float);
-    const size_t lse_bytes = splits * batch * p.seqlen_q * p.num_heads * sizeof(float);
+  if (p.seqlen_q > 0 && a.num_partials > 1) {
+    const size_t parts = size_t(a.num_partials), batch = size_t(p.batch);
+    const size_t o_bytes = parts * batch * p.seqlen_q * p.num_heads * kHeadDim * sizeof(float);
+    const size_t lse_bytes = parts * batch * p.seqlen_q * p.num_heads * sizeof(float);
     const size_t tiles = batch * size_t(p.num_heads_kv) * size_t(a.row_tiles);
     scratch = acquire_scratch(p.device.index, stream, o_bytes + lse_bytes, 0, ScratchKind::kDecode);
     arrivals = acquire_scratch(p.device.index, stream, tiles * sizeof(int32_t), tiles * sizeof(int32_t),
@@ -44,17 +117,26 @@ void run_decode(const detail::KVCacheParams& p, const LaunchContext& ctx) {
     a.lse_partial = reinterpret_cast<float*>(scratch.ptr + o_bytes);
     a.arrivals = reinterpret_cast<int32_t*>(arrivals.ptr);
   }
-  auto kernel = decode::decode_kernel<kBF16, kHeadDim, c.block_n, c.stages>;
-  check_cuda(raise_smem_limit_once<decode::DecodeKernelKey<kBF16, kHeadDim>>(kernel, Smem::kBytes, p.device.index), kFn,
-             "cudaFuncSetAttribute (decode shared memory)");
   if (p.seqlen_new > 0) {  // stream order: the decode below reads the appended rows
     decode::append_kernel<Elem><<<dim3(p.seqlen_new, p.num_heads_kv, p.batch), 64, 0, stream>>>(a);
     check_cuda(cudaGetLastError(), kFn, "append kernel launch");
   }
   if (p.seqlen_q == 0) return;
   const dim3 grid(a.num_splits, p.num_heads_kv * a.row_tiles, p.batch);
-  kernel<<<grid, 32 * detail::kDecodeWarps, Smem::kBytes, stream>>>(a);
-  check_cuda(cudaGetLastError(), kFn, "decode kernel launch");
+  if (a.cluster > 1) {  // the splits of a tile in clusters along x (grid.x = num_splits, a multiple)
+    ClusterAttrs attrs(a.cluster);
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(32 * detail::kDecodeWarps);
+    cfg.dynamicSmemBytes = size_t(Smem::kBytes);
+    cfg.stream = stream;
+    cfg.attrs = attrs.a;
+    cfg.numAttrs = 2;
+    check_cuda(cudaLaunchKernelEx(&cfg, kernel, a), kFn, "decode kernel launch (cluster)");
+  } else {
+    kernel<<<grid, 32 * detail::kDecodeWarps, Smem::kBytes, stream>>>(a);
+    check_cuda(cudaGetLastError(), kFn, "decode kernel launch");
+  }
   release_scratch(arrivals, stream);
   release_scratch(scratch, stream);
 }

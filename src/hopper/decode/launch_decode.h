@@ -45,10 +45,37 @@ inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::H
   return int32_t(std::bit_floor(uint64_t(s)));
 }
 
+/// How many clusters of 2, 4, 8 and 16 CTAs of a decode kernel a device runs at once
+/// (cudaOccupancyMaxActiveClusters; 0: that size cannot launch), index log2(size) - 1.
+struct DecodeClusterCapacity {
+  int32_t clusters[4] = {0, 0, 0, 0};
+};
+
+/// CTAs per thread-block cluster for `splits` splits of each of a launch's `ctas / splits` tiles,
+/// whose partials then merge through distributed shared memory. 1 (no cluster: every split's
+/// partial goes through global scratch) unless the launch fits one wave of `wave` CTAs and one
+/// tile's global merge would read at least kDecodeClusterMinMergeBytes (`merge_bytes`); then the
+/// largest power of two C up to kDecodeMaxCluster that divides `splits` and still runs the launch
+/// in one wave: clusters are placed whole within a GPC, so the device holds fewer CTAs in clusters
+/// than alone. A tile's global partials are splits / C. `forced` (override decode_cluster = 1,
+/// for the tests) drops the one-wave and merge-size conditions: the largest C that runs the launch
+/// in as many waves as the plain launch.
+inline int32_t decode_cluster_size(int32_t splits, int64_t ctas, int64_t wave, int64_t merge_bytes,
+                                   const DecodeClusterCapacity& cap, bool forced = false) {
+  auto waves = [](int64_t n, int64_t per) { return per > 0 ? (n + per - 1) / per : INT64_MAX; };
+  const int64_t plain = waves(ctas, wave);
+  if (!forced && (plain > 1 || merge_bytes < detail::kDecodeClusterMinMergeBytes)) return 1;
+  int32_t best = 1;
+  for (int32_t c = 2, i = 0; c <= detail::kDecodeMaxCluster && splits % c == 0; c *= 2, ++i)
+    if (waves(ctas / c, cap.clusters[i]) <= plain) best = c;
+  return best;
+}
+
 /// kDType: 0 = bf16, 1 = fp16 (values of fa4::DType). Enqueues the append (k_new/v_new given) and
-/// the decode kernel (with more than one split, the last split of each tile merges) on
-/// p.device.stream; the partials and arrival counters live in the device state's decode scratch
-/// (no allocation once the stream has buffers large enough).
+/// the decode kernel (with more than one split, the splits of a tile merge in their thread-block
+/// cluster, or the last to finish merges) on p.device.stream; global partials and arrival counters
+/// live in the device state's decode scratch (no allocation once the stream has buffers large
+/// enough; none at all when a tile's splits form one cluster).
 /// Uses ctx.num_sms and ctx.async_error (always set). Throws fa4::Error(kCudaError) if a CUDA call fails.
 template <int kDType, int kHeadDim, int kHeadDimV>
 void run_decode(const detail::KVCacheParams& p, const LaunchContext& ctx);

@@ -45,6 +45,16 @@ inline constexpr int32_t kDecodeMaxSplits = 256;
 inline constexpr int32_t kDecodeMinBlocksPerSplit = 2;
 /// ... and uses at most this many splits.
 inline constexpr int32_t kDecodeMaxAutoSplits = 64;
+/// Splits of one tile that merge through distributed shared memory, as one thread-block cluster
+/// (decode/kernel_decode.cuh): at most this many (a power of two that divides the split count;
+/// launch_decode.h decode_cluster_size). 16 is past the portable cluster size (8): it is used where
+/// the device schedules such clusters (asked once per device).
+inline constexpr int32_t kDecodeMaxCluster = 16;
+/// ... and only where the global merge would be the long pole: the merging CTA of a tile would read
+/// at least this many bytes of partials (splits x live rows x headdim_v x 4), serially over its
+/// loads. Below it the global merge is shorter than a cluster launch's own cost (its barriers and
+/// scheduling; decode/README.md has the measurements).
+inline constexpr int64_t kDecodeClusterMinMergeBytes = 192 * 1024;
 
 constexpr const HopperDecodeConfig* find_hopper_decode_config(int32_t headdim, int32_t headdim_v) {
   return find_bucket_row(kHopperDecodeConfigs, headdim, headdim_v);

@@ -34,6 +34,11 @@ struct LaunchContext {
   /// where the cost model predicts a gain, 0 never, 1 wherever there is a partial round
   /// (override "stream_k" forces; tests and the ablation; common/overrides.h).
   int stream_k = -1;
+  /// Decode: the splits of a tile merge through distributed shared memory as one thread-block
+  /// cluster where that pays (-1, decode/launch_decode.h decode_cluster_size), wherever clusters
+  /// take no more waves than the plain launch (1), or never (0): override "decode_cluster", for
+  /// the tests and the A/B.
+  int8_t decode_cluster = -1;
   /// Varlen and KV-cache calls: the device's asynchronous error word (device_state.h); else nullptr.
   uint32_t* async_error = nullptr;
   /// The API call the decode launch names in CUDA errors (forward_with_kvcache, or fa4::forward
