@@ -15,9 +15,10 @@
 namespace fa4::hopper {
 
 namespace {
-/// The launch attributes of a cluster launch of `c` CTAs along x, spread over the GPC's SMs (the
-/// default packs a cluster onto as few SMs as fit it; a decode CTA alone on its SM walks its keys
-/// faster, and a short decode has SMs to spare).
+/// The launch attributes of a cluster launch of `c` CTAs along x, asking for its CTAs to be spread
+/// over the GPC's SMs: a batch-1 decode CTA alone on its SM walks its keys faster than two sharing
+/// one, and such a launch has SMs to spare. (Spread and the one-wave rule of decode_cluster_size
+/// came in together; their separate effects were not measured.)
 struct ClusterAttrs {
   cudaLaunchAttribute a[2]{};
   explicit ClusterAttrs(int32_t c) {
