@@ -130,7 +130,10 @@ struct KVCacheOptions : AttentionOptions {
   /// Split-KV count of the CUDA decode kernel: 0 = automatic, >= 1 exactly that many key splits
   /// (then combined; above the kernel's maximum the CUDA selector answers kUnsupported). Must be
   /// >= 0. The CPU implementations ignore it (any value >= 0 gives the
-  /// same result); on CUDA, results of different split counts agree up to rounding.
+  /// same result); on CUDA, results of different split counts agree up to rounding, and one
+  /// count's result is bitwise repeatable on one device (the order in which the splits merge can
+  /// depend on how many thread-block clusters the device schedules, so two GPU models may differ
+  /// in the last bits).
   int32_t num_splits = 0;
 };
 
