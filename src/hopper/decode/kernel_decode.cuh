@@ -280,61 +280,76 @@ __device__ __forceinline__ void store_final(const detail::KVCacheParams& p, int3
     p.lse[int64_t(b) * p.lse_batch_stride + int64_t(h) * p.lse_head_stride + int64_t(i) * p.lse_row_stride] = nrm.lse;
 }
 
-/// Merges the global partials of one tile (rows row0.. of kv_head in sequence b) into out/lse with
-/// merge_partials, finished with finalize_row (the sink joins here), as one split would have been.
-/// Each thread merges 4 columns of one row and loads that row's L_s itself (the warp's threads of a
-/// row share the load), so the L_s and O loads of 16 partials are in flight at once. Partials are
+/// Query token i and query head h of packed row `row` of KV head kv_head (pack-GQA: row = token x
+/// head of the group).
+struct PackedRow {
+  int32_t i, h;
+};
+__device__ __forceinline__ PackedRow packed_row(const DecodeArgs& a, int32_t kv_head, int32_t row) {
+  return {row / a.group, kv_head * a.group + row % a.group};
+}
+
+/// Merges n partial states of this CTA's share of one tile's (row, 4 columns) slices (rows row0..
+/// of kv_head in sequence b; slice idx = first, first + stride, ...) with merge_partials, and writes
+/// each finished (part < 0: finalize_row, the sink joins here, as one split would have been) or as
+/// global partial `part`. load(r, c, i, h, s, L_s, x_s) reads partial s of row r (token i, head h),
+/// columns c..c+3. Each thread merges 4 columns of one row and loads that row's L_s itself (the
+/// warp's threads of a row share the load), so the loads of 16 partials are in flight at once.
+template <bool kBF16, int kD, class Load>
+__device__ __forceinline__ void merge_tile(const DecodeArgs& a, int32_t b, int32_t kv_head, int32_t row0,
+                                           int32_t rows, int first, int stride, int32_t n, int32_t part,
+                                           Load load) {
+  const detail::KVCacheParams& p = a.p;
+  const int32_t n_rows = min(16, rows - row0);
+  constexpr int kC4 = kD / 4;
+  for (int idx = first; idx < n_rows * kC4; idx += stride) {
+    const int r = idx / kC4, c = (idx % kC4) * 4;
+    if (c >= p.headdim_v) continue;
+    const PackedRow pr = packed_row(a, kv_head, row0 + r);
+    const MergedSlice ms = merge_partials(n, [&](int32_t s, float& ls, float4& x) { load(r, c, pr.i, pr.h, s, ls, x); });
+    if (part < 0) store_final<kBF16>(p, b, pr.i, pr.h, c, ms.m, ms.l, ms.acc, p.sink);
+    else store_partial<kD>(a, part, b, pr.i, pr.h, c, ms.m, ms.l, ms.acc);
+  }
+}
+
+/// Merges the global partials of one tile into out/lse (merge_tile over the whole CTA). Partials are
 /// read through L2 (ld.cg): other SMs wrote them during this launch.
 template <bool kBF16, int kD>
 __device__ __forceinline__ void combine_tile(const DecodeArgs& a, int32_t b, int32_t kv_head, int32_t row0,
                                              int32_t rows) {
   const detail::KVCacheParams& p = a.p;
-  const int32_t n_rows = min(16, rows - row0);
-  constexpr int kC4 = kD / 4;
   const int64_t lse_stride = int64_t(p.batch) * p.num_heads * p.seqlen_q;  // one partial's
   const int64_t o_stride = int64_t(p.batch) * p.seqlen_q * p.num_heads * kD;
-  for (int idx = threadIdx.x; idx < n_rows * kC4; idx += blockDim.x) {
-    const int r = idx / kC4, c = (idx % kC4) * 4;
-    if (c >= p.headdim_v) continue;
-    const int32_t i = (row0 + r) / a.group, h = kv_head * a.group + (row0 + r) % a.group;
-    const float* lse_src = a.lse_partial + (int64_t(b) * p.num_heads + h) * p.seqlen_q + i;
-    const float* o_src = a.o_partial + ((int64_t(b) * p.seqlen_q + i) * p.num_heads + h) * kD + c;
-    const MergedSlice ms = merge_partials(a.num_partials, [&](int32_t s, float& ls, float4& x) {
-      ls = __ldcg(lse_src + s * lse_stride);
-      x = __ldcg(reinterpret_cast<const float4*>(o_src + s * o_stride));
-    });
-    store_final<kBF16>(p, b, i, h, c, ms.m, ms.l, ms.acc, p.sink);
-  }
+  merge_tile<kBF16, kD>(a, b, kv_head, row0, rows, threadIdx.x, blockDim.x, a.num_partials, -1,
+                        [&](int r, int c, int32_t i, int32_t h, int32_t s, float& ls, float4& x) {
+                          const float* lse_src = a.lse_partial + (int64_t(b) * p.num_heads + h) * p.seqlen_q + i;
+                          const float* o_src = a.o_partial + ((int64_t(b) * p.seqlen_q + i) * p.num_heads + h) * kD + c;
+                          ls = __ldcg(lse_src + s * lse_stride);
+                          x = __ldcg(reinterpret_cast<const float4*>(o_src + s * o_stride));
+                        });
 }
 
 /// The cluster merge of one tile: every CTA of the cluster (one split each) has its normalised
 /// partial rows in sPart (16 x kD fp32), their log2-sum-exps in sLse and its broken-index flag in
-/// *sBad, all published by a cluster barrier. This CTA merges its share of the tile's (row, 4
-/// columns) slices over the cluster's CTAs in rank order (= split order), reading their smem, and
+/// *sBad, all published by a cluster barrier. This CTA merges its share of the tile's slices
+/// (merge_tile) over the cluster's CTAs in rank order (= split order), reading their smem, and
 /// writes them finished (the cluster holds every split) or as the cluster's global partial. Returns
 /// true, writing nothing, when any CTA of the cluster met a broken index rule.
 template <bool kBF16, int kD>
 __device__ __forceinline__ bool cluster_merge(const DecodeArgs& a, int32_t b, int32_t kv_head, int32_t row0,
                                               int32_t rows, const float* sPart, const float* sLse,
                                               const int32_t* sBad) {
-  const detail::KVCacheParams& p = a.p;
   bool bad = false;
   for (int32_t q = 0; q < a.cluster; ++q) bad |= *arch::cluster_peer(sBad, uint32_t(q)) != 0;
   if (bad) return true;
-  const int32_t n_rows = min(16, rows - row0);
-  constexpr int kC4 = kD / 4;
-  const int32_t rank = int32_t(arch::cluster_ctarank());
-  for (int idx = rank * int(blockDim.x) + threadIdx.x; idx < n_rows * kC4; idx += a.cluster * int(blockDim.x)) {
-    const int r = idx / kC4, c = (idx % kC4) * 4;
-    if (c >= p.headdim_v) continue;
-    const MergedSlice ms = merge_partials(a.cluster, [&](int32_t q, float& ls, float4& x) {
-      ls = *arch::cluster_peer(sLse + r, uint32_t(q));
-      x = *reinterpret_cast<const float4*>(arch::cluster_peer(sPart + r * kD + c, uint32_t(q)));
-    });
-    const int32_t i = (row0 + r) / a.group, h = kv_head * a.group + (row0 + r) % a.group;
-    if (a.num_partials == 1) store_final<kBF16>(p, b, i, h, c, ms.m, ms.l, ms.acc, p.sink);
-    else store_partial<kD>(a, int32_t(blockIdx.x) / a.cluster, b, i, h, c, ms.m, ms.l, ms.acc);
-  }
+  const int rank = int(arch::cluster_ctarank());
+  merge_tile<kBF16, kD>(a, b, kv_head, row0, rows, rank * int(blockDim.x) + int(threadIdx.x),
+                        a.cluster * int(blockDim.x), a.cluster,
+                        a.num_partials == 1 ? -1 : int32_t(blockIdx.x) / a.cluster,
+                        [&](int r, int c, int32_t, int32_t, int32_t q, float& ls, float4& x) {
+                          ls = *arch::cluster_peer(sLse + r, uint32_t(q));
+                          x = *reinterpret_cast<const float4*>(arch::cluster_peer(sPart + r * kD + c, uint32_t(q)));
+                        });
   return false;
 }
 
@@ -385,10 +400,12 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
   }
 
   // This row tile's keys within the split.
+  // Bottom-right masks: both ends of a row's range grow with the row, so the first and the last
+  // row of the tile bound the keys any row sees (tile_keys) and those every row sees (all_keys).
   const int32_t last_row = min(rows, row0 + 16) - 1;
-  const detail::KeyRange tile_keys{
-      detail::visible_key_range(row0 / a.group, p.seqlen_q, seqlen_k, p.mask).first,
-      detail::visible_key_range(last_row / a.group, p.seqlen_q, seqlen_k, p.mask).last};
+  const detail::KeyRange first_row_keys = detail::visible_key_range(row0 / a.group, p.seqlen_q, seqlen_k, p.mask);
+  const detail::KeyRange last_row_keys = detail::visible_key_range(last_row / a.group, p.seqlen_q, seqlen_k, p.mask);
+  const detail::KeyRange tile_keys{first_row_keys.first, last_row_keys.last};
   const int32_t key_end = min(split_last, int32_t(tile_keys.last));
   int32_t t_lo = blk_lo, t_hi = blk_hi;  // blocks of the split that hold tile keys
   if (key_end <= split_first || tile_keys.first >= key_end) {
@@ -406,9 +423,10 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
     const int32_t row = row0 + r;
     const bool valid = row < rows && c * 8 < p.headdim;
     const Elem* src = q;
-    if (valid)
-      src = q + int64_t(b) * p.q_stride.batch + int64_t(row / a.group) * p.q_stride.row +
-            int64_t(kv_head * a.group + row % a.group) * p.q_stride.head + c * 8;
+    if (valid) {
+      const PackedRow pr = packed_row(a, kv_head, row);
+      src = q + int64_t(b) * p.q_stride.batch + int64_t(pr.i) * p.q_stride.row + int64_t(pr.h) * p.q_stride.head + c * 8;
+    }
     arch::cp_async_16(sQ + swz<kD>(r, c), src, valid);
   }
 
@@ -479,9 +497,7 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
     row_keys[rr] = row < rows ? detail::visible_key_range(row / a.group, p.seqlen_q, seqlen_k, p.mask)
                               : detail::KeyRange{0, 0};
   }
-  // Keys every row of the tile sees (bottom-right masks: both ends grow with the row).
-  const detail::KeyRange all_keys{detail::visible_key_range(last_row / a.group, p.seqlen_q, seqlen_k, p.mask).first,
-                                  detail::visible_key_range(row0 / a.group, p.seqlen_q, seqlen_k, p.mask).last};
+  const detail::KeyRange all_keys{last_row_keys.first, first_row_keys.last};
   constexpr bool kQInRegs = kD <= 128;  // 32 registers at d128; d256 holds 128 O registers already
   uint32_t q_frag[kQInRegs ? kD / 16 : 1][4];
   const bool softcap = p.softcap > 0.f;
@@ -674,13 +690,13 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
       const float4 x = *reinterpret_cast<const float4*>(&sO[(w * 16 + r) * kD + c]);
       acc.x += x.x; acc.y += x.y; acc.z += x.z; acc.w += x.w;
     }
-    const int32_t i = row / a.group, h = kv_head * a.group + row % a.group;
+    const PackedRow pr = packed_row(a, kv_head, row);
     if (a.cluster > 1)
       normalise_partial(mm, ll, acc, reinterpret_cast<float4*>(sPart + r * kD + c), c == 0 ? sLse + r : nullptr);
     else if (a.num_splits == 1)
-      store_final<kBF16>(p, b, i, h, c, mm, ll, acc, sink);
+      store_final<kBF16>(p, b, pr.i, pr.h, c, mm, ll, acc, sink);
     else
-      store_partial<kD>(a, split, b, i, h, c, mm, ll, acc);
+      store_partial<kD>(a, split, b, pr.i, pr.h, c, mm, ll, acc);
   }
   if (a.cluster > 1) {
     if (tid == 0) *sBad = bad != 0;

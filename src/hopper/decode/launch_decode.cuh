@@ -15,19 +15,29 @@
 namespace fa4::hopper {
 
 namespace {
-/// The launch attributes of a cluster launch of `c` CTAs along x, asking for its CTAs to be spread
-/// over the GPC's SMs: a batch-1 decode CTA alone on its SM walks its keys faster than two sharing
-/// one, and such a launch has SMs to spare. (Spread and the one-wave rule of decode_cluster_size
-/// came in together; their separate effects were not measured.)
-struct ClusterAttrs {
-  cudaLaunchAttribute a[2]{};
-  explicit ClusterAttrs(int32_t c) {
-    a[0].id = cudaLaunchAttributeClusterDimension;
-    a[0].val.clusterDim.x = unsigned(c);
-    a[0].val.clusterDim.y = a[0].val.clusterDim.z = 1;
-    a[1].id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
-    a[1].val.clusterSchedulingPolicyPreference = cudaClusterSchedulingPolicySpread;
+/// The launch configuration of a decode kernel (128 threads, `smem` bytes) over `grid` in clusters
+/// of `c` CTAs along x, asking for a cluster's CTAs to be spread over the GPC's SMs: a batch-1
+/// decode CTA alone on its SM walks its keys faster than two sharing one, and such a launch has SMs
+/// to spare. (Spread and the one-wave rule of decode_cluster_size came in together; their separate
+/// effects were not measured.)
+struct ClusterLaunch {
+  cudaLaunchAttribute attrs[2]{};
+  cudaLaunchConfig_t cfg{};
+  ClusterLaunch(int32_t c, dim3 grid, int smem, cudaStream_t stream) {
+    attrs[0].id = cudaLaunchAttributeClusterDimension;
+    attrs[0].val.clusterDim.x = unsigned(c);
+    attrs[0].val.clusterDim.y = attrs[0].val.clusterDim.z = 1;
+    attrs[1].id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
+    attrs[1].val.clusterSchedulingPolicyPreference = cudaClusterSchedulingPolicySpread;
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(32 * detail::kDecodeWarps);
+    cfg.dynamicSmemBytes = size_t(smem);
+    cfg.stream = stream;
+    cfg.attrs = attrs;
+    cfg.numAttrs = 2;
   }
+  ClusterLaunch(const ClusterLaunch&) = delete;  // cfg points into attrs
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
 };
 
 /// decode_kernel `Key`'s DecodeClusterCapacity on `device`, asked once per device (driver queries
@@ -51,15 +61,9 @@ DecodeClusterCapacity cluster_capacity_once(Kernel kernel, int smem, int device)
   // Past the portable size (8) only with this attribute; refused, size 16 reads 0 below.
   bool refused = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess;
   for (int32_t c = 2, i = 0; c <= detail::kDecodeMaxCluster; c *= 2, ++i) {
-    ClusterAttrs attrs(c);
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(c));
-    cfg.blockDim = dim3(32 * detail::kDecodeWarps);
-    cfg.dynamicSmemBytes = size_t(smem);
-    cfg.attrs = attrs.a;
-    cfg.numAttrs = 2;
+    const ClusterLaunch launch(c, dim3(unsigned(c)), smem, nullptr);
     int n = 0;
-    const bool ok = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) == cudaSuccess;
+    const bool ok = cudaOccupancyMaxActiveClusters(&n, kernel, &launch.cfg) == cudaSuccess;
     cap.clusters[i] = ok ? n : 0;
     refused |= !ok;
   }
@@ -125,15 +129,8 @@ void run_decode(const detail::KVCacheParams& p, const LaunchContext& ctx) {
   if (p.seqlen_q == 0) return;
   const dim3 grid(a.num_splits, p.num_heads_kv * a.row_tiles, p.batch);
   if (a.cluster > 1) {  // the splits of a tile in clusters along x (grid.x = num_splits, a multiple)
-    ClusterAttrs attrs(a.cluster);
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(32 * detail::kDecodeWarps);
-    cfg.dynamicSmemBytes = size_t(Smem::kBytes);
-    cfg.stream = stream;
-    cfg.attrs = attrs.a;
-    cfg.numAttrs = 2;
-    check_cuda(cudaLaunchKernelEx(&cfg, kernel, a), kFn, "decode kernel launch (cluster)");
+    const ClusterLaunch launch(a.cluster, grid, Smem::kBytes, stream);
+    check_cuda(cudaLaunchKernelEx(&launch.cfg, kernel, a), kFn, "decode kernel launch (cluster)");
   } else {
     kernel<<<grid, 32 * detail::kDecodeWarps, Smem::kBytes, stream>>>(a);
     check_cuda(cudaGetLastError(), kFn, "decode kernel launch");
