@@ -62,13 +62,18 @@ def buckets():
     return [(int(d), int(dv)) for d, dv in rows]
 
 
+def table_text(config, table_name):
+    """The rows of tuning table `table_name` in file `config`: the text from "<name>[] = {" to "};"."""
+    text = config.read_text()
+    table = text[text.index(table_name + "[] = {"):]
+    return table[: table.index("};")]
+
+
 def config_rows():
     """(headdim, headdim_v, tile_m) of every bucket: tile_m from the forward tuning table's row,
     its named constant (kHopperTileM...) resolved. Also used by bench/tile_cost.py."""
-    text = CONFIG.read_text()
-    consts = dict(re.findall(r"constexpr int32_t (kHopperTileM\w*) = (\d+);", text))
-    table = text[text.index("kHopperFwdConfigs[] = {"):]
-    table = table[: table.index("};")]
+    consts = dict(re.findall(r"constexpr int32_t (kHopperTileM\w*) = (\d+);", CONFIG.read_text()))
+    table = table_text(CONFIG, "kHopperFwdConfigs")
     rows = {(int(d), int(dv)): int(consts.get(tm, tm))
             for d, dv, tm in re.findall(r"^\s*\{\s*(\d+)\s*,\s*(\d+)\s*,\s*(\w+)\s*,", table, re.M)}
     missing = [b for b in buckets() if b not in rows]
@@ -79,10 +84,8 @@ def config_rows():
 
 def table_buckets(config, table_name):
     """Buckets with a row in a tuning table (rows start "{d, dv,")."""
-    text = config.read_text()
-    table = text[text.index(table_name + "[] = {"):]
-    table = table[: table.index("};")]
-    rows = {(int(d), int(dv)) for d, dv in re.findall(r"^\s*\{\s*(\d+)\s*,\s*(\d+)\s*,", table, re.M)}
+    rows = {(int(d), int(dv))
+            for d, dv in re.findall(r"^\s*\{\s*(\d+)\s*,\s*(\d+)\s*,", table_text(config, table_name), re.M)}
     return [b for b in buckets() if b in rows]
 
 
@@ -94,9 +97,7 @@ def bwd_buckets():
 def bwd_tile_n():
     """{(headdim, headdim_v): tile_n} of the backward tuning table's rows ("{d, dv, tile_m, tile_n,").
     Used by bench/tile_cost.py."""
-    text = BWD_CONFIG.read_text()
-    table = text[text.index("kHopperBwdConfigs[] = {"):]
-    table = table[: table.index("};")]
+    table = table_text(BWD_CONFIG, "kHopperBwdConfigs")
     return {(int(d), int(dv)): int(tn)
             for d, dv, tn in re.findall(r"^\s*\{\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*,\s*(\d+)\s*,", table, re.M)}
 
