@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(512, 1) round_robin_kernel(int* order) {
 }
 
 // Barrier ids: distinct from each other and in 1..15 (0 is __syncthreads) for two and three
-// warpgroups, below kFirstFree; the two-warpgroup kernels keep the ids they were tuned with.
+// warpgroups (two: with the backward's dQ staging ids), below kFirstFree; the two-warpgroup kernels keep the ids they were tuned with.
 static_assert(fa4::hopper::arch::NamedBarriers<2>::turn(0) == 2 && fa4::hopper::arch::NamedBarriers<2>::turn(1) == 3);
 static_assert(fa4::hopper::arch::NamedBarriers<2>::local(0) == 5 && fa4::hopper::arch::NamedBarriers<2>::local(1) == 6);
 template <int kNumWG>
@@ -86,6 +86,11 @@ void expect_distinct_barrier_ids() {
   for (int wg = 0; wg < kNumWG; ++wg) {
     ids.push_back(B::turn(wg));
     ids.push_back(B::local(wg));
+    if constexpr (kNumWG == 2)  // the backward's dQ staging, two writer parities
+      for (int w = 0; w < 2; ++w) {
+        ids.push_back(B::dq_full(wg, w));
+        ids.push_back(B::dq_empty(wg, w));
+      }
   }
   for (size_t i = 0; i < ids.size(); ++i) {
     EXPECT_GE(ids[i], 1u);

@@ -36,8 +36,9 @@ namespace fa4::hopper::arch {
 ///   turn(wg)     ping-pong: consumer warpgroup wg may issue its wgmmas    2, 3 (third: 7)
 ///   consumers()  all consumer warpgroups together                          4
 ///   local(wg)    consumer warpgroup wg alone (its O slice is in smem, ...)  5, 6 (third: 8)
-///   dq_full(wg)  backward: warpgroup wg's dQ is staged in smem (wg + the dQ writer warp)  9, 10
-///   dq_empty(wg) backward: the dQ writer's bulk reduce has read that staging            11, 12
+///   dq_full(wg, w)   backward (two warpgroups): warpgroup wg's dQ of a step with parity w is
+///                    staged in smem (wg + dQ writer warp w)                  7, 8 (w = 1: 9, 10)
+///   dq_empty(wg, w)  backward: writer w's bulk reduce has read that staging  11, 12 (13, 14)
 /// A third warpgroup's ids come after the shared one, so the two-warpgroup kernels keep the ids
 /// they were tuned with. A kernel needing more kinds numbers them from kFirstFree up (ids < 16).
 template <int kNumWarpGroups>
@@ -51,9 +52,15 @@ struct NamedBarriers {
   __host__ __device__ static constexpr uint32_t local(int wg) {
     return kNumWarpGroups == 3 && wg == 2 ? 8u : 5u + uint32_t(wg);
   }
-  __host__ __device__ static constexpr uint32_t dq_full(int wg) { return 9u + uint32_t(wg); }
-  __host__ __device__ static constexpr uint32_t dq_empty(int wg) { return 11u + uint32_t(wg); }
-  static constexpr uint32_t kFirstFree = 13;
+  __host__ __device__ static constexpr uint32_t dq_full(int wg, int w) {
+    static_assert(kNumWarpGroups == 2, "the dQ staging barriers exist for two warpgroups");
+    return 7u + 2u * uint32_t(w) + uint32_t(wg);
+  }
+  __host__ __device__ static constexpr uint32_t dq_empty(int wg, int w) {
+    static_assert(kNumWarpGroups == 2, "the dQ staging barriers exist for two warpgroups");
+    return 11u + 2u * uint32_t(w) + uint32_t(wg);
+  }
+  static constexpr uint32_t kFirstFree = kNumWarpGroups == 3 ? 9 : 15;
 };
 
 /// Blocks until `num_threads` threads (multiple of 32, whole warps) have arrived at barrier `id`.

@@ -3,7 +3,8 @@
 // CTA = 3 warpgroups (384 threads), one CTA per SM, grid = min(tiles, SMs); a tile is one key
 // block (tile_n = 128 keys; 64 for the d256 row) of one KV head:
 //   warpgroup 0  setmaxnreg down: warp 0 issues the TMA loads (mainloop_bwd_load.cuh BwdLoad),
-//                warp 1 reduce-adds the staged dQ parts (BwdDqWriter); warps 2-3 exit.
+//                warps 1 and 2 reduce-add the staged dQ parts of even and odd steps (BwdDqWriter);
+//                warp 3 exits.
 //   warpgroups 1, 2  consumers, 64 keys each, or (d256) the same 64 keys and half the queries /
 //                    columns each (mainloop_bwd_mma.cuh): S^T, dP^T, dV, dK, dQ.
 // The preprocess (D, lse_log2, zeroed dQ accumulator) runs before it and the postprocess (dQ in the
@@ -48,7 +49,7 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
   if (warp_group == 0) {
     arch::warpgroup_reg_dealloc<Kt::kConfig.producer_regs>();
     if (warp_idx == 0) BwdLoad<Kt>::run(p, ss, pipe_q, pipe_kv);
-    else if (warp_idx == 1) BwdDqWriter<Kt>::run(p, ss);
+    else if (warp_idx == 1 || warp_idx == 2) BwdDqWriter<Kt>::run(p, ss, warp_idx - 1);
     return;
   }
   arch::warpgroup_reg_alloc<Kt::kConfig.consumer_regs>();

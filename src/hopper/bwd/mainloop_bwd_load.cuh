@@ -1,6 +1,6 @@
 // src/hopper/bwd/mainloop_bwd_load.cuh — the backward's producer warpgroup: the TMA warp that loads a
-// CTA's K and V and, query block by query block, Q, dO, lse_log2 and D; and the dQ writer warp that
-// reduce-adds each staged dQ part into the fp32 accumulator.
+// CTA's K and V and, query block by query block, Q, dO, lse_log2 and D; and the two dQ writer warps
+// that reduce-add each staged dQ part into the fp32 accumulator.
 //
 // Both walk the CTA's tiles in the same static order as the consumers (schedule_bwd.h
 // bwd_tile_index) and, inside a tile, the group's query heads in order, each over the query blocks
@@ -99,11 +99,16 @@ struct BwdLoad {
   }
 };
 
-/// Warp 1 of the producer warpgroup: for every step and consumer warpgroup, waits until the
-/// warpgroup's dQ part is staged (dq_full), reduce-adds it into dq_accum with one bulk operation,
-/// and frees the staging once the bulk operation has read it (dq_empty). Deterministic mode: the
-/// key blocks of a head add into a chunk in ascending order (a per-chunk semaphore counts the blocks
-/// done), so the fp32 sums, and dQ, are bitwise reproducible.
+/// Warps 1 and 2 of the producer warpgroup: writer w takes the CTA's steps of parity w (counted
+/// over all its tiles and query heads, as the consumers count them). For each, it waits until a
+/// warpgroup's dQ part is staged (dq_full(wg, w)), reduce-adds it into dq_accum with one bulk
+/// operation, and frees the staging once the bulk operation has read it (dq_empty(wg, w)).
+/// Deterministic mode: the key blocks of a head add into a chunk in ascending order (a per-chunk
+/// semaphore counts the blocks done), so the fp32 sums, and dQ, are bitwise reproducible: a
+/// writer waits for its turn, adds, waits until its adds are performed and releases the chunk.
+/// That wait (the reduction's round trip through L2, then the release) takes longer than a step,
+/// so with one writer it set the pace of every CTA; with two, one writer's wait overlaps the
+/// other's step.
 template <class Kt>
 struct BwdDqWriter {
   using Params = typename Kt::Params;
@@ -128,15 +133,20 @@ struct BwdDqWriter {
   }
 
   template <class SharedStorage>
-  __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss) {
+  __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, int w) {
     const bool leader = threadIdx.x % 32 == 0;
+    // The consumers' first step waits for the staging as a step of parity 1 would have left it.
+    if (w == 1)
 #pragma unroll
-    for (int wg = 0; wg < Kt::kNumMmaWarpGroups; ++wg) arch::named_barrier_arrive(Barriers::dq_empty(wg), kStageThreads);
+      for (int wg = 0; wg < Kt::kNumMmaWarpGroups; ++wg)
+        arch::named_barrier_arrive(Barriers::dq_empty(wg, 1), kStageThreads);
+    int32_t steps = 0;  // the CTA's steps so far
     for (int32_t i = 0, t = bwd_tile_index(p, 0); t < p.num_tiles; t = bwd_tile_index(p, ++i)) {
       const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, true>(p, t);
       for (int32_t g = 0; g < p.group_size && ti.has_steps(); ++g) {
         const int32_t h = ti.h_kv * p.group_size + g;
         for (int32_t i_step = 0; i_step < ti.num_steps(); ++i_step) {
+          if ((steps++ & 1) != w) continue;
           const int32_t m = ti.step_block(i_step);
           const int64_t chunk = int64_t(h) * p.chunks + ti.chunk0 + m;
           float* dst = p.dq_accum + chunk * (kBlockM * Kt::kHeadDim);
@@ -150,7 +160,7 @@ struct BwdDqWriter {
           }
 #pragma unroll
           for (int wg = 0; wg < Kt::kNumMmaWarpGroups; ++wg) {
-            arch::named_barrier_sync(Barriers::dq_full(wg), kStageThreads);
+            arch::named_barrier_sync(Barriers::dq_full(wg, w), kStageThreads);
             if (leader) {
               arch::bulk_reduce_add_f32(dst + wg * Kt::kDqChunkFloats, ss.smem_dq.data() + wg * Kt::kDqChunkFloats,
                                         Kt::kDqChunkBytes);
@@ -158,7 +168,7 @@ struct BwdDqWriter {
               arch::bulk_wait_read<0>();
             }
             __syncwarp();
-            arch::named_barrier_arrive(Barriers::dq_empty(wg), kStageThreads);
+            arch::named_barrier_arrive(Barriers::dq_empty(wg, w), kStageThreads);
           }
           if (p.deterministic && leader) {
             arch::bulk_wait<0>();  // the adds are performed, then the next key block may add

@@ -209,7 +209,10 @@ struct BwdMma {
       warpgroup_wait<1>();  // dQ (part 0) done, dK runs on
       warpgroup_fence_operand(tdQrdQ);
       ds_buf ^= 1;
-      arch::named_barrier_sync(Barriers::dq_empty(wg), kStageThreads);
+      // ds_buf flips once per step, so it is now the parity of the next step: the staging is
+      // free once the previous step's writer (parity ds_buf) has read it, and this step's
+      // (parity ds_buf ^ 1) takes it (mainloop_bwd_load.cuh BwdDqWriter).
+      arch::named_barrier_sync(Barriers::dq_empty(wg, ds_buf), kStageThreads);
       stage_dq(ss, 0, t128, wg, tdQrdQ);
 #pragma unroll
       for (int part = 1; part < Kt::kDqParts; ++part) {
@@ -220,7 +223,7 @@ struct BwdMma {
         stage_dq(ss, part, t128, wg, tdQrdQ);
       }
       cutlass::arch::fence_view_async_shared();
-      arch::named_barrier_arrive(Barriers::dq_full(wg), kStageThreads);
+      arch::named_barrier_arrive(Barriers::dq_full(wg, ds_buf ^ 1), kStageThreads);
       warpgroup_wait<0>();  // dK has read dS^T (registers, or smem with shared keys) and Q^T (the stage)
       warpgroup_fence_operand(tdKrdK);  // complete: the next step's dK, or the tile's store, reads it
       warpgroup_fence_operand(tdVrdV);
@@ -269,8 +272,9 @@ struct BwdMma {
       }
       store_dkdv(p, ti, tid, tdKrdK, tdVrdV);
     }
-    // The writer's last dq_empty arrival (or its first, if this CTA had no step) is consumed here.
-    arch::named_barrier_sync(Barriers::dq_empty(wg), kStageThreads);
+    // The last step's writer's dq_empty arrival (or writer 1's first, if this CTA had no step) is
+    // consumed here: ds_buf is the parity of the step after the last.
+    arch::named_barrier_sync(Barriers::dq_empty(wg, ds_buf ^ 1), kStageThreads);
   }
 
   /// What the elementwise steps read besides the accumulators: the query block's lse_log2 and D
