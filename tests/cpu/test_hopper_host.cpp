@@ -170,7 +170,7 @@ TEST(HopperHost, BackwardOrderOverrides) {
 TEST(HopperHost, BackwardOrderChoice) {
   using fa4::detail::bwd_order;
   using fa4::detail::KernelOverrides;
-  const fa4::detail::HopperBwdConfig row{128, 128, 64, 128, 2, 232, 40, 16, true, false};
+  const fa4::detail::HopperBwdConfig row{128, 128, 64, 128, 2, 232, 40, 16, 8, true, false};
   const KernelOverrides none;
   for (bool masked : {false, true})
     for (bool varlen : {false, true})
@@ -178,15 +178,18 @@ TEST(HopperHost, BackwardOrderChoice) {
         const bool lpt = masked || varlen || det;
         const auto r = bwd_order(row, masked, varlen, det, none);
         EXPECT_EQ(r.lpt, lpt);
-        EXPECT_EQ(r.band, 16);
+        EXPECT_EQ(r.band, det ? 8 : 16);  // deterministic mode: the row's shorter chains
         EXPECT_EQ(r.descending, lpt);  // dense problems walk up (all key blocks together either way)
       }
-  // The shipped rows: bands of 16, descending, for every bucket.
+  // The shipped rows: bands of 16, descending, for every bucket; deterministic bands of 8 at
+  // d64 and d128 (16 at d256).
   for (int d : {64, 128, 256}) {
     const fa4::detail::HopperBwdConfig* c = fa4::detail::hopper_bwd_bucket(d, d);
     ASSERT_NE(c, nullptr) << d;
     const auto r = bwd_order(*c, true, false, false, none);
     EXPECT_TRUE(r.lpt && r.descending && r.band == 16) << d;
+    const auto rd = bwd_order(*c, false, false, true, none);
+    EXPECT_TRUE(rd.lpt && rd.descending && rd.band == (d == 256 ? 16 : 8)) << d;
   }
   fa4::detail::HopperBwdConfig asc_row = row;
   asc_row.walk_descending = false;

@@ -76,9 +76,11 @@ __global__ void __launch_bounds__(512, 1) round_robin_kernel(int* order) {
 }
 
 // Barrier ids: distinct from each other and in 1..15 (0 is __syncthreads) for two and three
-// warpgroups (two: with the backward's dQ staging ids), below kFirstFree; the two-warpgroup kernels keep the ids they were tuned with.
+// warpgroups (two: with the backward's dQ staging ids), below kFirstFree; the two-warpgroup
+// kernels keep the ids they were tuned with.
 static_assert(fa4::hopper::arch::NamedBarriers<2>::turn(0) == 2 && fa4::hopper::arch::NamedBarriers<2>::turn(1) == 3);
 static_assert(fa4::hopper::arch::NamedBarriers<2>::local(0) == 5 && fa4::hopper::arch::NamedBarriers<2>::local(1) == 6);
+static_assert(fa4::hopper::arch::NamedBarriers<2>::dq_full(0, 0) == 7 && fa4::hopper::arch::NamedBarriers<2>::dq_empty(1, 1) == 14);
 template <int kNumWG>
 void expect_distinct_barrier_ids() {
   using B = fa4::hopper::arch::NamedBarriers<kNumWG>;

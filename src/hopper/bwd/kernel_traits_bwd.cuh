@@ -115,6 +115,9 @@ struct BwdKernelTraits {
   // Shared keys: buffers 2 and 3 hold P (same layout), whose transposed view is dV's A operand.
   static constexpr int kDsBuffers = kSharedKeys ? 4 : 2;
   static constexpr int kPBuffer0 = 2;  // shared keys: P of step parity b in buffer kPBuffer0 + b
+  // The consumers' dS buffer index (dS^T of step parity b in buffer b) is also the step parity
+  // that picks the dQ writer and its barriers (mainloop_bwd_mma.cuh ds_buf, BwdDqWriter): more
+  // dS buffers would need a parity of its own.
   using SmemLayoutdS = decltype(tile_to_shape(KMajorAtom<kBlockM, kBlockN>{}, Shape<Int<kBlockM>, Int<kBlockN>, Int<kDsBuffers>>{}));
 
   // Transposed views (same bytes).

@@ -2,7 +2,7 @@
 // CTA's K and V and, query block by query block, Q, dO, lse_log2 and D; and the two dQ writer warps
 // that reduce-add each staged dQ part into the fp32 accumulator.
 //
-// Both walk the CTA's tiles in the same static order as the consumers (schedule_bwd.h
+// All three warps walk the CTA's tiles in the same static order as the consumers (schedule_bwd.h
 // bwd_tile_index) and, inside a tile, the group's query heads in order, each over the query blocks
 // that see the key block, with the same checked sequence bounds (geometry_bwd.cuh make_bwd_tile),
 // so all three roles agree step for step without a handoff ring.

@@ -8,7 +8,7 @@
 //   dS^T = P^T (dP^T - D) [* (1 - tanh^2): softcap]
 //   dS^T -> smem (stmatrix); dV += P^T dO          (RS: P^T straight from registers)
 //   both warpgroups meet (dS complete); dQ = dS K for half of d each; dK += dS^T Q (RS)
-//   dQ staged in smem for the dQ writer warp's bulk reduce-add (mainloop_bwd_load.cuh) while
+//   dQ staged in smem for a dQ writer warp's bulk reduce-add (mainloop_bwd_load.cuh) while
 //   dK's product runs
 // With shared keys (kernel_traits_bwd.cuh, d256) each warpgroup holds half the queries of S^T and
 // dP^T and half the columns of dK, dV, dQ: P^T goes to smem as well, and the step is
@@ -200,8 +200,9 @@ struct BwdMma {
       // dS^T of both warpgroups is in smem (generic stores, read next by the async proxy).
       cutlass::arch::fence_view_async_shared();
       arch::named_barrier_sync(Barriers::consumers(), Kt::kNumMmaThreads);
-      // dQ (part 0) and dK; dQ staged for the writer warp (once it has read the previous step's)
-      // while dK's product runs, and with shared keys the further parts after it.
+      // dQ (part 0) and dK; dQ staged for this step's writer warp (once the previous step's
+      // writer has read the staging) while dK's product runs, and with shared keys the further
+      // parts after it.
       wgmma<true, -1>(mma_dq, tdQrdS(_, _, _, ds_buf), dq_operand_b(0), tdQrdQ);
       if constexpr (kSharedKeys)
         wgmma<false, -1>(mma_dk, wg_dk.partition_fragment_A(smem_ds_step()(_, _, ds_buf)), tdKrQt(_, _, _, st), tdKrdK);

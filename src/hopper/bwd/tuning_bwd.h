@@ -38,12 +38,17 @@ struct HopperBwdConfig {
   int32_t tile_n;         ///< keys per CTA: 64 per consumer warpgroup
   int32_t q_stages;       ///< depth of the Q / dO / lse / D ring
   int32_t consumer_regs;  ///< setmaxnreg of the two MMA warpgroups
-  int32_t producer_regs;  ///< setmaxnreg of the producer warpgroup (TMA warp + dQ writer warp)
+  int32_t producer_regs;  ///< setmaxnreg of the producer warpgroup (TMA warp + two dQ writer warps)
   /// Masked / varlen / deterministic problems (longest first): key blocks of one (sequence, KV
   /// head) handed out together (schedule_bwd.h bwd_tile_coord). With one key block per head in
   /// flight (band 1) and more heads than CTAs, every Q / dO load and dQ reduce-add of a step
   /// misses L2 (the walk turns DRAM-bound); a band's CTAs share them.
   int32_t lpt_band;
+  /// ... in deterministic mode (every problem takes the longest-first order then): the key blocks
+  /// of a band reach a dQ chunk in the same step and add into it one after another, each after
+  /// the previous one's add is performed, so the last of a band starts that many round trips
+  /// late; a narrower band shortens the chain and shares less in L2.
+  int32_t det_lpt_band;
   /// ... and walk their query blocks from the last down (schedule_bwd.h bwd_step_block): under a
   /// bottom-right causal mask every key block's walk then starts at the same (last) query block,
   /// so a band's CTAs stay on the same block step after step.
@@ -57,15 +62,17 @@ struct HopperBwdConfig {
 // linker shares between every libfa4 loaded in one process (A/B runs load several builds),
 // so one build would read another build's table.
 constexpr HopperBwdConfig kHopperBwdConfigs[] = {
-    // d, dv, tile_m, tile_n, q_stages, regs (consumer, producer), lpt_band, walk_descending,
-    // shared_keys.
-    // The producer warpgroup's two
-    // warps (TMA, dQ writer with the deterministic ordering) spill at 24 registers, the consumers
+    // d, dv, tile_m, tile_n, q_stages, regs (consumer, producer), lpt_band, det_lpt_band,
+    // walk_descending, shared_keys.
+    // The producer warpgroup's
+    // warps (TMA, dQ writers with the deterministic ordering) spill at 24 registers, the consumers
     // below 232: ptxas reports no spill stores at 232/40 (d64 and d128); 240/24 spilled more in
     // the producer on an earlier form of the step.
-    {64, 64, 64, 128, 2, 232, 40, 16, true, false},
-    {128, 128, 64, 128, 2, 232, 40, 16, true, false},
-    {256, 256, 64, 64, 1, 232, 40, 16, true, true},
+    // Deterministic bands: 8 at d64 and d128, the fastest of 16 / 8 / 4 / 2 at 8k, causal and
+    // not (bench/results/history.md); d256's 16 is the default band, not a measured choice.
+    {64, 64, 64, 128, 2, 232, 40, 16, 8, true, false},
+    {128, 128, 64, 128, 2, 232, 40, 16, 8, true, false},
+    {256, 256, 64, 64, 1, 232, 40, 16, 16, true, true},
 };
 // No d96 row: the transposed views of a 96-column (64-byte swizzled) Q / dO tile are not a
 // canonical MN-major wgmma layout (CuTe's GMMA layout check), so 72..128 run on the d128 kernel
@@ -102,14 +109,14 @@ struct BwdOrder {
 /// reduce-add into the same dQ chunk at about the same time, in L2. Deterministic mode takes that
 /// order on dense problems too: key block fastest, every key block of a head would reach each
 /// chunk at once and add into it one after another, a chain as long as the head's key blocks;
-/// in bands the chain is at most a band long. Other dense problems: key block fastest, walked
+/// in bands the chain is at most a band long (the row's det_lpt_band). Other dense problems: key block fastest, walked
 /// from the first query block up (all of a head's key blocks see every block, so they walk
 /// together either way). The overrides "lpt", "bwd_lpt_band" and "bwd_walk" force each part.
 inline BwdOrder bwd_order(const HopperBwdConfig& row, bool masked, bool varlen, bool deterministic,
                           const KernelOverrides& o) {
   BwdOrder r;
   r.lpt = o.lpt < 0 ? (masked || varlen || deterministic) : o.lpt == 1;
-  r.band = o.bwd_lpt_band > 0 ? o.bwd_lpt_band : row.lpt_band;
+  r.band = o.bwd_lpt_band > 0 ? o.bwd_lpt_band : deterministic ? row.det_lpt_band : row.lpt_band;
   r.descending = o.bwd_descending >= 0 ? o.bwd_descending == 1 : (r.lpt && row.walk_descending);
   return r;
 }
@@ -117,10 +124,11 @@ inline BwdOrder bwd_order(const HopperBwdConfig& row, bool masked, bool varlen, 
 // Bands the overrides could also ask for (common/overrides.h kMaxBwdLptBand).
 constexpr bool bwd_bands_in_range() {
   for (const HopperBwdConfig& c : kHopperBwdConfigs)
-    if (c.lpt_band < 1 || c.lpt_band > kMaxBwdLptBand) return false;
+    if (c.lpt_band < 1 || c.lpt_band > kMaxBwdLptBand || c.det_lpt_band < 1 || c.det_lpt_band > kMaxBwdLptBand)
+      return false;
   return true;
 }
-static_assert(bwd_bands_in_range(), "kHopperBwdConfigs: lpt_band must be in 1..kMaxBwdLptBand");
+static_assert(bwd_bands_in_range(), "kHopperBwdConfigs: lpt_band and det_lpt_band must be in 1..kMaxBwdLptBand");
 
 // Every row is a bucket of the bucket list.
 #define FA4_BWD_ROW_IS_BUCKET(D, DV) +(find_hopper_bwd_config(D, DV) != nullptr ? 1 : 0)
