@@ -40,7 +40,8 @@ namespace fa4::hopper::arch {
 ///                    staged in smem (wg + dQ writer warp w)                  7, 8 (w = 1: 9, 10)
 ///   dq_empty(wg, w)  backward: writer w's bulk reduce has read that staging  11, 12 (13, 14)
 /// A third warpgroup's ids come after the shared one, so the two-warpgroup forward keeps the ids
-/// it was tuned with; the dq_* ids exist for two warpgroups only (they reuse the third's 7, 8). A kernel needing more kinds numbers them from kFirstFree up (ids < 16).
+/// it was tuned with; the dq_* ids exist for two warpgroups only (they reuse the third's 7, 8).
+/// A kernel needing more kinds numbers them from kFirstFree up (ids < 16).
 template <int kNumWarpGroups>
 struct NamedBarriers {
   static_assert(kNumWarpGroups == 2 || kNumWarpGroups == 3, "two or three consumer warpgroups");

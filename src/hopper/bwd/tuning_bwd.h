@@ -64,10 +64,9 @@ struct HopperBwdConfig {
 constexpr HopperBwdConfig kHopperBwdConfigs[] = {
     // d, dv, tile_m, tile_n, q_stages, regs (consumer, producer), lpt_band, det_lpt_band,
     // walk_descending, shared_keys.
-    // The producer warpgroup's
-    // warps (TMA, dQ writers with the deterministic ordering) spill at 24 registers, the consumers
-    // below 232: ptxas reports no spill stores at 232/40 (d64 and d128); 240/24 spilled more in
-    // the producer on an earlier form of the step.
+    // The producer warpgroup's warps (TMA, dQ writers with the deterministic ordering) spill at
+    // 24 registers, the consumers below 232: ptxas reports no spill stores at 232/40 (d64 and
+    // d128); 240/24 spilled more in the producer on an earlier form of the step.
     // Deterministic bands: 8 at d64 and d128, the fastest of 16 / 8 / 4 / 2 at 8k, causal and
     // not (bench/results/history.md); d256's 16 is the default band, not a measured choice.
     {64, 64, 64, 128, 2, 232, 40, 16, 8, true, false},
@@ -109,9 +108,9 @@ struct BwdOrder {
 /// reduce-add into the same dQ chunk at about the same time, in L2. Deterministic mode takes that
 /// order on dense problems too: key block fastest, every key block of a head would reach each
 /// chunk at once and add into it one after another, a chain as long as the head's key blocks;
-/// in bands the chain is at most a band long (the row's det_lpt_band). Other dense problems: key block fastest, walked
-/// from the first query block up (all of a head's key blocks see every block, so they walk
-/// together either way). The overrides "lpt", "bwd_lpt_band" and "bwd_walk" force each part.
+/// in bands the chain is at most a band long (the row's det_lpt_band). Other dense problems: key
+/// block fastest, walked from the first query block up (all of a head's key blocks see every
+/// block, so they walk together either way). The overrides "lpt", "bwd_lpt_band" and "bwd_walk" force each part.
 inline BwdOrder bwd_order(const HopperBwdConfig& row, bool masked, bool varlen, bool deterministic,
                           const KernelOverrides& o) {
   BwdOrder r;
