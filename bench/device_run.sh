@@ -4,7 +4,10 @@
 # build-hopper/devcarry (include/ = the CuTe/CUTLASS headers of `pip install nvidia-cutlass`,
 # gtest/{include,lib} = GoogleTest) and, for an A/B, the old tree in OLD (git archive of a commit).
 # Switches (environment): HD buckets to build (default all), OLD=dir of the old tree (builds it
-# too, buckets OLD_HD (default HD), and runs bench/ab_variants.py old vs new unless AB=0), SANITIZE=1, PYTEST=1 (python/tests against this
+# too, buckets OLD_HD (default HD), and runs bench/ab_variants.py old vs new unless AB=0),
+# VARIANTS="name=dir ..." (more trees, e.g. branches unpacked with git archive: each built into
+# build-<name>, buckets VAR_HD (default OLD_HD, then HD), beside the others, and timed in the same
+# A/B as name), SANITIZE=1, PYTEST=1 (python/tests against this
 # build), HOST=1 (bench/host_overhead.py), GTEST_FILTER (of the GPU test run), SAN_FILTER (gtest
 # filter of the sanitizer runs),
 # BENCH=1 (bench/bench_fwd.py, BENCH_ARGS), BWD=1 (bench/bench_bwd.py, BWD_ARGS), DECODE=1
@@ -26,10 +29,17 @@ if [ -n "$OLD" ]; then
   configure $OLD build-old "${OLD_HD:-${HD:-all}}" > $OUT/cmake_old.log 2>&1 || tail -20 $OUT/cmake_old.log
   (ninja -C build-old fa4 > $OUT/build_old.log 2>&1 || grep -E "error" $OUT/build_old.log | head) &
 fi
+VAR_LIBS=""; VAR_LOGS=""
+for v in $VARIANTS; do
+  name=${v%%=*}; dir=${v#*=}
+  configure $dir build-$name "${VAR_HD:-${OLD_HD:-${HD:-all}}}" > $OUT/cmake_$name.log 2>&1 || tail -20 $OUT/cmake_$name.log
+  (ninja -C build-$name fa4 > $OUT/build_$name.log 2>&1 || grep -E "error" $OUT/build_$name.log | head) &
+  VAR_LIBS="$VAR_LIBS $name=$PWD/build-$name/src/libfa4.so"; VAR_LOGS="$VAR_LOGS build_$name"
+done
 ninja -C build-dev fa4 fa4_gpu_tests > $OUT/build.log 2>&1 || grep -E "error" $OUT/build.log | head -20
 wait
 echo "device build: $(( $(date +%s) - T0 )) s"
-for log in build ${OLD:+build_old}; do  # ptxas: spill stores of each instantiation's kernels
+for log in build ${OLD:+build_old} $VAR_LOGS; do  # ptxas: spill stores of each instantiation's kernels
   awk '/Building CUDA object.*instantiations/ {match($0, /([fb]wd|decode)_[a-z0-9]+_hdim[0-9x]+/); f=substr($0, RSTART, RLENGTH)}
        /spill stores/ && f != "" {match($0, /[0-9]+ bytes spill stores/); s[f]=s[f] " " substr($0, RSTART, RLENGTH-19)}
        END {for (f in s) printf "%s:%s  ", f, s[f]}' $OUT/$log.log > $OUT/spills_$log.txt
@@ -59,9 +69,10 @@ if [ "${HOST:-0}" = 1 ]; then
     echo "host_overhead (old) rc=$?"; tail -15 $OUT/host_old.log
   fi
 fi
-if [ -n "$OLD" ] && [ "${AB:-1}" = 1 ]; then
+if [ -n "$OLD$VARIANTS" ] && [ "${AB:-1}" = 1 ]; then
   PYTHONPATH=${PYPKG:-python}:bench timeout ${AB_TIMEOUT:-300} python3 bench/ab_variants.py $OUT/ab.json \
-    old=$PWD/build-old/src/libfa4.so new=$PWD/$B/src/libfa4.so ${AB_ARGS:---headdims 64,96,128,192,256} > $OUT/ab.log 2>&1
+    ${OLD:+old=$PWD/build-old/src/libfa4.so} new=$PWD/$B/src/libfa4.so $VAR_LIBS \
+    ${AB_ARGS:---headdims 64,96,128,192,256} > $OUT/ab.log 2>&1
   echo "ab rc=$?"; tail -25 $OUT/ab.log
 fi
 if [ "${BENCH:-0}" = 1 ]; then
@@ -104,3 +115,4 @@ if [ "${DNCU:-0}" = 1 ]; then  # the decode kernel's throughput and stall reason
 fi
 echo "spills new: $(cat $OUT/spills_build.txt)"
 [ -n "$OLD" ] && echo "spills old: $(cat $OUT/spills_build_old.txt)"
+for l in $VAR_LOGS; do echo "spills ${l#build_}: $(cat $OUT/spills_$l.txt)"; done
