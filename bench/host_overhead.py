@@ -10,7 +10,8 @@ eager call used before 0c7650c), libfa4's C entry point alone and SDPA cuDNN; (b
 shapes with do_bench four times in a row and with events around 50 back-to-back calls; (c) the
 serving shapes (a 128-query chunk over 1024 keys, one decode query over 1024 keys with GQA 32/8):
 time per eager call back to back and per replay of the call captured in a CUDA graph (the decode
-shape also through fa4.flash_attn_with_kvcache, the KV-cache route).
+shape also through fa4.flash_attn_with_kvcache, the KV-cache route), and the node types of that
+graph (kernels, and any memset or graph-memory alloc/free nodes a replay also launches).
 
 --cpu measures (a) only, on CPU tensors of shape (1, 1, 1, 8) where the CPU kernel is ~1 us: the
 same Python path minus the CUDA-only steps (current stream and device lookups, the CUDA
@@ -156,6 +157,41 @@ def graph_replay_us(fn, n=200):
     return per_call_us(g.replay, n)
 
 
+# CUgraphNodeType (cuda.h) of the node kinds a captured attention call may hold.
+_NODE_TYPES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty", 6: "wait_event",
+               7: "event_record", 10: "mem_alloc", 11: "mem_free"}
+
+
+def graph_node_census(fn):
+    """{node type: count} of one call captured in a CUDA graph, read with the driver API from
+    torch's cudaGraph_t: what a replay launches besides the kernels (memsets, graph-memory
+    alloc/free nodes). {"error": why} where this torch does not hand out its graph."""
+    try:
+        fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.cuda.graph(g):
+            fn()
+        handle = ctypes.c_void_p(g.raw_cuda_graph())
+        cuda = ctypes.CDLL("libcuda.so.1")
+        count = ctypes.c_size_t(0)
+        if cuda.cuGraphGetNodes(handle, None, ctypes.byref(count)) != 0:
+            raise RuntimeError("cuGraphGetNodes failed")
+        nodes = (ctypes.c_void_p * max(count.value, 1))()
+        if cuda.cuGraphGetNodes(handle, nodes, ctypes.byref(count)) != 0:
+            raise RuntimeError("cuGraphGetNodes failed")
+        census = {}
+        for i in range(count.value):
+            t = ctypes.c_int(-1)
+            if cuda.cuGraphNodeGetType(ctypes.c_void_p(nodes[i]), ctypes.byref(t)) != 0:
+                raise RuntimeError("cuGraphNodeGetType failed")
+            name = _NODE_TYPES.get(t.value, str(t.value))
+            census[name] = census.get(name, 0) + 1
+        return census
+    except Exception as e:  # a diagnostic: never fails the run
+        return {"error": (str(e).splitlines() or [type(e).__name__])[0][:100]}
+
+
 def global_merge():
     """libfa4's decode with every split's partial merged through global scratch (override
     decode_cluster = 0), entered once around a timing."""
@@ -196,6 +232,7 @@ def serving_rows(add):
                     row[lib + "_eager_us"] = per_call_us(fn)
                     row[lib + "_graph_us"] = graph_replay_us(fn)
                     row[lib + "_kernels_us"] = kernels_us(fn)
+                    row[lib + "_graph_nodes"] = graph_node_census(fn)
             except RuntimeError as e:  # a backend that refuses the shape or the capture
                 row[lib + "_error"] = str(e).splitlines()[0][:120]
         add(row)
