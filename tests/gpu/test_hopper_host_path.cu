@@ -7,11 +7,13 @@
 //   * device-resident cu_seqlens / seqused_k that break a rule are checked by the kernel: nothing
 //     is read or written out of bounds (run under compute-sanitizer: Sanitize* filter), the bad
 //     sequences are skipped (their rows keep the poison), the good ones are computed as if alone,
-//     and the next call on the device reports the broken rule, once.
+//     and the next call on the device reports the broken rule, once;
+//   * a backward captures into a CUDA graph and replays to the eager result.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -413,6 +415,99 @@ TEST(HopperFwd, SanitizeBadVarlenIndices) {
     fa4::check_async_errors(0);  // nothing left: the throw cleared it
     cudaFree(d);
   }
+}
+
+/// A backward captured into a CUDA graph (its workspace graph memory; the preprocess, main kernel
+/// and postprocess kernel nodes; deterministic mode's cooperative main kernel too) replays to the
+/// eager result: dK/dV bitwise in both modes (registers, fixed order), dq bitwise in deterministic
+/// mode and within a bf16 rounding of the reduce-add order otherwise. GQA, causal, tails.
+TEST(HopperBwd, GraphReplayMatchesEager) {
+  REQUIRE_HOPPER();
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  Problem p = batched(2, 700, 900, 8, 2, 128, 31);
+  fa4::AttentionOptions fo;
+  fo.causal = true;
+  p.run(fo, s);
+  CUDA_OK(cudaStreamSynchronize(s));
+  const int64_t nq = p.rows_q * p.H * p.d, nk = p.rows_k * p.HK * p.d;
+  uint16_t *dout = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  CUDA_OK(cudaMalloc(&dout, nq * 2));
+  CUDA_OK(cudaMalloc(&dq, nq * 2));
+  CUDA_OK(cudaMalloc(&dk, nk * 2));
+  CUDA_OK(cudaMalloc(&dv, nk * 2));
+  {
+    std::mt19937 rng(32);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<uint16_t> h(nq);
+    for (auto& x : h) x = fa4::detail::float_to_bf16(nd(rng));
+    CUDA_OK(cudaMemcpy(dout, h.data(), nq * 2, cudaMemcpyHostToDevice));
+  }
+  const auto dev = fa4::Device::cuda(0, s);
+  auto q_like = [&](void* x) { return TensorView::contiguous(x, DType::kBF16, {p.batch, p.seqlen_q, p.H, p.d}, dev); };
+  auto k_like = [&](void* x) { return TensorView::contiguous(x, DType::kBF16, {p.batch, p.seqlen_k, p.HK, p.d}, dev); };
+  auto backward = [&](const fa4::BackwardOptions& o) {  // gradients poisoned first
+    cudaMemsetAsync(dq, 0xFF, nq * 2, s);
+    cudaMemsetAsync(dk, 0xFF, nk * 2, s);
+    cudaMemsetAsync(dv, 0xFF, nk * 2, s);
+    fa4::backward(q_like(dout), q_like(p.q), k_like(p.k), k_like(p.v), q_like(p.out),
+                  TensorView::contiguous(p.lse, DType::kFP32, {p.batch, p.H, p.seqlen_q}, dev), q_like(dq),
+                  k_like(dk), k_like(dv), o);
+  };
+  auto host = [](const uint16_t* x, int64_t n) {
+    std::vector<uint16_t> h(size_t(n), 0);
+    cudaMemcpy(h.data(), x, size_t(n) * 2, cudaMemcpyDeviceToHost);
+    return h;
+  };
+  for (bool det : {false, true}) {
+    fa4::BackwardOptions o;
+    o.causal = true;
+    o.deterministic = det;
+    backward(o);
+    CUDA_OK(cudaStreamSynchronize(s));
+    const auto want_q = host(dq, nq), want_k = host(dk, nk), want_v = host(dv, nk);
+    ASSERT_FALSE(any_nan16(want_q) || any_nan16(want_k) || any_nan16(want_v)) << "eager, deterministic " << det;
+
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    backward(o);
+    CUDA_OK(cudaStreamEndCapture(s, &graph));
+    size_t count = 0;
+    CUDA_OK(cudaGraphGetNodes(graph, nullptr, &count));
+    std::vector<cudaGraphNode_t> nodes(count);
+    CUDA_OK(cudaGraphGetNodes(graph, nodes.data(), &count));
+    int kernels = 0;
+    for (cudaGraphNode_t n : nodes) {
+      cudaGraphNodeType t;
+      CUDA_OK(cudaGraphNodeGetType(n, &t));
+      kernels += t == cudaGraphNodeTypeKernel;
+    }
+    EXPECT_EQ(kernels, 3) << "preprocess, main kernel and postprocess; deterministic " << det;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int r = 0; r < 3; ++r) {
+      CUDA_OK(cudaGraphLaunch(exec, s));
+      CUDA_OK(cudaStreamSynchronize(s));
+      EXPECT_TRUE(host(dk, nk) == want_k && host(dv, nk) == want_v) << "dk/dv, deterministic " << det << " replay " << r;
+      const auto got_q = host(dq, nq);
+      if (det) {
+        EXPECT_TRUE(got_q == want_q) << "dq, replay " << r;
+      } else {
+        ASSERT_FALSE(any_nan16(got_q)) << "replay " << r;
+        for (int64_t i = 0; i < nq; ++i) {
+          const float a = fa4::detail::bf16_to_float(want_q[size_t(i)]), b = fa4::detail::bf16_to_float(got_q[size_t(i)]);
+          ASSERT_LE(std::fabs(a - b), 0x1p-6f * std::fabs(a) + 1e-3f) << "dq[" << i << "], replay " << r;
+        }
+      }
+    }
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(graph));
+  }
+  cudaFree(dout);
+  cudaFree(dq);
+  cudaFree(dk);
+  cudaFree(dv);
+  CUDA_OK(cudaStreamDestroy(s));
 }
 
 }  // namespace
