@@ -473,17 +473,8 @@ TEST(HopperBwd, GraphReplayMatchesEager) {
     CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     backward(o);
     CUDA_OK(cudaStreamEndCapture(s, &graph));
-    size_t count = 0;
-    CUDA_OK(cudaGraphGetNodes(graph, nullptr, &count));
-    std::vector<cudaGraphNode_t> nodes(count);
-    CUDA_OK(cudaGraphGetNodes(graph, nodes.data(), &count));
-    int kernels = 0;
-    for (cudaGraphNode_t n : nodes) {
-      cudaGraphNodeType t;
-      CUDA_OK(cudaGraphNodeGetType(n, &t));
-      kernels += t == cudaGraphNodeTypeKernel;
-    }
-    EXPECT_EQ(kernels, 3) << "preprocess, main kernel and postprocess; deterministic " << det;
+    EXPECT_EQ(fa4::test::count_nodes(graph, cudaGraphNodeTypeKernel), 3)
+        << "preprocess, main kernel and postprocess; deterministic " << det;
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
     for (int r = 0; r < 3; ++r) {
       CUDA_OK(cudaGraphLaunch(exec, s));
