@@ -247,10 +247,10 @@ TEST(HopperFwd, VarlenGraphReplay) {
 
 TEST(HopperFwd, CapturedScratchBelongsToTheGraph) {
   // A captured forward whose kernel needs zeroed scratch (the dynamic schedule's claim counter;
-  // stream-K flags, with partials in graph memory) adds no memset node (the dynamic one: its kernel
-  // alone), replays correctly many times (the kernel leaves the scratch zero for the next replay),
-  // and once the first graph is destroyed and CUDA has given its buffer back, the next capture
-  // reuses it (zeroed again) and is correct too.
+  // stream-K flags, and its unzeroed partials beside them) is its kernels alone (no memset, no
+  // graph-memory nodes), replays correctly many times (the kernel leaves the scratch zero for the
+  // next replay), and once the first graph is destroyed and CUDA has given its buffers back, the
+  // next capture reuses them (the zeroed one zeroed again) and is correct too.
   REQUIRE_HOPPER();
   fa4::test::ScopedOverride fwd_kernel("small_q", "fwd");  // the forward kernel's scratch
   cudaStream_t s;
@@ -265,6 +265,7 @@ TEST(HopperFwd, CapturedScratchBelongsToTheGraph) {
                         {"schedule", "dynamic", batched(3, 1024, 1024, 8, 8, 64, 32), true}};
   for (Variant& v : variants) {
     fa4::test::ScopedOverride knob(v.knob, v.value);
+    size_t buffers = 0;  // graph-owned buffers the first capture took
     fa4::AttentionOptions o;
     o.causal = v.causal;
     v.p.poison(s);
@@ -285,11 +286,14 @@ TEST(HopperFwd, CapturedScratchBelongsToTheGraph) {
       }
       CUDA_OK(cudaStreamEndCapture(s, &graph));
       ASSERT_EQ(thrown, "") << v.knob;
-      EXPECT_EQ(fa4::test::count_nodes(graph, cudaGraphNodeTypeMemset), 0) << v.knob << ": memset nodes";
-      if (v.causal)
-        EXPECT_EQ(fa4::test::count_nodes(graph, cudaGraphNodeTypeKernel, true), 0) << v.knob << ": not only kernels";
-      if (capture == 1)
-        EXPECT_EQ(fa4::hopper::capture_scratch_stats().reused, before.reused + 1) << v.knob << ": buffer not reused";
+      EXPECT_EQ(fa4::test::count_nodes(graph, cudaGraphNodeTypeKernel, true), 0) << v.knob << ": not only kernels";
+      const fa4::hopper::CaptureScratchStats after = fa4::hopper::capture_scratch_stats();
+      if (capture == 0) {
+        buffers = after.created + after.reused - before.created - before.reused;
+        EXPECT_EQ(buffers, v.causal ? 1u : 2u) << v.knob << ": counter, or flags and partials";
+      } else {
+        EXPECT_EQ(after.reused, before.reused + buffers) << v.knob << ": buffers not reused";
+      }
       CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
       for (int r = 0; r < 4; ++r) {
         v.p.poison(s);
@@ -301,9 +305,9 @@ TEST(HopperFwd, CapturedScratchBelongsToTheGraph) {
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
       if (capture == 0) {  // CUDA gives the buffer back on a thread of its own, shortly after
-        for (int wait = 0; wait < 1000 && fa4::hopper::capture_scratch_stats().free == 0; ++wait)
+        for (int wait = 0; wait < 1000 && (fa4::hopper::capture_scratch_stats().free) < buffers; ++wait)
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        ASSERT_GT(fa4::hopper::capture_scratch_stats().free, 0u) << v.knob << ": the destroyed graph kept its buffer";
+        ASSERT_GE(fa4::hopper::capture_scratch_stats().free, buffers) << v.knob << ": the destroyed graph kept its buffers";
       }
     }
   }
@@ -417,87 +421,101 @@ TEST(HopperFwd, SanitizeBadVarlenIndices) {
   }
 }
 
-/// A backward captured into a CUDA graph (its workspace graph memory; the preprocess, main kernel
-/// and postprocess kernel nodes; deterministic mode's cooperative main kernel too) replays to the
-/// eager result: dK/dV bitwise in both modes (registers, fixed order), dq bitwise in deterministic
-/// mode and within a bf16 rounding of the reduce-add order otherwise. GQA, causal, tails.
+/// A backward captured into a CUDA graph (the preprocess, main kernel and postprocess kernel nodes;
+/// deterministic mode's cooperative main kernel too) replays to the eager result: dK/dV bitwise in
+/// both modes (registers, fixed order), dq bitwise in deterministic mode and within a bf16 rounding
+/// of the reduce-add order otherwise. GQA, causal, tails. A workspace up to
+/// kGraphOwnedScratchMaxBytes belongs to the graph (kernel nodes alone); a larger one is graph
+/// memory (an allocation and a free node).
 TEST(HopperBwd, GraphReplayMatchesEager) {
   REQUIRE_HOPPER();
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  Problem p = batched(2, 700, 900, 8, 2, 128, 31);
-  fa4::AttentionOptions fo;
-  fo.causal = true;
-  p.run(fo, s);
-  CUDA_OK(cudaStreamSynchronize(s));
-  const int64_t nq = p.rows_q * p.H * p.d, nk = p.rows_k * p.HK * p.d;
-  uint16_t *dout = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
-  CUDA_OK(cudaMalloc(&dout, nq * 2));
-  CUDA_OK(cudaMalloc(&dq, nq * 2));
-  CUDA_OK(cudaMalloc(&dk, nk * 2));
-  CUDA_OK(cudaMalloc(&dv, nk * 2));
-  {
-    std::mt19937 rng(32);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    std::vector<uint16_t> h(nq);
-    for (auto& x : h) x = fa4::detail::float_to_bf16(nd(rng));
-    CUDA_OK(cudaMemcpy(dout, h.data(), nq * 2, cudaMemcpyHostToDevice));
-  }
-  const auto dev = fa4::Device::cuda(0, s);
-  auto q_like = [&](void* x) { return TensorView::contiguous(x, DType::kBF16, {p.batch, p.seqlen_q, p.H, p.d}, dev); };
-  auto k_like = [&](void* x) { return TensorView::contiguous(x, DType::kBF16, {p.batch, p.seqlen_k, p.HK, p.d}, dev); };
-  auto backward = [&](const fa4::BackwardOptions& o) {  // gradients poisoned first
-    cudaMemsetAsync(dq, 0xFF, nq * 2, s);
-    cudaMemsetAsync(dk, 0xFF, nk * 2, s);
-    cudaMemsetAsync(dv, 0xFF, nk * 2, s);
-    fa4::backward(q_like(dout), q_like(p.q), k_like(p.k), k_like(p.v), q_like(p.out),
-                  TensorView::contiguous(p.lse, DType::kFP32, {p.batch, p.H, p.seqlen_q}, dev), q_like(dq),
-                  k_like(dk), k_like(dv), o);
-  };
-  auto host = [](const uint16_t* x, int64_t n) {
-    std::vector<uint16_t> h(size_t(n), 0);
-    cudaMemcpy(h.data(), x, size_t(n) * 2, cudaMemcpyDeviceToHost);
-    return h;
-  };
-  for (bool det : {false, true}) {
-    fa4::BackwardOptions o;
-    o.causal = true;
-    o.deterministic = det;
-    backward(o);
+  // dQ accumulator 2 x 704 x 8 x 128 fp32 (5.8 MB), then 1 x 2112 x 16 x 128 (17.3 MB: > 16 MiB).
+  Problem small = batched(2, 700, 900, 8, 2, 128, 31), large = batched(1, 2100, 1000, 16, 4, 128, 33);
+  for (Problem* pp : {&small, &large}) {
+    Problem& p = *pp;
+    const bool graph_memory = pp == &large;
+    SCOPED_TRACE(graph_memory ? "17 MB workspace" : "6 MB workspace");
+    fa4::AttentionOptions fo;
+    fo.causal = true;
+    p.run(fo, s);
     CUDA_OK(cudaStreamSynchronize(s));
-    const auto want_q = host(dq, nq), want_k = host(dk, nk), want_v = host(dv, nk);
-    ASSERT_FALSE(any_nan16(want_q) || any_nan16(want_k) || any_nan16(want_v)) << "eager, deterministic " << det;
-
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    backward(o);
-    CUDA_OK(cudaStreamEndCapture(s, &graph));
-    EXPECT_EQ(fa4::test::count_nodes(graph, cudaGraphNodeTypeKernel), 3)
-        << "preprocess, main kernel and postprocess; deterministic " << det;
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int r = 0; r < 3; ++r) {
-      CUDA_OK(cudaGraphLaunch(exec, s));
+    const int64_t nq = p.rows_q * p.H * p.d, nk = p.rows_k * p.HK * p.d;
+    uint16_t *dout = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
+    CUDA_OK(cudaMalloc(&dout, nq * 2));
+    CUDA_OK(cudaMalloc(&dq, nq * 2));
+    CUDA_OK(cudaMalloc(&dk, nk * 2));
+    CUDA_OK(cudaMalloc(&dv, nk * 2));
+    {
+      std::mt19937 rng(32);
+      std::normal_distribution<float> nd(0.f, 1.f);
+      std::vector<uint16_t> h(nq);
+      for (auto& x : h) x = fa4::detail::float_to_bf16(nd(rng));
+      CUDA_OK(cudaMemcpy(dout, h.data(), nq * 2, cudaMemcpyHostToDevice));
+    }
+    const auto dev = fa4::Device::cuda(0, s);
+    auto q_like = [&](void* x) { return TensorView::contiguous(x, DType::kBF16, {p.batch, p.seqlen_q, p.H, p.d}, dev); };
+    auto k_like = [&](void* x) { return TensorView::contiguous(x, DType::kBF16, {p.batch, p.seqlen_k, p.HK, p.d}, dev); };
+    auto backward = [&](const fa4::BackwardOptions& o) {  // gradients poisoned first
+      cudaMemsetAsync(dq, 0xFF, nq * 2, s);
+      cudaMemsetAsync(dk, 0xFF, nk * 2, s);
+      cudaMemsetAsync(dv, 0xFF, nk * 2, s);
+      fa4::backward(q_like(dout), q_like(p.q), k_like(p.k), k_like(p.v), q_like(p.out),
+                    TensorView::contiguous(p.lse, DType::kFP32, {p.batch, p.H, p.seqlen_q}, dev), q_like(dq),
+                    k_like(dk), k_like(dv), o);
+    };
+    auto host = [](const uint16_t* x, int64_t n) {
+      std::vector<uint16_t> h(size_t(n), 0);
+      cudaMemcpy(h.data(), x, size_t(n) * 2, cudaMemcpyDeviceToHost);
+      return h;
+    };
+    for (bool det : {false, true}) {
+      fa4::BackwardOptions o;
+      o.causal = true;
+      o.deterministic = det;
+      backward(o);
       CUDA_OK(cudaStreamSynchronize(s));
-      EXPECT_TRUE(host(dk, nk) == want_k && host(dv, nk) == want_v) << "dk/dv, deterministic " << det << " replay " << r;
-      const auto got_q = host(dq, nq);
-      if (det) {
-        EXPECT_TRUE(got_q == want_q) << "dq, replay " << r;
-      } else {
-        ASSERT_FALSE(any_nan16(got_q)) << "replay " << r;
-        for (int64_t i = 0; i < nq; ++i) {
-          const float a = fa4::detail::bf16_to_float(want_q[size_t(i)]), b = fa4::detail::bf16_to_float(got_q[size_t(i)]);
-          ASSERT_LE(std::fabs(a - b), 0x1p-6f * std::fabs(a) + 1e-3f) << "dq[" << i << "], replay " << r;
+      const auto want_q = host(dq, nq), want_k = host(dk, nk), want_v = host(dv, nk);
+      ASSERT_FALSE(any_nan16(want_q) || any_nan16(want_k) || any_nan16(want_v)) << "eager, deterministic " << det;
+
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+      backward(o);
+      CUDA_OK(cudaStreamEndCapture(s, &graph));
+      EXPECT_EQ(fa4::test::count_nodes(graph, cudaGraphNodeTypeKernel), 3)
+          << "preprocess, main kernel and postprocess; deterministic " << det;
+      EXPECT_EQ(fa4::test::count_nodes(graph, cudaGraphNodeTypeMemAlloc), graph_memory ? 1 : 0)
+          << "workspace in graph memory only above kGraphOwnedScratchMaxBytes; deterministic " << det;
+      EXPECT_EQ(fa4::test::count_nodes(graph, cudaGraphNodeTypeMemFree), graph_memory ? 1 : 0) << "deterministic " << det;
+      EXPECT_EQ(fa4::test::count_nodes(graph, cudaGraphNodeTypeKernel, /*other=*/true), 3 + (graph_memory ? 2 : 0))
+          << "nodes besides the kernels: this test's three poisoning memsets, and the graph memory's "
+             "allocation and free; deterministic " << det;
+      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int r = 0; r < 3; ++r) {
+        CUDA_OK(cudaGraphLaunch(exec, s));
+        CUDA_OK(cudaStreamSynchronize(s));
+        EXPECT_TRUE(host(dk, nk) == want_k && host(dv, nk) == want_v) << "dk/dv, deterministic " << det << " replay " << r;
+        const auto got_q = host(dq, nq);
+        if (det) {
+          EXPECT_TRUE(got_q == want_q) << "dq, replay " << r;
+        } else {
+          ASSERT_FALSE(any_nan16(got_q)) << "replay " << r;
+          for (int64_t i = 0; i < nq; ++i) {
+            const float a = fa4::detail::bf16_to_float(want_q[size_t(i)]), b = fa4::detail::bf16_to_float(got_q[size_t(i)]);
+            ASSERT_LE(std::fabs(a - b), 0x1p-6f * std::fabs(a) + 1e-3f) << "dq[" << i << "], replay " << r;
+          }
         }
       }
+      CUDA_OK(cudaGraphExecDestroy(exec));
+      CUDA_OK(cudaGraphDestroy(graph));
     }
-    CUDA_OK(cudaGraphExecDestroy(exec));
-    CUDA_OK(cudaGraphDestroy(graph));
+    cudaFree(dout);
+    cudaFree(dq);
+    cudaFree(dk);
+    cudaFree(dv);
   }
-  cudaFree(dout);
-  cudaFree(dq);
-  cudaFree(dk);
-  cudaFree(dv);
   CUDA_OK(cudaStreamDestroy(s));
 }
 

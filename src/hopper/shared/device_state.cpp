@@ -111,12 +111,12 @@ void collect_returned() {
   r.list.clear();
 }
 
-/// Zeroed scratch (claim counters, stream-K flags, split arrival counters: a few KB) for a call
-/// captured into `graph`: a plain device buffer (the smallest free one that fits, else a new one),
-/// zeroed now, whose lifetime a user object ties to the graph. Replays need no memset node (a
-/// kernel-like node of its own on the GPU): the kernels leave the buffer zero for the next replay,
-/// and CUDA orders the replays of one executable graph. g_mu held.
-char* capture_owned_zeroed(int device, cudaGraph_t graph, size_t bytes) {
+/// Scratch for a call captured into `graph`: a plain device buffer (the smallest free one that
+/// fits, else a new one), zeroed now when `zero`, whose lifetime a user object ties to the graph.
+/// A replay then launches the kernels alone: no memset node (the kernels leave zeroed scratch zero
+/// for the next replay, and CUDA orders the replays of one executable graph) and no graph-memory
+/// allocation and free nodes (each costs a replay about a microsecond on the H200). g_mu held.
+char* capture_owned(int device, cudaGraph_t graph, size_t bytes, bool zero) {
   collect_returned();
   size_t best = g_capture_free.size();
   for (size_t i = 0; i < g_capture_free.size(); ++i) {
@@ -129,14 +129,14 @@ char* capture_owned_zeroed(int device, cudaGraph_t graph, size_t bytes) {
   if (best < g_capture_free.size()) {
     buf = g_capture_free[best];
     g_capture_free.erase(g_capture_free.begin() + std::ptrdiff_t(best));
-    // Zeroed again (its last graph's kernels should have left it zero).
-    const cudaError_t e = zero_on_private_stream(device, buf.ptr, buf.bytes);
+    // Zeroed again where asked (its last graph's kernels should have left what they zero zero).
+    const cudaError_t e = zero ? zero_on_private_stream(device, buf.ptr, buf.bytes) : cudaSuccess;
     if (e != cudaSuccess) g_capture_free.push_back(buf);
     check(e, "zeroing the captured call's scratch");
     ++g_capture_stats.reused;
   } else {
     const size_t size = scratch_capacity(bytes);
-    buf = {device, alloc_scratch(device, size, true), size};
+    buf = {device, alloc_scratch(device, size, zero), size};
     ++g_capture_stats.created;
   }
   auto* record = new CaptureBuffer(buf);
@@ -172,15 +172,16 @@ LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, siz
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   cudaGraph_t graph = nullptr;
   check(cudaStreamGetCaptureInfo(stream, &capture, nullptr, &graph), "cudaStreamGetCaptureInfo");
-  if (capture == cudaStreamCaptureStatusActive && zeroed_bytes > 0) {
+  if (capture == cudaStreamCaptureStatusActive && (zeroed_bytes > 0 || bytes <= kGraphOwnedScratchMaxBytes)) {
     std::lock_guard<std::mutex> lock(g_mu);
-    return {capture_owned_zeroed(device, graph, bytes), false};
+    return {capture_owned(device, graph, bytes, zeroed_bytes > 0), false};
   }
   if (capture != cudaStreamCaptureStatusNone) {
-    // Scratch that every launch overwrites (split partials, the backward's dQ accumulator and row
-    // statistics: up to GBs, never zeroed) is graph memory: allocation and free become nodes of
-    // the graph, and CUDA shares the memory between graphs and between the nodes of one graph.
-    // (An invalidated capture takes this path too; the capture fails and frees them.)
+    // Larger scratch that every launch overwrites (the backward's dQ accumulator and row
+    // statistics of a training shape, up to GBs, never zeroed) is graph memory: allocation and
+    // free become nodes of the graph, and CUDA shares the memory between graphs and between the
+    // nodes of one graph. (An invalidated capture takes this path too; the capture fails and
+    // frees them.)
     LaunchScratch s{nullptr, true};
     check(cudaMallocAsync(reinterpret_cast<void**>(&s.ptr), bytes, stream), "cudaMallocAsync (captured scratch)");
     const cudaError_t e = zeroed_bytes > 0 ? cudaMemsetAsync(s.ptr, 0, zeroed_bytes, stream) : cudaSuccess;
@@ -204,7 +205,7 @@ LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, siz
 }
 
 void release_scratch(const LaunchScratch& s, cudaStream_t stream) {
-  if (s.graph_owned && s.ptr) check(cudaFreeAsync(s.ptr, stream), "cudaFreeAsync (captured scratch)");
+  if (s.graph_memory && s.ptr) check(cudaFreeAsync(s.ptr, stream), "cudaFreeAsync (captured scratch)");
 }
 
 uint32_t* async_error_word(int device) {

@@ -7,14 +7,17 @@
 //     counter, a combiner resets the flags it consumed), so eager calls share one buffer per
 //     (device, stream), zeroed once, when it is allocated (on the first call that needs it, then
 //     grown by doubling; outgrown buffers are kept, not freed, so growth never waits). A call made
-//     while its stream is being captured into a CUDA graph gets, for what must start zeroed (a
-//     few KB of counters and flags), a buffer zeroed at capture and tied to the graph by a CUDA
-//     user object (reused once the graph is destroyed), so a replay runs no memset; what every
-//     launch overwrites (split partials, the backward's workspace) is graph memory (allocation
-//     and free nodes, memory CUDA shares between graphs). Not supported: two executable graphs
-//     instantiated from one captured graph running at the same time (they would share the
-//     counters; the replays of one executable graph are ordered by CUDA). Where the graph also
-//     holds graph memory, CUDA refuses the second instantiation itself.
+//     while its stream is being captured into a CUDA graph gets a buffer tied to the graph by a
+//     CUDA user object (reused once the graph is destroyed): zeroed at capture for what must
+//     start zeroed (a few KB of counters and flags), so a replay runs no memset, and for scratch
+//     that every launch overwrites (split partials, a small backward's workspace) up to
+//     kGraphOwnedScratchMaxBytes, so a replay runs no graph-memory allocation and free nodes
+//     either: the serving shapes' graphs hold their kernels alone. Larger overwritten scratch (a
+//     training shape's backward workspace) is graph memory (allocation and free nodes, memory
+//     CUDA shares between graphs). Not supported: two executable graphs instantiated from one
+//     captured graph running at the same time (they would share the buffers; the replays of one
+//     executable graph are ordered by CUDA). Where the graph also holds graph memory, CUDA
+//     refuses the second instantiation itself.
 //   * the asynchronous error word: a kernel that meets varlen indices breaking the rules
 //     (cu_seqlens_q/k, seqused_k; checked on the device, where the host cannot read them without a
 //     sync) computes nothing for that sequence and sets a bit here, in mapped host memory; the next
@@ -31,10 +34,15 @@
 
 namespace fa4::hopper {
 
+/// Overwritten scratch of a captured call up to this size belongs to the graph (see above); the
+/// largest automatic decode and stream-K partials are a few MB, so a graph holds at most this much
+/// per call it captured, and what is larger becomes graph memory, which graphs share.
+inline constexpr size_t kGraphOwnedScratchMaxBytes = size_t(16) << 20;
+
 /// Scratch of one launch (see above).
 struct LaunchScratch {
   char* ptr;
-  bool graph_owned;  ///< captured, not zeroed: graph memory, release_scratch frees it (a graph node)
+  bool graph_memory;  ///< captured graph memory (an allocation node): release_scratch frees it (a free node)
 };
 
 /// Which launches share a buffer. The forward's buffer must stay zero between launches (its kernels
@@ -55,7 +63,7 @@ LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, siz
 /// After the launch that used `s`, on the same stream.
 void release_scratch(const LaunchScratch& s, cudaStream_t stream);
 
-/// The zeroed buffers of captured calls so far (tests): created, reused after their graph was
+/// The graph-owned buffers of captured calls so far (tests): created, reused after their graph was
 /// destroyed, and free now (given back by destroyed graphs; CUDA runs the give-back shortly after
 /// the destruction, on a thread of its own).
 struct CaptureScratchStats {
