@@ -85,6 +85,19 @@ inline int count_nodes(cudaGraph_t g, cudaGraphNodeType type, bool other = false
   return count;
 }
 
+/// Edges of g whose type is cudaGraphDependencyTypeProgrammatic (a kernel launched as a
+/// programmatic dependent of the one before it); -1 if CUDA cannot list them.
+inline int count_programmatic_edges(cudaGraph_t g) {
+  size_t n = 0;
+  if (cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n) != cudaSuccess) return -1;
+  std::vector<cudaGraphNode_t> from(n), to(n);
+  std::vector<cudaGraphEdgeData> data(n);
+  if (n && cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &n) != cudaSuccess) return -1;
+  int count = 0;
+  for (size_t i = 0; i < n; ++i) count += data[i].type == cudaGraphDependencyTypeProgrammatic;
+  return count;
+}
+
 }  // namespace fa4::test
 
 #define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << cudaGetErrorString(x)

@@ -424,7 +424,8 @@ TEST(HopperFwd, SanitizeBadVarlenIndices) {
 /// A backward captured into a CUDA graph (the preprocess, main kernel and postprocess kernel nodes;
 /// deterministic mode's cooperative main kernel too) replays to the eager result: dK/dV bitwise in
 /// both modes (registers, fixed order), dq bitwise in deterministic mode and within a bf16 rounding
-/// of the reduce-add order otherwise. GQA, causal, tails. A workspace up to
+/// of the reduce-add order otherwise. GQA, causal, tails. The three kernels are chained by
+/// programmatic dependent launch (programmatic graph edges). A workspace up to
 /// kGraphOwnedScratchMaxBytes belongs to the graph (kernel nodes alone); a larger one is graph
 /// memory (an allocation and a free node).
 TEST(HopperBwd, GraphReplayMatchesEager) {
@@ -492,6 +493,9 @@ TEST(HopperBwd, GraphReplayMatchesEager) {
       EXPECT_EQ(fa4::test::count_nodes(graph, cudaGraphNodeTypeKernel, /*other=*/true), 3 + (graph_memory ? 2 : 0))
           << "nodes besides the kernels: this test's three poisoning memsets, and the graph memory's "
              "allocation and free; deterministic " << det;
+      // The main kernel is the preprocess's programmatic dependent (not the cooperative one of
+      // deterministic mode), the postprocess the main kernel's.
+      EXPECT_EQ(fa4::test::count_programmatic_edges(graph), det ? 1 : 2) << "deterministic " << det;
       CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
       for (int r = 0; r < 3; ++r) {
         CUDA_OK(cudaGraphLaunch(exec, s));

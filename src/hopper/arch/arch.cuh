@@ -20,6 +20,10 @@
 //     which the splits of one decode tile merge without a round trip through global memory;
 //   * an empty asm that hides a pointer's value from the compiler (opaque), so per-step address
 //     arithmetic (the backward's smem descriptors) is not hoisted into registers it lacks;
+//   * griddepcontrol (programmatic dependent launch): a kernel lets the next one on its stream,
+//     launched with the programmatic-serialization attribute, start early (its prologue and the
+//     loads of inputs the first kernel does not write overlap the first kernel's tail), and the
+//     next one waits for the first's completion and memory before it reads what that one wrote;
 //   * setmaxnreg: moves registers from the producer warpgroup (which only issues TMA) to the two
 //     consumer warpgroups (which hold S, P and O in registers). Needs sm_90a and a register cap at
 //     kernel entry (__launch_bounds__(threads, 1)).
@@ -130,6 +134,15 @@ __device__ __forceinline__ int32_t fetch_add_acq_rel(int32_t* p, int32_t v) {
   asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
   return old;
 }
+
+/// Programmatic dependent launch (PTX griddepcontrol; both are no-ops in a kernel launched without
+/// the attribute, or with no dependent). launch_dependents: once every CTA of this grid has executed
+/// it (or exited), the next kernel on the stream, if launched with
+/// cudaLaunchAttributeProgrammaticStreamSerialization, may start. wait_on_prerequisites: blocks the
+/// calling thread until the grids this one depends on have completed and their memory operations
+/// are visible to it; every read of what they wrote must follow it.
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void wait_on_prerequisites() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 /// setmaxnreg: must be executed by every thread of a warpgroup, with the same constant.
 template <uint32_t kRegs>

@@ -45,6 +45,8 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
   pkv.transaction_bytes = Kt::kTmaBytesK + Kt::kTmaBytesV;
   typename Kt::PipelineKV pipe_kv(ss.pipeline_kv, pkv, Shape<_1, _1, _1>{});
   __syncthreads();  // barrier inits visible to everyone
+  // The postprocess may be scheduled (it waits for this grid's completion before it reads dQ).
+  arch::launch_dependents();
 
   if (warp_group == 0) {
     arch::warpgroup_reg_dealloc<Kt::kConfig.producer_regs>();

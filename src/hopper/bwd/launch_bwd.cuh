@@ -22,6 +22,31 @@ namespace fa4::hopper {
 
 namespace {
 constexpr const char* kBwd = "fa4::backward";
+
+/// Launches `kernel` as the programmatic dependent of the kernel before it on `stream`
+/// (arch::launch_dependents / wait_on_prerequisites): it may start while that one finishes, and
+/// waits for it before reading what it wrote. Where the attribute is refused, a plain launch.
+template <class... Args>
+cudaError_t launch_programmatic(void (*kernel)(Args...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                const Args&... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+  if (e == cudaErrorNotSupported) {
+    cudaGetLastError();
+    kernel<<<grid, block, smem, stream>>>(args...);
+    e = cudaGetLastError();
+  }
+  return e;
+}
 }  // namespace
 
 template <int kDType, int kHeadDim, int kHeadDimV>
@@ -194,6 +219,10 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
         cfg.numAttrs = 1;
         launched = cudaLaunchKernelEx(&cfg, kernel, p);
         if (launched != cudaSuccess) cudaGetLastError();
+      } else if (has_rows) {
+        // Programmatic dependent of the preprocess: K, V, Q and dO loads start under its tail.
+        launched = launch_programmatic(kernel, dim3(unsigned(grid)), dim3(unsigned(Kt::kNumThreads)),
+                                       size_t(Kt::kSmemBytes), stream, p);
       } else {
         kernel<<<grid, Kt::kNumThreads, Kt::kSmemBytes, stream>>>(p);
         launched = cudaGetLastError();
@@ -201,8 +230,10 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
     }
   }
   if (launched == cudaSuccess && has_rows) {
-    bwd_postprocess_kernel<Element, kHeadDim><<<aux_grid, kBwdAuxThreads, 0, stream>>>(a);
-    launched = cudaGetLastError();
+    // Programmatic dependent of the main kernel (or, without tiles, of the preprocess): it waits
+    // for that grid before it reads the dQ accumulator, but its launch overlaps that grid's tail.
+    launched = launch_programmatic(bwd_postprocess_kernel<Element, kHeadDim>, aux_grid, dim3(unsigned(kBwdAuxThreads)),
+                                   0, stream, a);
   }
   if (launched == cudaSuccess && fp.dsink) {
     bwd_dsink_kernel<Element><<<unsigned(fp.num_heads), kBwdAuxThreads, 0, stream>>>(a);
