@@ -44,12 +44,13 @@
 //     next call on the device. Nothing is ever read or written out of bounds.
 //
 // CUDA GRAPHS. Every CUDA call (forward, backward, forward_with_kvcache) can be captured: no host
-// sync, no allocation once its stream has scratch. A captured call's scratch (tile counters and
-// split flags, which its kernels leave zero; split-KV and stream-K partials; a backward workspace
-// up to 16 MiB) belongs to the captured graph, so a replay launches the call's kernels alone; a
-// larger backward workspace is CUDA graph memory (allocation and free nodes). Run one executable
-// instance of a captured graph at a time (CUDA orders the replays of one instance): two instances
-// of one captured graph replayed concurrently would share that scratch.
+// sync, no allocation once its stream has scratch. A captured call's scratch up to 16 MiB (tile
+// counters and split flags, which its kernels leave zero; split-KV and stream-K partials; a
+// backward workspace) belongs to the captured graph while it lives, so a replay launches the
+// call's kernels alone; larger scratch (a training-shaped backward workspace, d256 stream-K
+// partials) is CUDA graph memory (allocation and free nodes). Run one executable instance of a
+// captured graph at a time (CUDA orders the replays of one instance): two instances of one
+// captured graph replayed concurrently would share that scratch.
 //
 // ERRORS. fa4::Error (fa4/error.h). Every argument is validated before anything is written, except
 // the contents of device-resident varlen indices (above) and of device-resident KV-cache indices

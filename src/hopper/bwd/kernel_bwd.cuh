@@ -8,7 +8,8 @@
 //   warpgroups 1, 2  consumers, 64 keys each, or (d256) the same 64 keys and half the queries /
 //                    columns each (mainloop_bwd_mma.cuh): S^T, dP^T, dV, dK, dQ.
 // The preprocess (D, lse_log2, zeroed dQ accumulator) runs before it and the postprocess (dQ in the
-// input dtype, dsink) after it, on the same stream (pre_post_bwd.cuh).
+// input dtype, dsink) after it, on the same stream (pre_post_bwd.cuh); the postprocess as this
+// kernel's programmatic dependent (launched under its tail, waiting for it before reading dQ).
 #pragma once
 
 #include <cute/tensor.hpp>

@@ -52,9 +52,6 @@ struct BwdLoad {
 
     auto wq = cutlass::make_producer_start_state<typename Kt::PipelineQ>();
     auto wkv = cutlass::make_producer_start_state<typename Kt::PipelineKV>();
-    // Launched as the preprocess's programmatic dependent, this kernel may start before lse_log2
-    // and D are written: K, V and the first Q / dO block are requested first, then the lane waits.
-    bool waited = false;
     for (int32_t i = 0, t = bwd_tile_index(p, 0); t < p.num_tiles; t = bwd_tile_index(p, ++i)) {
       const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, true>(p, t);
       if (!ti.has_steps()) continue;  // the consumers write zero dK/dV (or nothing) without K/V
@@ -88,10 +85,6 @@ struct BwdLoad {
             copy(p.tma_q.with(*bar, 0, TMA::CacheHintSm90::EVICT_LAST), tQgQ(_, m), tQsQ(_, wq.index()));
             copy(p.tma_do.with(*bar, 0, TMA::CacheHintSm90::EVICT_LAST), tdOgdO(_, m), tdOsdO(_, wq.index()));
             const int64_t row = (int64_t(h) * p.chunks + ti.chunk0 + m) * kBlockM;
-            if (!waited) {
-              arch::wait_on_prerequisites();
-              waited = true;
-            }
             SM90_BULK_COPY_G2S::copy(p.lse_log2 + row, bar, ss.smem_lse.data() + wq.index() * kBlockM, Kt::kRowStatBytes);
             SM90_BULK_COPY_G2S::copy(p.dpsum + row, bar, ss.smem_d.data() + wq.index() * kBlockM, Kt::kRowStatBytes);
           }
@@ -100,8 +93,6 @@ struct BwdLoad {
       }
     }
     if (leader) {  // no load may still target this CTA's smem when it exits
-      // Nor may the grid complete before the preprocess: the postprocess's wait covers this grid.
-      if (!waited) arch::wait_on_prerequisites();
       pipe_q.producer_tail(wq);
       pipe_kv.producer_tail(wkv);
     }
@@ -144,7 +135,6 @@ struct BwdDqWriter {
   template <class SharedStorage>
   __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, int w) {
     const bool leader = threadIdx.x % 32 == 0;
-    arch::wait_on_prerequisites();  // the preprocess zeroed the dQ accumulator (and semaphores)
     // The consumers' first step waits for the staging as a step of parity 1 would have left it.
     if (w == 1)
 #pragma unroll

@@ -66,9 +66,6 @@ __device__ __forceinline__ float load_f(const void* base, int64_t i) {
 
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(kBwdAuxThreads) bwd_preprocess_kernel(const BwdAuxParams p) {
-  // The main kernel may start now (programmatic dependent launch): it loads K, V, Q and dO, which
-  // this kernel does not write, and waits for it before lse_log2, D and the dQ accumulator.
-  arch::launch_dependents();
   const int32_t m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const SeqBounds s = seq_bounds<true>(p, b);
   if (m * kBwdChunkRows >= s.seqlen_q) return;

@@ -63,7 +63,7 @@ char* alloc_scratch(int device, size_t bytes, bool zero) {
   RelaxedCapture relaxed;  // another thread may be capturing in global mode
   char* p = nullptr;
   check(cudaMalloc(reinterpret_cast<void**>(&p), bytes), "cudaMalloc (launch scratch)");
-  if (!zero) return p;  // (the backward's workspace: every launch writes what it reads)
+  if (!zero) return p;  // (partials, the backward's workspace: every launch writes what it reads)
   const cudaError_t e = zero_on_private_stream(device, p, bytes);
   if (e != cudaSuccess) {
     cudaFree(p);
@@ -72,7 +72,7 @@ char* alloc_scratch(int device, size_t bytes, bool zero) {
   return p;
 }
 
-/// A zeroed buffer owned by a captured graph (see acquire_scratch). The destructor callback of the
+/// A buffer owned by a captured graph (see acquire_scratch). The destructor callback of the
 /// graph's user object may make no CUDA call: it hands the buffer back through the returned list,
 /// and the next captured call moves it to g_capture_free for reuse.
 struct CaptureBuffer {

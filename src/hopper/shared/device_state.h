@@ -34,9 +34,11 @@
 
 namespace fa4::hopper {
 
-/// Overwritten scratch of a captured call up to this size belongs to the graph (see above); the
-/// largest automatic decode and stream-K partials are a few MB, so a graph holds at most this much
-/// per call it captured, and what is larger becomes graph memory, which graphs share.
+/// Overwritten scratch of a captured call up to this size belongs to the graph (see above): the
+/// automatic split-KV partials of serving shapes are KBs to a few MB, d128 stream-K partials about
+/// 9 MB; a graph holds at most this much per call it captured (buffers of destroyed graphs are
+/// reused, not freed). Larger scratch (d256 stream-K partials, about 18 MB; a training shape's
+/// backward workspace; many explicit splits) becomes graph memory, which graphs share.
 inline constexpr size_t kGraphOwnedScratchMaxBytes = size_t(16) << 20;
 
 /// Scratch of one launch (see above).
