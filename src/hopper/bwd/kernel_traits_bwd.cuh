@@ -64,8 +64,8 @@ struct BwdKernelTraits {
   static_assert(kBlockM == 64, "the dQ staging and the postprocess assume 64-row query blocks");
   static_assert(kHeadDim % 16 == 0 && kHeadDimV % 16 == 0, "dQ splits d over two warpgroups (multiples of 8)");
   static_assert(kNumMmaThreads * kConfig.consumer_regs + cutlass::NumThreadsPerWarpGroup * kConfig.producer_regs <=
-                    detail::kHopperRegisterFile,
-                "setmaxnreg split over the SM's register file");
+                    detail::hopper_cta_registers(kNumThreads),
+                "setmaxnreg split over the registers the CTA holds (tuning_fwd.h hopper_cta_registers)");
 
   // Rows with 64 keys per warpgroup: the warpgroups stacked along the keys (M); with shared keys,
   // side by side along N (queries of S^T / dP^T, columns of dK / dV).

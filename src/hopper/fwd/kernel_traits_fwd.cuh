@@ -44,8 +44,8 @@ struct FwdKernelTraits {
   static_assert(kBlockM % 64 == 0 && (kNumMmaWarpGroups == 2 || kNumMmaWarpGroups == 3),
                 "two or three consumer warpgroups of 64 query rows (named barrier ids in arch/arch.cuh)");
   static_assert(kNumMmaThreads * kConfig.consumer_regs + cutlass::NumThreadsPerWarpGroup * kConfig.producer_regs <=
-                    detail::kHopperRegisterFile,
-                "setmaxnreg split over the SM's register file");
+                    detail::hopper_cta_registers(kNumThreads),
+                "setmaxnreg split over the registers the CTA holds (tuning_fwd.h hopper_cta_registers)");
   static_assert(kBlockN % 16 == 0, "tile_n is the k-extent of the PV wgmma (multiple of 16)");
 
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;    // (M, N, K=d)

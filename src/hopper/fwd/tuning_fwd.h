@@ -55,6 +55,16 @@ inline constexpr int32_t kHopperConsumerRegs = 240;
 inline constexpr int32_t kHopperConsumerRegs3WG = 160;
 inline constexpr int32_t kHopperProducerRegs = 24;
 inline constexpr int32_t kHopperRegisterFile = 64 * 1024;  ///< 32-bit registers per SM (sm_90)
+/// Registers a CTA of `threads` threads holds for setmaxnreg to move between its warpgroups. With
+/// __launch_bounds__(threads, 1) each thread starts with the register file's share, at most 255,
+/// rounded down to a multiple of 8 (168 at 384 threads: 64512 in all, not 65536); setmaxnreg.inc
+/// waits until the CTA's other warpgroups have released enough, so a split needing more than this
+/// never completes (the kernel hangs).
+constexpr int32_t hopper_cta_registers(int32_t threads) {
+  const int32_t share = kHopperRegisterFile / threads;
+  return threads * ((share < 255 ? share : 255) / 8 * 8);
+}
+static_assert(hopper_cta_registers(384) == 64512 && hopper_cta_registers(512) == 65536);
 inline constexpr int32_t kHopperTileM = 128;      ///< two consumer warpgroups
 inline constexpr int32_t kHopperTileM3WG = 192;   ///< three consumer warpgroups
 
