@@ -33,14 +33,7 @@ cudaError_t launch_programmatic(void (*kernel)(Args...), dim3 grid, dim3 block, 
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+  cudaError_t e = launch_with_attribute(kernel, grid, block, smem, stream, attr, args...);
   if (e == cudaErrorNotSupported) {
     cudaGetLastError();
     kernel<<<grid, block, smem, stream>>>(args...);
@@ -208,17 +201,8 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
         // A key block's dQ writer waits for the blocks before it (mainloop_bwd_load.cuh): that is
         // deadlock-free only if every CTA is resident, which a cooperative launch guarantees (or
         // refuses, e.g. with fewer usable SMs under MPS or green contexts).
-        cudaLaunchAttribute attr{};
-        attr.id = cudaLaunchAttributeCooperative;
-        attr.val.cooperative = 1;
-        cudaLaunchConfig_t cfg{};
-        cfg.gridDim = dim3(unsigned(grid));
-        cfg.blockDim = dim3(unsigned(Kt::kNumThreads));
-        cfg.dynamicSmemBytes = size_t(Kt::kSmemBytes);
-        cfg.stream = stream;
-        cfg.attrs = &attr;
-        cfg.numAttrs = 1;
-        launched = cudaLaunchKernelEx(&cfg, kernel, p);
+        launched = launch_with_attribute(kernel, dim3(unsigned(grid)), dim3(unsigned(Kt::kNumThreads)),
+                                         size_t(Kt::kSmemBytes), stream, cooperative_attribute(), p);
         if (launched != cudaSuccess) cudaGetLastError();
       } else {
         kernel<<<grid, Kt::kNumThreads, Kt::kSmemBytes, stream>>>(p);

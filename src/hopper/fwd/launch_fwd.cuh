@@ -161,17 +161,8 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   if (p.sk.tail_ctas > 0) {
     // A combiner waits for other CTAs' partials: launched cooperatively, all CTAs are co-resident
     // (one per SM), so those CTAs are running, never queued behind the waiting one.
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeCooperative;
-    attr.val.cooperative = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(p.sk.grid));
-    cfg.blockDim = dim3(unsigned(Kt::kNumThreads));
-    cfg.dynamicSmemBytes = size_t(Kt::kSmemBytes);
-    cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    launched = cudaLaunchKernelEx(&cfg, kernel, p);
+    launched = launch_with_attribute(kernel, dim3(unsigned(p.sk.grid)), dim3(unsigned(Kt::kNumThreads)),
+                                     size_t(Kt::kSmemBytes), stream, cooperative_attribute(), p);
     if (launched != cudaSuccess) cudaGetLastError();  // not reported again by a later check
     if (launched == cudaErrorCooperativeLaunchTooLarge) {  // fewer SMs usable (MPS, green contexts)
       p.sk = whole_tiles;

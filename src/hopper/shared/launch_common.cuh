@@ -1,6 +1,6 @@
 // src/hopper/shared/launch_common.cuh — host helpers every Hopper launch (fwd/, bwd/, decode/) uses: a
-// CUDA error as fa4::Error, the once-per-device shared-memory limit, and the aligned-pair test of
-// the direct 16-bit stores. No CuTe here (the TMA views are in tma_view.cuh): the decode
+// CUDA error as fa4::Error, the once-per-device shared-memory limit, a launch with one launch
+// attribute, and the aligned-pair test of the direct 16-bit stores. No CuTe here (the TMA views are in tma_view.cuh): the decode
 // instantiations, which use none, compile in a fraction of the time without its headers.
 #pragma once
 
@@ -21,6 +21,30 @@ inline void check_cuda(cudaError_t e, const char* fn, const char* what) {
     cudaGetLastError();  // clear a non-sticky error so it is not reported against a later call
     throw Error(ErrorCode::kCudaError, std::string(fn) + " (hopper): " + what + ": " + cudaGetErrorString(e));
   }
+}
+
+/// cudaLaunchKernelEx of `kernel` with one launch attribute (cooperative, programmatic stream
+/// serialization, ...). Returns CUDA's error as it is (not cleared).
+template <class... Args>
+cudaError_t launch_with_attribute(void (*kernel)(Args...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                  cudaLaunchAttribute attr, const Args&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+/// The cooperative-launch attribute: every CTA of the grid resident at once, or the launch is
+/// refused (cudaErrorCooperativeLaunchTooLarge).
+inline cudaLaunchAttribute cooperative_attribute() {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeCooperative;
+  attr.val.cooperative = 1;
+  return attr;
 }
 
 namespace {
