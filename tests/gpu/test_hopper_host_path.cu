@@ -446,33 +446,25 @@ TEST(HopperBwd, GraphReplayMatchesEager) {
     p.run(fo, s);
     CUDA_OK(cudaStreamSynchronize(s));
     const int64_t nq = p.rows_q * p.H * p.d, nk = p.rows_k * p.HK * p.d;
-    uint16_t *dout = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
-    CUDA_OK(cudaMalloc(&dout, nq * 2));
-    CUDA_OK(cudaMalloc(&dq, nq * 2));
-    CUDA_OK(cudaMalloc(&dk, nk * 2));
-    CUDA_OK(cudaMalloc(&dv, nk * 2));
+    fa4::test::DevBuf<uint16_t> dout{size_t(nq)}, dq{size_t(nq)}, dk{size_t(nk)}, dv{size_t(nk)};
+    ASSERT_TRUE(dout.ptr && dq.ptr && dk.ptr && dv.ptr) << "cudaMalloc of dout / dq / dk / dv";
     {
       std::mt19937 rng(32);
       std::normal_distribution<float> nd(0.f, 1.f);
-      std::vector<uint16_t> h(nq);
+      std::vector<uint16_t> h(static_cast<size_t>(nq));
       for (auto& x : h) x = fa4::detail::float_to_bf16(nd(rng));
-      CUDA_OK(cudaMemcpy(dout, h.data(), nq * 2, cudaMemcpyHostToDevice));
+      dout.upload(h);
     }
     const auto dev = fa4::Device::cuda(0, s);
     auto q_like = [&](void* x) { return TensorView::contiguous(x, DType::kBF16, {p.batch, p.seqlen_q, p.H, p.d}, dev); };
     auto k_like = [&](void* x) { return TensorView::contiguous(x, DType::kBF16, {p.batch, p.seqlen_k, p.HK, p.d}, dev); };
     auto backward = [&](const fa4::BackwardOptions& o) {  // gradients poisoned first
-      cudaMemsetAsync(dq, 0xFF, nq * 2, s);
-      cudaMemsetAsync(dk, 0xFF, nk * 2, s);
-      cudaMemsetAsync(dv, 0xFF, nk * 2, s);
-      fa4::backward(q_like(dout), q_like(p.q), k_like(p.k), k_like(p.v), q_like(p.out),
-                    TensorView::contiguous(p.lse, DType::kFP32, {p.batch, p.H, p.seqlen_q}, dev), q_like(dq),
-                    k_like(dk), k_like(dv), o);
-    };
-    auto host = [](const uint16_t* x, int64_t n) {
-      std::vector<uint16_t> h(size_t(n), 0);
-      cudaMemcpy(h.data(), x, size_t(n) * 2, cudaMemcpyDeviceToHost);
-      return h;
+      cudaMemsetAsync(dq.ptr, 0xFF, nq * 2, s);
+      cudaMemsetAsync(dk.ptr, 0xFF, nk * 2, s);
+      cudaMemsetAsync(dv.ptr, 0xFF, nk * 2, s);
+      fa4::backward(q_like(dout.ptr), q_like(p.q), k_like(p.k), k_like(p.v), q_like(p.out),
+                    TensorView::contiguous(p.lse, DType::kFP32, {p.batch, p.H, p.seqlen_q}, dev), q_like(dq.ptr),
+                    k_like(dk.ptr), k_like(dv.ptr), o);
     };
     for (bool det : {false, true}) {
       fa4::BackwardOptions o;
@@ -480,7 +472,7 @@ TEST(HopperBwd, GraphReplayMatchesEager) {
       o.deterministic = det;
       backward(o);
       CUDA_OK(cudaStreamSynchronize(s));
-      const auto want_q = host(dq, nq), want_k = host(dk, nk), want_v = host(dv, nk);
+      const auto want_q = dq.download(), want_k = dk.download(), want_v = dv.download();
       ASSERT_FALSE(any_nan16(want_q) || any_nan16(want_k) || any_nan16(want_v)) << "eager, deterministic " << det;
 
       cudaGraph_t graph = nullptr;
@@ -502,8 +494,8 @@ TEST(HopperBwd, GraphReplayMatchesEager) {
       for (int r = 0; r < 3; ++r) {
         CUDA_OK(cudaGraphLaunch(exec, s));
         CUDA_OK(cudaStreamSynchronize(s));
-        EXPECT_TRUE(host(dk, nk) == want_k && host(dv, nk) == want_v) << "dk/dv, deterministic " << det << " replay " << r;
-        const auto got_q = host(dq, nq);
+        EXPECT_TRUE(dk.download() == want_k && dv.download() == want_v) << "dk/dv, deterministic " << det << " replay " << r;
+        const auto got_q = dq.download();
         if (det) {
           EXPECT_TRUE(got_q == want_q) << "dq, replay " << r;
         } else {
@@ -517,10 +509,6 @@ TEST(HopperBwd, GraphReplayMatchesEager) {
       CUDA_OK(cudaGraphExecDestroy(exec));
       CUDA_OK(cudaGraphDestroy(graph));
     }
-    cudaFree(dout);
-    cudaFree(dq);
-    cudaFree(dk);
-    cudaFree(dv);
   }
   CUDA_OK(cudaStreamDestroy(s));
 }
