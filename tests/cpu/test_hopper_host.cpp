@@ -393,9 +393,10 @@ TEST(HopperHost, DecodeClusterSize) {
   EXPECT_EQ(kernel_overrides().decode_cluster, -1);
 }
 
-// The decode's automatic split count (decode/launch_decode.h): one wave of CTAs when the tiles are
-// few, one CTA per SM when the keys are few too, none when the tiles fill the GPU, never more
-// splits than key blocks; explicit counts win.
+// The decode's automatic split count (decode/launch_decode.h): one CTA per SM when that covers
+// 2/3 of the SMs with a dense cache, or when the keys are few (not rounded to a power of two),
+// else one wave of CTAs rounded down to a power of two, none when the tiles fill the GPU, never
+// more splits than key blocks; explicit counts win.
 TEST(HopperHost, DecodeSplitCount) {
   fa4::detail::KVCacheParams p;
   p.batch = 1;
@@ -405,31 +406,59 @@ TEST(HopperHost, DecodeSplitCount) {
   p.key_capacity = 131072;
   const fa4::detail::HopperDecodeConfig c = fa4::detail::hopper_decode_config(128, 128);  // 2 CTAs/SM
   const int sms = 132;
-  // 8 tiles (one 16-row tile per KV head): 264 / 8 = 33 splits, rounded down to a power of two.
-  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 32);
+  // 8 tiles (one 16-row tile per KV head): 132 / 8 = 16 splits, one CTA on each of 128 SMs.
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 16);
   p.batch = 32;  // 256 tiles: more than half a wave -> no split
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 1);
-  p.batch = 8;   // 64 tiles: 264 / 64 = 4
+  p.batch = 16;  // 128 tiles: one CTA on each of 128 SMs
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 1);
+  p.batch = 12;  // 96 tiles: one CTA on each of 96 SMs
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 1);
+  p.batch = 9;   // 72 tiles: one split would leave 60 SMs idle, so 264 / 72 = 3 -> 2
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 2);
+  p.batch = 8;   // 64 tiles: 2 splits, 128 SMs
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 2);
+  p.batch = 6;   // 48 tiles: 2 splits, 96 SMs
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 2);
+  p.batch = 4;   // 32 tiles: 4 splits, 128 SMs
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 4);
-  p.batch = 1;
-  p.key_capacity = 8192;  // 128 blocks: 8 per split at one CTA per SM, so a wave of 4-block splits
+  p.num_heads_kv = 16;
+  p.num_heads = 64;
+  p.batch = 5;   // 80 tiles: 1 split covers 80 SMs (< 2/3), so 264 / 80 = 3 -> 2
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 2);
+  p.num_heads_kv = 8;
+  p.num_heads = 32;
+  p.batch = 3;   // 24 tiles: 5 splits, 120 SMs (not rounded to 4)
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 5);
+  p.paged = true;  // paged: one wave, 264 / 24 = 11 -> 8
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 8);
+  p.batch = 1;     // 8 tiles: 264 / 8 = 33 -> 32
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 32);
-  p.batch = 6;            // 48 tiles: 264 / 48 = 5 splits -> 4
-  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 4);
+  p.key_capacity = 2048;  // ... but a short cache: 32 blocks, 2 per split at one CTA per SM
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 16);
+  p.key_capacity = 131072;
+  p.paged = false;
   p.batch = 1;
-  p.key_capacity = 2048;  // 32 blocks: 2 per split at one CTA per SM (132 / 8 = 16 splits)
+  p.key_capacity = 8192;  // 128 blocks
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 16);
   p.key_capacity = 1024;  // 16 blocks: 1 per split
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 16);
-  p.key_capacity = 200;   // 4 blocks: no more splits than blocks
-  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 4);
-  p.key_capacity = 400;   // 7 blocks: 7 splits -> 4
-  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 4);
+  p.key_capacity = 400;   // 7 blocks: no more splits than blocks
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 7);
   p.key_capacity = 64;
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 1);
+  p.key_capacity = 0;     // an empty cache still launches one split per tile
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 1);
+  const fa4::detail::HopperDecodeConfig c64 = fa4::detail::hopper_decode_config(64, 64);  // 3 CTAs/SM
+  p.key_capacity = 1024;
+  p.seqlen_q = 128;
+  p.num_heads = 8;  // a 128-query chunk, 8 tiles per KV head, 64 tiles: 2 splits
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c64, sms), 2);
+  p.seqlen_q = 1;
+  p.num_heads = 32;
   p.key_capacity = 1 << 30;
   p.num_heads = 8;
-  p.num_heads_kv = 1;  // one tile: a wave would be 264 splits, capped
+  p.num_heads_kv = 1;  // one tile: 132 splits at one CTA per SM, capped
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), fa4::detail::kDecodeMaxAutoSplits);
   p.num_splits = 7;  // explicit: honoured
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 7);
