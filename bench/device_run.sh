@@ -11,7 +11,8 @@
 # build), HOST=1 (bench/host_overhead.py), GTEST_FILTER (of the GPU test run), SAN_FILTER (gtest
 # filter of the sanitizer runs),
 # BENCH=1 (bench/bench_fwd.py, BENCH_ARGS), BWD=1 (bench/bench_bwd.py, BWD_ARGS), DECODE=1
-# (bench/bench_decode.py, DECODE_ARGS), KTIMES=1 (bench/kernel_times.py), SMALLQ=1
+# (bench/bench_decode.py, DECODE_ARGS), KTIMES=1 (bench/kernel_times.py), SPLITS=1
+# (bench/decode_split_sweep.py, SPLITS_ARGS), SMALLQ=1
 # (bench/small_q_route.py), AB_ARGS (extra ab_variants.py arguments), NCU=1 (ncu over
 # bench/profile_bwd.py, NCU_ARGS: its arguments, default "128 0 4096"), DNCU=1 (ncu over
 # bench/profile_decode.py, DNCU_ARGS: its shapes).
@@ -90,6 +91,10 @@ fi
 if [ "${KTIMES:-0}" = 1 ]; then
   PYTHONPATH=python:bench FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout 200 python3 bench/kernel_times.py $OUT/kernel_times.json > $OUT/kernel_times.log 2>&1
   echo "kernel_times rc=$?"; tail -12 $OUT/kernel_times.log
+fi
+if [ "${SPLITS:-0}" = 1 ]; then
+  PYTHONPATH=python:bench FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout 240 python3 bench/decode_split_sweep.py $OUT/decode_split_sweep.json ${SPLITS_ARGS:-} > $OUT/decode_split_sweep.log 2>&1
+  echo "decode_split_sweep rc=$?"; cut -c1-220 $OUT/decode_split_sweep.log | tail -16
 fi
 if [ "${SMALLQ:-0}" = 1 ]; then
   PYTHONPATH=python:bench FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout 200 python3 bench/small_q_route.py $OUT/small_q_route.json > $OUT/small_q_route.log 2>&1
