@@ -455,7 +455,6 @@ TEST(HopperHost, DecodeSplitCount) {
   p.num_heads = 8;  // a 128-query chunk, 8 tiles per KV head, 64 tiles: 2 splits
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c64, sms), 2);
   p.seqlen_q = 1;
-  p.num_heads = 32;
   p.key_capacity = 1 << 30;
   p.num_heads = 8;
   p.num_heads_kv = 1;  // one tile: 132 splits at one CTA per SM, capped
