@@ -17,25 +17,18 @@ namespace fa4::hopper {
 /// row tile, sequence) tiles are fewer than half a wave, by the key blocks of the largest sequence
 /// the cache can hold (key_capacity: the host never reads cache_seqlens, so a captured graph
 /// replays for any lengths):
-///   * dense caches: one CTA per SM (num_sms / tiles splits, at most one per key block) wherever
-///     that covers at least 2/3 of the SMs. A CTA alone on its SM streams as fast as two sharing
-///     it, and the merge reads half the partials (H200, GQA 32/8 d128, bench/results/history.md:
-///     batch 1 KV 16k 16 splits 21.7 us against 32 splits 23.3, 128k 122.5 against 125.4; batch
-///     3 KV 32k 5 splits 95.9 against 8 splits 105.3; batch 6 2 splits (96 SMs) 187.2 against 4
-///     splits 199.6; batch 12 KV 8k 1 split (96 SMs) 95.1 against 2 splits 104.2; the one loss
-///     seen: d64 batch 1 KV 8k 16 splits 10.1 us against 32 splits 10.0); short caches
-///     too (KV 1k: 16 splits 7.5 us, 8 splits 9.0): a split's first block waits for DRAM with
-///     nothing to overlap, and a second CTA on the SM only shares its issue slots. Below 2/3 the
-///     busy SMs cannot draw the HBM bandwidth (batch 9, 72 tiles: 1 split 318.6 us, 2 splits
-///     282.1). The count is not rounded to a power of two (24 tiles x 4 splits would cover 96
-///     SMs where 5 splits cover 120). Paged caches take this rule only where the keys fit in
-///     kDecodeMinBlocksPerSplit blocks per split: a paged CTA also waits on its page-table loads,
-///     and a second CTA per SM covers them (page 16: batch 1 KV 128k 32 splits 131.5 us against
-///     16 splits 132.8, batch 8 4 splits 991.2 against 2 splits 1014.0; page 64 alike);
+///   * one CTA per SM (num_sms / tiles splits, at most one per key block, not rounded to a power
+///     of two) for a dense cache wherever that covers at least 2/3 of the SMs, and for any cache
+///     whose keys fit in kDecodeMinBlocksPerSplit blocks per split: a CTA alone on its SM streams
+///     as fast as two sharing it, the merge reads half the partials, and a short split's first
+///     block waits for DRAM with nothing to overlap while a second CTA would only share the SM's
+///     issue slots. Below 2/3 the busy SMs cannot draw the HBM bandwidth; a paged CTA also waits
+///     on its page-table loads, which a second CTA per SM covers;
 ///   * else one wave (c.ctas_per_sm per SM), each split with at least kDecodeMinBlocksPerSplit
-///     blocks, rounded down to a power of two (measured equal or faster: d64 KV 8k 49 -> 32
-///     splits 12.0 -> 11.3 us, a 128-query chunk over 1k keys 6 -> 4 13.7 -> 12.4 us).
-/// At most kDecodeMaxAutoSplits (the merge reads every split's partial).
+///     blocks, rounded down to a power of two.
+/// At most kDecodeMaxAutoSplits (the merge reads every split's partial). The measurements behind
+/// each choice (H200, bench/decode_split_sweep.py and bench/kernel_times.py) are in
+/// bench/results/history.md.
 inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::HopperDecodeConfig& c,
                                  int32_t num_sms) {
   if (p.num_splits > 0) return p.num_splits;
@@ -51,10 +44,11 @@ inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::H
   if (short_cache || dense_fill) {
     s = std::min(per_sm, blocks);
   } else {
+    // wave / tiles >= 2 here (tiles * 2 <= wave), so s >= 1 in both branches.
     s = std::min(wave / tiles, std::max<int64_t>(1, blocks / detail::kDecodeMinBlocksPerSplit));
-    s = int64_t(std::bit_floor(uint64_t(std::max<int64_t>(1, s))));
+    s = int64_t(std::bit_floor(uint64_t(s)));
   }
-  return int32_t(std::max<int64_t>(1, std::min<int64_t>(s, detail::kDecodeMaxAutoSplits)));
+  return int32_t(std::min<int64_t>(s, detail::kDecodeMaxAutoSplits));
 }
 
 /// How many clusters of 2, 4, 8 and 16 CTAs of a decode kernel a device runs at once

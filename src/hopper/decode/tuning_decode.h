@@ -23,7 +23,8 @@ struct HopperDecodeConfig {
   int32_t headdim_v;   ///< = headdim (one width for K and V tiles)
   int32_t block_n;     ///< keys per pipeline stage: 16 per warp
   int32_t stages;      ///< cp.async ring depth
-  int32_t ctas_per_sm; ///< what the shared memory allows (the automatic split count's one wave where one CTA per SM is too few)
+  int32_t ctas_per_sm; ///< what the shared memory allows (the automatic split count's wave, where
+                       ///< one CTA per SM would leave too many SMs idle)
 };
 
 // Internal linkage (not `inline`): see bwd/tuning_bwd.h (several libfa4 builds in one process).
