@@ -317,6 +317,78 @@ TEST(HopperFwd, CapturedScratchBelongsToTheGraph) {
   CUDA_OK(cudaStreamDestroy(s));
 }
 
+TEST(HopperFwd, CapturedCallsShareScratchPerStream) {
+  // Three stream-K forwards (zeroed flags + unzeroed partials: two graph-owned buffers per call
+  // alone) captured in one graph: on one stream they share the first call's two buffers (the
+  // capture orders them); with the third on a forked stream, that one gets buffers of its own
+  // (the fork runs beside the second call). Every replay gives each call's eager output bitwise.
+  REQUIRE_HOPPER();
+  fa4::test::ScopedOverride fwd_kernel("small_q", "fwd");
+  fa4::test::ScopedOverride stream_k("stream_k", "1");
+  cudaStream_t s, s2;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  cudaEvent_t fork, join;
+  CUDA_OK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CUDA_OK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  Problem p[3] = {batched(1, 128, 3000, 16, 16, 128, 41), batched(1, 128, 3000, 16, 16, 128, 42),
+                  batched(1, 128, 3000, 16, 16, 128, 43)};
+  fa4::AttentionOptions o;
+  std::vector<std::vector<uint16_t>> want;
+  for (Problem& q : p) {
+    q.poison(s);
+    q.run(o, s);
+    CUDA_OK(cudaStreamSynchronize(s));
+    want.push_back(q.out_host());
+    ASSERT_FALSE(any_nan16(want.back()));
+  }
+  ASSERT_NE(want[0], want[1]);  // distinct inputs: a replay writing one call's result twice fails
+  for (const bool forked : {false, true}) {
+    const fa4::hopper::CaptureScratchStats before = fa4::hopper::capture_scratch_stats();
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    std::string thrown;
+    try {
+      p[0].run(o, s);
+      if (forked) {  // p[2] on s2, beside p[1] on s
+        CUDA_OK(cudaEventRecord(fork, s));
+        CUDA_OK(cudaStreamWaitEvent(s2, fork, 0));
+        p[2].run(o, s2);
+        CUDA_OK(cudaEventRecord(join, s2));
+        p[1].run(o, s);
+        CUDA_OK(cudaStreamWaitEvent(s, join, 0));
+      } else {
+        p[1].run(o, s);
+        p[2].run(o, s);
+      }
+    } catch (const std::exception& e) {
+      thrown = e.what();  // end the capture first
+    }
+    CUDA_OK(cudaStreamEndCapture(s, &graph));
+    ASSERT_EQ(thrown, "") << "forked " << forked;
+    const fa4::hopper::CaptureScratchStats after = fa4::hopper::capture_scratch_stats();
+    EXPECT_EQ(after.created + after.reused - before.created - before.reused, forked ? 4u : 2u) << "forked " << forked;
+    EXPECT_EQ(after.shared - before.shared, forked ? 2u : 4u) << "forked " << forked;
+    EXPECT_EQ(fa4::test::count_nodes(graph, cudaGraphNodeTypeKernel, true), 0) << "forked " << forked;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int r = 0; r < 4; ++r) {
+      for (Problem& q : p) q.poison(s);
+      CUDA_OK(cudaGraphLaunch(exec, s));
+      CUDA_OK(cudaStreamSynchronize(s));
+      for (int i = 0; i < 3; ++i)
+        EXPECT_EQ(0, std::memcmp(want[i].data(), p[i].out_host().data(), want[i].size() * 2))
+            << "forked " << forked << " replay " << r << " call " << i;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaEventDestroy(fork);
+  cudaEventDestroy(join);
+  CUDA_OK(cudaStreamDestroy(s2));
+  CUDA_OK(cudaStreamDestroy(s));
+}
+
 /// Runs varlen sequences (cu_q, cu_k, optional used) on a fresh poisoned output and returns it.
 struct VarlenRun {
   std::vector<uint16_t> out;

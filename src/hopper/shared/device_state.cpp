@@ -116,7 +116,7 @@ void collect_returned() {
 /// A replay then launches the kernels alone: no memset node (the kernels leave zeroed scratch zero
 /// for the next replay, and CUDA orders the replays of one executable graph) and no graph-memory
 /// allocation and free nodes (together about 0.6 us of a replay on the H200). g_mu held.
-char* capture_owned(int device, cudaGraph_t graph, size_t bytes, bool zero) {
+CaptureBuffer capture_owned(int device, cudaGraph_t graph, size_t bytes, bool zero) {
   collect_returned();
   size_t best = g_capture_free.size();
   for (size_t i = 0; i < g_capture_free.size(); ++i) {
@@ -152,8 +152,20 @@ char* capture_owned(int device, cudaGraph_t graph, size_t bytes, bool zero) {
   e = cudaGraphRetainUserObject(graph, owner, 1, cudaGraphUserObjectMove);
   if (e != cudaSuccess) cudaUserObjectRelease(owner, 1);  // give_back returns the buffer
   check(e, "cudaGraphRetainUserObject (captured scratch)");
-  return buf.ptr;
+  return buf;
 }
+
+/// The graph-owned buffer the last captured call on (device, stream id, kind) took, and the
+/// capture sequence it belongs to: the next call captured on that stream in the same sequence
+/// shares it (the capture orders the two calls as the stream would, so the first call's kernels
+/// are done with it, and have left its zeroed part zero, before the second's start).
+struct CapturedShare {
+  unsigned long long capture_id = 0;
+  cudaGraph_t graph = nullptr;
+  CaptureBuffer buf{0, nullptr, 0};
+  bool zeroed = false;
+};
+std::map<std::tuple<int, unsigned long long, int>, CapturedShare> g_captured;  // (g_mu)
 
 uint32_t* g_error_words = nullptr;  // mapped host memory, one word per device
 int g_error_devices = 0;
@@ -170,11 +182,23 @@ CaptureScratchStats capture_scratch_stats() {
 
 LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, size_t zeroed_bytes, ScratchKind kind) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  unsigned long long capture_id = 0;
   cudaGraph_t graph = nullptr;
-  check(cudaStreamGetCaptureInfo(stream, &capture, nullptr, &graph), "cudaStreamGetCaptureInfo");
+  check(cudaStreamGetCaptureInfo(stream, &capture, &capture_id, &graph), "cudaStreamGetCaptureInfo");
   if (capture == cudaStreamCaptureStatusActive && (zeroed_bytes > 0 || bytes <= kGraphOwnedScratchMaxBytes)) {
+    unsigned long long stream_id = 0;
+    check(cudaStreamGetId(stream, &stream_id), "cudaStreamGetId");
     std::lock_guard<std::mutex> lock(g_mu);
-    return {capture_owned(device, graph, bytes, zeroed_bytes > 0), false};
+    CapturedShare& share = g_captured[{device, stream_id, static_cast<int>(kind)}];
+    if (share.capture_id == capture_id && share.graph == graph && share.buf.ptr && share.buf.bytes >= bytes &&
+        (zeroed_bytes == 0 || share.zeroed)) {
+      ++g_capture_stats.shared;
+      return {share.buf.ptr, false};
+    }
+    // A new capture, or a larger need: a buffer of its own (the earlier one stays with the graph,
+    // whose earlier nodes use it).
+    share = {capture_id, graph, capture_owned(device, graph, bytes, zeroed_bytes > 0), zeroed_bytes > 0};
+    return {share.buf.ptr, false};
   }
   if (capture != cudaStreamCaptureStatusNone) {
     // Larger scratch that every launch overwrites (the backward's dQ accumulator and row

@@ -8,7 +8,11 @@
 //     (device, stream), zeroed once, when it is allocated (on the first call that needs it, then
 //     grown by doubling; outgrown buffers are kept, not freed, so growth never waits). A call made
 //     while its stream is being captured into a CUDA graph gets a buffer tied to the graph by a
-//     CUDA user object (reused once the graph is destroyed): zeroed at capture for what must
+//     CUDA user object (reused once the graph is destroyed), shared with the calls captured after
+//     it on the same stream in the same capture (the capture orders them as the stream orders
+//     eager calls; so a graph of 32 layers' decode calls holds one buffer per kind, not 32; a
+//     capture whose dependencies the caller rewires with cudaStreamUpdateCaptureDependencies,
+//     dropping that order, is not supported): zeroed at capture for what must
 //     start zeroed (a few KB of counters and flags), so a replay runs no memset, and for scratch
 //     that every launch overwrites (split partials, a small backward's workspace) up to
 //     kGraphOwnedScratchMaxBytes, so a replay runs no graph-memory allocation and free nodes
@@ -36,8 +40,8 @@ namespace fa4::hopper {
 
 /// Overwritten scratch of a captured call up to this size belongs to the graph (see above): the
 /// automatic split-KV partials of serving shapes are KBs to a few MB, d128 stream-K partials about
-/// 9 MB; a graph holds at most this much per call it captured (buffers of destroyed graphs are
-/// reused, not freed). Larger scratch (d256 stream-K partials, about 18 MB; a training shape's
+/// 9 MB; a graph holds at most this much per (stream, kind) it captured calls on (buffers of
+/// destroyed graphs are reused, not freed). Larger scratch (d256 stream-K partials, about 18 MB; a training shape's
 /// backward workspace; many explicit splits) becomes graph memory, which graphs share.
 inline constexpr size_t kGraphOwnedScratchMaxBytes = size_t(16) << 20;
 
@@ -66,12 +70,14 @@ LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, siz
 void release_scratch(const LaunchScratch& s, cudaStream_t stream);
 
 /// The graph-owned buffers of captured calls so far (tests): created, reused after their graph was
-/// destroyed, and free now (given back by destroyed graphs; CUDA runs the give-back shortly after
-/// the destruction, on a thread of its own).
+/// destroyed, free now (given back by destroyed graphs; CUDA runs the give-back shortly after the
+/// destruction, on a thread of its own), and the captured calls that shared the buffer of an
+/// earlier call on their stream in the same capture.
 struct CaptureScratchStats {
   size_t created = 0;
   size_t reused = 0;
   size_t free = 0;
+  size_t shared = 0;
 };
 CaptureScratchStats capture_scratch_stats();
 
