@@ -50,7 +50,8 @@
 // call's kernels alone; the calls captured on one stream in one capture share it, as eager calls
 // on one stream do (the capture orders them; rewiring that order with
 // cudaStreamUpdateCaptureDependencies is not supported). Larger scratch (a training-shaped
-// backward workspace, d256 stream-K partials) is CUDA graph memory (allocation and free nodes). Run one executable instance of a
+// backward workspace, d256 stream-K partials) is CUDA graph memory (allocation and free
+// nodes). Run one executable instance of a
 // captured graph at a time (CUDA orders the replays of one instance): two instances of one
 // captured graph replayed concurrently would share that scratch.
 //

@@ -363,10 +363,15 @@ TEST(HopperFwd, CapturedCallsShareScratchPerStream) {
         p[2].run(o, s);
       }
     } catch (const std::exception& e) {
-      thrown = e.what();  // end the capture first
+      thrown = e.what();  // end the capture first (s2 rejoined, or the capture cannot end)
+      if (forked) {
+        cudaEventRecord(join, s2);
+        cudaStreamWaitEvent(s, join, 0);
+      }
     }
-    CUDA_OK(cudaStreamEndCapture(s, &graph));
+    const cudaError_t ended = cudaStreamEndCapture(s, &graph);
     ASSERT_EQ(thrown, "") << "forked " << forked;
+    CUDA_OK(ended);
     const fa4::hopper::CaptureScratchStats after = fa4::hopper::capture_scratch_stats();
     EXPECT_EQ(after.created + after.reused - before.created - before.reused, forked ? 4u : 2u) << "forked " << forked;
     EXPECT_EQ(after.shared - before.shared, forked ? 2u : 4u) << "forked " << forked;

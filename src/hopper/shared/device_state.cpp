@@ -1,6 +1,7 @@
 // src/hopper/shared/device_state.cpp — launch scratch and the asynchronous error word (device_state.h).
 #include "hopper/shared/device_state.h"
 
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
@@ -111,7 +112,7 @@ void collect_returned() {
   r.list.clear();
 }
 
-/// Scratch for a call captured into `graph`: a plain device buffer (the smallest free one that
+/// Scratch for the calls captured into `graph` on one stream (see g_captured): a plain device buffer (the smallest free one that
 /// fits, else a new one), zeroed now when `zero`, whose lifetime a user object ties to the graph.
 /// A replay then launches the kernels alone: no memset node (the kernels leave zeroed scratch zero
 /// for the next replay, and CUDA orders the replays of one executable graph) and no graph-memory
@@ -155,17 +156,20 @@ CaptureBuffer capture_owned(int device, cudaGraph_t graph, size_t bytes, bool ze
   return buf;
 }
 
-/// The graph-owned buffer the last captured call on (device, stream id, kind) took, and the
+/// The graph-owned buffer the last captured call on (device, stream handle, kind) took, and the
 /// capture sequence it belongs to: the next call captured on that stream in the same sequence
 /// shares it (the capture orders the two calls as the stream would, so the first call's kernels
-/// are done with it, and have left its zeroed part zero, before the second's start).
+/// are done with it, and have left its zeroed part zero, before the second's start). Keyed by
+/// the handle, not cudaStreamGetId, which a capturing stream may refuse; the capture id (unique
+/// for the life of the process) tells apart a later stream with a reused handle, and two threads
+/// capturing their per-thread default streams (one handle) only overwrite each other's entry.
 struct CapturedShare {
   unsigned long long capture_id = 0;
   cudaGraph_t graph = nullptr;
   CaptureBuffer buf{0, nullptr, 0};
-  bool zeroed = false;
+  bool zeroed = false;  ///< all of it zero at the next call's start
 };
-std::map<std::tuple<int, unsigned long long, int>, CapturedShare> g_captured;  // (g_mu)
+std::map<std::tuple<int, std::uintptr_t, int>, CapturedShare> g_captured;  // (g_mu)
 
 uint32_t* g_error_words = nullptr;  // mapped host memory, one word per device
 int g_error_devices = 0;
@@ -186,18 +190,18 @@ LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, siz
   cudaGraph_t graph = nullptr;
   check(cudaStreamGetCaptureInfo(stream, &capture, &capture_id, &graph), "cudaStreamGetCaptureInfo");
   if (capture == cudaStreamCaptureStatusActive && (zeroed_bytes > 0 || bytes <= kGraphOwnedScratchMaxBytes)) {
-    unsigned long long stream_id = 0;
-    check(cudaStreamGetId(stream, &stream_id), "cudaStreamGetId");
     std::lock_guard<std::mutex> lock(g_mu);
-    CapturedShare& share = g_captured[{device, stream_id, static_cast<int>(kind)}];
+    CapturedShare& share = g_captured[{device, reinterpret_cast<std::uintptr_t>(stream), static_cast<int>(kind)}];
     if (share.capture_id == capture_id && share.graph == graph && share.buf.ptr && share.buf.bytes >= bytes &&
         (zeroed_bytes == 0 || share.zeroed)) {
       ++g_capture_stats.shared;
+      // A call that leaves part of it written (zeroed_bytes < bytes) ends the zero guarantee.
+      if (zeroed_bytes < bytes) share.zeroed = false;
       return {share.buf.ptr, false};
     }
-    // A new capture, or a larger need: a buffer of its own (the earlier one stays with the graph,
-    // whose earlier nodes use it).
-    share = {capture_id, graph, capture_owned(device, graph, bytes, zeroed_bytes > 0), zeroed_bytes > 0};
+    // A new capture, a larger need, or a zeroed need where the buffer may be written: a buffer of
+    // its own (the earlier one stays with the graph, whose earlier nodes use it).
+    share = {capture_id, graph, capture_owned(device, graph, bytes, zeroed_bytes > 0), zeroed_bytes >= bytes};
     return {share.buf.ptr, false};
   }
   if (capture != cudaStreamCaptureStatusNone) {

@@ -10,9 +10,10 @@
 //     while its stream is being captured into a CUDA graph gets a buffer tied to the graph by a
 //     CUDA user object (reused once the graph is destroyed), shared with the calls captured after
 //     it on the same stream in the same capture (the capture orders them as the stream orders
-//     eager calls; so a graph of 32 layers' decode calls holds one buffer per kind, not 32; a
-//     capture whose dependencies the caller rewires with cudaStreamUpdateCaptureDependencies,
-//     dropping that order, is not supported): zeroed at capture for what must
+//     eager calls; so a graph of 32 same-shaped layers' decode calls holds one buffer per kind,
+//     not 32, plus one each time a later call needs a larger one; a capture whose dependencies
+//     the caller rewires with cudaStreamUpdateCaptureDependencies, dropping that order, is not
+//     supported): zeroed at capture for what must
 //     start zeroed (a few KB of counters and flags), so a replay runs no memset, and for scratch
 //     that every launch overwrites (split partials, a small backward's workspace) up to
 //     kGraphOwnedScratchMaxBytes, so a replay runs no graph-memory allocation and free nodes
@@ -40,8 +41,9 @@ namespace fa4::hopper {
 
 /// Overwritten scratch of a captured call up to this size belongs to the graph (see above): the
 /// automatic split-KV partials of serving shapes are KBs to a few MB, d128 stream-K partials about
-/// 9 MB; a graph holds at most this much per (stream, kind) it captured calls on (buffers of
-/// destroyed graphs are reused, not freed). Larger scratch (d256 stream-K partials, about 18 MB; a training shape's
+/// 9 MB. A graph holds one such buffer per (stream, kind) it captured calls on, plus one each
+/// time a later call there needed a larger one (buffers of destroyed graphs are reused, not
+/// freed). Larger scratch (d256 stream-K partials, about 18 MB; a training shape's
 /// backward workspace; many explicit splits) becomes graph memory, which graphs share.
 inline constexpr size_t kGraphOwnedScratchMaxBytes = size_t(16) << 20;
 
