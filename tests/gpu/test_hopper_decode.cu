@@ -214,10 +214,10 @@ void run_fa4(KvProblem& P, std::vector<uint16_t>& out, std::vector<float>& lse, 
   lse = P.lse->download();
 }
 
-/// Captures one forward_with_kvcache call of P (its options and tensors moved to stream s) into a
-/// graph. The capture ends even if the call throws (a thread left capturing fails every later
-/// CUDA call); the message is then in *thrown.
-cudaGraph_t capture_call(KvProblem& P, cudaStream_t s, std::string* thrown) {
+/// Captures `calls` forward_with_kvcache calls of P (its options and tensors moved to stream s),
+/// one after another, into a graph. The capture ends even if a call throws (a thread left
+/// capturing fails every later CUDA call); the message is then in *thrown.
+cudaGraph_t capture_call(KvProblem& P, cudaStream_t s, std::string* thrown, int calls = 1) {
   auto on = [&](TensorView t) { t.device.stream = s; return t; };
   fa4::KVCacheOptions o = P.o;
   if (o.cache_seqlens) o.cache_seqlens = on(*o.cache_seqlens);
@@ -228,7 +228,7 @@ cudaGraph_t capture_call(KvProblem& P, cudaStream_t s, std::string* thrown) {
     return nullptr;
   }
   try {
-    fa4::forward_with_kvcache(on(P.tq), on(P.tk), on(P.tv), on(P.tout), on(P.tlse), o);
+    for (int i = 0; i < calls; ++i) fa4::forward_with_kvcache(on(P.tq), on(P.tk), on(P.tv), on(P.tout), on(P.tlse), o);
   } catch (const std::exception& e) {
     *thrown = e.what();
   }
@@ -585,26 +585,37 @@ TEST(HopperDecode, GraphReplayFollowsCacheSeqlens) {
 
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  std::string thrown;
-  cudaGraph_t g = capture_call(P, s, &thrown);
-  cudaGraphExec_t ge;
-  ASSERT_EQ(thrown, "");
-  // The split partials and their arrival counters belong to the graph: the kernel alone
-  // (no memset, no graph-memory allocation and free).
-  EXPECT_EQ(fa4::test::count_nodes(g, cudaGraphNodeTypeKernel, /*other=*/true), 0)
-      << "the captured call added nodes besides its kernels";
-  CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
-  for (int round = 0; round < 2; ++round) {
-    const bool second = round == 1;
-    P.d_cl->upload(second ? other : c.cache_seqlens);
-    CUDA_OK(cudaMemset(P.out->ptr, 0xFF, P.out->n * 2));
-    CUDA_OK(cudaGraphLaunch(ge, s));
-    CUDA_OK(cudaStreamSynchronize(s));
-    EXPECT_TRUE(P.out->download() == (second ? eager_b : eager_a)) << "replay " << round;
-    EXPECT_EQ(0, std::memcmp(P.lse->download().data(), (second ? lse_b : lse_a).data(), lse_a.size() * 4));
+  // One call, then two in one capture: the second shares the first's graph-owned partials and
+  // arrival counters (the capture orders the calls as the stream would; the first leaves the
+  // counters zero), so the graph holds 2 buffers, not 4.
+  for (const int calls : {1, 2}) {
+    SCOPED_TRACE(calls == 1 ? "one captured call" : "two captured calls");
+    const fa4::hopper::CaptureScratchStats before = fa4::hopper::capture_scratch_stats();
+    std::string thrown;
+    cudaGraph_t g = capture_call(P, s, &thrown, calls);
+    cudaGraphExec_t ge;
+    ASSERT_EQ(thrown, "");
+    const fa4::hopper::CaptureScratchStats after = fa4::hopper::capture_scratch_stats();
+    EXPECT_EQ(after.created + after.reused - before.created - before.reused, 2u) << "partials and arrival counters";
+    EXPECT_EQ(after.shared - before.shared, calls == 2 ? 2u : 0u);
+    // The split partials and their arrival counters belong to the graph: the kernels alone
+    // (no memset, no graph-memory allocation and free).
+    EXPECT_EQ(fa4::test::count_nodes(g, cudaGraphNodeTypeKernel), calls);
+    EXPECT_EQ(fa4::test::count_nodes(g, cudaGraphNodeTypeKernel, /*other=*/true), 0)
+        << "the captured call added nodes besides its kernels";
+    CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+    for (int round = 0; round < 2; ++round) {
+      const bool second = round == 1;
+      P.d_cl->upload(second ? other : c.cache_seqlens);
+      CUDA_OK(cudaMemset(P.out->ptr, 0xFF, P.out->n * 2));
+      CUDA_OK(cudaGraphLaunch(ge, s));
+      CUDA_OK(cudaStreamSynchronize(s));
+      EXPECT_TRUE(P.out->download() == (second ? eager_b : eager_a)) << "replay " << round;
+      EXPECT_EQ(0, std::memcmp(P.lse->download().data(), (second ? lse_b : lse_a).data(), lse_a.size() * 4));
+    }
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
   }
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
   cudaStreamDestroy(s);
 }
 

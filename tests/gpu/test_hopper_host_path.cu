@@ -586,6 +586,37 @@ TEST(HopperBwd, GraphReplayMatchesEager) {
       CUDA_OK(cudaGraphExecDestroy(exec));
       CUDA_OK(cudaGraphDestroy(graph));
     }
+    if (graph_memory) continue;
+    // Two deterministic backwards captured on one stream (as two layers' would be): the second
+    // shares the first's graph-owned workspace, which its preprocess re-zeroes (the capture
+    // orders it after the first's postprocess), and every replay is bitwise the eager result.
+    fa4::BackwardOptions o;
+    o.causal = true;
+    o.deterministic = true;
+    backward(o);
+    CUDA_OK(cudaStreamSynchronize(s));
+    const auto want_q = dq.download(), want_k = dk.download(), want_v = dv.download();
+    const fa4::hopper::CaptureScratchStats before = fa4::hopper::capture_scratch_stats();
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    backward(o);
+    backward(o);
+    CUDA_OK(cudaStreamEndCapture(s, &graph));
+    const fa4::hopper::CaptureScratchStats after = fa4::hopper::capture_scratch_stats();
+    EXPECT_EQ(after.created + after.reused - before.created - before.reused, 1u) << "one workspace for both calls";
+    EXPECT_EQ(after.shared - before.shared, 1u);
+    EXPECT_EQ(fa4::test::count_nodes(graph, cudaGraphNodeTypeKernel), 6);
+    EXPECT_EQ(fa4::test::count_nodes(graph, cudaGraphNodeTypeKernel, /*other=*/true), 6) << "the poisoning memsets only";
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int r = 0; r < 3; ++r) {
+      CUDA_OK(cudaGraphLaunch(exec, s));
+      CUDA_OK(cudaStreamSynchronize(s));
+      EXPECT_TRUE(dq.download() == want_q && dk.download() == want_k && dv.download() == want_v)
+          << "two captured calls, replay " << r;
+    }
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(graph));
   }
   CUDA_OK(cudaStreamDestroy(s));
 }
