@@ -692,23 +692,27 @@ TEST(HopperDecode, ExplicitExp2EmulationIsAClearError) {
 
 TEST(HopperDecode, SanitizeSmall) {
   REQUIRE_HOPPER();
-  KvCase c;
-  c.batch = 2;
-  c.seqlen_q = 2;
-  c.page_size = 7;
-  c.capacity = 150;
-  c.cache_seqlens = {130, 3};
-  c.seqlen_new = 2;
-  c.causal = true;
-  const fa4::test::ScopedOverride cluster("decode_cluster", "1");  // wherever the launch fits
-  for (int splits : {3, 4, 6}) {  // the global merge, one cluster per tile, clusters of 2 + global
-    c.num_splits = splits;
-    run_case(c);
-  }
-  c.bad_page_b = 0;
-  for (int splits : {1, 4, 6}) {  // 6: a flagged cluster of 2 then arrives at the global merge
-    c.num_splits = splits;
-    run_case(c);
+  // Page 7: a row offset per key; page 16: one per pass of 8 rows (d128), the sequences ending
+  // inside a pass (132 and 5 keys after the append).
+  for (int ps : {7, 16}) {
+    KvCase c;
+    c.batch = 2;
+    c.seqlen_q = 2;
+    c.page_size = ps;
+    c.capacity = 150;
+    c.cache_seqlens = {130, 3};
+    c.seqlen_new = 2;
+    c.causal = true;
+    const fa4::test::ScopedOverride cluster("decode_cluster", "1");  // wherever the launch fits
+    for (int splits : {3, 4, 6}) {  // the global merge, one cluster per tile, clusters of 2 + global
+      c.num_splits = splits;
+      run_case(c);
+    }
+    c.bad_page_b = 0;
+    for (int splits : {1, 4, 6}) {  // 6: a flagged cluster of 2 then arrives at the global merge
+      c.num_splits = splits;
+      run_case(c);
+    }
   }
 }
 
