@@ -30,10 +30,7 @@ constexpr const char* kBwd = "fa4::backward";
 template <class... Args>
 cudaError_t launch_programmatic(void (*kernel)(Args...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                                 const Args&... args) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaError_t e = launch_with_attribute(kernel, grid, block, smem, stream, attr, args...);
+  cudaError_t e = launch_with_attribute(kernel, grid, block, smem, stream, programmatic_attribute(), args...);
   if (e == cudaErrorNotSupported) {
     cudaGetLastError();
     kernel<<<grid, block, smem, stream>>>(args...);

@@ -47,6 +47,16 @@ inline cudaLaunchAttribute cooperative_attribute() {
   return attr;
 }
 
+/// The programmatic-stream-serialization attribute: the kernel may launch once the previous kernel
+/// in the stream lets it (griddepcontrol.launch_dependents, arch.cuh launch_dependents), and reads
+/// what that kernel wrote only after griddepcontrol.wait (wait_on_prerequisites).
+inline cudaLaunchAttribute programmatic_attribute() {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  return attr;
+}
+
 namespace {
 /// Devices (bit per ordinal < 64) on which Kt's kernel has its shared-memory limit raised. Internal
 /// linkage on purpose: a function-local static of a template has vague linkage, and the dynamic
