@@ -48,8 +48,9 @@
 // counters and split flags, which its kernels leave zero; split-KV and stream-K partials; a
 // backward workspace) belongs to the captured graph while it lives, so a replay launches the
 // call's kernels alone; the calls captured on one stream in one capture share it, as eager calls
-// on one stream do (the capture orders them; rewiring that order with
-// cudaStreamUpdateCaptureDependencies is not supported). Larger scratch (a training-shaped
+// on one stream do (the capture orders them; replacing a stream's capture dependencies, i.e.
+// cudaStreamSetCaptureDependencies, or editing the graph's edges between the calls, is not
+// supported). Larger scratch (a training-shaped
 // backward workspace, d256 stream-K partials) is CUDA graph memory (allocation and free
 // nodes). Run one executable instance of a
 // captured graph at a time (CUDA orders the replays of one instance): two instances of one

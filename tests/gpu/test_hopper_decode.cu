@@ -214,27 +214,31 @@ void run_fa4(KvProblem& P, std::vector<uint16_t>& out, std::vector<float>& lse, 
   lse = P.lse->download();
 }
 
-/// Captures `calls` forward_with_kvcache calls of P (its options and tensors moved to stream s),
-/// one after another, into a graph. The capture ends even if a call throws (a thread left
-/// capturing fails every later CUDA call); the message is then in *thrown.
-cudaGraph_t capture_call(KvProblem& P, cudaStream_t s, std::string* thrown, int calls = 1) {
+/// Captures one forward_with_kvcache call of each problem (its options and tensors moved to stream
+/// s), in order, into a graph. The capture ends even if a call throws (a thread left capturing
+/// fails every later CUDA call); the message is then in *thrown.
+cudaGraph_t capture_calls(const std::vector<KvProblem*>& problems, cudaStream_t s, std::string* thrown) {
   auto on = [&](TensorView t) { t.device.stream = s; return t; };
-  fa4::KVCacheOptions o = P.o;
-  if (o.cache_seqlens) o.cache_seqlens = on(*o.cache_seqlens);
-  if (o.page_table) o.page_table = on(*o.page_table);
   cudaGraph_t g = nullptr;
   if (cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
     *thrown = "cudaStreamBeginCapture failed";
     return nullptr;
   }
   try {
-    for (int i = 0; i < calls; ++i) fa4::forward_with_kvcache(on(P.tq), on(P.tk), on(P.tv), on(P.tout), on(P.tlse), o);
+    for (KvProblem* P : problems) {
+      fa4::KVCacheOptions o = P->o;
+      if (o.cache_seqlens) o.cache_seqlens = on(*o.cache_seqlens);
+      if (o.page_table) o.page_table = on(*o.page_table);
+      fa4::forward_with_kvcache(on(P->tq), on(P->tk), on(P->tv), on(P->tout), on(P->tlse), o);
+    }
   } catch (const std::exception& e) {
     *thrown = e.what();
   }
   if (cudaStreamEndCapture(s, &g) != cudaSuccess && thrown->empty()) *thrown = "cudaStreamEndCapture failed";
   return g;
 }
+
+cudaGraph_t capture_call(KvProblem& P, cudaStream_t s, std::string* thrown) { return capture_calls({&P}, s, thrown); }
 
 /// The whole check of one case (see the file comment).
 void run_case(const KvCase& c) {
@@ -572,27 +576,34 @@ TEST(HopperDecode, GraphReplayFollowsCacheSeqlens) {
   c.num_splits = 6;
   const fa4::test::ScopedOverride cluster("decode_cluster", "1");
   c.seed = 800;
-  KvProblem P;
-  build(P, c);
-  std::vector<uint16_t> eager_a, eager_b;
-  std::vector<float> lse_a, lse_b;
-  run_fa4(P, eager_a, lse_a);
+  // Two problems of one shape with different inputs: captured alone, then one after the other on
+  // one stream, where the second shares the first's graph-owned partials and arrival counters (the
+  // capture orders the calls as the stream would; counters the first left set would make the
+  // second merge the first's partials).
+  KvProblem P[2];
+  std::vector<uint16_t> eager[2][2];  // [problem][lengths]
+  std::vector<float> lse[2][2];
   const std::vector<int> other{37, 1020};
-  P.d_cl->upload(other);
-  run_fa4(P, eager_b, lse_b);
+  for (int i = 0; i < 2; ++i) {
+    KvCase ci = c;
+    ci.seed = 800 + i;
+    build(P[i], ci);
+    if (::testing::Test::HasFatalFailure()) return;
+    run_fa4(P[i], eager[i][0], lse[i][0]);
+    P[i].d_cl->upload(other);
+    run_fa4(P[i], eager[i][1], lse[i][1]);
+    P[i].d_cl->upload(c.cache_seqlens);
+  }
   ASSERT_NO_THROW(fa4::check_async_errors(0));
-  P.d_cl->upload(c.cache_seqlens);
+  ASSERT_NE(eager[0][0], eager[1][0]);  // a replay giving one call's rows twice fails
 
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  // One call, then two in one capture: the second shares the first's graph-owned partials and
-  // arrival counters (the capture orders the calls as the stream would; the first leaves the
-  // counters zero), so the graph holds 2 buffers, not 4.
   for (const int calls : {1, 2}) {
     SCOPED_TRACE(calls == 1 ? "one captured call" : "two captured calls");
     const fa4::hopper::CaptureScratchStats before = fa4::hopper::capture_scratch_stats();
     std::string thrown;
-    cudaGraph_t g = capture_call(P, s, &thrown, calls);
+    cudaGraph_t g = capture_calls(calls == 1 ? std::vector<KvProblem*>{&P[0]} : std::vector<KvProblem*>{&P[0], &P[1]}, s, &thrown);
     cudaGraphExec_t ge;
     ASSERT_EQ(thrown, "");
     const fa4::hopper::CaptureScratchStats after = fa4::hopper::capture_scratch_stats();
@@ -604,14 +615,19 @@ TEST(HopperDecode, GraphReplayFollowsCacheSeqlens) {
     EXPECT_EQ(fa4::test::count_nodes(g, cudaGraphNodeTypeKernel, /*other=*/true), 0)
         << "the captured call added nodes besides its kernels";
     CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
-    for (int round = 0; round < 2; ++round) {
-      const bool second = round == 1;
-      P.d_cl->upload(second ? other : c.cache_seqlens);
-      CUDA_OK(cudaMemset(P.out->ptr, 0xFF, P.out->n * 2));
+    for (int round = 0; round < 2; ++round) {  // the replay follows the lengths
+      for (int i = 0; i < calls; ++i) {
+        P[i].d_cl->upload(round ? other : c.cache_seqlens);
+        CUDA_OK(cudaMemsetAsync(P[i].out->ptr, 0xFF, P[i].out->n * 2, s));
+        CUDA_OK(cudaMemsetAsync(P[i].lse->ptr, 0xFF, P[i].lse->n * 4, s));
+      }
       CUDA_OK(cudaGraphLaunch(ge, s));
       CUDA_OK(cudaStreamSynchronize(s));
-      EXPECT_TRUE(P.out->download() == (second ? eager_b : eager_a)) << "replay " << round;
-      EXPECT_EQ(0, std::memcmp(P.lse->download().data(), (second ? lse_b : lse_a).data(), lse_a.size() * 4));
+      for (int i = 0; i < calls; ++i) {
+        EXPECT_TRUE(P[i].out->download() == eager[i][round]) << "call " << i << ", replay " << round;
+        EXPECT_EQ(0, std::memcmp(P[i].lse->download().data(), lse[i][round].data(), lse[i][round].size() * 4))
+            << "call " << i << ", replay " << round;
+      }
     }
     cudaGraphExecDestroy(ge);
     cudaGraphDestroy(g);
@@ -692,8 +708,8 @@ TEST(HopperDecode, ExplicitExp2EmulationIsAClearError) {
 
 TEST(HopperDecode, SanitizeSmall) {
   REQUIRE_HOPPER();
-  // Page 7: a row offset per key; page 16: one per pass of 8 rows (d128), the sequences ending
-  // inside a pass (132 and 5 keys after the append).
+  // Page 7, and page 16 (a power of two, several pages per 64-key block), the sequences ending
+  // inside a page (132 and 5 keys after the append).
   for (int ps : {7, 16}) {
     KvCase c;
     c.batch = 2;

@@ -587,22 +587,52 @@ TEST(HopperBwd, GraphReplayMatchesEager) {
       CUDA_OK(cudaGraphDestroy(graph));
     }
     if (graph_memory) continue;
-    // Two deterministic backwards captured on one stream (as two layers' would be): the second
-    // shares the first's graph-owned workspace, which its preprocess re-zeroes (the capture
-    // orders it after the first's postprocess), and every replay is bitwise the eager result.
+    // Two deterministic backwards captured on one stream (as two layers' would be), with different
+    // dout into their own gradients: the second shares the first's graph-owned workspace, which
+    // its preprocess must re-zero (the capture orders it after the first's postprocess; a dQ
+    // accumulator or semaphore left over from the first call would change its dq or hang it), and
+    // every replay gives both calls' eager gradients bitwise.
+    fa4::test::DevBuf<uint16_t> dout2{size_t(nq)}, dq2{size_t(nq)}, dk2{size_t(nk)}, dv2{size_t(nk)};
+    ASSERT_TRUE(dout2.ptr && dq2.ptr && dk2.ptr && dv2.ptr) << "cudaMalloc of the second call's buffers";
+    {
+      std::mt19937 rng(34);
+      std::normal_distribution<float> nd(0.f, 1.f);
+      std::vector<uint16_t> h(static_cast<size_t>(nq));
+      for (auto& x : h) x = fa4::detail::float_to_bf16(nd(rng));
+      dout2.upload(h);
+    }
+    auto backward2 = [&](const fa4::BackwardOptions& o) {  // the second call, gradients poisoned first
+      cudaMemsetAsync(dq2.ptr, 0xFF, nq * 2, s);
+      cudaMemsetAsync(dk2.ptr, 0xFF, nk * 2, s);
+      cudaMemsetAsync(dv2.ptr, 0xFF, nk * 2, s);
+      fa4::backward(q_like(dout2.ptr), q_like(p.q), k_like(p.k), k_like(p.v), q_like(p.out),
+                    TensorView::contiguous(p.lse, DType::kFP32, {p.batch, p.H, p.seqlen_q}, dev), q_like(dq2.ptr),
+                    k_like(dk2.ptr), k_like(dv2.ptr), o);
+    };
     fa4::BackwardOptions o;
     o.causal = true;
     o.deterministic = true;
     backward(o);
+    backward2(o);
     CUDA_OK(cudaStreamSynchronize(s));
     const auto want_q = dq.download(), want_k = dk.download(), want_v = dv.download();
+    const auto want_q2 = dq2.download(), want_k2 = dk2.download(), want_v2 = dv2.download();
+    ASSERT_FALSE(any_nan16(want_q2) || any_nan16(want_k2) || any_nan16(want_v2)) << "eager, second call";
+    ASSERT_NE(want_q, want_q2);  // distinct douts: a replay giving one call's dq twice fails
     const fa4::hopper::CaptureScratchStats before = fa4::hopper::capture_scratch_stats();
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    backward(o);
-    backward(o);
-    CUDA_OK(cudaStreamEndCapture(s, &graph));
+    std::string thrown;
+    try {
+      backward(o);
+      backward2(o);
+    } catch (const std::exception& e) {
+      thrown = e.what();  // end the capture first
+    }
+    const cudaError_t ended = cudaStreamEndCapture(s, &graph);
+    ASSERT_EQ(thrown, "");
+    CUDA_OK(ended);
     const fa4::hopper::CaptureScratchStats after = fa4::hopper::capture_scratch_stats();
     EXPECT_EQ(after.created + after.reused - before.created - before.reused, 1u) << "one workspace for both calls";
     EXPECT_EQ(after.shared - before.shared, 1u);
@@ -613,7 +643,9 @@ TEST(HopperBwd, GraphReplayMatchesEager) {
       CUDA_OK(cudaGraphLaunch(exec, s));
       CUDA_OK(cudaStreamSynchronize(s));
       EXPECT_TRUE(dq.download() == want_q && dk.download() == want_k && dv.download() == want_v)
-          << "two captured calls, replay " << r;
+          << "first captured call, replay " << r;
+      EXPECT_TRUE(dq2.download() == want_q2 && dk2.download() == want_k2 && dv2.download() == want_v2)
+          << "second captured call, replay " << r;
     }
     CUDA_OK(cudaGraphExecDestroy(exec));
     CUDA_OK(cudaGraphDestroy(graph));

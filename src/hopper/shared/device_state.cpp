@@ -201,7 +201,8 @@ LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, siz
     }
     // A new capture, a larger need, or a zeroed need where the buffer may be written: a buffer of
     // its own (the earlier one stays with the graph, whose earlier nodes use it).
-    share = {capture_id, graph, capture_owned(device, graph, bytes, zeroed_bytes > 0), zeroed_bytes >= bytes};
+    share = {capture_id, graph, capture_owned(device, graph, bytes, zeroed_bytes > 0),
+             zeroed_bytes > 0 && zeroed_bytes >= bytes};
     return {share.buf.ptr, false};
   }
   if (capture != cudaStreamCaptureStatusNone) {

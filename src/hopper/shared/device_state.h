@@ -11,9 +11,9 @@
 //     CUDA user object (reused once the graph is destroyed), shared with the calls captured after
 //     it on the same stream in the same capture (the capture orders them as the stream orders
 //     eager calls; so a graph of 32 same-shaped layers' decode calls holds one buffer per kind,
-//     not 32, plus one each time a later call needs a larger one; a capture whose dependencies
-//     the caller rewires with cudaStreamUpdateCaptureDependencies, dropping that order, is not
-//     supported): zeroed at capture for what must
+//     not 32, plus one each time a later call needs a larger one; replacing a stream's capture
+//     dependencies (cudaStreamSetCaptureDependencies) or editing the graph's edges between the
+//     calls drops that order and is not supported): zeroed at capture for what must
 //     start zeroed (a few KB of counters and flags), so a replay runs no memset, and for scratch
 //     that every launch overwrites (split partials, a small backward's workspace) up to
 //     kGraphOwnedScratchMaxBytes, so a replay runs no graph-memory allocation and free nodes
