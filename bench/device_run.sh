@@ -11,7 +11,8 @@
 # build), HOST=1 (bench/host_overhead.py), GTEST_FILTER (of the GPU test run), SAN_FILTER (gtest
 # filter of the sanitizer runs),
 # BENCH=1 (bench/bench_fwd.py, BENCH_ARGS), BWD=1 (bench/bench_bwd.py, BWD_ARGS), DECODE=1
-# (bench/bench_decode.py, DECODE_ARGS), KTIMES=1 (bench/kernel_times.py), SPLITS=1
+# (bench/bench_decode.py, DECODE_ARGS), DAB=1 (bench/ab_decode.py over OLD / new / VARIANTS,
+# DAB_ARGS), KTIMES=1 (bench/kernel_times.py), SPLITS=1
 # (bench/decode_split_sweep.py, SPLITS_ARGS), SMALLQ=1
 # (bench/small_q_route.py), AB_ARGS (extra ab_variants.py arguments), NCU=1 (ncu over
 # bench/profile_bwd.py, NCU_ARGS: its arguments, default "128 0 4096"), DNCU=1 (ncu over
@@ -75,6 +76,11 @@ if [ -n "$OLD$VARIANTS" ] && [ "${AB:-1}" = 1 ]; then
     ${OLD:+old=$PWD/build-old/src/libfa4.so} new=$PWD/$B/src/libfa4.so $VAR_LIBS \
     ${AB_ARGS:---headdims 64,96,128,192,256} > $OUT/ab.log 2>&1
   echo "ab rc=$?"; tail -25 $OUT/ab.log
+fi
+if [ -n "$OLD$VARIANTS" ] && [ "${DAB:-0}" = 1 ]; then  # decode A/B (bench/ab_decode.py), same libraries
+  PYTHONPATH=${PYPKG:-python}:bench timeout ${DAB_TIMEOUT:-300} python3 bench/ab_decode.py $OUT/ab_decode.json \
+    ${OLD:+old=$PWD/build-old/src/libfa4.so} new=$PWD/$B/src/libfa4.so $VAR_LIBS ${DAB_ARGS:-} > $OUT/ab_decode.log 2>&1
+  echo "ab_decode rc=$?"; grep -v -i warn $OUT/ab_decode.log | tail -20
 fi
 if [ "${BENCH:-0}" = 1 ]; then
   PYTHONPATH=python FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout ${BENCH_TIMEOUT:-300} python3 bench/bench_fwd.py $OUT/bench.json ${BENCH_ARGS:---quick} > $OUT/bench.log 2>&1

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""A/B of several libfa4 builds' decode (KV-cache) calls in ONE process, interleaved with SDPA cuDNN:
+kernel time per call (torch.profiler, the sum of a call's kernels, bench/kernel_times.py), the
+median over --rounds rounds with the order rotated each round. The decode counterpart of
+bench/ab_variants.py (which times forwards and backwards); a tuning tool, not a benchmark of
+record (back-to-back calls, no L2 flush). Paged shapes use pages in random order; cuDNN (SDPA has
+no paged path) runs on the same keys as a dense cache. Each variant's output is compared with
+cuDNN's (max abs difference), so a broken variant shows in its line.
+
+Usage (GPU machine, repo root; bench/device_run.sh DAB=1 runs it on OLD / new / VARIANTS):
+    PYTHONPATH=python:bench python3 bench/ab_decode.py OUT.json old=build-old/src/libfa4.so new=build-dev/src/libfa4.so
+    ... --shape 8,131072,32,8,128,16        (batch,seqlen_k,heads,heads_kv,headdim,page_size; repeatable)
+"""
+import argparse
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import fa4
+from ab_variants import load, parse, use
+from bench_decode import make_problem
+from kernel_times import kernel_times
+
+# (batch, seqlen_k, heads, heads_kv, headdim, page_size: 0 = dense), one query per sequence
+SHAPES = [
+    (1, 131072, 32, 8, 128, 0), (1, 131072, 32, 8, 128, 16), (8, 131072, 32, 8, 128, 0), (8, 131072, 32, 8, 128, 16),
+    (8, 8192, 32, 8, 128, 0), (8, 8192, 32, 8, 128, 16), (32, 32768, 32, 8, 128, 0), (32, 32768, 32, 8, 128, 16),
+    (8, 32768, 32, 8, 128, 64), (1, 32768, 32, 8, 128, 16), (1, 8192, 32, 8, 128, 1), (1, 8192, 32, 8, 64, 16),
+    (1, 8192, 32, 8, 64, 0), (1, 32768, 8, 1, 128, 16), (1, 1024, 32, 8, 128, 0), (1, 8192, 32, 8, 128, 0),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_json")
+    ap.add_argument("variants", nargs="+", help="name=path/to/libfa4.so[?override=value&...]")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--shape", action="append", default=[],
+                    help="batch,seqlen_k,heads,heads_kv,headdim,page_size (repeatable): these shapes instead")
+    args = ap.parse_args()
+    shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape] or SHAPES
+    libs = {n: (load(p), e) for n, p, e in map(parse, args.variants)}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for (b, sk, h, hk, d, page) in shapes:
+        q, kc, vc, lens, table, (k, v) = make_problem(b, sk, 1, h, hk, d, page, torch.bfloat16, gen)
+        qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+
+        def cudnn():
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=h != hk)
+        fns = {"cudnn": cudnn}
+        ref = cudnn().transpose(1, 2).float()
+        err = {}
+        for n, (lib, env) in libs.items():
+            use(lib, env)
+            err[n] = float((fa4.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table).float()
+                            - ref).abs().max())
+            fns[n] = (lambda lib_=lib, env_=env: (use(lib_, env_), fa4.flash_attn_with_kvcache(
+                q, kc, vc, cache_seqlens=lens, page_table=table)))
+        names = list(fns)
+        times = {n: [] for n in names}
+        for r in range(args.rounds):
+            for n in names[r % len(names):] + names[:r % len(names)]:
+                times[n].append(sum(kernel_times(fns[n]).values()))
+        us = {n: round(statistics.median(t), 2) for n, t in times.items()}
+        rows.append({"batch": b, "seqlen_k": sk, "heads": h, "heads_kv": hk, "headdim": d, "page_size": page,
+                     "us": us, "ratio_vs_cudnn": {n: round(us["cudnn"] / us[n], 3) for n in libs},
+                     "max_abs_err_vs_cudnn": err})
+        print(f"b{b} kv{sk} {h}/{hk} d{d} page{page}: " + " ".join(f"{n} {us[n]:.2f}" for n in names)
+              + " | x cudnn " + " ".join(f"{n} {us['cudnn'] / us[n]:.3f}" for n in libs)
+              + " | err " + " ".join(f"{err[n]:.1e}" for n in libs), flush=True)
+        del q, kc, vc, k, v, qt, kt, vt, ref
+        torch.cuda.empty_cache()
+    with open(args.out_json, "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
