@@ -525,24 +525,27 @@ TEST(HopperBwd, GraphReplayMatchesEager) {
     const int64_t nq = p.rows_q * p.H * p.d, nk = p.rows_k * p.HK * p.d;
     fa4::test::DevBuf<uint16_t> dout{size_t(nq)}, dq{size_t(nq)}, dk{size_t(nk)}, dv{size_t(nk)};
     ASSERT_TRUE(dout.ptr && dq.ptr && dk.ptr && dv.ptr) << "cudaMalloc of dout / dq / dk / dv";
-    {
-      std::mt19937 rng(32);
+    auto random_dout = [&](fa4::test::DevBuf<uint16_t>& b, uint32_t seed) {
+      std::mt19937 rng(seed);
       std::normal_distribution<float> nd(0.f, 1.f);
       std::vector<uint16_t> h(static_cast<size_t>(nq));
       for (auto& x : h) x = fa4::detail::float_to_bf16(nd(rng));
-      dout.upload(h);
-    }
+      b.upload(h);
+    };
+    random_dout(dout, 32);
     const auto dev = fa4::Device::cuda(0, s);
     auto q_like = [&](void* x) { return TensorView::contiguous(x, DType::kBF16, {p.batch, p.seqlen_q, p.H, p.d}, dev); };
     auto k_like = [&](void* x) { return TensorView::contiguous(x, DType::kBF16, {p.batch, p.seqlen_k, p.HK, p.d}, dev); };
-    auto backward = [&](const fa4::BackwardOptions& o) {  // gradients poisoned first
-      cudaMemsetAsync(dq.ptr, 0xFF, nq * 2, s);
-      cudaMemsetAsync(dk.ptr, 0xFF, nk * 2, s);
-      cudaMemsetAsync(dv.ptr, 0xFF, nk * 2, s);
-      fa4::backward(q_like(dout.ptr), q_like(p.q), k_like(p.k), k_like(p.v), q_like(p.out),
-                    TensorView::contiguous(p.lse, DType::kFP32, {p.batch, p.H, p.seqlen_q}, dev), q_like(dq.ptr),
-                    k_like(dk.ptr), k_like(dv.ptr), o);
+    // One backward from `go` into gq / gk / gv, poisoned first.
+    auto backward_into = [&](const fa4::BackwardOptions& o, void* go, void* gq, void* gk, void* gv) {
+      cudaMemsetAsync(gq, 0xFF, nq * 2, s);
+      cudaMemsetAsync(gk, 0xFF, nk * 2, s);
+      cudaMemsetAsync(gv, 0xFF, nk * 2, s);
+      fa4::backward(q_like(go), q_like(p.q), k_like(p.k), k_like(p.v), q_like(p.out),
+                    TensorView::contiguous(p.lse, DType::kFP32, {p.batch, p.H, p.seqlen_q}, dev), q_like(gq),
+                    k_like(gk), k_like(gv), o);
     };
+    auto backward = [&](const fa4::BackwardOptions& o) { backward_into(o, dout.ptr, dq.ptr, dk.ptr, dv.ptr); };
     for (bool det : {false, true}) {
       fa4::BackwardOptions o;
       o.causal = true;
@@ -594,21 +597,8 @@ TEST(HopperBwd, GraphReplayMatchesEager) {
     // every replay gives both calls' eager gradients bitwise.
     fa4::test::DevBuf<uint16_t> dout2{size_t(nq)}, dq2{size_t(nq)}, dk2{size_t(nk)}, dv2{size_t(nk)};
     ASSERT_TRUE(dout2.ptr && dq2.ptr && dk2.ptr && dv2.ptr) << "cudaMalloc of the second call's buffers";
-    {
-      std::mt19937 rng(34);
-      std::normal_distribution<float> nd(0.f, 1.f);
-      std::vector<uint16_t> h(static_cast<size_t>(nq));
-      for (auto& x : h) x = fa4::detail::float_to_bf16(nd(rng));
-      dout2.upload(h);
-    }
-    auto backward2 = [&](const fa4::BackwardOptions& o) {  // the second call, gradients poisoned first
-      cudaMemsetAsync(dq2.ptr, 0xFF, nq * 2, s);
-      cudaMemsetAsync(dk2.ptr, 0xFF, nk * 2, s);
-      cudaMemsetAsync(dv2.ptr, 0xFF, nk * 2, s);
-      fa4::backward(q_like(dout2.ptr), q_like(p.q), k_like(p.k), k_like(p.v), q_like(p.out),
-                    TensorView::contiguous(p.lse, DType::kFP32, {p.batch, p.H, p.seqlen_q}, dev), q_like(dq2.ptr),
-                    k_like(dk2.ptr), k_like(dv2.ptr), o);
-    };
+    random_dout(dout2, 34);
+    auto backward2 = [&](const fa4::BackwardOptions& o) { backward_into(o, dout2.ptr, dq2.ptr, dk2.ptr, dv2.ptr); };
     fa4::BackwardOptions o;
     o.causal = true;
     o.deterministic = true;
