@@ -50,11 +50,10 @@
 // call's kernels alone; the calls captured on one stream in one capture share it, as eager calls
 // on one stream do (the capture orders them; replacing a stream's capture dependencies, i.e.
 // cudaStreamSetCaptureDependencies, or editing the graph's edges between the calls, is not
-// supported). Larger scratch (a training-shaped
-// backward workspace, d256 stream-K partials) is CUDA graph memory (allocation and free
-// nodes). Run one executable instance of a
-// captured graph at a time (CUDA orders the replays of one instance): two instances of one
-// captured graph replayed concurrently would share that scratch.
+// supported). Larger scratch (a training-shaped backward workspace, d256 stream-K partials) is
+// CUDA graph memory (allocation and free nodes). Run one executable instance of a captured graph
+// at a time (CUDA orders the replays of one instance): two instances of one captured graph
+// replayed concurrently would share that scratch.
 //
 // ERRORS. fa4::Error (fa4/error.h). Every argument is validated before anything is written, except
 // the contents of device-resident varlen indices (above) and of device-resident KV-cache indices

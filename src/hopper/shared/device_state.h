@@ -13,9 +13,9 @@
 //     eager calls; so a graph of 32 same-shaped layers' decode calls holds one buffer per kind,
 //     not 32, plus one each time a later call needs a larger one; replacing a stream's capture
 //     dependencies (cudaStreamSetCaptureDependencies) or editing the graph's edges between the
-//     calls drops that order and is not supported): zeroed at capture for what must
-//     start zeroed (a few KB of counters and flags), so a replay runs no memset, and for scratch
-//     that every launch overwrites (split partials, a small backward's workspace) up to
+//     calls drops that order and is not supported): zeroed at capture for what must start
+//     zeroed (a few KB of counters and flags), so a replay runs no memset, and for scratch that
+//     every launch overwrites (split partials, a small backward's workspace) up to
 //     kGraphOwnedScratchMaxBytes, so a replay runs no graph-memory allocation and free nodes
 //     either: the serving shapes' graphs hold their kernels alone. Larger overwritten scratch (a
 //     training shape's backward workspace) is graph memory (allocation and free nodes, memory
