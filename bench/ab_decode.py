@@ -16,12 +16,12 @@ import json
 import statistics
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
 
 import fa4
 from ab_variants import load, parse, use
-from bench_decode import make_problem
+from bench_decode import _in, make_problem
+from bench_fwd import sdpa_fn
 from kernel_times import kernel_times
 
 # (batch, seqlen_k, heads, heads_kv, headdim, page_size: 0 = dense), one query per sequence
@@ -47,11 +47,12 @@ def main():
     rows = []
     for (b, sk, h, hk, d, page) in shapes:
         q, kc, vc, lens, table, (k, v) = make_problem(b, sk, 1, h, hk, d, page, torch.bfloat16, gen)
-        qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+        sdpa = sdpa_fn(q, k, v, False, SDPBackend.CUDNN_ATTENTION)
+        if sdpa is None:
+            raise RuntimeError(f"cuDNN refuses batch {b}, seqlen_k {sk}, heads {h}/{hk}, d{d}")
 
         def cudnn():
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=h != hk)
+            return _in(SDPBackend.CUDNN_ATTENTION, sdpa)
         fns = {"cudnn": cudnn}
         ref = cudnn().transpose(1, 2).float()
         err = {}
@@ -73,7 +74,7 @@ def main():
         print(f"b{b} kv{sk} {h}/{hk} d{d} page{page}: " + " ".join(f"{n} {us[n]:.2f}" for n in names)
               + " | x cudnn " + " ".join(f"{n} {us['cudnn'] / us[n]:.3f}" for n in libs)
               + " | err " + " ".join(f"{err[n]:.1e}" for n in libs), flush=True)
-        del q, kc, vc, k, v, qt, kt, vt, ref
+        del q, kc, vc, k, v, sdpa, ref
         torch.cuda.empty_cache()
     with open(args.out_json, "w") as f:
         json.dump(rows, f, indent=1)

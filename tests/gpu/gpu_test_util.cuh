@@ -6,6 +6,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "common/overrides.h"
@@ -66,6 +69,39 @@ inline uint16_t to16(DType t, float f) {
 }
 inline float from16(DType t, uint16_t h) {
   return t == DType::kBF16 ? detail::bf16_to_float(h) : detail::fp16_to_float(h);
+}
+
+/// What capture_graph captured: the graph, cudaStreamEndCapture's status, and the message of an
+/// exception the captured code threw ("" if none).
+struct Capture {
+  cudaGraph_t graph = nullptr;
+  cudaError_t ended = cudaSuccess;
+  std::string thrown;
+};
+
+/// Captures fn() on stream s into a graph. The capture ends even if fn throws (a thread left
+/// capturing fails every later CUDA call): on_throw() runs first (e.g. to rejoin a forked stream,
+/// without which the capture cannot end), and the message is kept.
+template <class Fn, class OnThrow>
+Capture capture_graph(cudaStream_t s, cudaStreamCaptureMode mode, Fn&& fn, OnThrow&& on_throw) {
+  Capture c;
+  c.ended = cudaStreamBeginCapture(s, mode);
+  if (c.ended != cudaSuccess) {
+    c.thrown = "cudaStreamBeginCapture failed";
+    return c;
+  }
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    c.thrown = e.what();
+    on_throw();
+  }
+  c.ended = cudaStreamEndCapture(s, &c.graph);
+  return c;
+}
+template <class Fn>
+Capture capture_graph(cudaStream_t s, Fn&& fn) {
+  return capture_graph(s, cudaStreamCaptureModeGlobal, std::forward<Fn>(fn), [] {});
 }
 
 /// How many of graph g's nodes have type `type` (kernel, memset, ...), or, with `other` set, any

@@ -219,23 +219,20 @@ void run_fa4(KvProblem& P, std::vector<uint16_t>& out, std::vector<float>& lse, 
 /// fails every later CUDA call); the message is then in *thrown.
 cudaGraph_t capture_calls(const std::vector<KvProblem*>& problems, cudaStream_t s, std::string* thrown) {
   auto on = [&](TensorView t) { t.device.stream = s; return t; };
-  cudaGraph_t g = nullptr;
-  if (cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
-    *thrown = "cudaStreamBeginCapture failed";
-    return nullptr;
-  }
-  try {
-    for (KvProblem* P : problems) {
-      fa4::KVCacheOptions o = P->o;
-      if (o.cache_seqlens) o.cache_seqlens = on(*o.cache_seqlens);
-      if (o.page_table) o.page_table = on(*o.page_table);
-      fa4::forward_with_kvcache(on(P->tq), on(P->tk), on(P->tv), on(P->tout), on(P->tlse), o);
-    }
-  } catch (const std::exception& e) {
-    *thrown = e.what();
-  }
-  if (cudaStreamEndCapture(s, &g) != cudaSuccess && thrown->empty()) *thrown = "cudaStreamEndCapture failed";
-  return g;
+  const fa4::test::Capture c = fa4::test::capture_graph(
+      s, cudaStreamCaptureModeThreadLocal,
+      [&] {
+        for (KvProblem* P : problems) {
+          fa4::KVCacheOptions o = P->o;
+          if (o.cache_seqlens) o.cache_seqlens = on(*o.cache_seqlens);
+          if (o.page_table) o.page_table = on(*o.page_table);
+          fa4::forward_with_kvcache(on(P->tq), on(P->tk), on(P->tv), on(P->tout), on(P->tlse), o);
+        }
+      },
+      [] {});
+  *thrown = c.thrown;
+  if (c.ended != cudaSuccess && thrown->empty()) *thrown = "cudaStreamEndCapture failed";
+  return c.graph;
 }
 
 cudaGraph_t capture_call(KvProblem& P, cudaStream_t s, std::string* thrown) { return capture_calls({&P}, s, thrown); }

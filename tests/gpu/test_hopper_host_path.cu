@@ -275,17 +275,11 @@ TEST(HopperFwd, CapturedScratchBelongsToTheGraph) {
     ASSERT_FALSE(any_nan16(want)) << v.knob;
     for (int capture = 0; capture < 2; ++capture) {
       const fa4::hopper::CaptureScratchStats before = fa4::hopper::capture_scratch_stats();
-      cudaGraph_t graph = nullptr;
       cudaGraphExec_t exec = nullptr;
-      CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-      std::string thrown;
-      try {
-        v.p.run(o, s);
-      } catch (const std::exception& e) {
-        thrown = e.what();  // end the capture first
-      }
-      CUDA_OK(cudaStreamEndCapture(s, &graph));
-      ASSERT_EQ(thrown, "") << v.knob;
+      const fa4::test::Capture c = fa4::test::capture_graph(s, [&] { v.p.run(o, s); });
+      cudaGraph_t graph = c.graph;
+      ASSERT_EQ(c.thrown, "") << v.knob;
+      CUDA_OK(c.ended);
       EXPECT_EQ(fa4::test::count_nodes(graph, cudaGraphNodeTypeKernel, true), 0) << v.knob << ": not only kernels";
       const fa4::hopper::CaptureScratchStats after = fa4::hopper::capture_scratch_stats();
       if (capture == 0) {
@@ -345,33 +339,32 @@ TEST(HopperFwd, CapturedCallsShareScratchPerStream) {
   ASSERT_NE(want[0], want[1]);  // distinct inputs: a replay writing one call's result twice fails
   for (const bool forked : {false, true}) {
     const fa4::hopper::CaptureScratchStats before = fa4::hopper::capture_scratch_stats();
-    cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
-    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    std::string thrown;
-    try {
-      p[0].run(o, s);
-      if (forked) {  // p[2] on s2, beside p[1] on s
-        CUDA_OK(cudaEventRecord(fork, s));
-        CUDA_OK(cudaStreamWaitEvent(s2, fork, 0));
-        p[2].run(o, s2);
-        CUDA_OK(cudaEventRecord(join, s2));
-        p[1].run(o, s);
-        CUDA_OK(cudaStreamWaitEvent(s, join, 0));
-      } else {
-        p[1].run(o, s);
-        p[2].run(o, s);
-      }
-    } catch (const std::exception& e) {
-      thrown = e.what();  // end the capture first (s2 rejoined, or the capture cannot end)
-      if (forked) {
-        cudaEventRecord(join, s2);
-        cudaStreamWaitEvent(s, join, 0);
-      }
-    }
-    const cudaError_t ended = cudaStreamEndCapture(s, &graph);
-    ASSERT_EQ(thrown, "") << "forked " << forked;
-    CUDA_OK(ended);
+    const fa4::test::Capture c = fa4::test::capture_graph(
+        s, cudaStreamCaptureModeGlobal,
+        [&] {
+          p[0].run(o, s);
+          if (forked) {  // p[2] on s2, beside p[1] on s
+            CUDA_OK(cudaEventRecord(fork, s));
+            CUDA_OK(cudaStreamWaitEvent(s2, fork, 0));
+            p[2].run(o, s2);
+            CUDA_OK(cudaEventRecord(join, s2));
+            p[1].run(o, s);
+            CUDA_OK(cudaStreamWaitEvent(s, join, 0));
+          } else {
+            p[1].run(o, s);
+            p[2].run(o, s);
+          }
+        },
+        [&] {  // s2 rejoined, or the capture cannot end
+          if (forked) {
+            cudaEventRecord(join, s2);
+            cudaStreamWaitEvent(s, join, 0);
+          }
+        });
+    cudaGraph_t graph = c.graph;
+    ASSERT_EQ(c.thrown, "") << "forked " << forked;
+    CUDA_OK(c.ended);
     const fa4::hopper::CaptureScratchStats after = fa4::hopper::capture_scratch_stats();
     EXPECT_EQ(after.created + after.reused - before.created - before.reused, forked ? 4u : 2u) << "forked " << forked;
     EXPECT_EQ(after.shared - before.shared, forked ? 2u : 4u) << "forked " << forked;
@@ -610,19 +603,14 @@ TEST(HopperBwd, GraphReplayMatchesEager) {
     ASSERT_FALSE(any_nan16(want_q2) || any_nan16(want_k2) || any_nan16(want_v2)) << "eager, second call";
     ASSERT_NE(want_q, want_q2);  // distinct douts: a replay giving one call's dq twice fails
     const fa4::hopper::CaptureScratchStats before = fa4::hopper::capture_scratch_stats();
-    cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
-    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    std::string thrown;
-    try {
+    const fa4::test::Capture c = fa4::test::capture_graph(s, [&] {
       backward(o);
       backward2(o);
-    } catch (const std::exception& e) {
-      thrown = e.what();  // end the capture first
-    }
-    const cudaError_t ended = cudaStreamEndCapture(s, &graph);
-    ASSERT_EQ(thrown, "");
-    CUDA_OK(ended);
+    });
+    cudaGraph_t graph = c.graph;
+    ASSERT_EQ(c.thrown, "");
+    CUDA_OK(c.ended);
     const fa4::hopper::CaptureScratchStats after = fa4::hopper::capture_scratch_stats();
     EXPECT_EQ(after.created + after.reused - before.created - before.reused, 1u) << "one workspace for both calls";
     EXPECT_EQ(after.shared - before.shared, 1u);
