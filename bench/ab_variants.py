@@ -207,19 +207,28 @@ def main():
               " ".join(f"{n}/cudnn=" + (f"{row['ratio_vs_cudnn'][n]:.3f}" if row['ratio_vs_cudnn'][n] else "n/a")
                        for n in libs) +
               " | maxerr " + " ".join(f"{errs[n]:.1e}" for n in libs), flush=True)
-    # A varlen batch (fa4 variants only: SDPA has no packed-varlen cuDNN path to compare with).
-    run_varlen, flops = varlen_batch(torch.bfloat16)
-    if args.backward:
-        run_varlen = None
-    if run_varlen is not None:
-        times = {n: [] for n in libs}
-        for r in range(args.rounds):
-            for name, (lib, env) in libs.items():
-                use(lib, env)
-                times[name].append(bench(run_varlen))
-        tf = {n: tflops(flops, statistics.median(t)) for n, t in times.items()}
-        rows.append({"kind": "varlen", "lens": VARLEN_LENS, "headdim": 128, "causal": True, "tflops": tf})
-        print("varlen d128 causal " + " ".join(f"{n}:{tf[n]:6.1f}" for n in libs), flush=True)
+    # A varlen batch (fa4 variants only: SDPA has no packed-varlen cuDNN path to compare with);
+    # with --backward its backward alone (FLOPs x 2.5).
+    run_varlen, flops = varlen_batch(torch.bfloat16, backward=args.backward, deterministic=args.deterministic)
+    times = {n: [] for n in libs}
+    for r in range(args.rounds):
+        for name, (lib, env) in libs.items():
+            use(lib, env)
+            times[name].append(bench(run_varlen))
+    tf = {n: tflops(flops, statistics.median(t)) for n, t in times.items()}
+    kind = ("varlen_bwd_det" if args.deterministic else "varlen_bwd") if args.backward else "varlen"
+    # Each variant's outputs (the backward's dq, dk, dv) against the first variant's: a broken one shows.
+    outs = {}
+    for name, (lib, env) in libs.items():
+        use(lib, env)
+        got = run_varlen()
+        outs[name] = [x.float() for x in (got if isinstance(got, (tuple, list)) else (got,))]
+    first = next(iter(outs.values()))
+    diff = {n: max(float((a - b).abs().max()) for a, b in zip(o, first)) for n, o in outs.items()}
+    rows.append({"kind": kind, "lens": VARLEN_LENS, "headdim": 128, "causal": True, "tflops": tf,
+                 "max_abs_diff_vs_first": diff})
+    print(f"{kind} d128 causal " + " ".join(f"{n}:{tf[n]:6.1f}" for n in libs)
+          + " | max abs diff vs first " + " ".join(f"{diff[n]:.1e}" for n in libs), flush=True)
     clocks = sh("nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu "
                 "--format=csv,noheader")
     with open(args.out_json, "w") as f:

@@ -57,6 +57,11 @@ std::string CaseSpec::describe() const {
   if (sink) s << " sink";
   if (softmax_scale) s << " scale=" << *softmax_scale;
   if (varlen) s << " varlen";
+  for (const auto& [name, values] : {std::pair{" lens_k=", &lens_k}, {" seqused_k=", &used_k}}) {
+    if (values->empty()) continue;
+    s << name;
+    for (size_t i = 0; i < values->size(); ++i) s << (i ? "," : "") << (*values)[i];
+  }
   if (rescale_threshold != 8.0f) s << " tau=" << rescale_threshold;
   if (exp2_fraction) s << " exp2_fraction=" << *exp2_fraction;
   if (backward) s << (deterministic ? " +bwd(deterministic)" : " +bwd");
@@ -80,6 +85,7 @@ Problem Problem::make(const CaseSpec& spec) {
     if (spec.varlen) {  // lengths in [1, seqlen] (0 only when seqlen is 0)
       lq = lq > 0 ? std::uniform_int_distribution<int32_t>(1, lq)(rng) : 0;
       lk = lk > 0 ? std::uniform_int_distribution<int32_t>(1, lk)(rng) : 0;
+      if (!spec.lens_k.empty()) lk = spec.lens_k.at(b);
     }
     s.cu_q.push_back(s.cu_q.back() + lq);
     s.cu_k.push_back(s.cu_k.back() + lk);
@@ -123,6 +129,7 @@ Problem Problem::make(const CaseSpec& spec) {
   if (spec.varlen) {
     p.cu_seqlens_q = int32_tensor(s.cu_q);
     p.cu_seqlens_k = int32_tensor(s.cu_k);
+    if (!spec.used_k.empty()) p.seqused_k = int32_tensor(spec.used_k);
   }
   for (HostTensor* o : {&p.out, &p.lse, &p.dq, &p.dk, &p.dv, &p.dsink}) test::fill_poison(*o);
   return p;
@@ -132,7 +139,7 @@ int64_t Problem::visible_pairs() const {
   const detail::MaskSpec m = spec.mask();
   int64_t pairs = 0;
   for (int32_t b = 0; b < seq.batch; ++b) {
-    const int32_t sq = seq.len_q(b), sk = seq.len_k(b);
+    const int32_t sq = seq.len_q(b), sk = spec.used_k.empty() ? seq.len_k(b) : spec.used_k.at(b);
     for (int32_t i = 0; i < sq; ++i) {
       const detail::KeyRange r = detail::visible_key_range(i, sq, sk, m);
       pairs += r.last - r.first;
@@ -147,7 +154,7 @@ Placement Placement::host(Problem& p) {
   at.q = ptr(p.q), at.k = ptr(p.k), at.v = ptr(p.v), at.dout = ptr(p.dout);
   at.out = ptr(p.out), at.lse = ptr(p.lse), at.dq = ptr(p.dq), at.dk = ptr(p.dk), at.dv = ptr(p.dv);
   at.sink = ptr(p.sink), at.dsink = ptr(p.dsink);
-  at.cu_q = ptr(p.cu_seqlens_q), at.cu_k = ptr(p.cu_seqlens_k);
+  at.cu_q = ptr(p.cu_seqlens_q), at.cu_k = ptr(p.cu_seqlens_k), at.used_k = ptr(p.seqused_k);
   return at;
 }
 
@@ -174,6 +181,7 @@ BackwardOptions make_options(const Problem& p, const Placement& at, Backend back
     o.cu_seqlens_k = view_at(p.cu_seqlens_k, at.cu_k, at.device);
     o.max_seqlen_q = p.seq.max_q;
     o.max_seqlen_k = p.seq.max_k;
+    if (at.used_k) o.seqused_k = view_at(p.seqused_k, at.used_k, at.device);
   }
   o.rescale_threshold = s.rescale_threshold;
   o.exp2_emulation_fraction = s.exp2_fraction;

@@ -37,6 +37,8 @@ struct CaseSpec {
   bool sink = false;                       ///< random per-head sink logits
   std::optional<float> softmax_scale;
   bool varlen = false;                     ///< random per-sequence lengths in [1, seqlen]
+  std::vector<int32_t> lens_k;             ///< varlen: these key lengths (one per sequence) instead
+  std::vector<int32_t> used_k;             ///< varlen: seqused_k (one per sequence, <= its length)
   float rescale_threshold = 8.0f;
   std::optional<float> exp2_fraction;
   std::string device = "cpu";
@@ -77,6 +79,7 @@ struct Problem {
   HostTensor out, lse, dq, dk, dv;        ///< outputs (gradients only with spec.backward)
   HostTensor sink, dsink;                 ///< fp32 (num_heads,) when spec.sink
   HostTensor cu_seqlens_q, cu_seqlens_k;  ///< int32 (batch + 1,) when spec.varlen
+  HostTensor seqused_k;                   ///< int32 (batch,) when spec.used_k is given
 
   /// Builds the layout and draws the inputs from spec.seed; outputs are allocated and poisoned.
   static Problem make(const CaseSpec& spec);
@@ -90,7 +93,7 @@ struct Placement {
   Device device{};
   void *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr;
   void *out = nullptr, *lse = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
-  void *sink = nullptr, *dsink = nullptr, *cu_q = nullptr, *cu_k = nullptr;
+  void *sink = nullptr, *dsink = nullptr, *cu_q = nullptr, *cu_k = nullptr, *used_k = nullptr;
   static Placement host(Problem& p);
 };
 

@@ -48,7 +48,7 @@ class DeviceProblem {
     at_.out = upload(p.out), at_.lse = upload(p.lse);
     at_.dq = upload(p.dq), at_.dk = upload(p.dk), at_.dv = upload(p.dv);
     at_.sink = upload(p.sink), at_.dsink = upload(p.dsink);
-    at_.cu_q = upload(p.cu_seqlens_q), at_.cu_k = upload(p.cu_seqlens_k);
+    at_.cu_q = upload(p.cu_seqlens_q), at_.cu_k = upload(p.cu_seqlens_k), at_.used_k = upload(p.seqused_k);
   }
   ~DeviceProblem() {
     for (void* ptr : allocs_) cudaFree(ptr);

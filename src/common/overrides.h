@@ -20,7 +20,7 @@ inline constexpr int32_t kMaxBwdLptBand = 64;
 struct KernelOverrides {
   int8_t lpt = -1;               ///< "lpt": LPT order + L2 sections
   int8_t dynamic_schedule = -1;  ///< "schedule": tiles claimed from an atomic counter (1) or a static stride (0)
-  int8_t tma_epilogue = -1;      ///< "epilogue": O through smem + TMA store (1) or direct stores (0)
+  int8_t tma_epilogue = -1;      ///< "epilogue": O (dK, dV) through smem + TMA store (1) or direct stores (0)
   int8_t stream_k = -1;          ///< "stream_k": split the partial last round (1) or never (0)
   /// "small_q": a forward with few query rows per KV head on the decode kernel (1, where it can
   /// run) or on the forward kernel (0)

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -23,6 +24,7 @@
 
 namespace fa4::hopper {
 namespace {
+std::atomic<uint64_t> g_bwd_tma_epilogue_calls{0};
 
 constexpr int64_t kTmaAlignBytes = 16;   // TMA: global base and every stride, in bytes
 constexpr int64_t kTmaMaxStrideBytes = int64_t(1) << 40;
@@ -349,6 +351,16 @@ void backward(const detail::BwdParams& p) {
   ctx.lpt = order.lpt;
   ctx.bwd_lpt_band = order.band;
   ctx.bwd_descending = order.descending;
+  // dK / dV leave through smem + TMA stores (bwd/mainloop_bwd_mma.cuh store_dkdv_tma) where both
+  // obey the TMA rule (varlen: the kernel keeps direct stores for a sequence's partial last block).
+  const int8_t forced_epilogue = detail::kernel_overrides().tma_epilogue;
+  const int64_t rows_k = p.is_varlen ? p.total_k : p.seqlen_k;
+  ctx.tma_epilogue = (forced_epilogue < 0 || forced_epilogue == 1) && rows_k > 0 && p.dk && p.dv &&
+                     check_tma_tensor("dk", p.dk, p.dk_stride, rows_k, p.num_heads_kv, p.batch, p.is_varlen,
+                                      dtype_size(p.dtype)).empty() &&
+                     check_tma_tensor("dv", p.dv, p.dv_stride, rows_k, p.num_heads_kv, p.batch, p.is_varlen,
+                                      dtype_size(p.dtype)).empty();
+  if (ctx.tma_epilogue && !c->shared_keys) g_bwd_tma_epilogue_calls.fetch_add(1, std::memory_order_relaxed);
   const ScopedDevice scoped_device(p.device.index, "fa4::backward");
   if (p.is_varlen) ctx.async_error = async_error_word(p.device.index);
 
@@ -423,5 +435,7 @@ void forward_kvcache(const detail::KVCacheParams& p, const char* fn) {
 #undef FA4_DISPATCH_DECODE
   throw Error(ErrorCode::kInternal, "fa4::forward_with_kvcache (hopper): selector and dispatcher disagree");
 }
+
+uint64_t bwd_tma_epilogue_calls() { return g_bwd_tma_epilogue_calls.load(std::memory_order_relaxed); }
 
 }  // namespace fa4::hopper

@@ -2,6 +2,7 @@
 // FA4_WITH_CUDA. Params pointers are device memory (cu_seqlens etc. included).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "core/params.h"
@@ -23,6 +24,10 @@ std::string backward_support(const detail::BwdParams& p, std::string* kernel_nam
 /// Enqueues the backward (preprocess, main kernel, postprocess, dsink) on p.device.stream.
 /// Precondition: backward_support(p) == "".
 void backward(const detail::BwdParams& p);
+
+/// Backward calls so far whose dK / dV left through TMA stores (bwd/mainloop_bwd_mma.cuh
+/// store_dkdv_tma): the tests check that their comparison with the direct stores took that path.
+uint64_t bwd_tma_epilogue_calls();
 
 /// The KV-cache (decode) selector: "" and the kernel name if the decode kernel (decode/) runs p on
 /// the current device, else the reason. forward_kvcache() runs exactly what this picks.

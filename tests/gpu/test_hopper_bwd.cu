@@ -24,6 +24,7 @@
 #include "../tools/cli_device.h"
 #include "gpu_test_util.cuh"
 #include "hopper/bwd/tuning_bwd.h"
+#include "hopper/hopper_api.h"
 
 namespace {
 
@@ -132,6 +133,13 @@ TEST(HopperBwd, GqaMqaVarlenPaddedDims) {
   c.causal = true;
   c.sink = true;
   check_case(c);
+  // seqused_k: keys past a sequence's used length are not attended and their dK/dV rows stay
+  // untouched (poisoned); one sequence uses none of its keys.
+  c.causal = false;
+  c.lens_k = {300, 256, 128, 77, 400};
+  c.used_k = {300, 256, 100, 0, 250};
+  c.seqlen_k = 400;
+  check_case(c);
   for (int d : {40, 72, 112}) {  // padded: 40 runs on the d64 backward, 72 and 112 on the d128
     c = base(d, "fp16");
     c.causal = true;
@@ -219,6 +227,71 @@ CaseSpec deterministic_case(int d, bool causal) {
   s.deterministic = true;
   s.causal = causal;
   return s;
+}
+
+/// dK and dV through smem + TMA stores (TMA-aligned: the default) are bitwise those of the direct
+/// register stores (override epilogue = direct): the same registers, the same rounding. Each run
+/// writes onto poisoned outputs; the TMA run must take the TMA path (counted). Tails (300 keys:
+/// a last key block of 44 rows, clipped by TMA), a padded head dim (96 on the d128 kernel: columns
+/// clipped), GQA, causal with seqlen_q < seqlen_k, fp16, a window (key blocks no query sees: zeros
+/// through TMA), more tiles than SMs (the dS buffers staged again by the CTA's next tile); dq too in
+/// deterministic mode, dK / dV alone in the default mode (dq's adds are unordered there); varlen
+/// (whole key blocks through TMA at their sequence's offset, a sequence's partial last block direct:
+/// a box past it would overwrite the next sequence's rows).
+TEST(HopperBwd, DkDvTmaEpilogueMatchesDirect) {
+  REQUIRE_HOPPER();
+  struct Shape {
+    int d;
+    const char* dtype;
+    int heads, heads_kv, seqlen_q, seqlen_k;
+    bool window, deterministic, varlen;
+  };
+  const Shape shapes[] = {
+      {64, "bf16", 4, 2, 200, 300, false, true, false},     {96, "bf16", 4, 2, 200, 300, false, true, false},
+      {128, "bf16", 4, 2, 200, 300, false, true, false},    {128, "fp16", 4, 2, 200, 300, true, true, false},
+      {128, "bf16", 8, 4, 1000, 5176, false, true, false},  {64, "fp16", 8, 4, 1000, 5176, true, false, false},
+      {128, "bf16", 4, 2, 300, 400, false, true, true},     {64, "fp16", 4, 4, 300, 400, true, false, true},
+  };
+  for (const Shape& sh : shapes) {
+    CaseSpec s = deterministic_case(sh.d, !sh.window);
+    s.dtype = sh.dtype;
+    s.deterministic = sh.deterministic;
+    if (sh.window) s.window = {150, 0};
+    if (sh.varlen) {
+      // Key blocks of 64 or 128: whole ones through TMA, then a partial last block (300, 77), a
+      // whole one ending at the next sequence (256, 128), and used lengths that cut a block (100,
+      // 250; rows past them stay poisoned, so a box written past them fails deterministically)
+      // or use no key (0).
+      s.varlen = true;
+      s.batch = 5;
+      s.lens_k = {300, 256, 128, 77, 400};
+      s.used_k = {300, 256, 100, 0, 250};
+    }
+    s.seqlen_q = sh.seqlen_q;
+    s.seqlen_k = sh.seqlen_k;
+    s.num_heads = sh.heads;
+    s.num_heads_kv = sh.heads_kv;
+    s.seed = fa4::test::next_seed();
+    Problem p = Problem::make(s);
+    DeviceProblem dp(p, nullptr);
+    fa4::cli::run_forward(p, dp.placement(), fa4::Backend::kCuda);
+    std::vector<std::vector<char>> got[2];
+    for (int direct = 0; direct < 2; ++direct) {
+      const fa4::test::ScopedOverride epilogue("epilogue", direct ? "direct" : "tma");
+      // Poisoned again before each run: a row only one path writes shows as NaN against the other.
+      for (auto [ptr, t] : {std::pair{dp.placement().dk, &p.dk}, {dp.placement().dv, &p.dv}, {dp.placement().dq, &p.dq}})
+        ASSERT_EQ(cudaMemset(ptr, 0xFF, size_t(t->numel() * fa4::dtype_size(t->dtype()))), cudaSuccess);
+      const uint64_t before = fa4::hopper::bwd_tma_epilogue_calls();
+      fa4::cli::run_backward(p, dp.placement(), fa4::Backend::kCuda);
+      EXPECT_EQ(fa4::hopper::bwd_tma_epilogue_calls() - before, direct ? 0u : 1u) << s.describe() << ": the TMA path";
+      dp.download_outputs();
+      got[direct] = {tensor_bytes(p.dk), tensor_bytes(p.dv)};
+      if (sh.deterministic) got[direct].push_back(tensor_bytes(p.dq));
+    }
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    for (size_t i = 0; i < got[0].size(); ++i)
+      EXPECT_TRUE(got[0][i] == got[1][i]) << s.describe() << " tensor " << i << " (dk, dv, dq)";
+  }
 }
 
 /// deterministic = true: ten backward runs on the same inputs give bitwise-equal dq, dk, dv (dense,

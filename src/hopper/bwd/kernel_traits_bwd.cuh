@@ -149,6 +149,18 @@ struct BwdKernelTraits {
   using TMA_dO = TmaLoad<decltype(take<0, 2>(SmemLayoutdO{})), kBlockM, kHeadDimV>;
   using TMA_K = TmaLoad<SmemLayoutK, kBlockN, kHeadDim>;
   using TMA_V = TmaLoad<SmemLayoutV, kBlockN, kHeadDimV>;
+  // dK / dV out: the tile's kBlockN rows staged in the dS buffers (free at a tile's end) in K's and
+  // V's layouts, one TMA store each (bwd/mainloop_bwd_mma.cuh store_dkdv_tma).
+  template <class SmemLayout, int kRows, int kCols>
+  using TmaStore = decltype(make_tma_copy(
+      SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeQKV{}, StrideQKV{}),
+      SmemLayout{}, Shape<Int<kRows>, Int<kCols>>{}, _1{}));
+  using TMA_dK = TmaStore<SmemLayoutK, kBlockN, kHeadDim>;
+  using TMA_dV = TmaStore<SmemLayoutV, kBlockN, kHeadDimV>;
+  using SmemCopyAtomdKV = Copy_Atom<SM90_U32x4_STSM_N, Element>;
+  static_assert(kSharedKeys || (cute::cosize_v<SmemLayoutK> <= cute::cosize_v<SmemLayoutdS> &&
+                                cute::cosize_v<SmemLayoutV> <= cute::cosize_v<SmemLayoutdS>),
+                "dK / dV staging must fit in the dS buffers");
 
   static constexpr uint32_t kTmaBytesQ = uint32_t(kBlockM * kHeadDim * sizeof(Element));
   static constexpr uint32_t kTmaBytesdO = uint32_t(kBlockM * kHeadDimV * sizeof(Element));
@@ -182,7 +194,10 @@ struct BwdKernelTraits {
     TMA_dO tma_do;
     TMA_K tma_k;
     TMA_V tma_v;
+    TMA_dK tma_dk;  // valid only if dkv_tma
+    TMA_dV tma_dv;
     ShapeQKV shape_q, shape_do, shape_k, shape_v;
+    bool dkv_tma{};  // dK / dV through smem + TMA store (TMA-aligned; not with shared keys)
 
     void* dk{};
     void* dv{};

@@ -70,13 +70,27 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   Tensor mK = make_tensor(make_gmem_ptr(static_cast<const Element*>(k_base)), shape_k, strides(fp.k_stride, rows_k, fp.num_heads_kv));
   Tensor mV = make_tensor(make_gmem_ptr(static_cast<const Element*>(v_base)), shape_v, strides(fp.v_stride, rows_k, fp.num_heads_kv));
 
+  // dK / dV through TMA stores (hopper_api.cu decided it: TMA-aligned); otherwise the
+  // descriptors are never used but still encoded (Params holds them): a valid 1-row view then.
+  const bool dkv_tma = ctx.tma_epilogue && !Kt::kSharedKeys;
+  auto out_view = [&](void* ptr, const detail::RowStrides& s, auto shape, int32_t d) {
+    auto* base = static_cast<Element*>(dkv_tma ? ptr : reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(ptr ? ptr : k_base) & ~uintptr_t(15)));
+    return dkv_tma ? make_tensor(make_gmem_ptr(base), shape, strides(s, rows_k, fp.num_heads_kv))
+                   : make_tensor(make_gmem_ptr(base), make_shape(1, d, 1, 1), make_stride(int64_t(d), _1{}, int64_t(d), int64_t(d)));
+  };
+  Tensor mdK = out_view(fp.dk, fp.dk_stride, shape_k, int32_t(kHeadDim));
+  Tensor mdV = out_view(fp.dv, fp.dv_stride, shape_v, int32_t(kHeadDimV));
+
   Params p{make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(typename Kt::SmemLayoutQ{}),
                          Shape<Int<Kt::kBlockM>, Int<kHeadDim>>{}, _1{}),
            make_tma_copy(SM90_TMA_LOAD{}, mdO, take<0, 2>(typename Kt::SmemLayoutdO{}),
                          Shape<Int<Kt::kBlockM>, Int<kHeadDimV>>{}, _1{}),
            make_tma_copy(SM90_TMA_LOAD{}, mK, typename Kt::SmemLayoutK{}, Shape<Int<Kt::kBlockN>, Int<kHeadDim>>{}, _1{}),
            make_tma_copy(SM90_TMA_LOAD{}, mV, typename Kt::SmemLayoutV{}, Shape<Int<Kt::kBlockN>, Int<kHeadDimV>>{}, _1{}),
+           make_tma_copy(SM90_TMA_STORE{}, mdK, typename Kt::SmemLayoutK{}, Shape<Int<Kt::kBlockN>, Int<kHeadDim>>{}, _1{}),
+           make_tma_copy(SM90_TMA_STORE{}, mdV, typename Kt::SmemLayoutV{}, Shape<Int<Kt::kBlockN>, Int<kHeadDimV>>{}, _1{}),
            shape_q, shape_do, shape_k, shape_v};
+  p.dkv_tma = dkv_tma;
   p.dk = fp.dk;
   p.dv = fp.dv;
   p.dk_batch_stride = fp.dk_stride.batch;

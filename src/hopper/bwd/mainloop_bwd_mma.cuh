@@ -18,7 +18,9 @@
 // The elementwise code comes in three versions: dense (a step whose pairs are all visible, as
 // most are, selects nothing), masked, and softcap (which always selects).
 // dK and dV stay in registers over the whole walk (all query heads of the KV head's group: no dK/dV
-// atomics or buffers for GQA), then leave through direct stores (dK scaled by softmax_scale).
+// atomics or buffers for GQA), then leave (dK scaled by softmax_scale) through smem and TMA stores
+// where dk / dv are TMA-aligned (store_dkdv_tma; not with shared keys, nor for a varlen sequence's
+// partial last key block), else through direct stores.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -271,6 +273,14 @@ struct BwdMma {
         pipe_kv.consumer_release(rkv);
         ++rkv;
       }
+      if constexpr (!kSharedKeys) {
+        // Varlen: a TMA box is clipped only at the packed tensor's end, so a sequence's last,
+        // partial key block (it would write the next sequence's rows) takes the direct stores.
+        if (p.dkv_tma && (!p.is_varlen || (ti.n_block + 1) * kBlockN <= ti.s.seqlen_k)) {
+          store_dkdv_tma(p, ss, ti, tid, tdKrdK, tdVrdV);
+          continue;
+        }
+      }
       store_dkdv(p, ti, tid, tdKrdK, tdVrdV);
     }
     // The last step's writer's dq_empty arrival (or writer 1's first, if this CTA had no step) is
@@ -392,6 +402,55 @@ struct BwdMma {
                        tid, dk);
     store_rows<kColsV>(static_cast<Element*>(p.dv), int64_t(bt) * p.dv_batch_stride + int64_t(ti.h_kv) * p.dv_head_stride,
                        p.dv_row_stride, kSharedKeys ? wg * kColsV : 0, p.headdim_v, p.dv_aligned_pairs, 1.f, ti, tid, dv);
+  }
+
+  /// dK (x softmax_scale) and dV through smem and one TMA store each (dk and dv obey the TMA rule,
+  /// launch_bwd.cuh dkv_tma; not with shared keys; varlen: whole key blocks only): each staged with
+  /// stmatrix in the dS buffers (free at a tile's end) in K's and V's layouts, stored by thread 0,
+  /// one after the other. TMA clips the rows past a batched seqlen_k and the columns past the real
+  /// head dims. Instead
+  /// of d / 4 scattered 4-byte stores per thread and tensor, the consumers meet: before the staging
+  /// (the other warpgroup's last dQ product may still read the dS buffer in use), after each write
+  /// (the tile complete for the TMA engine) and after each store has read the staging (the next
+  /// write, or the next tile's dS). Inlined: as a call, ptxas serialises every wgmma of the kernel
+  /// (C7514: the call reads wgmma accumulators inside a pipeline stage).
+  template <class SharedStorage, class FragK, class FragV>
+  __device__ __forceinline__ static void store_dkdv_tma(const Params& p, SharedStorage& ss, const BwdTile& ti, int tid,
+                                                        FragK& dk, FragV& dv) {
+    const int32_t bt = p.is_varlen ? 0 : ti.b;
+    arch::named_barrier_sync(Barriers::consumers(), Kt::kNumMmaThreads);
+    stage_and_store<typename Kt::SmemLayoutK, typename Kt::TiledMmadK, Kt::kHeadDim>(p.tma_dk, p.shape_k, bt, ss, ti, tid, dk,
+                                                                                    p.softmax_scale);
+    stage_and_store<typename Kt::SmemLayoutV, typename Kt::TiledMmadV, Kt::kHeadDimV>(p.tma_dv, p.shape_v, bt, ss, ti, tid, dv,
+                                                                                     1.f);
+  }
+
+  template <class SmemLayout, class TiledMma, int kCols, class Tma, class SharedStorage, class Frag>
+  __device__ __forceinline__ static void stage_and_store(const Tma& tma, const typename Kt::ShapeQKV& shape, int32_t bt, SharedStorage& ss,
+                                                         const BwdTile& ti, int tid, Frag& acc, float scale) {
+    using namespace cute;
+    Tensor s = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(ss.smem_ds.data())), SmemLayout{});  // (kBlockN, kCols)
+    Tensor r = make_tensor<Element>(acc.layout());
+    Tensor r32 = recast<uint32_t>(r);
+#pragma unroll
+    for (int i = 0; i < size(acc) / 2; ++i) r32(i) = pack2<Element>(acc(2 * i) * scale, acc(2 * i + 1) * scale);
+    TiledMma mma;
+    auto copy_c = make_tiled_copy_C(typename Kt::SmemCopyAtomdKV{}, mma);
+    auto thr = copy_c.get_thread_slice(tid);
+    cute::copy(copy_c, thr.retile_S(r), thr.partition_D(s));
+    // stmatrix writes are generic-proxy; the TMA engine reads through the async proxy.
+    cutlass::arch::fence_view_async_shared();
+    arch::named_barrier_sync(Barriers::consumers(), Kt::kNumMmaThreads);
+    if (tid == 0) {
+      Tensor m = tma.get_tma_tensor(shape);
+      Tensor g = local_tile(domain_offset(make_coord(ti.s.k_row0, _0{}), m(_, _, ti.h_kv, bt)),
+                            Shape<Int<kBlockN>, Int<kCols>>{}, make_coord(ti.n_block, _0{}));
+      auto cta = tma.get_slice(_0{});
+      cute::copy(tma, cta.partition_S(s), cta.partition_D(g));
+      tma_store_arrive();
+      tma_store_wait<0>();  // the staging read (the global writes complete on their own)
+    }
+    arch::named_barrier_sync(Barriers::consumers(), Kt::kNumMmaThreads);
   }
 
   /// kCols accumulator columns of the thread's two key rows, at columns col0 + (0..kCols-1).

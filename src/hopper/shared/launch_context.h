@@ -27,8 +27,9 @@ struct LaunchContext {
   /// (hopper_api.cu sets it: causal/window, not varlen; override "schedule" forces).
   /// Used only when there are more tiles than CTAs.
   bool dynamic_schedule = false;
-  /// O through smem + TMA store (hopper_api.cu sets it where out is batched and TMA-aligned;
-  /// override "epilogue" = direct forces the direct register stores, for the ablation).
+  /// O (forward), dK and dV (backward) through smem + TMA store (hopper_api.cu sets it where they
+  /// are TMA-aligned, and batched for O; override "epilogue" = direct forces the direct register
+  /// stores, for the ablation).
   bool tma_epilogue = false;
   /// Stream-K split of the last partial round (core/stream_k.h; dense problems only): -1
   /// where the cost model predicts a gain, 0 never, 1 wherever there is a partial round
