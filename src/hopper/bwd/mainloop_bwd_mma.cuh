@@ -248,6 +248,10 @@ struct BwdMma {
         const QueryBlocks dense =
             dense_query_blocks<kBlockM, kBlockN>(ti.n_block * kBlockN, ti.s.seqlen_q, ti.s.seqlen_k, p.mask);
         consumer_wait(pipe_kv, rkv);
+        // The previous tile's dK / dV store may still read its staging in the dS buffers, which
+        // this tile's first step writes; it has had the K / V load's latency to do so.
+        if constexpr (!kSharedKeys)
+          if (p.dkv_tma) drain_dkdv_store(tid);
         const int32_t k_rows = ti.s.seqlen_k - ti.n_block * kBlockN;  // >= 1 (has_keys)
         if (p.is_varlen && k_rows < kBlockN) {
           // As for Q above: dQ = dS K multiplies these rows (another sequence's, or past
@@ -286,6 +290,8 @@ struct BwdMma {
     // The last step's writer's dq_empty arrival (or writer 1's first, if this CTA had no step) is
     // consumed here: ds_buf is the parity of the step after the last.
     arch::named_barrier_sync(Barriers::dq_empty(wg, ds_buf ^ 1), kStageThreads);
+    if constexpr (!kSharedKeys)
+      if (tid == 0) tma_store_wait<0>();  // the last dK / dV store's staging read, before the CTA exits
   }
 
   /// What the elementwise steps read besides the accumulators: the query block's lse_log2 and D
@@ -405,31 +411,58 @@ struct BwdMma {
   }
 
   /// dK (x softmax_scale) and dV through smem and one TMA store each (dk and dv obey the TMA rule,
-  /// launch_bwd.cuh dkv_tma; not with shared keys; varlen: whole key blocks only): each staged with
-  /// stmatrix in the dS buffers (free at a tile's end) in K's and V's layouts, stored by thread 0,
-  /// one after the other. TMA clips the rows past a batched seqlen_k and the columns past the real
-  /// head dims. Instead
-  /// of d / 4 scattered 4-byte stores per thread and tensor, the consumers meet: before the staging
-  /// (the other warpgroup's last dQ product may still read the dS buffer in use), after each write
-  /// (the tile complete for the TMA engine) and after each store has read the staging (the next
-  /// write, or the next tile's dS). Inlined: as a call, ptxas serialises every wgmma of the kernel
-  /// (C7514: the call reads wgmma accumulators inside a pipeline stage).
+  /// launch_bwd.cuh dkv_tma; not with shared keys; varlen: whole key blocks only), staged with
+  /// stmatrix in the dS buffers (free at a tile's end) in K's and V's layouts and stored by
+  /// thread 0. TMA clips the rows past a batched seqlen_k and the columns past the real head dims.
+  /// Instead of d / 4 scattered 4-byte stores per thread and tensor, the consumers meet: before
+  /// the staging (drain_dkdv_store: the other warpgroup's last dQ product may still read the dS
+  /// buffer in use, and the previous tile's store its staging), and after each write (the tile
+  /// complete for the TMA engine). Where both fit the dS buffers together (d64) they are staged
+  /// at once and leave as two stores; else dV's staging waits for dK's store to read its own. The
+  /// last store's read is waited for only before the dS buffers are written next
+  /// (drain_dkdv_store), so the next tile's K / V wait and first products run under it.
+  /// Inlined: as a call, ptxas serialises every wgmma of the kernel (C7514: the call reads wgmma
+  /// accumulators inside a pipeline stage).
   template <class SharedStorage, class FragK, class FragV>
   __device__ __forceinline__ static void store_dkdv_tma(const Params& p, SharedStorage& ss, const BwdTile& ti, int tid,
                                                         FragK& dk, FragV& dv) {
+    using namespace cute;
     const int32_t bt = p.is_varlen ? 0 : ti.b;
-    arch::named_barrier_sync(Barriers::consumers(), Kt::kNumMmaThreads);
-    stage_and_store<typename Kt::SmemLayoutK, typename Kt::TiledMmadK, Kt::kHeadDim>(p.tma_dk, p.shape_k, bt, ss, ti, tid, dk,
-                                                                                    p.softmax_scale);
-    stage_and_store<typename Kt::SmemLayoutV, typename Kt::TiledMmadV, Kt::kHeadDimV>(p.tma_dv, p.shape_v, bt, ss, ti, tid, dv,
-                                                                                     1.f);
+    Element* base = reinterpret_cast<Element*>(ss.smem_ds.data());
+    constexpr int kOffsetV = kDkvTogether ? int(cosize_v<typename Kt::SmemLayoutK>) : 0;
+    drain_dkdv_store(tid);
+    stage<typename Kt::SmemLayoutK, typename Kt::TiledMmadK>(base, tid, dk, p.softmax_scale);
+    if constexpr (!kDkvTogether) {
+      publish_staging();
+      if (tid == 0) issue_store<typename Kt::SmemLayoutK, Kt::kHeadDim>(p.tma_dk, p.shape_k, bt, base, ti);
+      drain_dkdv_store(tid);
+    }
+    stage<typename Kt::SmemLayoutV, typename Kt::TiledMmadV>(base + kOffsetV, tid, dv, 1.f);
+    publish_staging();
+    if (tid == 0) {
+      if constexpr (kDkvTogether) issue_store<typename Kt::SmemLayoutK, Kt::kHeadDim>(p.tma_dk, p.shape_k, bt, base, ti);
+      issue_store<typename Kt::SmemLayoutV, Kt::kHeadDimV>(p.tma_dv, p.shape_v, bt, base + kOffsetV, ti);
+    }
   }
 
-  template <class SmemLayout, class TiledMma, int kCols, class Tma, class SharedStorage, class Frag>
-  __device__ __forceinline__ static void stage_and_store(const Tma& tma, const typename Kt::ShapeQKV& shape, int32_t bt, SharedStorage& ss,
-                                                         const BwdTile& ti, int tid, Frag& acc, float scale) {
+  /// dK and dV staged together where both fit the dS buffers (d64: 2 x 16 KB of 32 KB).
+  static constexpr bool kDkvTogether =
+      !kSharedKeys && cute::cosize_v<typename Kt::SmemLayoutK> + cute::cosize_v<typename Kt::SmemLayoutV> <=
+                          cute::cosize_v<typename Kt::SmemLayoutdS>;
+
+  /// Before the consumers write the dS buffers: thread 0 waits until its dK / dV stores (if any)
+  /// have read their staging, and the consumers meet (the other warpgroup's last dQ product may
+  /// still read a dS buffer too).
+  __device__ __forceinline__ static void drain_dkdv_store(int tid) {
+    if (tid == 0) tma_store_wait<0>();  // the staging read (the global writes complete on their own)
+    arch::named_barrier_sync(Barriers::consumers(), Kt::kNumMmaThreads);
+  }
+
+  /// The (kBlockN x kCols) accumulator acc x scale into the smem tile at `base`, in SmemLayout.
+  template <class SmemLayout, class TiledMma, class Frag>
+  __device__ __forceinline__ static void stage(Element* base, int tid, Frag& acc, float scale) {
     using namespace cute;
-    Tensor s = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(ss.smem_ds.data())), SmemLayout{});  // (kBlockN, kCols)
+    Tensor s = make_tensor(make_smem_ptr(base), SmemLayout{});
     Tensor r = make_tensor<Element>(acc.layout());
     Tensor r32 = recast<uint32_t>(r);
 #pragma unroll
@@ -438,19 +471,28 @@ struct BwdMma {
     auto copy_c = make_tiled_copy_C(typename Kt::SmemCopyAtomdKV{}, mma);
     auto thr = copy_c.get_thread_slice(tid);
     cute::copy(copy_c, thr.retile_S(r), thr.partition_D(s));
-    // stmatrix writes are generic-proxy; the TMA engine reads through the async proxy.
+  }
+
+  /// The staging complete for the TMA engine: stmatrix writes are generic-proxy, the engine reads
+  /// through the async proxy; the consumers meet (every thread's writes done).
+  __device__ __forceinline__ static void publish_staging() {
     cutlass::arch::fence_view_async_shared();
     arch::named_barrier_sync(Barriers::consumers(), Kt::kNumMmaThreads);
-    if (tid == 0) {
-      Tensor m = tma.get_tma_tensor(shape);
-      Tensor g = local_tile(domain_offset(make_coord(ti.s.k_row0, _0{}), m(_, _, ti.h_kv, bt)),
-                            Shape<Int<kBlockN>, Int<kCols>>{}, make_coord(ti.n_block, _0{}));
-      auto cta = tma.get_slice(_0{});
-      cute::copy(tma, cta.partition_S(s), cta.partition_D(g));
-      tma_store_arrive();
-      tma_store_wait<0>();  // the staging read (the global writes complete on their own)
-    }
-    arch::named_barrier_sync(Barriers::consumers(), Kt::kNumMmaThreads);
+  }
+
+  /// Thread 0: the staged tile at `base` to the tile's key block of `tma`'s tensor, as one bulk
+  /// group (its read of the staging is waited for by drain_dkdv_store).
+  template <class SmemLayout, int kCols, class Tma>
+  __device__ __forceinline__ static void issue_store(const Tma& tma, const typename Kt::ShapeQKV& shape, int32_t bt,
+                                                     Element* base, const BwdTile& ti) {
+    using namespace cute;
+    Tensor s = make_tensor(make_smem_ptr(base), SmemLayout{});  // (kBlockN, kCols)
+    Tensor m = tma.get_tma_tensor(shape);
+    Tensor g = local_tile(domain_offset(make_coord(ti.s.k_row0, _0{}), m(_, _, ti.h_kv, bt)),
+                          Shape<Int<kBlockN>, Int<kCols>>{}, make_coord(ti.n_block, _0{}));
+    auto cta = tma.get_slice(_0{});
+    cute::copy(tma, cta.partition_S(s), cta.partition_D(g));
+    tma_store_arrive();
   }
 
   /// kCols accumulator columns of the thread's two key rows, at columns col0 + (0..kCols-1).
