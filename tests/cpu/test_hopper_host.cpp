@@ -457,8 +457,21 @@ TEST(HopperHost, DecodeSplitCount) {
   p.seqlen_q = 1;
   p.key_capacity = 1 << 30;
   p.num_heads = 8;
-  p.num_heads_kv = 1;  // one tile: 132 splits at one CTA per SM, capped
-  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), fa4::detail::kDecodeMaxAutoSplits);
+  p.num_heads_kv = 1;  // one tile: 132 splits at one CTA per SM, capped (a long cache: at 112)
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), fa4::detail::kDecodeMaxAutoSplitsOneTile);
+  p.key_capacity = 131072;  // 2048 blocks: 18 per split at 112
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 112);
+  p.paged = true;  // paged: one wave, 264 -> 256, capped alike
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 112);
+  p.key_capacity = 32768;  // 512 blocks: under 16 per split at 112, so 64
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 64);
+  p.paged = false;
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 64);
+  p.batch = 2;  // two tiles: 66 splits each, capped at 64
+  p.key_capacity = 131072;
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 64);
+  p.batch = 1;
+  p.key_capacity = 1 << 30;
   p.num_splits = 7;  // explicit: honoured
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 7);
   p.num_splits = 0;

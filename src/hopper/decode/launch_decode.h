@@ -26,7 +26,9 @@ namespace fa4::hopper {
 ///     on its page-table loads, which a second CTA per SM covers;
 ///   * else one wave (c.ctas_per_sm per SM), each split with at least kDecodeMinBlocksPerSplit
 ///     blocks, rounded down to a power of two.
-/// At most kDecodeMaxAutoSplits (the merge reads every split's partial). The measurements behind
+/// At most kDecodeMaxAutoSplits (the merge reads every split's partial), or
+/// kDecodeMaxAutoSplitsOneTile for a single tile with at least kDecodeLongSplitBlocks blocks per
+/// split at that count. The measurements behind
 /// each choice (H200, bench/decode_split_sweep.py and bench/kernel_times.py) are in
 /// bench/results/history.md.
 inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::HopperDecodeConfig& c,
@@ -48,7 +50,9 @@ inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::H
     s = std::min(wave / tiles, std::max<int64_t>(1, blocks / detail::kDecodeMinBlocksPerSplit));
     s = int64_t(std::bit_floor(uint64_t(s)));
   }
-  return int32_t(std::min<int64_t>(s, detail::kDecodeMaxAutoSplits));
+  const bool long_one_tile =
+      tiles == 1 && blocks >= int64_t(detail::kDecodeMaxAutoSplitsOneTile) * detail::kDecodeLongSplitBlocks;
+  return int32_t(std::min<int64_t>(s, long_one_tile ? detail::kDecodeMaxAutoSplitsOneTile : detail::kDecodeMaxAutoSplits));
 }
 
 /// How many clusters of 2, 4, 8 and 16 CTAs of a decode kernel a device runs at once

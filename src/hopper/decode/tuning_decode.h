@@ -44,8 +44,14 @@ inline constexpr int32_t kDecodeWarps = 4;
 inline constexpr int32_t kDecodeMaxSplits = 256;
 /// The automatic split count gives each split at least this many key blocks.
 inline constexpr int32_t kDecodeMinBlocksPerSplit = 2;
-/// ... and uses at most this many splits.
+/// ... and uses at most this many splits,
 inline constexpr int32_t kDecodeMaxAutoSplits = 64;
+/// ... or this many for a launch of one tile (e.g. batch 1, one KV head) whose splits each keep at
+/// least kDecodeLongSplitBlocks key blocks: 7 clusters of 16 (decode_cluster_size), each merging
+/// its partials in DSMEM, against 4 at 64 splits (bench/results/history.md: dense and paged KV 128k
+/// 10% / 24% faster at 112 than 64 splits; 96 / 128 / 132 slower than 112; KV 32k alike at all).
+inline constexpr int32_t kDecodeMaxAutoSplitsOneTile = 112;
+inline constexpr int32_t kDecodeLongSplitBlocks = 16;
 /// Splits of one tile that merge through distributed shared memory, as one thread-block cluster
 /// (decode/kernel_decode.cuh): at most this many (a power of two that divides the split count;
 /// launch_decode.h decode_cluster_size). 16 is past the portable cluster size (8): it is used where
