@@ -91,6 +91,10 @@ bool bucket_compiled(int d, int dv) {
 }
 #undef FA4_BUCKET_COMPILED
 
+/// An override's value (kernel_overrides: -1 the selector decides, 0 / 1 forced off / on) applied
+/// to the selector's choice.
+bool pick_override(int8_t forced, bool automatic) { return forced < 0 ? automatic : forced == 1; }
+
 /// TMA rules for one of q/k/v: 16-byte aligned base, positive 16-byte-multiple strides on every
 /// dimension of extent > 1 (size-1 dims are ignored, case C20).
 std::string check_tma_tensor(const char* name, const void* ptr, const detail::RowStrides& s,
@@ -303,7 +307,6 @@ void forward(const detail::FwdParams& p) {
   check_async_errors(p.device.index);
   const DeviceFacts f = device_facts(p.device.index);
   const detail::KernelOverrides o = detail::kernel_overrides();
-  auto pick = [](int8_t forced, bool automatic) { return forced < 0 ? automatic : forced == 1; };
   LaunchContext ctx;
   ctx.num_sms = f.num_sms;
   ctx.l2_bytes = f.l2_bytes;
@@ -311,15 +314,15 @@ void forward(const detail::FwdParams& p) {
   // non-causal problems the plain order (m fastest) already keeps one head's K/V hot in L2, and
   // interleaving heads measured 5% slower (bench/results, d128).
   const bool unequal_tiles = p.mask.is_local() || p.is_varlen;
-  ctx.lpt = pick(o.lpt, unequal_tiles);
+  ctx.lpt = pick_override(o.lpt, unequal_tiles);
   // Causal/window tiles are claimed dynamically, longest first (H200, d128 causal 16k: 0.93x ->
   // 1.04x cuDNN). Varlen keeps the static stride: its tile grid (max m-blocks for every sequence)
   // is mostly empty tiles, and claiming those one atomic at a time measured 3% slower on the
   // benchmark's varlen batch.
-  ctx.dynamic_schedule = pick(o.dynamic_schedule, p.mask.is_local() && !p.is_varlen);
+  ctx.dynamic_schedule = pick_override(o.dynamic_schedule, p.mask.is_local() && !p.is_varlen);
   // O leaves through smem + TMA store (fwd/epilogue_fwd.cuh) where out obeys the same TMA rule as q/k/v
   // and is batched (a varlen box would cross into the next sequence's rows).
-  ctx.tma_epilogue = pick(o.tma_epilogue, true) && !p.is_varlen &&
+  ctx.tma_epilogue = pick_override(o.tma_epilogue, true) && !p.is_varlen &&
                      check_tma_tensor("out", p.out, p.out_stride, p.seqlen_q, p.num_heads, p.batch,
                                       false, dtype_size(p.dtype)).empty();
   // Stream-K split-KV (core/stream_k.h): automatic (-1) for dense problems with fewer tiles
@@ -346,21 +349,20 @@ void backward(const detail::BwdParams& p) {
   ctx.l2_bytes = f.l2_bytes;
   const detail::HopperBwdConfig* c = detail::hopper_bwd_bucket(p.headdim, p.headdim_v);
   if (c == nullptr) throw Error(ErrorCode::kInternal, "fa4::backward (hopper): no backward bucket for an accepted input");
-  const detail::BwdOrder order =
-      detail::bwd_order(*c, p.mask.is_local(), p.is_varlen, p.deterministic, detail::kernel_overrides());
+  const detail::KernelOverrides o = detail::kernel_overrides();
+  const detail::BwdOrder order = detail::bwd_order(*c, p.mask.is_local(), p.is_varlen, p.deterministic, o);
   ctx.lpt = order.lpt;
   ctx.bwd_lpt_band = order.band;
   ctx.bwd_descending = order.descending;
   // dK / dV leave through smem + TMA stores (bwd/mainloop_bwd_mma.cuh store_dkdv_tma) where both
-  // obey the TMA rule (varlen: the kernel keeps direct stores for a sequence's partial last block).
-  const int8_t forced_epilogue = detail::kernel_overrides().tma_epilogue;
+  // obey the TMA rule, not with shared keys (varlen: the kernel keeps direct stores for a
+  // sequence's partial last block).
   const int64_t rows_k = p.is_varlen ? p.total_k : p.seqlen_k;
-  ctx.tma_epilogue = (forced_epilogue < 0 || forced_epilogue == 1) && rows_k > 0 && p.dk && p.dv &&
-                     check_tma_tensor("dk", p.dk, p.dk_stride, rows_k, p.num_heads_kv, p.batch, p.is_varlen,
-                                      dtype_size(p.dtype)).empty() &&
-                     check_tma_tensor("dv", p.dv, p.dv_stride, rows_k, p.num_heads_kv, p.batch, p.is_varlen,
-                                      dtype_size(p.dtype)).empty();
-  if (ctx.tma_epilogue && !c->shared_keys) g_bwd_tma_epilogue_calls.fetch_add(1, std::memory_order_relaxed);
+  const int64_t elem = dtype_size(p.dtype);
+  ctx.tma_epilogue = pick_override(o.tma_epilogue, true) && !c->shared_keys && rows_k > 0 && p.dk && p.dv &&
+                     check_tma_tensor("dk", p.dk, p.dk_stride, rows_k, p.num_heads_kv, p.batch, p.is_varlen, elem).empty() &&
+                     check_tma_tensor("dv", p.dv, p.dv_stride, rows_k, p.num_heads_kv, p.batch, p.is_varlen, elem).empty();
+  if (ctx.tma_epilogue) g_bwd_tma_epilogue_calls.fetch_add(1, std::memory_order_relaxed);
   const ScopedDevice scoped_device(p.device.index, "fa4::backward");
   if (p.is_varlen) ctx.async_error = async_error_word(p.device.index);
 
