@@ -246,9 +246,10 @@ TEST(HopperHost, BackwardWalkVisitsEveryBlockOnce) {
 }
 
 // Backward: a key block visits every query block holding a query that sees one of its keys.
-TEST(HopperHost, BackwardQueryBlocksCoverThePredicate) {
+template <int kM>
+void check_query_blocks_cover() {
   using fa4::detail::MaskSpec;
-  constexpr int kM = 64, kN = 128;
+  constexpr int kN = 128;
   const MaskSpec masks[] = {{-1, -1}, {-1, 0}, {0, 0}, {5, 3}, {200, -1}, {-1, 40}, {0, -1}, {130, 0}};
   for (const MaskSpec& mk : masks)
     for (int sq : {1, 63, 64, 130, 300})
@@ -266,14 +267,17 @@ TEST(HopperHost, BackwardQueryBlocksCoverThePredicate) {
         }
       }
 }
+TEST(HopperHost, BackwardQueryBlocksCoverThePredicate) {
+  check_query_blocks_cover<64>();
+  check_query_blocks_cover<128>();  // the d64 row's tile_m
+}
 
-// Backward: the consumers' dense steps (no per-pair mask) are exactly the query blocks whose every
-// query sees every key of the CTA's 128 keys (and, as the helper is generic, of any 64), under
-// every mask, length pair and tail.
-template <int kKeys>
+// Backward: the consumers' dense steps (no per-pair mask) are exactly the query blocks (of 64 or
+// 128 rows) whose every query sees every key of the CTA's 128 keys (and, as the helper is generic,
+// of any 64), under every mask, length pair and tail.
+template <int kM, int kKeys>
 int check_dense_query_blocks() {
   using fa4::detail::MaskSpec;
-  constexpr int kM = 64;
   const MaskSpec masks[] = {{-1, -1}, {-1, 0}, {0, 0}, {5, 3}, {200, -1}, {-1, 40}, {0, -1}, {130, 0}, {64, 64}};
   int dense_seen = 0;
   for (const MaskSpec& mk : masks)
@@ -295,13 +299,14 @@ int check_dense_query_blocks() {
 }
 TEST(HopperHost, BackwardDenseQueryBlocksAreExactlyTheFullyVisibleOnes) {
   // The cases above include many dense steps, not only masked ones.
-  EXPECT_GT(check_dense_query_blocks<128>(), 50);
-  EXPECT_GT(check_dense_query_blocks<64>(), 100);
+  EXPECT_GT((check_dense_query_blocks<64, 128>()), 50);
+  EXPECT_GT((check_dense_query_blocks<64, 64>()), 100);
+  EXPECT_GT((check_dense_query_blocks<128, 128>()), 20);  // the d64 row's tile_m
 }
 
 // Backward workspace: varlen sequences' chunk ranges are disjoint and inside bwd_num_chunks.
-TEST(HopperHost, BackwardChunksNeverOverlap) {
-  constexpr int kM = 64;
+template <int kM>
+void check_chunks_disjoint() {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 200; ++trial) {
     const int batch = 1 + int(rng() % 9);
@@ -319,33 +324,47 @@ TEST(HopperHost, BackwardChunksNeverOverlap) {
     }
   }
 }
+TEST(HopperHost, BackwardChunksNeverOverlap) {
+  check_chunks_disjoint<64>();
+  check_chunks_disjoint<128>();  // the d64 row's tile_m
+}
 
-// Backward dQ staging: (warpgroup, column group, thread, value) -> offset covers the 64 x d chunk
-// exactly once, and the postprocess's reading of an offset is the wgmma fragment map.
-template <int kD>
+// Backward dQ staging: (warpgroup, column group, thread, value) -> offset covers the kM x d chunk
+// exactly once, and the postprocess's reading of an offset (dq_part_origin plus the wgmma fragment
+// map) covers every (row, column) of the chunk once.
+template <int kM, int kD>
 void check_dq_staging() {
-  std::vector<int> seen(64 * kD, 0);
+  constexpr int kGroups = fa4::hopper::kDqGroupsPerPart<kM, kD>;
+  static_assert(2 * kGroups * 512 == kM * kD, "two halves of 512-float groups");
+  std::vector<int> seen(kM * kD, 0);
   std::set<std::pair<int, int>> cells;
-  for (int wg = 0; wg < 2; ++wg)
-    for (int g = 0; g < kD / 16; ++g)
+  for (int wg = 0; wg < 2; ++wg) {
+    const fa4::hopper::DqPartOrigin o = fa4::hopper::dq_part_origin<kM, kD>(wg);
+    for (int g = 0; g < kGroups; ++g)
       for (int t = 0; t < 128; ++t)
         for (int e = 0; e < 4; ++e) {
-          const int off = fa4::hopper::dq_chunk_index<kD>(wg, g, t) + e;
+          const int off = fa4::hopper::dq_chunk_index<kM, kD>(wg, g, t) + e;
           ASSERT_GE(off, 0);
-          ASSERT_LT(off, 64 * kD);
+          ASSERT_LT(off, kM * kD);
           ++seen[size_t(off)];
           // The accumulator value v = 4g + e of thread t (src/hopper/shared/softmax.cuh's map):
           const int v = 4 * g + e;
-          const int row = 16 * (t / 32) + (t % 32) / 4 + 8 * ((v / 2) % 2);
-          const int col = wg * (kD / 2) + 8 * (v / 4) + 2 * (t % 4) + (v % 2);
+          const int row = o.row + 16 * (t / 32) + (t % 32) / 4 + 8 * ((v / 2) % 2);
+          const int col = o.col + 8 * (v / 4) + 2 * (t % 4) + (v % 2);
+          ASSERT_LT(row, kM);
+          ASSERT_LT(col, kD);
           cells.insert({row, col});
         }
-  for (int i = 0; i < 64 * kD; ++i) EXPECT_EQ(seen[size_t(i)], 1) << "offset " << i;
-  EXPECT_EQ(int(cells.size()), 64 * kD);
+  }
+  for (int i = 0; i < kM * kD; ++i) EXPECT_EQ(seen[size_t(i)], 1) << "offset " << i;
+  EXPECT_EQ(int(cells.size()), kM * kD);
 }
 TEST(HopperHost, BackwardDqStagingIsABijection) {
-  check_dq_staging<64>();
-  check_dq_staging<128>();
+  check_dq_staging<64, 64>();
+  check_dq_staging<64, 128>();
+  check_dq_staging<64, 256>();
+  check_dq_staging<128, 64>();
+  check_dq_staging<128, 128>();
 }
 
 }  // namespace

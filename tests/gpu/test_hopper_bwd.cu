@@ -75,7 +75,7 @@ TEST(HopperBwd, TailsAndBottomRightCausal) {
   REQUIRE_HOPPER();
   for (int d : {64, 128}) {
     CaseSpec c = base(d);
-    c.seqlen_q = 130;  // tails in both the 64-row query blocks and the 128-key blocks
+    c.seqlen_q = 130;  // tails in both the query blocks (64 rows; d64: 128) and the 128-key blocks
     c.seqlen_k = 257;
     check_case(c);
     c.causal = true;
@@ -104,6 +104,14 @@ TEST(HopperBwd, WindowsSoftcapSinkScale) {
   check_case(c);
   c = base(64);
   c.softcap = 5.f;
+  check_case(c);
+  c.window = {40, 20};  // d64's 128-row query blocks: windowed steps with softcap
+  c.seqlen_q = 300;
+  c.seqlen_k = 333;
+  check_case(c);
+  c.softcap = 0.f;
+  c.causal = true;      // a causal window
+  c.window = {100, -1};
   check_case(c);
   c = base(128);
   c.sink = true;
@@ -149,13 +157,15 @@ TEST(HopperBwd, GqaMqaVarlenPaddedDims) {
 
 TEST(HopperBwd, LongerSequences) {
   REQUIRE_HOPPER();
-  CaseSpec c = base(128);
-  c.batch = 1;
-  c.num_heads = 2;
-  c.seqlen_q = c.seqlen_k = 1500;
-  check_case(c);
-  c.causal = true;
-  check_case(c);
+  for (int d : {64, 128}) {
+    CaseSpec c = base(d);
+    c.batch = 1;
+    c.num_heads = 2;
+    c.seqlen_q = c.seqlen_k = 1500;
+    check_case(c);
+    c.causal = true;
+    check_case(c);
+  }
 }
 
 /// The d256 bucket (both warpgroups share the 64 keys of a tile, P^T through smem, dQ in two

@@ -2,13 +2,14 @@
 // one KV head), the query blocks that see it, and the workspace chunk of a query block.
 //
 // Workspace (allocated by launch_bwd.cuh, laid out per query head): a "chunk" is one query block of
-// tile_m = 64 rows. Sequence b's chunks start at chunk_base(b): b * num_m_blocks when batched,
-// floor(cu_seqlens_q[b] / 64) + b for varlen (an upper bound on the chunks of the sequences before
-// it, so sequences never share one; floor(total_q / 64) + batch chunks in all). Per (head, chunk):
-//   dq_accum   64 x d fp32 in the dQ staging's fragment order (dq_chunk_index), zeroed by the
+// tile_m rows (tuning_bwd.h: 64, or 128 at d64). Sequence b's chunks start at chunk_base(b):
+// b * num_m_blocks when batched, floor(cu_seqlens_q[b] / tile_m) + b for varlen (an upper bound on
+// the chunks of the sequences before it, so sequences never share one; floor(total_q / tile_m) +
+// batch chunks in all). Per (head, chunk):
+//   dq_accum   tile_m x d fp32 in the dQ staging's fragment order (dq_chunk_index), zeroed by the
 //              preprocess and reduce-added by the main kernel's CTAs;
-//   lse_log2   64 rows: lse * log2(e), +inf where lse = -inf or past the sequence (P = 0 there);
-//   dpsum      64 rows: D = rowsum(dO * O) (0 past the sequence);
+//   lse_log2   tile_m rows: lse * log2(e), +inf where lse = -inf or past the sequence (P = 0 there);
+//   dpsum      tile_m rows: D = rowsum(dO * O) (0 past the sequence);
 //   semaphore  deterministic mode: how many key blocks have added their dQ part, in key order.
 #pragma once
 

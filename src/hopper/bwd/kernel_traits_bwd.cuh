@@ -8,8 +8,9 @@
 //   dP^T = V_wg dO^T       SS   (64 x tile_m, k = dv)   -> dS^T = P^T (dP^T - D)
 //   dV  += P^T dO          RS   (64 x dv, k = tile_m)   P^T from registers
 //   dK  += dS^T Q          RS   (64 x d,  k = tile_m)   dS^T from registers
-//   dQ   = dS K            SS   (tile_m x d/2 per warpgroup, k = tile_n): dS from smem (both
-//                               warpgroups' dS^T written there), each warpgroup half of d's columns
+//   dQ   = dS K            SS   (k = tile_n): dS from smem (both warpgroups' dS^T written there);
+//                               per warpgroup 64 x d/2 (tile_m 64: half of d's columns) or
+//                               64 x d (tile_m 128: half of the rows)
 // Rows with shared keys (tuning_bwd.h shared_keys, d256): both warpgroups hold all 64 keys, and
 //   S^T, dP^T              SS   (64 x tile_m/2: the warpgroup's half of the query block)
 //   dV  += P^T dO_wg       SS   (64 x dv/2, k = tile_m): P^T of both warpgroups from smem
@@ -52,16 +53,22 @@ struct BwdKernelTraits {
   static constexpr bool kSharedKeys = kConfig.shared_keys;
   static_assert(kBlockN == (kSharedKeys ? 64 : 64 * kNumMmaWarpGroups),
                 "a consumer warpgroup's key rows are one wgmma M-extent (64)");
-  /// Columns of one dQ product per warpgroup, and the products per step (kSharedKeys: parts of 64
-  /// columns, each a whole 128-byte swizzle atom of K^T, so that a warpgroup's 32 accumulators
-  /// fit beside dK and dV's 128).
-  static constexpr int kDqCols = kSharedKeys ? 64 : kHeadDim / 2;
-  static constexpr int kDqParts = (kHeadDim / 2) / kDqCols;
-  /// Warpgroups one dQ product spans (side by side along d): both, or with shared keys each its own.
+  static_assert(kBlockM == 64 || (kBlockM == 128 && !kSharedKeys),
+                "query blocks of 64 rows, or 128 (one wgmma M-extent of dQ per warpgroup)");
+  /// dQ of a step (tile_m x d) in parts of 64 rows (one wgmma M-extent) x kDqCols columns: with
+  /// tile_m = 128 (kDqSplitRows) each warpgroup takes 64 of the rows and all d columns (at d64 a
+  /// 64-column product, not a 32-column one whose smem operands would be read faster than the
+  /// tensor cores use them); with 64 rows each takes half of d's columns; with shared keys
+  /// parts of 64 columns, each a whole 128-byte swizzle atom of K^T, so that a warpgroup's 32
+  /// accumulators fit beside dK and dV's 128. kDqParts products per warpgroup and step.
+  static constexpr bool kDqSplitRows = kBlockM == 128;
+  static constexpr int kDqCols = kSharedKeys ? 64 : kDqSplitRows ? kHeadDim : kHeadDim / 2;
+  static constexpr int kDqParts = kSharedKeys ? (kHeadDim / 2) / kDqCols : 1;
+  /// Warpgroups one dQ product spans: both (stacked along the rows, or side by side along d), or
+  /// with shared keys each its own.
   static constexpr int kDqMmaWarpGroups = kSharedKeys ? 1 : kNumMmaWarpGroups;
   static_assert(!kSharedKeys || (kHeadDim % 128 == 0 && kHeadDimV % 128 == 0),
                 "shared keys: each warpgroup's half of d and dv is whole 64-column swizzle atoms");
-  static_assert(kBlockM == 64, "the dQ staging and the postprocess assume 64-row query blocks");
   static_assert(kHeadDim % 16 == 0 && kHeadDimV % 16 == 0, "dQ splits d over two warpgroups (multiples of 8)");
   static_assert(kNumMmaThreads * kConfig.consumer_regs + cutlass::NumThreadsPerWarpGroup * kConfig.producer_regs <=
                     detail::hopper_cta_registers(kNumThreads),
@@ -91,12 +98,17 @@ struct BwdKernelTraits {
                               AtomKeys{}))>;
   using TiledMmadV = MmaDkv<kHeadDimV>;
   using TiledMmadK = MmaDkv<kHeadDim>;
-  // dQ: the two warpgroups side by side along d (each tile_m x d/2), k = all tile_n keys; with
-  // shared keys one warpgroup's atom, run per 64-column part on a slice of K^T.
+  // dQ: k = all tile_n keys; the two warpgroups stacked along the rows (tile_m = 128: 64 x d each)
+  // or side by side along d (64 x d/2 each); with shared keys one warpgroup's atom, run per
+  // 64-column part on a slice of K^T.
+  using AtomDq = std::conditional_t<kDqSplitRows, Layout<Shape<Int<kDqMmaWarpGroups>, _1, _1>>,
+                                    Layout<Shape<_1, Int<kDqMmaWarpGroups>, _1>>>;
   using TiledMmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<Int<kBlockM>, Int<kDqCols>, Int<kBlockN>>,
+      GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<_64, Int<kDqCols>, Int<kBlockN>>,
                            GMMA::Major::K, GMMA::Major::MN>(),
-      Layout<Shape<_1, Int<kDqMmaWarpGroups>, _1>>{}));
+      AtomDq{}));
+  /// The (rows, columns) tile of one dQ product over the warpgroups it spans.
+  using DqTile = Shape<Int<kBlockM>, Int<kDqSplitRows ? kDqCols : kDqCols * kDqMmaWarpGroups>>;
   static_assert(size<1>(typename TiledMmaS::AtomShape_MNK{}) == kSdPCols, "S^T atom narrower than the warpgroup's queries");
   static_assert(size<1>(typename TiledMmadV::AtomShape_MNK{}) == kHeadDimV / kDkvSplit, "dV atom narrower than dv");
   static_assert(size<1>(typename TiledMmadK::AtomShape_MNK{}) == kHeadDim / kDkvSplit, "dK atom narrower than d");
@@ -133,10 +145,11 @@ struct BwdKernelTraits {
       SmemLayoutdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>, Int<kDsBuffers>>{},
                                   Stride<Int<kBlockM>, _1, Int<kBlockM * kBlockN>>{})));
 
-  // dQ staging: each warpgroup's tile_m x d/2 fp32 accumulators in fragment order (thread t's
-  // value v of 8-column group g at [g * 512 + t * 4 + v % 4]), reduce-added to the fp32 dQ
-  // accumulator in one bulk copy per warpgroup (the postprocess knows the order).
+  // dQ staging: each warpgroup's tile_m x d / 2 fp32 accumulators (64 rows x kDqCols x kDqParts)
+  // in fragment order (schedule_bwd.h dq_chunk_index), reduce-added to the fp32 dQ accumulator in
+  // one bulk copy per warpgroup (the postprocess knows the order).
   static constexpr int kDqChunkFloats = kBlockM * kHeadDim / 2;  // per warpgroup
+  static_assert(kDqChunkFloats == 64 * kDqCols * kDqParts, "a warpgroup's dQ parts fill its half of the chunk");
   static constexpr uint32_t kDqChunkBytes = kDqChunkFloats * 4;
 
   using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;  // (rows, d, head, batch)
@@ -221,7 +234,7 @@ struct BwdKernelTraits {
     float softmax_scale{};      // dK = softmax_scale * dS^T Q (dS here is d(logit), softcap's factor folded)
     detail::MaskSpec mask{};
 
-    // Workspace (geometry_bwd.cuh; sized in launch_bwd.cuh): per (query head, query chunk of 64 rows).
+    // Workspace (geometry_bwd.cuh; sized in launch_bwd.cuh): per (query head, query chunk of tile_m rows).
     float* dq_accum{};          // fp32, fragment order per chunk
     const float* lse_log2{};    // per row of a chunk; +inf for rows without keys or past the sequence
     const float* dpsum{};       // D per row

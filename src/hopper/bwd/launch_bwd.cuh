@@ -200,7 +200,7 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   // with dv > d would need it templated on dv.
   static_assert(kHeadDimV <= kHeadDim, "bwd_preprocess_kernel covers kHeadDim columns of O / dO");
   if (has_rows) {
-    bwd_preprocess_kernel<Element, kHeadDim><<<aux_grid, kBwdAuxThreads, 0, stream>>>(a);
+    bwd_preprocess_kernel<Element, kHeadDim, Kt::kBlockM><<<aux_grid, kBwdAuxThreads, 0, stream>>>(a);
     launched = cudaGetLastError();
   }
   if (launched == cudaSuccess && num_tiles > 0) {
@@ -226,11 +226,11 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
     // for that grid before it reads the dQ accumulator, but its launch overlaps that grid's tail.
     // (The main kernel is launched plainly: as the preprocess's dependent, loading K, V, Q and dO
     // under its tail, it measured 2% faster at 512 keys and 1-3% slower at 8k, bwd/README.md.)
-    launched = launch_programmatic(bwd_postprocess_kernel<Element, kHeadDim>, aux_grid, dim3(unsigned(kBwdAuxThreads)),
-                                   0, stream, a);
+    launched = launch_programmatic(bwd_postprocess_kernel<Element, kHeadDim, Kt::kBlockM>, aux_grid,
+                                   dim3(unsigned(kBwdAuxThreads)), 0, stream, a);
   }
   if (launched == cudaSuccess && fp.dsink) {
-    bwd_dsink_kernel<Element><<<unsigned(fp.num_heads), kBwdAuxThreads, 0, stream>>>(a);
+    bwd_dsink_kernel<Element, Kt::kBlockM><<<unsigned(fp.num_heads), kBwdAuxThreads, 0, stream>>>(a);
     launched = cudaGetLastError();
   }
   if (launched == cudaErrorCooperativeLaunchTooLarge) {

@@ -98,7 +98,7 @@ struct BwdMma {
     Tensor tdPrdP = partition_fragment_C(mma_dp, Shape<Int<kBlockN>, Int<kBlockM>>{});
     Tensor tdVrdV = partition_fragment_C(mma_dv, Shape<Int<kBlockN>, Int<Kt::kHeadDimV>>{});
     Tensor tdKrdK = partition_fragment_C(mma_dk, Shape<Int<kBlockN>, Int<Kt::kHeadDim>>{});
-    Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Kt::kDqCols * Kt::kDqMmaWarpGroups>>{});
+    Tensor tdQrdQ = partition_fragment_C(mma_dq, typename Kt::DqTile{});
     constexpr int kFragS = decltype(size(tSrS))::value;
     static_assert(kFragS == kBlockN * kBlockM / Kt::kNumMmaThreads);
     static_assert(decltype(size(tdQrdQ))::value == Kt::kDqCols / 2, "dQ fragment: 64 x kDqCols per warpgroup");
@@ -137,6 +137,11 @@ struct BwdMma {
     auto step = [&](const ElemArgs& ea_in, const BwdTile& ti, auto softcap_c, auto masked_c) __attribute__((always_inline)) {
       constexpr bool kSoftcap = decltype(softcap_c)::value;
       constexpr bool kMasked = decltype(masked_c)::value;
+      // Softcap with 64 accumulators of S^T (tile_m = 128): its P^T is packed for dV beside
+      // P^T (1 - tanh^2) in S^T's registers, and with dP^T's 64 also in flight that is more than
+      // the consumers' registers hold: ptxas would then serialise every wgmma of the kernel
+      // (C7512). So this version runs S^T, P^T, dV and then dP^T one after another.
+      constexpr bool kSoftcapSerial = kSoftcap && !kSharedKeys && kFragS > 32;
       const int st = rq.index();
       ElemArgs ea = ea_in;
       if constexpr (kMasked) {
@@ -175,16 +180,25 @@ struct BwdMma {
           wgmma<true, -1>(mma_dp, wg_dp.partition_fragment_A(sV_step), wg_dp.partition_fragment_B(sdO_step(_, _, st)), tdPrdP);
         } else {
           wgmma</*zero_init=*/true, -1>(mma_s, wg_s.partition_fragment_A(sK_step), tSrQ(_, _, _, st), tSrS);
-          wgmma<true, -1>(mma_dp, wg_dp.partition_fragment_A(sV_step), tdPrdO(_, _, _, st), tdPrdP);
+          if constexpr (!kSoftcapSerial)
+            wgmma<true, -1>(mma_dp, wg_dp.partition_fragment_A(sV_step), tdPrdO(_, _, _, st), tdPrdP);
         }
       }
       ea.lse = ss.smem_lse.data() + st * kBlockM;
       ea.dsum = ss.smem_d.data() + st * kBlockM;
       // P^T on the exp unit while the dP^T product runs on the tensor cores.
-      warpgroup_wait<1>();
+      warpgroup_wait<kSoftcapSerial ? 0 : 1>();
       warpgroup_fence_operand(tSrS);
       probs<kSoftcap, kMasked>(p, ea, tSrS, tdVrP32);
-      if constexpr (kSharedKeys) {
+      if constexpr (kSoftcapSerial) {
+        // dV takes the packed P^T before dP^T's accumulators are needed (see kSoftcapSerial).
+        wgmma<false, -1>(mma_dv, tdVrP, tdVrdOt(_, _, _, st), tdVrdV);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tdVrdV);
+        Tensor sV_step = make_tensor(make_smem_ptr(arch::opaque(ss.smem_v.data())), typename Kt::SmemLayoutV{});
+        wgmma<true, -1>(mma_dp, wg_dp.partition_fragment_A(sV_step), tdPrdO(_, _, _, st), tdPrdP);
+        warpgroup_wait<0>();
+      } else if constexpr (kSharedKeys) {
         // dV reads both warpgroups' P^T: through smem, then dV's product runs under dS^T.
         copy(r2s_ds, tPaP, tdSsdS(_, _, _, Kt::kPBuffer0 + ds_buf));
         cutlass::arch::fence_view_async_shared();
@@ -198,7 +212,7 @@ struct BwdMma {
       warpgroup_fence_operand(tdPrdP);
       dscores<kSoftcap, kMasked>(ea, tSrS, tdPrdP, tdVrP32, tdKrdS32);
       copy(r2s_ds, tdSadS, tdSsdS(_, _, _, ds_buf));
-      if constexpr (!kSharedKeys) wgmma<false, -1>(mma_dv, tdVrP, tdVrdOt(_, _, _, st), tdVrdV);
+      if constexpr (!kSharedKeys && !kSoftcapSerial) wgmma<false, -1>(mma_dv, tdVrP, tdVrdOt(_, _, _, st), tdVrdV);
       // dS^T of both warpgroups is in smem (generic stores, read next by the async proxy).
       cutlass::arch::fence_view_async_shared();
       arch::named_barrier_sync(Barriers::consumers(), Kt::kNumMmaThreads);
@@ -384,15 +398,15 @@ struct BwdMma {
     return kSharedKeys ? arch::fragment_row(tid % 128) : arch::fragment_row(tid);
   }
 
-  /// Stages dQ part `part` of warpgroup wg (its columns part * kDqCols.. of the warpgroup's half
-  /// of d) in fragment order (schedule_bwd.h dq_chunk_index): a float4 per 8-column group.
+  /// Stages dQ part `part` of warpgroup wg (its columns part * kDqCols.. of the warpgroup's share
+  /// of the chunk) in fragment order (schedule_bwd.h dq_chunk_index): a float4 per 8-column group.
   template <class SharedStorage, class FragdQ>
   __device__ __forceinline__ static void stage_dq(SharedStorage& ss, int part, int t128, int wg, FragdQ& dq) {
     float4* stage = reinterpret_cast<float4*>(ss.smem_dq.data());
     constexpr int kGroups = Kt::kDqCols / 8;
 #pragma unroll
     for (int gq = 0; gq < kGroups; ++gq)
-      stage[dq_chunk_index<Kt::kHeadDim>(wg, part * kGroups + gq, t128) / 4] =
+      stage[dq_chunk_index<kBlockM, Kt::kHeadDim>(wg, part * kGroups + gq, t128) / 4] =
           make_float4(dq(4 * gq), dq(4 * gq + 1), dq(4 * gq + 2), dq(4 * gq + 3));
   }
 

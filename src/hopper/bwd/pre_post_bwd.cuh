@@ -57,21 +57,21 @@ struct BwdAuxParams {
 };
 
 inline constexpr int kBwdAuxThreads = 256;
-inline constexpr int kBwdChunkRows = 64;  // the main kernel's tile_m (static_assert there)
 
 template <class Element>
 __device__ __forceinline__ float load_f(const void* base, int64_t i) {
   return float(static_cast<const Element*>(base)[i]);
 }
 
-template <class Element, int kHeadDim>
+/// kChunkRows: the main kernel's tile_m (a chunk is one of its query blocks).
+template <class Element, int kHeadDim, int kChunkRows>
 __global__ void __launch_bounds__(kBwdAuxThreads) bwd_preprocess_kernel(const BwdAuxParams p) {
   const int32_t m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const SeqBounds s = seq_bounds<true>(p, b);
-  if (m * kBwdChunkRows >= s.seqlen_q) return;
-  const int64_t chunk = int64_t(h) * p.chunks + chunk_base<kBwdChunkRows>(p, b, s) + m;
-  float4* acc = reinterpret_cast<float4*>(p.dq_accum + chunk * (kBwdChunkRows * kHeadDim));
-  for (int i = threadIdx.x; i < kBwdChunkRows * kHeadDim / 4; i += kBwdAuxThreads) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (m * kChunkRows >= s.seqlen_q) return;
+  const int64_t chunk = int64_t(h) * p.chunks + chunk_base<kChunkRows>(p, b, s) + m;
+  float4* acc = reinterpret_cast<float4*>(p.dq_accum + chunk * (kChunkRows * kHeadDim));
+  for (int i = threadIdx.x; i < kChunkRows * kHeadDim / 4; i += kBwdAuxThreads) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   if (p.dq_semaphore && threadIdx.x == 0) p.dq_semaphore[chunk] = 0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t bt = p.is_varlen ? 0 : b;
@@ -90,20 +90,20 @@ __global__ void __launch_bounds__(kBwdAuxThreads) bwd_preprocess_kernel(const Bw
                               (int64_t(s.q_row0) + i) * p.lse_row_stride];
       l = lse == -INFINITY ? INFINITY : lse * detail::kLog2e;
     }
-    p.dpsum[chunk * kBwdChunkRows + r] = d;
-    p.lse_log2[chunk * kBwdChunkRows + r] = l;
+    p.dpsum[chunk * kChunkRows + r] = d;
+    p.lse_log2[chunk * kChunkRows + r] = l;
   };
   if (p.rows_vec8) {
     // kHeadDim / 8 lanes per row, 16 bytes of O and of dO each: a warp covers 32 / (kHeadDim / 8)
     // rows per pass and every pass's loads are in flight together (the loop is unrolled).
     constexpr int kLanesPerRow = kHeadDim / 8;
     constexpr int kRowsPerPass = 32 / kLanesPerRow;
-    static_assert(32 % kLanesPerRow == 0 && kBwdChunkRows % (kRowsPerPass * (kBwdAuxThreads / 32)) == 0);
+    static_assert(32 % kLanesPerRow == 0 && kChunkRows % (kRowsPerPass * (kBwdAuxThreads / 32)) == 0);
     const int sub = lane % kLanesPerRow;
 #pragma unroll
-    for (int r0 = warp * kRowsPerPass; r0 < kBwdChunkRows; r0 += kRowsPerPass * (kBwdAuxThreads / 32)) {
+    for (int r0 = warp * kRowsPerPass; r0 < kChunkRows; r0 += kRowsPerPass * (kBwdAuxThreads / 32)) {
       const int r = r0 + lane / kLanesPerRow;
-      const int32_t i = m * kBwdChunkRows + r;
+      const int32_t i = m * kChunkRows + r;
       float d = 0.f;
       if (i < s.seqlen_q && 8 * sub < p.headdim_v) {
         const uint4 ov = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.out) + out_offset(i) + 8 * sub);
@@ -119,8 +119,8 @@ __global__ void __launch_bounds__(kBwdAuxThreads) bwd_preprocess_kernel(const Bw
     }
     return;
   }
-  for (int r = warp; r < kBwdChunkRows; r += kBwdAuxThreads / 32) {
-    const int32_t i = m * kBwdChunkRows + r;
+  for (int r = warp; r < kChunkRows; r += kBwdAuxThreads / 32) {
+    const int32_t i = m * kChunkRows + r;
     float d = 0.f;
     if (i < s.seqlen_q) {
       const int64_t o0 = out_offset(i), g0 = dout_offset(i);
@@ -131,30 +131,31 @@ __global__ void __launch_bounds__(kBwdAuxThreads) bwd_preprocess_kernel(const Bw
   }
 }
 
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, int kChunkRows>
 __global__ void __launch_bounds__(kBwdAuxThreads) bwd_postprocess_kernel(const BwdAuxParams p) {
   // Launched as the main kernel's programmatic dependent: the dQ accumulator is complete only once
   // that kernel is (every CTA waits, so this grid's completion implies the main kernel's).
   arch::wait_on_prerequisites();
   const int32_t m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const SeqBounds s = seq_bounds<true>(p, b);
-  if (m * kBwdChunkRows >= s.seqlen_q) return;
-  const int64_t chunk = int64_t(h) * p.chunks + chunk_base<kBwdChunkRows>(p, b, s) + m;
-  const float* acc = p.dq_accum + chunk * (kBwdChunkRows * kHeadDim);
+  if (m * kChunkRows >= s.seqlen_q) return;
+  const int64_t chunk = int64_t(h) * p.chunks + chunk_base<kChunkRows>(p, b, s) + m;
+  const float* acc = p.dq_accum + chunk * (kChunkRows * kHeadDim);
   // The chunk goes through smem as (row, column) in the dtype: read in its fragment order (a
   // float4 per thread, coalesced), written out a row piece of 16 bytes per thread, so a warp
   // stores whole 128-byte lines. Straight from the fragment order a warp's store covers eight rows
   // of 16 bytes each, and the postprocess ran at a third of the bandwidth. The 8-element pad puts
   // the eight rows of a fragment store in different banks.
   constexpr int kPitch = kHeadDim + 8;
-  __shared__ alignas(16) Element tile[kBwdChunkRows * kPitch];
+  __shared__ alignas(16) Element tile[kChunkRows * kPitch];
   {
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
-    const int r0 = arch::fragment_row(t);
+    const DqPartOrigin o = dq_part_origin<kChunkRows, kHeadDim>(wg);
+    const int r0 = o.row + arch::fragment_row(t);
 #pragma unroll
-    for (int g = 0; g < kHeadDim / 16; ++g) {
-      const int col = wg * (kHeadDim / 2) + 8 * g + arch::fragment_col(t);
-      const float4 x = *reinterpret_cast<const float4*>(acc + dq_chunk_index<kHeadDim>(wg, g, t));
+    for (int g = 0; g < kDqGroupsPerPart<kChunkRows, kHeadDim>; ++g) {
+      const int col = o.col + 8 * g + arch::fragment_col(t);
+      const float4 x = *reinterpret_cast<const float4*>(acc + dq_chunk_index<kChunkRows, kHeadDim>(wg, g, t));
       *reinterpret_cast<uint32_t*>(tile + r0 * kPitch + col) = pack2<Element>(x.x * p.softmax_scale, x.y * p.softmax_scale);
       *reinterpret_cast<uint32_t*>(tile + (r0 + 8) * kPitch + col) =
           pack2<Element>(x.z * p.softmax_scale, x.w * p.softmax_scale);
@@ -163,13 +164,13 @@ __global__ void __launch_bounds__(kBwdAuxThreads) bwd_postprocess_kernel(const B
   __syncthreads();
   const int64_t bt = p.is_varlen ? 0 : b;
   Element* dq = static_cast<Element*>(p.dq) + bt * p.dq_batch_stride + int64_t(h) * p.dq_head_stride;
-  const int32_t rows = min(kBwdChunkRows, s.seqlen_q - m * kBwdChunkRows);
+  const int32_t rows = min(kChunkRows, s.seqlen_q - m * kChunkRows);
   constexpr int kPieces = kHeadDim / 8;  // 16-byte pieces per row
-  for (int i = threadIdx.x; i < kBwdChunkRows * kPieces; i += kBwdAuxThreads) {
+  for (int i = threadIdx.x; i < kChunkRows * kPieces; i += kBwdAuxThreads) {
     const int r = i / kPieces, col = (i % kPieces) * 8;
     if (r >= rows || col >= p.headdim) continue;  // real dims are multiples of 8
     const Element* src = tile + r * kPitch + col;
-    Element* row = dq + (int64_t(s.q_row0) + m * kBwdChunkRows + r) * p.dq_row_stride + col;
+    Element* row = dq + (int64_t(s.q_row0) + m * kChunkRows + r) * p.dq_row_stride + col;
     if (p.dq_vec8) {
       *reinterpret_cast<uint4*>(row) = *reinterpret_cast<const uint4*>(src);
     } else if (p.dq_aligned_pairs) {
@@ -184,16 +185,16 @@ __global__ void __launch_bounds__(kBwdAuxThreads) bwd_postprocess_kernel(const B
 
 /// One CTA per head; every sum in a fixed order. (A template so that every instantiation file
 /// may hold one: instances are merged at link time.)
-template <class Element>
+template <class Element, int kChunkRows>
 __global__ void __launch_bounds__(kBwdAuxThreads) bwd_dsink_kernel(const BwdAuxParams p) {
   const int32_t h = blockIdx.x;
   const float sink_log2 = p.sink[h] * detail::kLog2e;
   float part = 0.f;
   for (int32_t b = 0; b < p.batch; ++b) {
     const SeqBounds s = seq_bounds<true>(p, b);
-    const int64_t chunk0 = int64_t(h) * p.chunks + chunk_base<kBwdChunkRows>(p, b, s);
+    const int64_t chunk0 = int64_t(h) * p.chunks + chunk_base<kChunkRows>(p, b, s);
     for (int32_t i = threadIdx.x; i < s.seqlen_q; i += kBwdAuxThreads) {
-      const int64_t row = chunk0 * kBwdChunkRows + i;  // chunk (i / 64), row i % 64
+      const int64_t row = chunk0 * kChunkRows + i;  // chunk i / kChunkRows, its row i % kChunkRows
       part += exp2f(sink_log2 - p.lse_log2[row]) * p.dpsum[row];
     }
   }

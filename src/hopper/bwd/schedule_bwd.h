@@ -105,13 +105,31 @@ FA4_HD int64_t bwd_num_chunks(bool varlen, int64_t batch, int64_t total_q, int64
   return varlen ? total_q / kBlockM + batch : batch * num_m_blocks;
 }
 
-/// Offset, inside a (head, chunk) dQ accumulator of 64 x d floats, of the float4 that thread t
-/// (0..127) of warpgroup wg stages for its 8-column group g: its accumulator values 4g..4g+3, i.e.
-/// rows r0 and r0 + 8 (r0 = the wgmma fragment row of t: 16 (t / 32) + (t % 32) / 4) at columns
-/// wg * d/2 + 8g + 2 (t % 4) + {0, 1}, in the order (r0, c), (r0, c+1), (r0+8, c), (r0+8, c+1).
-template <int kHeadDim>
+/// The dQ accumulator of a (head, chunk) holds kBlockM x kHeadDim floats as two halves, one per
+/// consumer warpgroup wg, each 64 rows x kHeadDim * kBlockM / 128 columns: for kBlockM = 64 the
+/// block's rows and columns [wg d/2, (wg + 1) d/2); for kBlockM = 128 rows [64 wg, 64 wg + 64) and
+/// every column (kernel_traits_bwd.cuh kDqSplitRows). dq_part_origin gives a half's first row and
+/// column.
+struct DqPartOrigin {
+  int32_t row, col;
+};
+template <int kBlockM, int kHeadDim>
+FA4_HD DqPartOrigin dq_part_origin(int wg) {
+  static_assert(kBlockM == 64 || kBlockM == 128, "query blocks of 64 or 128 rows");
+  return kBlockM == 128 ? DqPartOrigin{64 * wg, 0} : DqPartOrigin{0, wg * (kHeadDim / 2)};
+}
+/// 8-column groups in a half (kBlockM * kHeadDim / 2 floats, 512 per group).
+template <int kBlockM, int kHeadDim>
+inline constexpr int kDqGroupsPerPart = kBlockM * kHeadDim / 1024;
+
+/// Offset, inside a (head, chunk) dQ accumulator, of the float4 that thread t (0..127) of warpgroup
+/// wg stages for the 8-column group g of its half: its accumulator values 4g..4g+3, i.e. rows
+/// origin.row + r0 and + 8 (r0 = the wgmma fragment row of t: 16 (t / 32) + (t % 32) / 4) at
+/// columns origin.col + 8g + 2 (t % 4) + {0, 1}, in the order (r0, c), (r0, c+1), (r0+8, c),
+/// (r0+8, c+1).
+template <int kBlockM, int kHeadDim>
 FA4_HD int32_t dq_chunk_index(int wg, int g, int t) {
-  return wg * (64 * kHeadDim / 2) + g * 512 + t * 4;
+  return wg * (kBlockM * kHeadDim / 2) + g * 512 + t * 4;
 }
 
 }  // namespace fa4::hopper

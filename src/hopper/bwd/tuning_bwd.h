@@ -7,9 +7,14 @@
 //
 // Tile geometry (FlashAttention-3's hopper backward, arXiv 2407.08608, for 16-bit inputs): a CTA
 // owns tile_n = 128 keys of one KV head (d <= 128), split over two consumer warpgroups (64 keys each, one
-// wgmma M-extent), and walks the query blocks of tile_m = 64 rows that see them. dK and dV stay in
+// wgmma M-extent), and walks the query blocks of tile_m rows that see them. dK and dV stay in
 // fp32 registers for the whole walk (2 x 64 x d / 128 floats per thread), so d is bounded by the
-// register file: 64 + 64 floats at d128, with S^T, dP^T and dQ (32 each) beside them.
+// register file: 64 + 64 floats at d128, with S^T, dP^T and dQ (32 each) beside them. d64 has
+// room for tile_m = 128 (FlashAttention-3's d64 tile): 32 + 32 floats of dK/dV, 64 each of S^T
+// and dP^T, 32 of dQ. Its SS products (S^T, dP^T, dQ) are then 128 queries wide or d deep per
+// warpgroup, where at tile_m = 64 an m64n64k16 wgmma reads 4 KB of smem operands per 32 cycles of
+// tensor work (128 B/cycle, all the bandwidth of the SM's shared memory for one warpgroup), and
+// the steps, with their barrier and dQ reduce-add, are half as many.
 // Above d128 that would be 2 x 64 x 256 / 128 = 256 floats at d256, so the d256 row shares the
 // keys instead (`shared_keys`, FlashAttention-3's d256 split in our swapped form): tile_n = 64
 // keys, both warpgroups hold all of them and each half of the query block for S^T and dP^T, and
@@ -20,8 +25,9 @@
 // (These are not always the forward's buckets: a d96 input runs the forward's d96 kernel and the
 // backward's d128.)
 // Shared memory (d128): K, V 32 KB each, q_stages x (Q + dO) 64 KB, dS^T double buffer 32 KB,
-// the dQ staging 32 KB. d256: K, V 32 KB each, one stage of Q + dO 64 KB, P^T and dS^T double
-// buffers 32 KB, the dQ staging 64 KB (224 KB: no room for a second Q / dO stage).
+// the dQ staging 32 KB; d64 (tile_m 128): K, V 16 KB each, Q + dO 64 KB, dS^T 64 KB, dQ 32 KB.
+// d256: K, V 32 KB each, one stage of Q + dO 64 KB, P^T and dS^T double buffers 32 KB, the dQ
+// staging 64 KB (224 KB: no room for a second Q / dO stage).
 #pragma once
 
 #include <cstdint>
@@ -34,7 +40,7 @@ namespace fa4::detail {
 struct HopperBwdConfig {
   int32_t headdim;        ///< compiled q/k head dim (inputs with a smaller multiple of 8 are padded)
   int32_t headdim_v;      ///< compiled v/dout head dim
-  int32_t tile_m;         ///< query rows per step of the walk (the N of S^T = K Q^T): 64
+  int32_t tile_m;         ///< query rows per step of the walk (the N of S^T = K Q^T): 64 or 128
   int32_t tile_n;         ///< keys per CTA: 64 per consumer warpgroup
   int32_t q_stages;       ///< depth of the Q / dO / lse / D ring
   int32_t consumer_regs;  ///< setmaxnreg of the two MMA warpgroups
@@ -66,10 +72,11 @@ constexpr HopperBwdConfig kHopperBwdConfigs[] = {
     // walk_descending, shared_keys.
     // The producer warpgroup's warps (TMA, dQ writers with the deterministic ordering) spill at
     // 24 registers, the consumers below 232: ptxas reports no spill stores at 232/40 (d64 and
-    // d128); 240/24 spilled more in the producer on an earlier form of the step.
+    // d128); 240/24 spills in the producer (d64 with tile_m 128: 36 B).
     // Deterministic bands: 8 at d64 and d128, the fastest of 16 / 8 / 4 / 2 at 8k, causal and
-    // not (bench/results/history.md); d256's 16 is the default band, not a measured choice.
-    {64, 64, 64, 128, 2, 232, 40, 16, 8, true, false},
+    // not (bench/results/history.md; d64 measured with tile_m 64); d256's 16 is the default band,
+    // not a measured choice.
+    {64, 64, 128, 128, 2, 232, 40, 16, 8, true, false},
     {128, 128, 64, 128, 2, 232, 40, 16, 8, true, false},
     {256, 256, 64, 64, 1, 232, 40, 16, 16, true, true},
 };
