@@ -338,7 +338,7 @@ struct BwdMma {
   __device__ __forceinline__ static int frag_column(int v, int col_lane) { return (v >> 2) * 8 + col_lane + (v & 1); }
 
   /// P^T = exp2(s * scale_log2 - lse_log2) in place (s = tanh(raw * softcap_inv_scale) under
-  /// softcap). kMasked: pairs outside a key row's visible queries get exactly 0 by selection (never
+  /// softcap), the row's share (tuning_bwd.h exp2_emulation) on the FMA pipe, the rest on MUFU. kMasked: pairs outside a key row's visible queries get exactly 0 by selection (never
   /// exp2 of -inf - lse, never a value from another sequence's rows). kSoftcap: P^T goes to its dV
   /// operand here and the accumulator keeps P^T (1 - tanh^2), the factor dS^T needs; without
   /// softcap, dscores packs P^T once it is done with it (shared keys: here, for its smem copy
@@ -346,6 +346,7 @@ struct BwdMma {
   template <bool kSoftcap, bool kMasked, class FragS, class FragP32>
   __device__ __forceinline__ static void probs(const Params& p, const ElemArgs& ea, FragS& s, FragP32& p32) {
     constexpr int kFrag = decltype(cute::size(s))::value;
+    constexpr Exp2Emulation kExp2 = Kt::kConfig.exp2_emulation;
 #pragma unroll
     for (int k = 0; k < kFrag / 2; ++k) {
       // One 8-byte load gives both columns of the pair (col_lane is even).
@@ -356,7 +357,12 @@ struct BwdMma {
         const int v = 2 * k + e;
         float x = s(v);
         if constexpr (kSoftcap) x = tanhf(x * p.softcap_inv_scale);
-        pv[e] = arch::ex2_approx(fmaf(x, p.score_scale_log2, -(e ? l.y : l.x)));
+        const float arg = fmaf(x, p.score_scale_log2, -(e ? l.y : l.x));
+        // The FMA pipe's share: v's 8-column group is the same in every lane, so once the loop is
+        // unrolled the choice is a constant per register. The argument is <= 0 up to rounding
+        // for the forward's lse; the cap keeps exp2_emulated inside its domain (<= 127) for any
+        // other lse.
+        pv[e] = kExp2.uses_emulation((v >> 2) * 8) ? fa4::exp2_emulated(fminf(arg, 127.f)) : arch::ex2_approx(arg);
         if constexpr (kMasked) {
           const int32_t query = ea.q0 + frag_column(v, ea.col_lane);
           const int r = (v >> 1) & 1;

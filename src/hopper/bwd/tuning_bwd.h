@@ -33,6 +33,7 @@
 #include <cstdint>
 
 #include "common/overrides.h"
+#include "fa4/exp2.h"
 #include "hopper/buckets.h"
 
 namespace fa4::detail {
@@ -43,6 +44,9 @@ struct HopperBwdConfig {
   int32_t tile_m;         ///< query rows per step of the walk (the N of S^T = K Q^T): 64 or 128
   int32_t tile_n;         ///< keys per CTA: 64 per consumer warpgroup
   int32_t q_stages;       ///< depth of the Q / dO / lse / D ring
+  /// Share of P^T's exponentials computed on the FMA pipe (fa4/exp2.h exp2_emulated; FA4 Sec. 3),
+  /// by 8-query-column groups of S^T, the rest on MUFU (16 per clock per SM).
+  Exp2Emulation exp2_emulation;
   int32_t consumer_regs;  ///< setmaxnreg of the two MMA warpgroups
   int32_t producer_regs;  ///< setmaxnreg of the producer warpgroup (TMA warp + two dQ writer warps)
   /// Masked / varlen / deterministic problems (longest first): key blocks of one (sequence, KV
@@ -68,17 +72,17 @@ struct HopperBwdConfig {
 // linker shares between every libfa4 loaded in one process (A/B runs load several builds),
 // so one build would read another build's table.
 constexpr HopperBwdConfig kHopperBwdConfigs[] = {
-    // d, dv, tile_m, tile_n, q_stages, regs (consumer, producer), lpt_band, det_lpt_band,
-    // walk_descending, shared_keys.
+    // d, dv, tile_m, tile_n, q_stages, exp2_emulation {period, emulated}, regs (consumer,
+    // producer), lpt_band, det_lpt_band, walk_descending, shared_keys.
     // The producer warpgroup's warps (TMA, dQ writers with the deterministic ordering) spill at
     // 24 registers, the consumers below 232: ptxas reports no spill stores at 232/40 (d64 and
     // d128); 240/24 spills in the producer (d64 with tile_m 128: 36 B).
     // Deterministic bands: 8 at d64 and d128, the fastest of 16 / 8 / 4 / 2 at 8k, causal and
     // not (bench/results/history.md; d64 measured with tile_m 64); d256's 16 is the default band,
     // not a measured choice.
-    {64, 64, 128, 128, 2, 232, 40, 16, 8, true, false},
-    {128, 128, 64, 128, 2, 232, 40, 16, 8, true, false},
-    {256, 256, 64, 64, 1, 232, 40, 16, 16, true, true},
+    {64, 64, 128, 128, 2, {16, 0}, 232, 40, 16, 8, true, false},
+    {128, 128, 64, 128, 2, {16, 0}, 232, 40, 16, 8, true, false},
+    {256, 256, 64, 64, 1, {16, 0}, 232, 40, 16, 16, true, true},
 };
 // No d96 row: the transposed views of a 96-column (64-byte swizzled) Q / dO tile are not a
 // canonical MN-major wgmma layout (CuTe's GMMA layout check), so 72..128 run on the d128 kernel
