@@ -77,6 +77,8 @@ constexpr HopperBwdConfig kHopperBwdConfigs[] = {
     // The producer warpgroup's warps (TMA, dQ writers with the deterministic ordering) spill at
     // 24 registers, the consumers below 232: ptxas reports no spill stores at 232/40 (d64 and
     // d128); 240/24 spills in the producer (d64 with tile_m 128: 36 B).
+    // Exp2 emulation: none. 2/16 and 4/16 measured 2-4% slower at d64 and within noise at d128
+    // (bench/results/history.md): the exponentials run beside the dP^T product on MUFU already.
     // Deterministic bands: 8 at d64 and d128, the fastest of 16 / 8 / 4 / 2 at 8k, causal and
     // not (bench/results/history.md; d64 measured with tile_m 64); d256's 16 is the default band,
     // not a measured choice.
