@@ -482,15 +482,8 @@ struct BwdMma {
   template <class SmemLayout, class TiledMma, class Frag>
   __device__ __forceinline__ static void stage(Element* base, int tid, Frag& acc, float scale) {
     using namespace cute;
-    Tensor s = make_tensor(make_smem_ptr(base), SmemLayout{});
-    Tensor r = make_tensor<Element>(acc.layout());
-    Tensor r32 = recast<uint32_t>(r);
-#pragma unroll
-    for (int i = 0; i < size(acc) / 2; ++i) r32(i) = pack2<Element>(acc(2 * i) * scale, acc(2 * i + 1) * scale);
-    TiledMma mma;
-    auto copy_c = make_tiled_copy_C(typename Kt::SmemCopyAtomdKV{}, mma);
-    auto thr = copy_c.get_thread_slice(tid);
-    cute::copy(copy_c, thr.retile_S(r), thr.partition_D(s));
+    stage_accumulator<Element, typename Kt::SmemCopyAtomdKV, TiledMma>(
+        tid, acc, make_tensor(make_smem_ptr(base), SmemLayout{}), [scale](int) { return scale; });
   }
 
   /// The staging complete for the TMA engine: stmatrix writes are generic-proxy, the engine reads

@@ -100,18 +100,9 @@ struct Epilogue {
     }
     Tensor sO = make_tensor(make_smem_ptr(slice), typename Kt::SmemLayoutOSlice{});  // (64, dv)
 
-    // Normalise and convert to 16 bits in the accumulator's register order.
-    Tensor rO = make_tensor<Element>(tOrO.layout());
-    Tensor rO32 = recast<uint32_t>(rO);
-#pragma unroll
-    for (int i = 0; i < size(tOrO) / 2; ++i) {
-      const float s = o_scale[i & 1];  // pairs alternate rows r = 0, 1 (fragment ((2,2,dv/8)))
-      rO32(i) = pack2<Element>(tOrO(2 * i) * s, tOrO(2 * i + 1) * s);
-    }
-    typename Kt::TiledMmaPVWG mma_wg;
-    auto copy_o = make_tiled_copy_C(typename Kt::SmemCopyAtomO{}, mma_wg);
-    auto thr = copy_o.get_thread_slice(tid % 128);
-    cute::copy(copy_o, thr.retile_S(rO), thr.partition_D(sO));
+    // Normalised: value pairs alternate rows r = 0, 1 (fragment ((2,2,dv/8))).
+    stage_accumulator<Element, typename Kt::SmemCopyAtomO, typename Kt::TiledMmaPVWG>(
+        tid % 128, tOrO, sO, [&](int i) { return o_scale[i & 1]; });
     // stmatrix writes are generic-proxy; the TMA engine reads through the async proxy.
     cutlass::arch::fence_view_async_shared();
     arch::named_barrier_sync(arch::NamedBarriers<Kt::kNumMmaWarpGroups>::local(wg), cutlass::NumThreadsPerWarpGroup);

@@ -55,4 +55,25 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
   }
 }
 
+/// Writes a wgmma accumulator to shared memory in 16 bits for a TMA store: value pair i of the
+/// thread's fragment acc (fp32) times scale(i), packed in the accumulator's register order, then
+/// stored with the copy atom CopyAtom (stmatrix) tiled like TiledMma's C into the smem tensor s.
+/// `thread` is the thread's index in TiledMma. The forward's O epilogue and the backward's dK / dV
+/// epilogue stage through this.
+template <class Element, class CopyAtom, class TiledMma, class Frag, class SmemTensor, class Scale>
+__device__ __forceinline__ void stage_accumulator(int thread, const Frag& acc, SmemTensor&& s, Scale scale) {
+  using namespace cute;
+  Tensor r = make_tensor<Element>(acc.layout());
+  Tensor r32 = recast<uint32_t>(r);
+#pragma unroll
+  for (int i = 0; i < size(acc) / 2; ++i) {
+    const float f = scale(i);
+    r32(i) = pack2<Element>(acc(2 * i) * f, acc(2 * i + 1) * f);
+  }
+  TiledMma mma;
+  auto copy_c = make_tiled_copy_C(CopyAtom{}, mma);
+  auto thr = copy_c.get_thread_slice(thread);
+  cute::copy(copy_c, thr.retile_S(r), thr.partition_D(s));
+}
+
 }  // namespace fa4::hopper
