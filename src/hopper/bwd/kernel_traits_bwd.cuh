@@ -29,6 +29,7 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "core/mask.h"
+#include "hopper/bwd/schedule_bwd.h"
 #include "hopper/bwd/tuning_bwd.h"
 #include "hopper/fwd/tuning_fwd.h"
 
@@ -61,7 +62,7 @@ struct BwdKernelTraits {
   /// tensor cores use them); with 64 rows each takes half of d's columns; with shared keys
   /// parts of 64 columns, each a whole 128-byte swizzle atom of K^T, so that a warpgroup's 32
   /// accumulators fit beside dK and dV's 128. kDqParts products per warpgroup and step.
-  static constexpr bool kDqSplitRows = kBlockM == 128;
+  static constexpr bool kDqSplitRows = dq_split_rows<kBlockM>;  // the postprocess's order too
   static constexpr int kDqCols = kSharedKeys ? 64 : kDqSplitRows ? kHeadDim : kHeadDim / 2;
   static constexpr int kDqParts = kSharedKeys ? (kHeadDim / 2) / kDqCols : 1;
   /// Warpgroups one dQ product spans: both (stacked along the rows, or side by side along d), or

@@ -338,8 +338,9 @@ struct BwdMma {
   __device__ __forceinline__ static int frag_column(int v, int col_lane) { return (v >> 2) * 8 + col_lane + (v & 1); }
 
   /// P^T = exp2(s * scale_log2 - lse_log2) in place (s = tanh(raw * softcap_inv_scale) under
-  /// softcap), the row's share (tuning_bwd.h exp2_emulation) on the FMA pipe, the rest on MUFU. kMasked: pairs outside a key row's visible queries get exactly 0 by selection (never
-  /// exp2 of -inf - lse, never a value from another sequence's rows). kSoftcap: P^T goes to its dV
+  /// softcap), the row's share (tuning_bwd.h exp2_emulation) on the FMA pipe, the rest on MUFU.
+  /// kMasked: pairs outside a key row's visible queries get exactly 0 by selection (never exp2 of
+  /// -inf - lse, never a value from another sequence's rows). kSoftcap: P^T goes to its dV
   /// operand here and the accumulator keeps P^T (1 - tanh^2), the factor dS^T needs; without
   /// softcap, dscores packs P^T once it is done with it (shared keys: here, for its smem copy
   /// before dS^T).

@@ -107,16 +107,18 @@ FA4_HD int64_t bwd_num_chunks(bool varlen, int64_t batch, int64_t total_q, int64
 
 /// The dQ accumulator of a (head, chunk) holds kBlockM x kHeadDim floats as two halves, one per
 /// consumer warpgroup wg, each 64 rows x kHeadDim * kBlockM / 128 columns: for kBlockM = 64 the
-/// block's rows and columns [wg d/2, (wg + 1) d/2); for kBlockM = 128 rows [64 wg, 64 wg + 64) and
-/// every column (kernel_traits_bwd.cuh kDqSplitRows). dq_part_origin gives a half's first row and
-/// column.
+/// block's rows and columns [wg d/2, (wg + 1) d/2); for kBlockM = 128 (dq_split_rows) rows
+/// [64 wg, 64 wg + 64) and every column. The kernel's dQ product splits the same way
+/// (kernel_traits_bwd.cuh kDqSplitRows). dq_part_origin gives a half's first row and column.
+template <int kBlockM>
+inline constexpr bool dq_split_rows = kBlockM == 128;
 struct DqPartOrigin {
   int32_t row, col;
 };
 template <int kBlockM, int kHeadDim>
 FA4_HD DqPartOrigin dq_part_origin(int wg) {
   static_assert(kBlockM == 64 || kBlockM == 128, "query blocks of 64 or 128 rows");
-  return kBlockM == 128 ? DqPartOrigin{64 * wg, 0} : DqPartOrigin{0, wg * (kHeadDim / 2)};
+  return dq_split_rows<kBlockM> ? DqPartOrigin{64 * wg, 0} : DqPartOrigin{0, wg * (kHeadDim / 2)};
 }
 /// 8-column groups in a half (kBlockM * kHeadDim / 2 floats, 512 per group).
 template <int kBlockM, int kHeadDim>
