@@ -174,9 +174,12 @@ struct DecodeSmem {
   static constexpr int kStageElems = 2 * kBlockN * kD;  // K block then V block
   // + the K/V row offsets of every stage's block (int64, 2 x kBlockN per stage).
   static constexpr int kBytes = (kQElems + kStages * kStageElems) * 2 + kStages * 2 * kBlockN * 8;
-  // The cross-warp merge reuses the ring: 4 warps x 16 rows x kD fp32 + row stats; behind it the
-  // CTA's partial for the cluster merge (16 rows x kD fp32, 16 log2-sum-exps, the broken-index flag).
-  static constexpr int kMergeFloats = 4 * 16 * kD + 2 * 4 * 16;
+  // The cross-warp merge reuses the ring: 4 warps x 16 rows x kOStride fp32 + row stats; behind it
+  // the CTA's partial for the cluster merge (16 rows x kD fp32, 16 log2-sum-exps, the broken-index
+  // flag). Rows are kD + 8 floats apart: a warp's float2 store of its O fragment writes 8 rows, which
+  // kD apart all fall on the same 8 banks (8 wavefronts instead of 2).
+  static constexpr int kOStride = kD + 8;
+  static constexpr int kMergeFloats = 4 * 16 * kOStride + 2 * 4 * 16 + 16;
   static constexpr int kClusterFloats = 16 * kD + 16 + 4;
   static_assert((kMergeFloats + kClusterFloats) * 4 <= kStages * kStageElems * 2, "merge buffers do not fit");
 };
@@ -217,27 +220,45 @@ struct MergedSlice {
   float4 acc;
 };
 
-/// Merges n partial rows online (core/softmax.h merge_weight): load(s, L_s, x_s) gives partial s's
+/// Merges n partial rows (core/softmax.h merge_weight): load(s, L_s, x_s) gives partial s's
 /// log2-sum-exp and its 4 columns of the normalised row, which is the state (m = L_s, l = 1, O = x_s).
-/// A partial raising the max rescales the sum so far. An empty partial (L_s = -inf) has weight 0
-/// and its row is not used; fmaxf drops a NaN L_s from the max, but its weight is NaN and so is the
-/// row. The global and the cluster merge share this, so a tile merged either way is bitwise the same.
+/// The partials come kMergeBatch at a time: every load of a batch is issued before any is used
+/// (each is a round trip to L2 or to a peer's shared memory, and one after the other they made the
+/// merge the longest step of a batch-1 decode), and no branch sits between a load and its use, so
+/// none can be moved down to it. A batch raises the max once (to the max over the state and its
+/// partials), then adds its partials against it. An empty partial (L_s = -inf) has weight 0 and its
+/// row is not used; fmaxf drops a NaN L_s from the max, but its weight is NaN and so is the row.
+/// The global and the cluster merge share this, so a tile merged either way is bitwise the same.
+constexpr int kMergeBatch = 8;
 template <class Load>
 __device__ __forceinline__ MergedSlice merge_partials(int32_t n, Load load) {
   auto ex2 = [](float x) { return arch::ex2_approx(x); };
   MergedSlice r{-INFINITY, 0.f, make_float4(0.f, 0.f, 0.f, 0.f)};
-#pragma unroll 16
-  for (int32_t s = 0; s < n; ++s) {
-    float ls;
-    float4 x;
-    load(s, ls, x);
-    const float m_new = fmaxf(r.m, ls);
-    const float alpha = detail::merge_weight(r.m, m_new, 1.f, ex2), w = detail::merge_weight(ls, m_new, 1.f, ex2);
+  for (int32_t s0 = 0; s0 < n; s0 += kMergeBatch) {
+    float ls[kMergeBatch], w[kMergeBatch];
+    float4 x[kMergeBatch];
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j) load(min(s0 + j, n - 1), ls[j], x[j]);
+    float m_new = r.m;
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j) {
+      ls[j] = s0 + j < n ? ls[j] : -INFINITY;  // past n: a repeat of the last, weight 0
+      m_new = fmaxf(m_new, ls[j]);
+    }
+    const float alpha = detail::merge_weight(r.m, m_new, 1.f, ex2);
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j) w[j] = detail::merge_weight(ls[j], m_new, 1.f, ex2);
     r.m = m_new;
-    r.l = r.l * alpha + w;
+    r.l *= alpha;
     r.acc.x *= alpha; r.acc.y *= alpha; r.acc.z *= alpha; r.acc.w *= alpha;
-    if (w != 0.f) {
-      r.acc.x += w * x.x; r.acc.y += w * x.y; r.acc.z += w * x.z; r.acc.w += w * x.w;
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j) {
+      const bool use = w[j] != 0.f;
+      r.l += w[j];
+      r.acc.x += use ? w[j] * x[j].x : 0.f;
+      r.acc.y += use ? w[j] * x[j].y : 0.f;
+      r.acc.z += use ? w[j] * x[j].z : 0.f;
+      r.acc.w += use ? w[j] * x[j].w : 0.f;
     }
   }
   return r;
@@ -339,8 +360,10 @@ template <bool kBF16, int kD>
 __device__ __forceinline__ bool cluster_merge(const DecodeArgs& a, int32_t b, int32_t kv_head, int32_t row0,
                                               int32_t rows, const float* sPart, const float* sLse,
                                               const int32_t* sBad) {
-  bool bad = false;
-  for (int32_t q = 0; q < a.cluster; ++q) bad |= *arch::cluster_peer(sBad, uint32_t(q)) != 0;
+  // Every peer's flag read at once (peers past the cluster size re-read the last one).
+  int32_t bad = 0;
+#pragma unroll
+  for (int32_t q = 0; q < detail::kDecodeMaxCluster; ++q) bad |= *arch::cluster_peer(sBad, uint32_t(min(q, a.cluster - 1)));
   if (bad) return true;
   const int rank = int(arch::cluster_ctarank());
   merge_tile<kBF16, kD>(a, b, kv_head, row0, rows, rank * int(blockDim.x) + int(threadIdx.x),
@@ -642,9 +665,11 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
   __syncthreads();  // the ring is free: it becomes the merge buffer
 
   // ---- merge the 4 warps' states (core/softmax.h merge_weight) ----
-  float* sO = reinterpret_cast<float*>(sRing);  // [warp][16][kD]
-  float* sM = sO + 4 * 16 * kD;                  // [warp][16]
-  float* sL = sM + 4 * 16;
+  constexpr int kOStride = Smem::kOStride;
+  float* sO = reinterpret_cast<float*>(sRing);  // [warp][16][kOStride]
+  float* sM = sO + 4 * 16 * kOStride;            // [warp][16] the warps' row maxes
+  float* sL = sM + 4 * 16;                       // [warp][16] their row sums, then weighted to sMax
+  float* sMax = sL + 4 * 16;                     // [16] the merged row maxes
   auto ex2 = [](float x) { return arch::ex2_approx(x); };
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
@@ -664,14 +689,18 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
     const float wgt = detail::merge_weight(m[rr], mm, 1.f, ex2);
 #pragma unroll
     for (int n = 0; n < kD / 8; ++n)
-      *reinterpret_cast<float2*>(&sO[(warp * 16 + r) * kD + n * 8 + 2 * (lane % 4)]) =
+      *reinterpret_cast<float2*>(&sO[(warp * 16 + r) * kOStride + n * 8 + 2 * (lane % 4)]) =
           make_float2(o[n][2 * rr] * wgt, o[n][2 * rr + 1] * wgt);
+    if (lane % 4 == 0) {  // this warp's entries only: the reads above are of sM
+      sL[warp * 16 + r] = l[rr] * wgt;
+      if (warp == 0) sMax[r] = mm;
+    }
   }
   __syncthreads();
 
   // ---- finalize (one split) or the normalised partial (several): in smem for the cluster merge,
   // else in the global scratch ----
-  float* sPart = sL + 4 * 16;  // [16][kD]
+  float* sPart = sMax + 16;  // [16][kD]
   float* sLse = sPart + 16 * kD;
   int32_t* sBad = reinterpret_cast<int32_t*>(sLse + 16);
   const float* sink = p.sink;
@@ -679,15 +708,13 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
     const int r = idx / (kD / 4), c = (idx % (kD / 4)) * 4;
     const int32_t row = row0 + r;
     if (row >= rows || c >= p.headdim_v) continue;
-    float mm = sM[r];
-#pragma unroll
-    for (int w = 1; w < 4; ++w) mm = fmaxf(mm, sM[w * 16 + r]);
+    const float mm = sMax[r];
     float ll = 0.f;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
-      ll += sL[w * 16 + r] * detail::merge_weight(sM[w * 16 + r], mm, 1.f, ex2);
-      const float4 x = *reinterpret_cast<const float4*>(&sO[(w * 16 + r) * kD + c]);
+      ll += sL[w * 16 + r];
+      const float4 x = *reinterpret_cast<const float4*>(&sO[(w * 16 + r) * kOStride + c]);
       acc.x += x.x; acc.y += x.y; acc.z += x.z; acc.w += x.w;
     }
     const PackedRow pr = packed_row(a, kv_head, row);
