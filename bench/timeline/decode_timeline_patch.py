@@ -26,6 +26,7 @@ __device__ __forceinline__ void fa4_ts_val(int k, unsigned long long v) {
   if (cta < 8192) g_fa4_ts[cta * 32 + k] = v;
 }
 '''
+assert s.count('namespace fa4::hopper::decode {\n') == 1
 s=s.replace('namespace fa4::hopper::decode {\n','namespace fa4::hopper::decode {\n'+hdr,1)
 def rep(old,new):
     global s

@@ -2,8 +2,8 @@
 """Per-CTA phase timeline of the decode kernel: a diagnostic, see README.md in this folder.
 
 Needs a libfa4 built from a tree patched by decode_timeline_patch.py. Per shape: the kernel's CUPTI
-time, then from one call's stamps the median / max duration of each phase over the CTAs (clock64 at
-1.98 GHz) and the globaltimer stamps of the CTA that merged last (ns from the first CTA's start).
+time, then from one call's stamps the median / max duration of each phase over the CTAs (clock64, at
+each CTA's own clock rate) and the globaltimer stamps of the CTA that merged last (ns from the first CTA's start).
 
 Usage (GPU machine, repo root):
     FA4_LIBRARY=path/to/patched/libfa4.so PYTHONPATH=python:bench python3 bench/timeline/decode_ts.py OUT.json
@@ -51,16 +51,19 @@ def run(tag, batch, seqlen_k, heads, heads_kv, d, splits, page=0, cluster="auto"
             t0 = t[:, 0].min()
             spans.append(t[:, 9].max() - t0)
             starts = t[:, 0] - t0
+            # each CTA's SM clock from its own first and last stamps (globaltimer ns per clock64 cycle)
+            ns_per_cycle = (t[:, 9] - t[:, 0]) / np.maximum(c[:, 9] - c[:, 0], 1)
             ph = []
             for k in range(1, 10):
                 dk = []
                 for i in range(len(c)):
                     prev = max(j for j in range(k) if c[i, j] > 0)
                     if c[i, k] > 0:
-                        dk.append((c[i, k] - c[i, prev]) / 1.98)
+                        dk.append((c[i, k] - c[i, prev]) * ns_per_cycle[i])
                 ph.append(dk)
             phase_all.append(ph)
-            li = np.where(last)[0][0] if last.any() else np.argmax(t[:, 9])
+            idx = np.where(last)[0]  # the CTAs that merged a tile: the one that finished last
+            li = idx[np.argmax(t[idx, 9])] if len(idx) else np.argmax(t[:, 9])
             crit.append([int(x - t0) if x > 0 else -1 for x in t[li]])
         out["ctas"] = int(used.sum())
         out["span_ns"] = [int(x) for x in spans]

@@ -222,11 +222,10 @@ struct MergedSlice {
 
 /// Merges n partial rows (core/softmax.h merge_weight): load(s, L_s, x_s) gives partial s's
 /// log2-sum-exp and its 4 columns of the normalised row, which is the state (m = L_s, l = 1, O = x_s).
-/// The partials come kMergeBatch at a time: every load of a batch is issued before any is used
-/// (each is a round trip to L2 or to a peer's shared memory, and one after the other they made the
-/// merge the longest step of a batch-1 decode), and no branch sits between a load and its use, so
-/// none can be moved down to it. A batch raises the max once (to the max over the state and its
-/// partials), then adds its partials against it. An empty partial (L_s = -inf) has weight 0 and its
+/// Each load is a round trip to L2 or to a peer's shared memory, so the partials come kMergeBatch
+/// at a time and all loads of a batch are issued before the first use. A batch raises the max once
+/// (to the max over the state and its partials), then adds its partials against it. (A long global
+/// merge, 64 partials, pays one round trip per batch: bench/results/history.md.) An empty partial (L_s = -inf) has weight 0 and its
 /// row is not used; fmaxf drops a NaN L_s from the max, but its weight is NaN and so is the row.
 /// The global and the cluster merge share this, so a tile merged either way is bitwise the same.
 constexpr int kMergeBatch = 8;
@@ -315,7 +314,7 @@ __device__ __forceinline__ PackedRow packed_row(const DecodeArgs& a, int32_t kv_
 /// each finished (part < 0: finalize_row, the sink joins here, as one split would have been) or as
 /// global partial `part`. load(r, c, i, h, s, L_s, x_s) reads partial s of row r (token i, head h),
 /// columns c..c+3. Each thread merges 4 columns of one row and loads that row's L_s itself (the
-/// warp's threads of a row share the load), so the loads of 16 partials are in flight at once.
+/// warp's threads of a row share the load), kMergeBatch partials in flight at once.
 template <bool kBF16, int kD, class Load>
 __device__ __forceinline__ void merge_tile(const DecodeArgs& a, int32_t b, int32_t kv_head, int32_t row0,
                                            int32_t rows, int first, int stride, int32_t n, int32_t part,
