@@ -26,72 +26,33 @@ __device__ __forceinline__ void fa4_ts_val(int k, unsigned long long v) {
   if (cta < 8192) g_fa4_ts[cta * 32 + k] = v;
 }
 '''
-assert s.count('namespace fa4::hopper::decode {\n') == 1
-s=s.replace('namespace fa4::hopper::decode {\n','namespace fa4::hopper::decode {\n'+hdr,1)
-def rep(old,new):
+
+
+def insert(anchor, text, before=False):
+    """Inserts `text` after (or before) `anchor`, exact kernel text that must occur once."""
     global s
-    assert s.count(old)==1,(old)
-    s=s.replace(old,new)
-rep('''  const int32_t row0 = row_tile * 16;
+    assert s.count(anchor) == 1, ("no unique anchor", anchor)
+    s = s.replace(anchor, text + anchor if before else anchor + text)
 
-  // ---- sequence''','''  const int32_t row0 = row_tile * 16;
-  fa4_ts(0);
-  { unsigned smid; asm volatile("mov.u32 %0, %%smid;" : "=r"(smid)); fa4_ts_val(12, smid); }
 
-  // ---- sequence''')
-rep('''  uint32_t bad = cs.bad;
-  const int32_t seqlen_k = cs.seqlen_k;
-''','''  uint32_t bad = cs.bad;
-  const int32_t seqlen_k = cs.seqlen_k;
-  if (seqlen_k != -12345) fa4_ts(1);
-''')
-rep('''  const int32_t n_iter = bad ? 0 : t_hi - t_lo;
-''','''  const int32_t n_iter = bad ? 0 : t_hi - t_lo;
-  fa4_ts_val(13, n_iter);
-''')
-rep('''    const Elem* sK = sRing + (it % kStages) * Smem::kStageElems;
-    const Elem* sV = sK + kBlockN * kD;
-''','''    const Elem* sK = sRing + (it % kStages) * Smem::kStageElems;
-    const Elem* sV = sK + kBlockN * kD;
-    if (it == 0) fa4_ts(2);
-''')
-rep('''  arch::cp_async_wait<0>();
-  __syncthreads();  // the ring is free: it becomes the merge buffer
-''','''  arch::cp_async_wait<0>();
-  __syncthreads();  // the ring is free: it becomes the merge buffer
-  fa4_ts(3);
-''')
-rep('''  if (a.cluster > 1) {
-    if (tid == 0) *sBad = bad != 0;
-    arch::cluster_sync();  // every CTA's partial, flag and start visible
-    const bool cluster_bad = cluster_merge<kBF16, kD>(a, b, kv_head, row0, rows, sPart, sLse, sBad);
-    arch::cluster_sync();  // the peers are done reading this CTA's smem: it may exit
-    if (a.num_partials > 1 && arrive_last(a, &s_last, cluster_bad))
-      combine_tile<kBF16, kD>(a, b, kv_head, row0, rows);
-  } else if (a.num_splits > 1 && arrive_last(a, &s_last, false)) {
-    combine_tile<kBF16, kD>(a, b, kv_head, row0, rows);
-  }
-}''','''  fa4_ts(4);
-  if (a.cluster > 1) {
-    if (tid == 0) *sBad = bad != 0;
-    arch::cluster_sync();  // every CTA's partial, flag and start visible
-    fa4_ts(5);
-    const bool cluster_bad = cluster_merge<kBF16, kD>(a, b, kv_head, row0, rows, sPart, sLse, sBad);
-    fa4_ts(6);
-    arch::cluster_sync();  // the peers are done reading this CTA's smem: it may exit
-    fa4_ts(7);
-    if (a.num_partials > 1 && arrive_last(a, &s_last, cluster_bad)) {
-      fa4_ts(8); fa4_ts_val(14, 1);
-      combine_tile<kBF16, kD>(a, b, kv_head, row0, rows);
-    } else fa4_ts(8);
-  } else if (a.num_splits > 1 && arrive_last(a, &s_last, false)) {
-    fa4_ts(8); fa4_ts_val(14, 1);
-    combine_tile<kBF16, kD>(a, b, kv_head, row0, rows);
-  } else fa4_ts(8);
-  __syncthreads();
-  fa4_ts(9);
-}''')
-open(f,'w').write(s)
+insert('namespace fa4::hopper::decode {\n', hdr)
+
+insert("  const int32_t row0 = row_tile * 16;\n",
+       "  fa4_ts(0);\n  { unsigned smid; asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(smid)); fa4_ts_val(12, smid); }\n")
+# the stamp depends on the loaded length, so it cannot move above the load
+insert("  const int32_t seqlen_k = cs.seqlen_k;\n", "  if (seqlen_k != -12345) fa4_ts(1);\n")
+insert("  const int32_t n_iter = bad ? 0 : t_hi - t_lo;\n", "  fa4_ts_val(13, n_iter);\n")
+insert("    const Elem* sV = sK + kBlockN * kD;\n", "    if (it == 0) fa4_ts(2);\n")
+insert("  __syncthreads();  // the ring is free: it becomes the merge buffer\n", "  fa4_ts(3);\n")
+insert("  if (a.cluster > 1) {\n    if (tid == 0) *sBad = bad != 0;\n", "  fa4_ts(4);\n", before=True)
+insert("    arch::cluster_sync();  // every CTA's partial, flag and start visible\n", "    fa4_ts(5);\n")
+insert("rows, sPart, sLse, sBad);\n", "    fa4_ts(6);\n")
+insert("    arch::cluster_sync();  // the peers are done reading this CTA's smem: it may exit\n", "    fa4_ts(7);\n")
+insert("  return *s_last != 0;\n", "  fa4_ts(8);\n", before=True)  # every arrival at a tile's counter
+insert("  const int64_t lse_stride = int64_t(p.batch) * p.num_heads * p.seqlen_q;  // one partial's\n",
+       "  fa4_ts_val(14, 1);\n")  # the CTA that merges the tile's global partials
+insert("}\n\n}  // namespace fa4::hopper::decode", "  __syncthreads();\n  fa4_ts(9);\n", before=True)
+open(f, 'w').write(s)
 f=root+'/src/hopper/decode/instantiations/decode_bf16_hdim128.cu'
 s=open(f).read()
 s+='''
