@@ -176,8 +176,8 @@ struct DecodeSmem {
   static constexpr int kBytes = (kQElems + kStages * kStageElems) * 2 + kStages * 2 * kBlockN * 8;
   // The cross-warp merge reuses the ring: 4 warps x 16 rows x kOStride fp32 + row stats; behind it
   // the CTA's partial for the cluster merge (16 rows x kD fp32, 16 log2-sum-exps, the broken-index
-  // flag). Rows are kD + 8 floats apart: a warp's float2 store of its O fragment writes 8 rows, which
-  // kD apart all fall on the same 8 banks (8 wavefronts instead of 2).
+  // flag). Rows are kD + 8 floats apart: a warp's float2 store of its O fragment writes 8 rows,
+  // which kD apart all fall on the same 8 banks (8 wavefronts instead of 2).
   static constexpr int kOStride = kD + 8;
   static constexpr int kMergeFloats = 4 * 16 * kOStride + 2 * 4 * 16 + 16;
   static constexpr int kClusterFloats = 16 * kD + 16 + 4;
@@ -221,13 +221,14 @@ struct MergedSlice {
 };
 
 /// Merges n partial rows (core/softmax.h merge_weight): load(s, L_s, x_s) gives partial s's
-/// log2-sum-exp and its 4 columns of the normalised row, which is the state (m = L_s, l = 1, O = x_s).
-/// Each load is a round trip to L2 or to a peer's shared memory, so the partials come kMergeBatch
-/// at a time and all loads of a batch are issued before the first use. A batch raises the max once
-/// (to the max over the state and its partials), then adds its partials against it. (A long global
-/// merge, 64 partials, pays one round trip per batch: bench/results/history.md.) An empty partial (L_s = -inf) has weight 0 and its
-/// row is not used; fmaxf drops a NaN L_s from the max, but its weight is NaN and so is the row.
-/// The global and the cluster merge share this, so a tile merged either way is bitwise the same.
+/// log2-sum-exp and its 4 columns of the normalised row, which is the state
+/// (m = L_s, l = 1, O = x_s). Each load is a round trip to L2 or to a peer's shared memory, so the
+/// partials come kMergeBatch at a time and all loads of a batch are issued before the first use.
+/// A batch raises the max once (to the max over the state and its partials), then adds its
+/// partials against it (a long global merge, 64 partials, pays one round trip per batch:
+/// bench/results/history.md). An empty partial (L_s = -inf) has weight 0 and its row is not used;
+/// fmaxf drops a NaN L_s from the max, but its weight is NaN and so is the row. The global and the
+/// cluster merge share this, so a tile merged either way is bitwise the same.
 constexpr int kMergeBatch = 8;
 template <class Load>
 __device__ __forceinline__ MergedSlice merge_partials(int32_t n, Load load) {
