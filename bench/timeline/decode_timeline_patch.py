@@ -44,14 +44,16 @@ insert("  const int32_t seqlen_k = cs.seqlen_k;\n", "  if (seqlen_k != -12345) f
 insert("  const int32_t n_iter = bad ? 0 : t_hi - t_lo;\n", "  fa4_ts_val(13, n_iter);\n")
 insert("    const Elem* sV = sK + kBlockN * kD;\n", "    if (it == 0) fa4_ts(2);\n")
 insert("  __syncthreads();  // the ring is free: it becomes the merge buffer\n", "  fa4_ts(3);\n")
-insert("  if (a.cluster > 1) {\n    if (tid == 0) *sBad = bad != 0;\n", "  fa4_ts(4);\n", before=True)
-insert("    arch::cluster_sync();  // every CTA's partial, flag and start visible\n", "    fa4_ts(5);\n")
-insert("rows, sPart, sLse, sBad);\n", "    fa4_ts(6);\n")
-insert("    arch::cluster_sync();  // the peers are done reading this CTA's smem: it may exit\n", "    fa4_ts(7);\n")
+insert("  arch::cluster_wait();  // the kernel-start arrival: every peer has started\n", "  fa4_ts(4);\n")
+insert("  arch::cluster_arrive_release();\n", "  fa4_ts(5);\n", before=True)
+insert("  const bool cluster_bad = cluster_merge", "  fa4_ts(6);\n", before=True)
+insert("rows, recv);\n", "  fa4_ts(7);\n")
 insert("  return *s_last != 0;\n", "  fa4_ts(8);\n", before=True)  # every arrival at a tile's counter
 insert("  const int64_t lse_stride = int64_t(p.batch) * p.num_heads * p.seqlen_q;  // one partial's\n",
        "  fa4_ts_val(14, 1);\n")  # the CTA that merges the tile's global partials
 insert("}\n\n}  // namespace fa4::hopper::decode", "  __syncthreads();\n  fa4_ts(9);\n", before=True)
+# the path without a cluster returns before the cluster code: its end stamp too
+insert("    return;\n  }\n  // ---- with a cluster", "    __syncthreads();\n    fa4_ts(9);\n", before=True)
 open(f, 'w').write(s)
 f=root+'/src/hopper/decode/instantiations/decode_bf16_hdim128.cu'
 s=open(f).read()

@@ -25,7 +25,7 @@ fetch = lib.fa4_ts_fetch
 fetch.argtypes = [ctypes.c_void_p, ctypes.c_int]
 N = 8192 * 32
 buf = np.zeros(N, dtype=np.uint64)
-NAMES = ["seqlens", "first_blk", "loop", "wmerge+store", "csync1", "cmerge", "csync2", "arrive", "combine/end"]
+NAMES = ["seqlens", "first_blk", "loop", "wmerge+start_wait", "push", "csync", "cmerge", "arrive", "combine/end"]
 
 def run(tag, batch, seqlen_k, heads, heads_kv, d, splits, page=0, cluster="auto", lens_val=None, reps=5):
     gen = torch.Generator(device="cuda").manual_seed(0)

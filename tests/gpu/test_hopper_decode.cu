@@ -475,6 +475,12 @@ TEST(HopperDecode, HeadDimsAndPadding) {
     c.seqlen_new = 0;
     c.seed = 500 + dd[0] + dd[1];
     run_case(c);
+    // The cluster merge at every width: 16 splits of 10 key blocks (6 empty) in clusters of up to
+    // 16, each CTA merging d / 16 columns of the tile (4 at d64; at 32 of 64, 80 of 128 and 128 of
+    // 256 the last CTAs own only padding columns yet receive every row's log2-sum-exp).
+    const fa4::test::ScopedOverride cluster("decode_cluster", "1");
+    c.num_splits = 16;
+    run_case(c);
   }
 }
 

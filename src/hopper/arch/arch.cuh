@@ -15,9 +15,9 @@
 //     gathered one by one through the page table, which TMA boxes cannot do for any page size),
 //     ldmatrix (plain and transposed) and mma.sync m16n8k16: a decode tile has 16 rows, a quarter
 //     of one wgmma's 64, and its four warps work on separate keys;
-//   * thread-block clusters (decode/): the CTA's rank, the cluster-wide barrier (release/acquire)
-//     and the address of a peer CTA's shared-memory variable (distributed shared memory), with
-//     which the splits of one decode tile merge without a round trip through global memory;
+//   * thread-block clusters (decode/): the CTA's rank, the cluster-wide barrier in two halves and
+//     stores into a peer CTA's shared memory (distributed shared memory), with which the splits of
+//     one decode tile merge without a round trip through global memory;
 //   * an empty asm that hides a pointer's value from the compiler (opaque), so per-step address
 //     arithmetic (the backward's smem descriptors) is not hoisted into registers it lacks;
 //   * griddepcontrol (programmatic dependent launch): a kernel lets the next one on its stream,
@@ -235,21 +235,41 @@ __device__ __forceinline__ uint32_t cluster_ctarank() {
   return r;
 }
 
-/// Cluster-wide barrier, executed by every thread of every CTA of the cluster: the arrive releases
-/// the thread's earlier writes (shared memory included) at cluster scope, the wait acquires the
-/// others'. The first one also guarantees every peer CTA has started, which reading its shared
-/// memory requires; a CTA whose shared memory peers read must not exit before a later one.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+/// The cluster-wide barrier in its two halves, each executed by every thread of every CTA of the
+/// cluster (`.aligned`: all threads of a warp together). arrive_relaxed orders nothing: a kernel
+/// arrives with it at its start so that the matching wait, later, is a cheap proof that every peer
+/// CTA has started (storing to a peer's shared memory requires that). arrive_release publishes the
+/// thread's earlier writes (its stores to peers' shared memory included) at cluster scope; the wait
+/// after it acquires every peer's. A CTA must not exit while a peer may still access its shared
+/// memory.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
-/// The generic address of `p` (a variable in this CTA's shared memory) in the shared memory of the
-/// cluster's CTA `rank`: ordinary loads through it read the peer's copy (distributed shared memory).
-template <class T>
-__device__ __forceinline__ const T* cluster_peer(const T* p, uint32_t rank) {
-  uint64_t a;
-  asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(a) : "l"(p), "r"(rank));
-  return reinterpret_cast<const T*>(a);
+/// Stores v at the address of `p` (in this CTA's shared memory) in the shared memory of the
+/// cluster's CTA `rank` (distributed shared memory; mapa gives the peer's address in the cluster's
+/// shared window). The thread goes on without waiting for a reply, unlike a remote load.
+__device__ __forceinline__ uint32_t peer_smem_addr(const void* p, uint32_t rank) {
+  uint32_t a;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+               : "=r"(a) : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))), "r"(rank));
+  return a;
+}
+__device__ __forceinline__ void st_peer(float* p, uint32_t rank, float v) {
+  asm volatile("st.shared::cluster.f32 [%0], %1;\n" :: "r"(peer_smem_addr(p, rank)), "f"(v) : "memory");
+}
+__device__ __forceinline__ void st_peer(int32_t* p, uint32_t rank, int32_t v) {
+  asm volatile("st.shared::cluster.s32 [%0], %1;\n" :: "r"(peer_smem_addr(p, rank)), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_peer(float4* p, uint32_t rank, const float4& v) {
+  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n"
+               :: "r"(peer_smem_addr(p, rank)), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
 }
 
 }  // namespace fa4::hopper::arch

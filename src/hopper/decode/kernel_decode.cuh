@@ -8,8 +8,10 @@
 //   * splits the keys (split-KV, FlashDecoding): grid (split, kv head x row tile, batch), each CTA
 //     one range of 64-key blocks, merged with the shared merge maths (core/softmax.h). The splits
 //     of a tile that form one thread-block cluster (up to 16) merge through distributed shared
-//     memory: each CTA leaves its normalised partial rows and log2-sum-exps in its own smem and,
-//     after a cluster barrier, merges a share of the tile's rows from all of them. Where a tile has
+//     memory: CTA q of the cluster merges columns q x kD / cluster.. of the tile, and every CTA
+//     pushes its normalised partial's columns and log2-sum-exps to the CTA that merges them (remote
+//     stores need no round trip, remote loads would), so after one cluster barrier each merge reads
+//     only its own shared memory and no CTA waits for its peers' merges. Where a tile has
 //     more splits than a cluster (or no cluster launch), each cluster's (or split's) partial goes
 //     to global scratch and arrives at the tile's counter, and the CTA that arrives last merges
 //     them. No second kernel: a combine launch would cost more than the merge itself at batch 1,
@@ -174,14 +176,18 @@ struct DecodeSmem {
   static constexpr int kStageElems = 2 * kBlockN * kD;  // K block then V block
   // + the K/V row offsets of every stage's block (int64, 2 x kBlockN per stage).
   static constexpr int kBytes = (kQElems + kStages * kStageElems) * 2 + kStages * 2 * kBlockN * 8;
-  // The cross-warp merge reuses the ring: 4 warps x 16 rows x kOStride fp32 + row stats; behind it
-  // the CTA's partial for the cluster merge (16 rows x kD fp32, 16 log2-sum-exps, the broken-index
-  // flag). Rows are kD + 8 floats apart: a warp's float2 store of its O fragment writes 8 rows,
-  // which kD apart all fall on the same 8 banks (8 wavefronts instead of 2).
+  // The cross-warp merge reuses the ring: 4 warps x 16 rows x kOStride fp32 + row stats. Rows are
+  // kD + 8 floats apart: a warp's float2 store of its O fragment writes 8 rows, which kD apart all
+  // fall on the same 8 banks (8 wavefronts instead of 2).
   static constexpr int kOStride = kD + 8;
   static constexpr int kMergeFloats = 4 * 16 * kOStride + 2 * 4 * 16 + 16;
-  static constexpr int kClusterFloats = 16 * kD + 16 + 4;
-  static_assert((kMergeFloats + kClusterFloats) * 4 <= kStages * kStageElems * 2, "merge buffers do not fit");
+  static_assert(kMergeFloats * 4 <= kStages * kStageElems * 2, "merge buffers do not fit");
+  // A cluster launch adds, behind kBytes, the buffer into which the cluster's CTAs push their
+  // partials for this CTA's columns (cluster_merge): 16 rows x kD / cluster columns fp32 from each
+  // of `cluster` CTAs, their 16 log2-sum-exps each and their broken-index flags. It cannot share the
+  // ring: peers push while this CTA may still be walking its keys.
+  static constexpr int recv_bytes(int cluster) { return (16 * kD + 16 * cluster + detail::kDecodeMaxCluster) * 4; }
+  static constexpr int cluster_bytes(int cluster) { return kBytes + (recv_bytes(cluster) + 15) / 16 * 16; }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -222,7 +228,7 @@ struct MergedSlice {
 
 /// Merges n partial rows (core/softmax.h merge_weight): load(s, L_s, x_s) gives partial s's
 /// log2-sum-exp and its 4 columns of the normalised row, which is the state
-/// (m = L_s, l = 1, O = x_s). Each load is a round trip to L2 or to a peer's shared memory, so the
+/// (m = L_s, l = 1, O = x_s). Each load is a round trip to L2 or to shared memory, so the
 /// partials come kMergeBatch at a time and all loads of a batch are issued before the first use.
 /// A batch raises the max once (to the max over the state and its partials), then adds its
 /// partials against it (a long global merge, 64 partials, pays one round trip per batch:
@@ -264,14 +270,14 @@ __device__ __forceinline__ MergedSlice merge_partials(int32_t n, Load load) {
   return r;
 }
 
-/// A partial state (m, l, acc) as merge_partials reads it: the normalised row acc / l into *x and
-/// its log2-sum-exp into *lse. Empty (no key seen) only when l == 0: a NaN from the data must reach
-/// the merge, which then propagates it like one split would.
-__device__ __forceinline__ void normalise_partial(float m, float l, const float4& acc, float4* x, float* lse) {
+/// A partial state (m, l, acc) as merge_partials reads it: the normalised row acc / l and its
+/// log2-sum-exp. Empty (no key seen) only when l == 0: a NaN from the data must reach the merge,
+/// which then propagates it like one split would.
+__device__ __forceinline__ float4 normalised_row(float l, const float4& acc) {
   const float inv = l != 0.f ? 1.f / l : 0.f;
-  *x = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-  if (lse) *lse = l != 0.f ? m + log2f(l) : -INFINITY;
+  return make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
 }
+__device__ __forceinline__ float partial_lse(float m, float l) { return l != 0.f ? m + log2f(l) : -INFINITY; }
 
 /// Stores a partial state of row (b, i, h), columns c..c+3, as partial `part` of the global scratch
 /// (the log2-sum-exp from the thread of column 0).
@@ -280,8 +286,8 @@ __device__ __forceinline__ void store_partial(const DecodeArgs& a, int32_t part,
                                               int c, float m, float l, const float4& acc) {
   const detail::KVCacheParams& p = a.p;
   const int64_t prow = ((int64_t(part) * p.batch + b) * p.seqlen_q + i) * p.num_heads + h;
-  normalise_partial(m, l, acc, reinterpret_cast<float4*>(a.o_partial + prow * kD + c),
-                    c == 0 ? a.lse_partial + ((int64_t(part) * p.batch + b) * p.num_heads + h) * p.seqlen_q + i : nullptr);
+  *reinterpret_cast<float4*>(a.o_partial + prow * kD + c) = normalised_row(l, acc);
+  if (c == 0) a.lse_partial[((int64_t(part) * p.batch + b) * p.num_heads + h) * p.seqlen_q + i] = partial_lse(m, l);
 }
 
 /// Writes one finished output slice: row (b, i, h), columns c..c+3 of out (o = acc / l with the
@@ -310,21 +316,22 @@ __device__ __forceinline__ PackedRow packed_row(const DecodeArgs& a, int32_t kv_
   return {row / a.group, kv_head * a.group + row % a.group};
 }
 
-/// Merges n partial states of this CTA's share of one tile's (row, 4 columns) slices (rows row0..
-/// of kv_head in sequence b; slice idx = first, first + stride, ...) with merge_partials, and writes
-/// each finished (part < 0: finalize_row, the sink joins here, as one split would have been) or as
-/// global partial `part`. load(r, c, i, h, s, L_s, x_s) reads partial s of row r (token i, head h),
-/// columns c..c+3. Each thread merges 4 columns of one row and loads that row's L_s itself (the
-/// warp's threads of a row share the load), kMergeBatch partials in flight at once.
+/// Merges n partial states of this CTA's share of one tile's (row, 4 columns) slices of columns
+/// [c_lo, c_lo + width) (rows row0.. of kv_head in sequence b; slice idx = first, first + stride,
+/// ... of 16 x width / 4) with merge_partials, and writes each finished (part < 0: finalize_row,
+/// the sink joins here, as one split would have been) or as global partial `part`.
+/// load(r, c, i, h, s, L_s, x_s) reads partial s of row r (token i, head h), columns c..c+3. Each
+/// thread merges 4 columns of one row and loads that row's L_s itself, kMergeBatch partials in
+/// flight at once.
 template <bool kBF16, int kD, class Load>
 __device__ __forceinline__ void merge_tile(const DecodeArgs& a, int32_t b, int32_t kv_head, int32_t row0,
-                                           int32_t rows, int first, int stride, int32_t n, int32_t part,
-                                           Load load) {
+                                           int32_t rows, int c_lo, int width, int first, int stride, int32_t n,
+                                           int32_t part, Load load) {
   const detail::KVCacheParams& p = a.p;
   const int32_t n_rows = min(16, rows - row0);
-  constexpr int kC4 = kD / 4;
-  for (int idx = first; idx < n_rows * kC4; idx += stride) {
-    const int r = idx / kC4, c = (idx % kC4) * 4;
+  const int c4 = width / 4;
+  for (int idx = first; idx < n_rows * c4; idx += stride) {
+    const int r = idx / c4, c = c_lo + (idx % c4) * 4;
     if (c >= p.headdim_v) continue;
     const PackedRow pr = packed_row(a, kv_head, row0 + r);
     const MergedSlice ms = merge_partials(n, [&](int32_t s, float& ls, float4& x) { load(r, c, pr.i, pr.h, s, ls, x); });
@@ -341,7 +348,7 @@ __device__ __forceinline__ void combine_tile(const DecodeArgs& a, int32_t b, int
   const detail::KVCacheParams& p = a.p;
   const int64_t lse_stride = int64_t(p.batch) * p.num_heads * p.seqlen_q;  // one partial's
   const int64_t o_stride = int64_t(p.batch) * p.seqlen_q * p.num_heads * kD;
-  merge_tile<kBF16, kD>(a, b, kv_head, row0, rows, threadIdx.x, blockDim.x, a.num_partials, -1,
+  merge_tile<kBF16, kD>(a, b, kv_head, row0, rows, 0, kD, threadIdx.x, blockDim.x, a.num_partials, -1,
                         [&](int r, int c, int32_t i, int32_t h, int32_t s, float& ls, float4& x) {
                           const float* lse_src = a.lse_partial + (int64_t(b) * p.num_heads + h) * p.seqlen_q + i;
                           const float* o_src = a.o_partial + ((int64_t(b) * p.seqlen_q + i) * p.num_heads + h) * kD + c;
@@ -350,28 +357,41 @@ __device__ __forceinline__ void combine_tile(const DecodeArgs& a, int32_t b, int
                         });
 }
 
-/// The cluster merge of one tile: every CTA of the cluster (one split each) has its normalised
-/// partial rows in sPart (16 x kD fp32), their log2-sum-exps in sLse and its broken-index flag in
-/// *sBad, all published by a cluster barrier. This CTA merges its share of the tile's slices
-/// (merge_tile) over the cluster's CTAs in rank order (= split order), reading their smem, and
-/// writes them finished (the cluster holds every split) or as the cluster's global partial. Returns
-/// true, writing nothing, when any CTA of the cluster met a broken index rule.
+/// Where the CTAs of a cluster push their partials for the CTA that merges columns
+/// [c_lo, c_lo + width) of the tile (DecodeSmem::recv_bytes, in that CTA's shared memory):
+/// o[(peer x 16 + row) x width + column - c_lo], lse[peer x 16 + row] and bad[peer] (16-byte
+/// aligned, kDecodeMaxCluster slots of which those past the cluster size are never written).
+struct ClusterRecv {
+  float* o;
+  float* lse;
+  int32_t* bad;
+  int c_lo, width;
+};
+
+/// The cluster merge of one tile: CTA `rank` of the cluster merges columns [rank x kD / cluster,
+/// +kD / cluster) of all 16 rows. Every CTA of the cluster (one split each) has pushed its
+/// normalised partial's share of those columns, its rows' log2-sum-exps and its broken-index flag
+/// into this CTA's `recv` (published by a cluster barrier): the merge reads only its own shared
+/// memory. Peers are merged in rank order (= split order) and the rows written finished (the
+/// cluster holds every split) or as the cluster's global partial. Returns true, writing nothing,
+/// when any CTA of the cluster met a broken index rule.
 template <bool kBF16, int kD>
 __device__ __forceinline__ bool cluster_merge(const DecodeArgs& a, int32_t b, int32_t kv_head, int32_t row0,
-                                              int32_t rows, const float* sPart, const float* sLse,
-                                              const int32_t* sBad) {
-  // Every peer's flag read at once (peers past the cluster size re-read the last one).
-  int32_t bad = 0;
+                                              int32_t rows, const ClusterRecv& recv) {
+  int32_t bad = 0;  // the peers' flags 4 at a time (one load each instead of a dependent chain)
 #pragma unroll
-  for (int32_t q = 0; q < detail::kDecodeMaxCluster; ++q) bad |= *arch::cluster_peer(sBad, uint32_t(min(q, a.cluster - 1)));
+  for (int q4 = 0; q4 < detail::kDecodeMaxCluster / 4; ++q4) {
+    const int4 v = reinterpret_cast<const int4*>(recv.bad)[q4];
+    const int32_t f[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) bad |= 4 * q4 + k < a.cluster ? f[k] : 0;
+  }
   if (bad) return true;
-  const int rank = int(arch::cluster_ctarank());
-  merge_tile<kBF16, kD>(a, b, kv_head, row0, rows, rank * int(blockDim.x) + int(threadIdx.x),
-                        a.cluster * int(blockDim.x), a.cluster,
-                        a.num_partials == 1 ? -1 : int32_t(blockIdx.x) / a.cluster,
+  merge_tile<kBF16, kD>(a, b, kv_head, row0, rows, recv.c_lo, recv.width, int(threadIdx.x), int(blockDim.x),
+                        a.cluster, a.num_partials == 1 ? -1 : int32_t(blockIdx.x) / a.cluster,
                         [&](int r, int c, int32_t, int32_t, int32_t q, float& ls, float4& x) {
-                          ls = *arch::cluster_peer(sLse + r, uint32_t(q));
-                          x = *reinterpret_cast<const float4*>(arch::cluster_peer(sPart + r * kD + c, uint32_t(q)));
+                          ls = recv.lse[q * 16 + r];
+                          x = *reinterpret_cast<const float4*>(recv.o + (q * 16 + r) * recv.width + (c - recv.c_lo));
                         });
   return false;
 }
@@ -393,6 +413,10 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
   const int32_t kv_head = blockIdx.y / a.row_tiles, row_tile = blockIdx.y % a.row_tiles;
   const int32_t rows = p.seqlen_q * a.group;  // packed rows of this KV head
   const int32_t row0 = row_tile * 16;
+
+  // A cluster's CTAs push their partials into each other's shared memory at the end; arriving here
+  // makes the wait before the pushes a proof, at no cost by then, that every peer has started.
+  if (a.cluster > 1) arch::cluster_arrive_relaxed();
 
   // ---- sequence, split range, index checks ----
   const CacheSeq cs = cache_seq(p, b);
@@ -698,43 +722,79 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
   }
   __syncthreads();
 
-  // ---- finalize (one split) or the normalised partial (several): in smem for the cluster merge,
-  // else in the global scratch ----
-  float* sPart = sMax + 16;  // [16][kD]
-  float* sLse = sPart + 16 * kD;
-  int32_t* sBad = reinterpret_cast<int32_t*>(sLse + 16);
-  const float* sink = p.sink;
-  for (int idx = tid; idx < 16 * (kD / 4); idx += 128) {
-    const int r = idx / (kD / 4), c = (idx % (kD / 4)) * 4;
-    const int32_t row = row0 + r;
-    if (row >= rows || c >= p.headdim_v) continue;
-    const float mm = sMax[r];
-    float ll = 0.f;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  // ---- finalize (one split) or the normalised partial (several): pushed to the CTAs of the
+  // cluster that merge its columns, else to the global scratch ----
+  // Row r's state over the 4 warps, columns c..c+3 (sums of their weighted states).
+  auto row_state = [&](int r, int c, float& ll, float4& acc) {
+    ll = 0.f;
+    acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
       ll += sL[w * 16 + r];
       const float4 x = *reinterpret_cast<const float4*>(&sO[(w * 16 + r) * kOStride + c]);
       acc.x += x.x; acc.y += x.y; acc.z += x.z; acc.w += x.w;
     }
-    const PackedRow pr = packed_row(a, kv_head, row);
-    if (a.cluster > 1)
-      normalise_partial(mm, ll, acc, reinterpret_cast<float4*>(sPart + r * kD + c), c == 0 ? sLse + r : nullptr);
-    else if (a.num_splits == 1)
-      store_final<kBF16>(p, b, pr.i, pr.h, c, mm, ll, acc, sink);
-    else
-      store_partial<kD>(a, split, b, pr.i, pr.h, c, mm, ll, acc);
+  };
+  if (a.cluster == 1) {
+    const float* sink = p.sink;
+    for (int idx = tid; idx < 16 * (kD / 4); idx += 128) {
+      const int r = idx / (kD / 4), c = (idx % (kD / 4)) * 4;
+      const int32_t row = row0 + r;
+      if (row >= rows || c >= p.headdim_v) continue;
+      float ll;
+      float4 acc;
+      row_state(r, c, ll, acc);
+      const PackedRow pr = packed_row(a, kv_head, row);
+      if (a.num_splits == 1) store_final<kBF16>(p, b, pr.i, pr.h, c, sMax[r], ll, acc, sink);
+      else store_partial<kD>(a, split, b, pr.i, pr.h, c, sMax[r], ll, acc);
+    }
+    if (a.num_splits > 1 && arrive_last(a, &s_last, false)) combine_tile<kBF16, kD>(a, b, kv_head, row0, rows);
+    return;
   }
-  if (a.cluster > 1) {
-    if (tid == 0) *sBad = bad != 0;
-    arch::cluster_sync();  // every CTA's partial, flag and start visible
-    const bool cluster_bad = cluster_merge<kBF16, kD>(a, b, kv_head, row0, rows, sPart, sLse, sBad);
-    arch::cluster_sync();  // the peers are done reading this CTA's smem: it may exit
-    if (a.num_partials > 1 && arrive_last(a, &s_last, cluster_bad))
-      combine_tile<kBF16, kD>(a, b, kv_head, row0, rows);
-  } else if (a.num_splits > 1 && arrive_last(a, &s_last, false)) {
+  // ---- with a cluster: push the partial's slices to the CTAs that merge them, merge this CTA's ----
+  const int cols = kD / a.cluster;  // columns each CTA of the cluster merges (>= 4)
+  const uint32_t rank = arch::cluster_ctarank();
+  float* const recv_base = reinterpret_cast<float*>(smem_raw + Smem::kBytes);
+  const ClusterRecv recv{recv_base, recv_base + 16 * kD,
+                         reinterpret_cast<int32_t*>(recv_base + 16 * kD + 16 * a.cluster), int(rank) * cols, cols};
+  // This thread's slices (row, 4 columns) of the partial, read from shared memory kChunk at a time,
+  // then pushed back to back. Rows past the tile's live ones are skipped: the CTA's tail is a chain
+  // of latencies, and every slice adds to it.
+  constexpr int kPer = 16 * (kD / 4) / 128, kChunk = kPer <= 4 ? kPer : 2;
+  arch::cluster_wait();  // the kernel-start arrival: every peer has started
+  if (tid < a.cluster) arch::st_peer(recv.bad + rank, uint32_t(tid), int32_t(bad != 0));
+#pragma unroll
+  for (int k0 = 0; k0 < kPer; k0 += kChunk) {
+    float4 x[kChunk];
+    float lse[kChunk];
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) {
+      const int idx = tid + 128 * (k0 + k), r = idx / (kD / 4), c = (idx % (kD / 4)) * 4;
+      if (row0 + r >= rows) continue;
+      float ll;
+      float4 acc;
+      row_state(r, c, ll, acc);
+      x[k] = normalised_row(ll, acc);
+      lse[k] = partial_lse(sMax[r], ll);
+    }
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) {
+      const int idx = tid + 128 * (k0 + k), r = idx / (kD / 4), c = (idx % (kD / 4)) * 4;
+      if (row0 + r >= rows) continue;
+      const int owner = c / cols;
+      if ((c & (cols - 1)) == 0) arch::st_peer(recv.lse + rank * 16 + r, uint32_t(owner), lse[k]);
+      if (c < p.headdim_v)
+        arch::st_peer(reinterpret_cast<float4*>(recv.o + (rank * 16 + r) * cols + (c & (cols - 1))), uint32_t(owner),
+                      x[k]);
+    }
+  }
+  // Every peer's pushes into this CTA's buffer are visible after the barrier, and no CTA touches
+  // another's shared memory after it: a CTA may exit without waiting for its peers' merges.
+  arch::cluster_arrive_release();
+  arch::cluster_wait();
+  const bool cluster_bad = cluster_merge<kBF16, kD>(a, b, kv_head, row0, rows, recv);
+  if (a.num_partials > 1 && arrive_last(a, &s_last, cluster_bad))
     combine_tile<kBF16, kD>(a, b, kv_head, row0, rows);
-  }
 }
 
 }  // namespace fa4::hopper::decode

@@ -40,8 +40,9 @@ struct ClusterLaunch {
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
 };
 
-/// decode_kernel `Key`'s DecodeClusterCapacity on `device`, asked once per device (driver queries
-/// cost more host time than a short decode's launch). Internal linkage, like the smem flags of
+/// decode_kernel `Key`'s DecodeClusterCapacity on `device` (clusters of c CTAs with
+/// Smem::cluster_bytes(c) each), asked once per device (driver queries cost more host time than a
+/// short decode's launch). Internal linkage, like the smem flags of
 /// launch_common.cuh (several libfa4 builds in one process). A race asks twice, harmlessly.
 template <class Key>
 struct ClusterCapacitySlot {
@@ -49,8 +50,8 @@ struct ClusterCapacitySlot {
   std::atomic<int32_t> clusters[4]{};
 };
 
-template <class Key, class Kernel>
-DecodeClusterCapacity cluster_capacity_once(Kernel kernel, int smem, int device) {
+template <class Key, class Smem, class Kernel>
+DecodeClusterCapacity cluster_capacity_once(Kernel kernel, int device) {
   static ClusterCapacitySlot<Key> slots[64];
   ClusterCapacitySlot<Key>& slot = slots[device & 63];
   DecodeClusterCapacity cap;
@@ -61,7 +62,7 @@ DecodeClusterCapacity cluster_capacity_once(Kernel kernel, int smem, int device)
   // Past the portable size (8) only with this attribute; refused, size 16 reads 0 below.
   bool refused = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess;
   for (int32_t c = 2, i = 0; c <= detail::kDecodeMaxCluster; c *= 2, ++i) {
-    const ClusterLaunch launch(c, dim3(unsigned(c)), smem, nullptr);
+    const ClusterLaunch launch(c, dim3(unsigned(c)), Smem::cluster_bytes(c), nullptr);
     int n = 0;
     const bool ok = cudaOccupancyMaxActiveClusters(&n, kernel, &launch.cfg) == cudaSuccess;
     cap.clusters[i] = ok ? n : 0;
@@ -82,6 +83,8 @@ void run_decode(const detail::KVCacheParams& p, const LaunchContext& ctx) {
   constexpr bool kBF16 = kDType == int(DType::kBF16);
   constexpr detail::HopperDecodeConfig c = detail::hopper_decode_config(kHeadDim, kHeadDimV);
   using Smem = decode::DecodeSmem<kHeadDim, c.block_n, c.stages>;
+  static_assert(Smem::cluster_bytes(detail::kDecodeMaxCluster) + 1024 <= 227 * 1024,
+                "a CTA of the largest decode cluster must fit the 227 KB per-block limit, with room for static smem");
   using Elem = typename decode::ElemOf<kBF16>::type;
   const char* const kFn = ctx.fn;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.device.stream);
@@ -95,14 +98,14 @@ void run_decode(const detail::KVCacheParams& p, const LaunchContext& ctx) {
   a.num_splits = decode_num_splits(p, c, ctx.num_sms);
   auto kernel = decode::decode_kernel<kBF16, kHeadDim, c.block_n, c.stages>;
   using Key = decode::DecodeKernelKey<kBF16, kHeadDim>;
-  check_cuda(raise_smem_limit_once<Key>(kernel, Smem::kBytes, p.device.index), kFn,
+  check_cuda(raise_smem_limit_once<Key>(kernel, Smem::cluster_bytes(detail::kDecodeMaxCluster), p.device.index), kFn,
              "cudaFuncSetAttribute (decode shared memory)");
   const int64_t ctas = int64_t(a.num_splits) * p.num_heads_kv * a.row_tiles * p.batch;
   const int64_t merge_bytes = int64_t(a.num_splits) * std::min<int64_t>(rows, detail::kDecodeRowsPerCta) *
                               p.headdim_v * int64_t(sizeof(float));
   a.cluster = ctx.decode_cluster != 0 && a.num_splits > 1
                   ? decode_cluster_size(a.num_splits, ctas, int64_t(ctx.num_sms) * c.ctas_per_sm, merge_bytes,
-                                        cluster_capacity_once<Key>(kernel, Smem::kBytes, p.device.index),
+                                        cluster_capacity_once<Key, Smem>(kernel, p.device.index),
                                         ctx.decode_cluster == 1)
                   : 1;
   a.num_partials = a.num_splits / a.cluster;
@@ -129,7 +132,7 @@ void run_decode(const detail::KVCacheParams& p, const LaunchContext& ctx) {
   if (p.seqlen_q == 0) return;
   const dim3 grid(a.num_splits, p.num_heads_kv * a.row_tiles, p.batch);
   if (a.cluster > 1) {  // the splits of a tile in clusters along x (grid.x = num_splits, a multiple)
-    const ClusterLaunch launch(a.cluster, grid, Smem::kBytes, stream);
+    const ClusterLaunch launch(a.cluster, grid, Smem::cluster_bytes(a.cluster), stream);
     check_cuda(cudaLaunchKernelEx(&launch.cfg, kernel, a), kFn, "decode kernel launch (cluster)");
   } else {
     kernel<<<grid, 32 * detail::kDecodeWarps, Smem::kBytes, stream>>>(a);
