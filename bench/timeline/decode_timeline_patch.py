@@ -5,8 +5,6 @@ __device__ array that `fa4_ts_fetch` (added to the bf16 d128 instantiation) copi
 edits: it fails loudly (assert) on a kernel whose text moved."""
 import sys
 root = sys.argv[1]
-f=root+'/src/hopper/decode/kernel_decode.cuh'
-s=open(f).read()
 hdr='''
 // ---- TIMELINE DIAGNOSTIC (scratch tree only) ----
 static __device__ unsigned long long g_fa4_ts[8192 * 32];
@@ -31,12 +29,19 @@ __device__ __forceinline__ void fa4_ts_val(int k, unsigned long long v) {
 def insert(anchor, text, before=False):
     """Inserts `text` after (or before) `anchor`, exact kernel text that must occur once."""
     global s
-    assert s.count(anchor) == 1, ("no unique anchor", anchor)
+    assert s.count(anchor) == 1, ("no unique anchor", f, anchor)
     s = s.replace(anchor, text + anchor if before else anchor + text)
-
-
+def edit(name=None):
+    """Writes the file being edited (if any) and opens src/hopper/decode/<name> (if given)."""
+    global f, s
+    if f:
+        open(f, 'w').write(s)
+    f = root + '/src/hopper/decode/' + name if name else None
+    s = open(f).read() if name else None
+f = None
+edit('args_decode.cuh')  # included first by the merge and the kernel
 insert('namespace fa4::hopper::decode {\n', hdr)
-
+edit('kernel_decode.cuh')
 insert("  const int32_t row0 = row_tile * 16;\n",
        "  fa4_ts(0);\n  { unsigned smid; asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(smid)); fa4_ts_val(12, smid); }\n")
 # the stamp depends on the loaded length, so it cannot move above the load
@@ -48,13 +53,14 @@ insert("  arch::cluster_wait();  // the kernel-start arrival: every peer has sta
 insert("  arch::cluster_arrive_release();\n", "  fa4_ts(5);\n", before=True)
 insert("  const bool cluster_bad = cluster_merge", "  fa4_ts(6);\n", before=True)
 insert("rows, recv);\n", "  fa4_ts(7);\n")
-insert("  return *s_last != 0;\n", "  fa4_ts(8);\n", before=True)  # every arrival at a tile's counter
-insert("  const int64_t lse_stride = int64_t(p.batch) * p.num_heads * p.seqlen_q;  // one partial's\n",
-       "  fa4_ts_val(14, 1);\n")  # the CTA that merges the tile's global partials
 insert("}\n\n}  // namespace fa4::hopper::decode", "  __syncthreads();\n  fa4_ts(9);\n", before=True)
 # the path without a cluster returns before the cluster code: its end stamp too
 insert("    return;\n  }\n  // ---- with a cluster", "    __syncthreads();\n    fa4_ts(9);\n", before=True)
-open(f, 'w').write(s)
+edit('merge_decode.cuh')
+insert("  return *s_last != 0;\n", "  fa4_ts(8);\n", before=True)  # every arrival at a tile's counter
+insert("  const int64_t lse_stride = int64_t(p.batch) * p.num_heads * p.seqlen_q;  // one partial's\n",
+       "  fa4_ts_val(14, 1);\n")  # the CTA that merges the tile's global partials
+edit()
 f=root+'/src/hopper/decode/instantiations/decode_bf16_hdim128.cu'
 s=open(f).read()
 s+='''
