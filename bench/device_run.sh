@@ -16,7 +16,9 @@
 # (bench/decode_split_sweep.py, SPLITS_ARGS), SMALLQ=1
 # (bench/small_q_route.py), AB_ARGS (extra ab_variants.py arguments), NCU=1 (ncu over
 # bench/profile_bwd.py, NCU_ARGS: its arguments, default "128 0 4096"), DNCU=1 (ncu over
-# bench/profile_decode.py, DNCU_ARGS: its shapes).
+# bench/profile_decode.py, DNCU_ARGS: its shapes), TL=1 (the decode phase timeline of this tree:
+# bench/timeline/decode_timeline_patch.py on a copy in /tmp/tl, built with bucket 128 beside the
+# others, then bench/timeline/decode_ts.py; TL_OLD=1 does the same for the OLD tree).
 # Everything is logged under $OUT; the last lines printed are the summary.
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem --format=csv,noheader
@@ -38,6 +40,14 @@ for v in $VARIANTS; do
   (ninja -C build-$name fa4 > $OUT/build_$name.log 2>&1 || grep -E "error" $OUT/build_$name.log | head) &
   VAR_LIBS="$VAR_LIBS $name=$PWD/build-$name/src/libfa4.so"; VAR_LOGS="$VAR_LOGS build_$name"
 done
+timeline_tree() {  # src_dir name: a patched copy in /tmp/<name>, built into build-<name> (bucket 128)
+  rm -rf /tmp/$2 && mkdir -p /tmp/$2 && (cd $1 && tar --exclude='./build*' --exclude='./.br' --exclude='./.peers' -cf - .) | tar -x -C /tmp/$2
+  # each tree's own patch script: its anchors are that tree's kernel text
+  python3 $1/bench/timeline/decode_timeline_patch.py /tmp/$2 > $OUT/patch_$2.log 2>&1 || { cat $OUT/patch_$2.log; return 1; }
+  configure /tmp/$2 build-$2 128 > $OUT/cmake_$2.log 2>&1 && ninja -C build-$2 fa4 > $OUT/build_$2.log 2>&1 || grep -E "error" $OUT/build_$2.log | head
+}
+[ "${TL:-0}" = 1 ] && timeline_tree . tl &
+[ "${TL_OLD:-0}" = 1 ] && [ -n "$OLD" ] && timeline_tree $OLD tlold &
 ninja -C build-dev fa4 fa4_gpu_tests > $OUT/build.log 2>&1 || grep -E "error" $OUT/build.log | head -20
 wait
 echo "device build: $(( $(date +%s) - T0 )) s"
@@ -124,6 +134,13 @@ if [ "${DNCU:-0}" = 1 ]; then  # the decode kernel's throughput and stall reason
   echo "ncu decode rc=$?"; grep -E "decode_kernel|Duration|SM Busy|Issue Slots Busy|Memory Throughput|stalled_[a-z_]+_per" $OUT/ncu_decode.txt \
     | awk '$NF+0 >= 0.05 || !/stalled/' | cut -c1-120 | head -${DNCU_LINES:-70}
 fi
+for t in $([ "${TL:-0}" = 1 ] && echo tl) $([ "${TL_OLD:-0}" = 1 ] && [ -n "$OLD" ] && echo tlold); do
+  # the decode phase timeline (bench/timeline/README.md), with the tree's own decode_ts.py
+  [ -f build-$t/src/libfa4.so ] || { echo "timeline $t: no library"; continue; }
+  PYTHONPATH=/tmp/$t/python:/tmp/$t/bench FA4_LIBRARY=$PWD/build-$t/src/libfa4.so timeout 150 python3 /tmp/$t/bench/timeline/decode_ts.py \
+    $OUT/ts_$t.json > $OUT/ts_$t.log 2>&1
+  echo "timeline $t rc=$?"; grep cupti $OUT/ts_$t.log | grep -v tiny | sed 's/last merger.*| median/| median/' | cut -c1-300
+done
 echo "spills new: $(cat $OUT/spills_build.txt)"
 [ -n "$OLD" ] && echo "spills old: $(cat $OUT/spills_build_old.txt)"
 for l in $VAR_LOGS; do echo "spills ${l#build_}: $(cat $OUT/spills_$l.txt)"; done
