@@ -158,8 +158,7 @@ struct DecodeSmem {
   // partials for this CTA's columns (cluster_merge): 16 rows x kD / cluster columns fp32 from each
   // of `cluster` CTAs, their 16 log2-sum-exps each and their broken-index flags. It cannot share the
   // ring: peers push while this CTA may still be walking its keys.
-  static constexpr int recv_bytes(int cluster) { return (16 * kD + 16 * cluster + detail::kDecodeMaxCluster) * 4; }
-  static constexpr int cluster_bytes(int cluster) { return kBytes + (recv_bytes(cluster) + 15) / 16 * 16; }
+  static constexpr int cluster_bytes(int cluster) { return kBytes + (ClusterRecv::bytes<kD>(cluster) + 15) / 16 * 16; }
 };
 
 template <bool kBF16, int kD, int kBlockN, int kStages>
@@ -518,11 +517,9 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
     return;
   }
   // ---- with a cluster: push the partial's slices to the CTAs that merge them, merge this CTA's ----
-  const int cols = kD / a.cluster;  // columns each CTA of the cluster merges (>= 4)
   const uint32_t rank = arch::cluster_ctarank();
-  float* const recv_base = reinterpret_cast<float*>(smem_raw + Smem::kBytes);
-  const ClusterRecv recv{recv_base, recv_base + 16 * kD,
-                         reinterpret_cast<int32_t*>(recv_base + 16 * kD + 16 * a.cluster), int(rank) * cols, cols};
+  const ClusterRecv recv = ClusterRecv::at<kD>(smem_raw + Smem::kBytes, a.cluster, rank);
+  const int cols = recv.width;  // columns each CTA of the cluster merges (>= 4)
   // This thread's slices (row, 4 columns) of the partial, read from shared memory kChunk at a time,
   // then pushed back to back. Rows past the tile's live ones are skipped: the CTA's tail is a chain
   // of latencies, and every slice adds to it.

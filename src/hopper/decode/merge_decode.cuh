@@ -177,7 +177,7 @@ __device__ __forceinline__ void combine_tile(const DecodeArgs& a, int32_t b, int
 }
 
 /// Where the CTAs of a cluster push their partials for the CTA that merges columns
-/// [c_lo, c_lo + width) of the tile (DecodeSmem::recv_bytes, in that CTA's shared memory):
+/// [c_lo, c_lo + width) of the tile (in that CTA's shared memory, `bytes` long):
 /// o[(peer x 16 + row) x width + column - c_lo], lse[peer x 16 + row] and bad[peer] (16-byte
 /// aligned, kDecodeMaxCluster slots of which those past the cluster size are never written).
 struct ClusterRecv {
@@ -185,6 +185,19 @@ struct ClusterRecv {
   float* lse;
   int32_t* bad;
   int c_lo, width;
+
+  /// The buffer at `base` of CTA `rank` of a cluster of `cluster`, a tile kD columns wide.
+  template <int kD>
+  __device__ static ClusterRecv at(void* base, int32_t cluster, uint32_t rank) {
+    float* const o = static_cast<float*>(base);
+    const int width = kD / cluster;
+    return {o, o + 16 * kD, reinterpret_cast<int32_t*>(o + 16 * kD + 16 * cluster), int(rank) * width, width};
+  }
+  /// Its size in bytes.
+  template <int kD>
+  static constexpr int bytes(int32_t cluster) {
+    return (16 * kD + 16 * cluster + detail::kDecodeMaxCluster) * 4;
+  }
 };
 
 /// The cluster merge of one tile: CTA `rank` of the cluster merges columns [rank x kD / cluster,
