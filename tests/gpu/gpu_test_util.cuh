@@ -4,8 +4,10 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <string>
 #include <utility>
@@ -13,7 +15,9 @@
 
 #include "common/overrides.h"
 #include "core/float16.h"
+#include "core/params.h"
 #include "fa4/tensor.h"
+#include "hopper/hopper_api.h"
 
 namespace fa4::test {
 
@@ -44,6 +48,104 @@ inline bool have_hopper() {
   int major = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
   return major == 9;
+}
+
+/// The Hopper kernels a case runs, as a set (kFwd | kBwd): each has its own bucket table, so one
+/// head dim can run on different buckets (72: the d96 forward, the d128 backward).
+enum HopperKernels : unsigned { kFwd = 1u, kBwd = 2u, kDecode = 4u };
+
+/// The part of the selectors' answer (hopper_api.cu not_compiled) that says a bucket exists but
+/// this build left it out (CMake FA4_HOPPER_HEADDIMS).
+inline constexpr const char* kNotCompiled = "was not compiled in this build";
+
+/// "" where this build compiled the bucket on which `kernel` (one of kFwd, kBwd, kDecode) runs
+/// head dims (d, dv); else that kernel's selector's reason, which names the bucket. It asks the
+/// selector itself (hopper_api.h) about an empty problem (no rows: no stride or size rule
+/// applies), so a padded head dim maps to its bucket as in a real call. Any other refusal answers
+/// "": the case then runs and its own checks judge it, exactly as in a full build.
+inline std::string bucket_not_compiled(unsigned kernel, int d, int dv) {
+  detail::KVCacheParams p;  // the forward's parameters, a decode's and (below) a backward's
+  p.device = Device::cuda(0);
+  p.batch = p.num_heads = p.num_heads_kv = 1;
+  p.headdim = d;
+  p.headdim_v = dv;
+  std::string why;
+  if (kernel == kFwd) {
+    why = hopper::forward_support(p, nullptr);
+  } else if (kernel == kBwd) {
+    detail::BwdParams b;
+    static_cast<detail::FwdParams&>(b) = p;
+    why = hopper::backward_support(b, nullptr);
+  } else {
+    why = hopper::kvcache_support(p, nullptr);
+  }
+  return why.find(kNotCompiled) != std::string::npos ? why : std::string();
+}
+
+/// The running test's record of the cases it left out because this build did not compile their
+/// head-dim bucket (a partial build, CMake FA4_HOPPER_HEADDIMS), and of whether a case ran.
+/// REQUIRE_HOPPER() opens one per test; leave_out() reports to it. At the test's end a test that
+/// left cases out and ran none is skipped (GTEST_SKIP naming the buckets); one that ran some keeps
+/// its result (each case that ran was checked in full) and prints what it left out (also recorded
+/// as the test property "left_out"). A full build leaves nothing out: then it does nothing.
+class BucketCases {
+ public:
+  BucketCases() : outer_(current()) { current() = this; }
+  ~BucketCases() {
+    current() = outer_;
+    report(left_out_, ran_);
+  }
+  BucketCases(const BucketCases&) = delete;
+  BucketCases& operator=(const BucketCases&) = delete;
+
+  /// The record of the running test (nullptr outside REQUIRE_HOPPER()'s scope).
+  static BucketCases*& current() {
+    thread_local BucketCases* open = nullptr;
+    return open;
+  }
+  /// One case: `why` "" ran, else the reason its bucket is missing (each reason kept once).
+  void note(const std::string& why) {
+    if (why.empty())
+      ran_ = true;
+    else if (std::find(left_out_.begin(), left_out_.end(), why) == left_out_.end())
+      left_out_.push_back(why);
+  }
+
+ private:
+  // GTEST_SKIP() returns from the function it is in: here a void one, called at the test's end.
+  static void report(const std::vector<std::string>& left_out, bool ran) {
+    if (left_out.empty() || ::testing::Test::IsSkipped()) return;  // REQUIRE_BUCKETS said it
+    std::string list;
+    for (const std::string& why : left_out) list += "\n  " + why;
+    if (!ran && !::testing::Test::HasFailure())
+      GTEST_SKIP() << "every case needs a head-dim bucket this build did not compile:" << list;
+    ::testing::Test::RecordProperty("left_out", list);
+    std::printf("[   NOTE   ] cases left out, their bucket not compiled in this build:%s\n",
+                list.c_str());
+    std::fflush(stdout);
+  }
+
+  BucketCases* outer_;
+  std::vector<std::string> left_out_;
+  bool ran_ = false;
+};
+
+/// "" where this build compiled the bucket of every kernel in `kernels` (kFwd | kBwd | kDecode)
+/// for head dims (d, dv), and the running test's case counts as run; else the first missing
+/// bucket's reason, noted in the test's record (BucketCases) as a case left out.
+inline std::string bucket_missing(int d, int dv, unsigned kernels) {
+  std::string why;
+  for (unsigned k : {kFwd, kBwd, kDecode})
+    if ((kernels & k) && why.empty()) why = bucket_not_compiled(k, d, dv);
+  if (BucketCases* cases = BucketCases::current()) cases->note(why);
+  else ADD_FAILURE() << "fa4::test::bucket_missing outside a test that called REQUIRE_HOPPER()";
+  return why;
+}
+
+/// True where the running test must leave a case out (and go on with its next one): this build
+/// did not compile a bucket the case needs (bucket_missing). Never in a full build.
+inline bool leave_out(int d, int dv, unsigned kernels) {
+  return !bucket_missing(d, dv, kernels).empty();
 }
 
 /// Device memory of `count` T, freed with the buffer; upload/download copy whole buffers.
@@ -138,6 +240,18 @@ inline int count_programmatic_edges(cudaGraph_t g) {
 
 #define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << cudaGetErrorString(x)
 
-/// Skips the calling test, loudly, where no Hopper GPU exists (CI machines have none).
-#define REQUIRE_HOPPER() \
-  if (!fa4::test::have_hopper()) GTEST_SKIP() << "no sm_90 CUDA device: Hopper kernel tests skipped"
+/// Skips the calling test, loudly, where no Hopper GPU exists (CI machines have none); else opens
+/// the test's record of the cases it leaves out for buckets this build did not compile
+/// (fa4::test::BucketCases: a test that ran none of its cases then ends skipped). Two statements:
+/// use it at a test body's top level only, never as an unbraced if's or loop's body.
+#define REQUIRE_HOPPER()                                                               \
+  if (!fa4::test::have_hopper())                                                       \
+    GTEST_SKIP() << "no sm_90 CUDA device: Hopper kernel tests skipped";               \
+  const fa4::test::BucketCases fa4_bucket_cases_
+
+/// At the top of a test (after REQUIRE_HOPPER) whose every case needs these buckets: skips it,
+/// naming the bucket, where this build did not compile one of them (fa4::test::bucket_missing).
+#define REQUIRE_BUCKETS(d, dv, kernels)                                                \
+  if (const std::string fa4_missing_ = fa4::test::bucket_missing(d, dv, kernels);      \
+      !fa4_missing_.empty())                                                           \
+    GTEST_SKIP() << fa4_missing_
