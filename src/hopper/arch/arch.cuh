@@ -252,15 +252,16 @@ __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
-/// Stores v at the address of `p` (in this CTA's shared memory) in the shared memory of the
-/// cluster's CTA `rank` (distributed shared memory; mapa gives the peer's address in the cluster's
-/// shared window). The thread goes on without waiting for a reply, unlike a remote load.
+/// The address of `p` (in this CTA's shared memory) in the shared memory of the cluster's CTA
+/// `rank`, in the cluster's shared window (mapa; distributed shared memory).
 __device__ __forceinline__ uint32_t peer_smem_addr(const void* p, uint32_t rank) {
   uint32_t a;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
                : "=r"(a) : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))), "r"(rank));
   return a;
 }
+/// Stores v there (st_peer(p, rank, v)): the thread goes on without waiting for a reply, unlike
+/// a remote load.
 __device__ __forceinline__ void st_peer(float* p, uint32_t rank, float v) {
   asm volatile("st.shared::cluster.f32 [%0], %1;\n" :: "r"(peer_smem_addr(p, rank)), "f"(v) : "memory");
 }
