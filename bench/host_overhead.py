@@ -10,8 +10,10 @@ eager call used before 0c7650c), libfa4's C entry point alone and SDPA cuDNN; (b
 shapes with do_bench four times in a row and with events around 50 back-to-back calls; (c) the
 serving shapes (a 128-query chunk over 1024 keys, one decode query over 1024 keys with GQA 32/8):
 time per eager call back to back and per replay of the call captured in a CUDA graph (the decode
-shape also through fa4.flash_attn_with_kvcache, the KV-cache route), and the node types of that
-graph (kernels, and any memset or graph-memory alloc/free nodes a replay also launches).
+shape also through fa4.flash_attn_with_kvcache, the KV-cache route; fa4 also with its captured
+scratch owned by the graph instead of retained), the host's time to issue a replay and the idle
+GPU time between replays, and the node types of that graph (kernels, and any memset or
+graph-memory alloc/free nodes a replay also launches).
 
 --cpu measures (a) only, on CPU tensors of shape (1, 1, 1, 8) where the CPU kernel is ~1 us: the
 same Python path minus the CUDA-only steps (current stream and device lookups, the CUDA
@@ -147,14 +149,47 @@ def per_call_us(fn, n=200):
     return round(statistics.median(res), 2)
 
 
-def graph_replay_us(fn, n=200):
-    """Per-call time (us) when one call captured in a CUDA graph is replayed n times back to back."""
+def capture(fn):
+    """fn captured in a CUDA graph (after an eager warm-up call), replayed once."""
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()
-    return per_call_us(g.replay, n)
+    g.replay()
+    torch.cuda.synchronize()
+    return g
+
+
+def replay_times(g, n=200):
+    """n replays of g back to back: (time per replay, the larger of the host's and the GPU's; the
+    host's time to issue one replay), us."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        g.replay()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t2 - t0) / n * 1e6, (t1 - t0) / n * 1e6
+
+
+def graph_idle_us(g, replays=50):
+    """Median idle GPU time between two back-to-back replays' kernels (CUPTI): what a replay costs
+    beyond its kernels where the host keeps up (launch work, and the tracking of the user objects a
+    graph holds); where the host is slower than the kernels, its issue time shows here too."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            g.replay()
+        torch.cuda.synchronize()
+    ev = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                if e.device_type == torch.autograd.DeviceType.CUDA)
+    k = len(ev) // replays  # kernels (and memsets) per replay
+    if k == 0:
+        return None
+    idle = [ev[(i + 1) * k][0] - max(x[1] for x in ev[i * k:(i + 1) * k]) for i in range(replays - 1)]
+    return round(statistics.median(idle), 2)
 
 
 # CUgraphNodeType (cuda.h) of the node kinds a captured attention call may hold.
@@ -192,6 +227,13 @@ def graph_node_census(fn):
         return {"error": (str(e).splitlines() or [type(e).__name__])[0][:100]}
 
 
+def graph_owned_scratch():
+    """libfa4's captured scratch owned by the graph (override capture_scratch = graph), entered once
+    around a timing (a libfa4 without that override raises, recorded as the contender's error)."""
+    from bench_fwd import hopper_overrides  # same directory
+    return hopper_overrides(capture_scratch="graph")
+
+
 def global_merge():
     """libfa4's decode with every split's partial merged through global scratch (override
     decode_cluster = 0), entered once around a timing."""
@@ -205,7 +247,7 @@ def cudnn_only():
     return sdpa_kernel([SDPBackend.CUDNN_ATTENTION])
 
 
-def serving_rows(add):
+def serving_rows(add, rounds=7):
     """Eager calls and graph replays at the serving shapes, fa4 (causal, bottom-right) next to SDPA
     cuDNN. SDPA's is_causal is top-left: with 128 queries over 1024 keys it would let query i see
     keys 0..i (1-128 keys) where fa4's bottom-right mask shows 897-1024, so cuDNN runs unmasked,
@@ -221,20 +263,38 @@ def serving_rows(add):
         contenders = [("fa4", fa4_call, contextlib.nullcontext), ("cudnn", cudnn_call, cudnn_only),
                       # the same call with the decode's cluster merge off (every split through global
                       # scratch): the A/B of that merge, in this process
-                      ("fa4_global_merge", fa4_call, global_merge)]
+                      ("fa4_global_merge", fa4_call, global_merge),
+                      # and with its captured scratch owned by the graph (a CUDA user object) instead
+                      # of retained by fa4: what the graph's user objects cost a replay
+                      ("fa4_graph_owned", fa4_call, graph_owned_scratch)]
         if hasattr(fa4, "flash_attn_with_kvcache"):  # the KV-cache route (decode kernel), same mask
             lens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
             contenders.append(("fa4_kvcache", lambda: fa4.flash_attn_with_kvcache(
                 q, k, v, cache_seqlens=lens, causal=True), contextlib.nullcontext))
+        graphs = {}
         for lib, fn, ctx in contenders:
             try:
-                with ctx():
+                with ctx():  # (an override acts when the call is captured)
                     row[lib + "_eager_us"] = per_call_us(fn)
-                    row[lib + "_graph_us"] = graph_replay_us(fn)
                     row[lib + "_kernels_us"] = kernels_us(fn)
                     row[lib + "_graph_nodes"] = graph_node_census(fn)
+                    graphs[lib] = capture(fn)
             except RuntimeError as e:  # a backend that refuses the shape or the capture
                 row[lib + "_error"] = str(e).splitlines()[0][:120]
+        # The graphs' replays in interleaved rounds (order rotated each round): the host's speed
+        # drifts within a run, and a lone timing per contender would carry that into the ratios.
+        names = list(graphs)
+        wall = {n: [] for n in names}
+        issue = {n: [] for n in names}
+        for r in range(rounds):
+            for n in names[r % len(names):] + names[:r % len(names)]:
+                w, i = replay_times(graphs[n])
+                wall[n].append(w)
+                issue[n].append(i)
+        for n in names:
+            row[n + "_graph_us"] = round(statistics.median(wall[n]), 2)
+            row[n + "_graph_issue_us"] = round(statistics.median(issue[n]), 2)
+            row[n + "_graph_idle_us"] = graph_idle_us(graphs[n])
         add(row)
 
 

@@ -34,6 +34,12 @@ struct KernelOverrides {
   /// more waves than the plain launch (1), or always through global scratch (0); -1: where it
   /// pays (decode/launch_decode.h decode_cluster_size)
   int8_t decode_cluster = -1;
+  /// "capture_scratch": the scratch of a call captured into a CUDA graph is kept by fa4 for the
+  /// life of the process ("retained", 1: no CUDA user object, so a replay costs nothing more), or
+  /// owned by the graph through a user object and reused once the graph is destroyed ("graph",
+  /// 0); -1: retained while the device's retained scratch stays within
+  /// hopper/shared/device_state.h kRetainedCaptureScratchBytes
+  int8_t capture_scratch = -1;
 };
 
 /// The current overrides.
@@ -41,7 +47,7 @@ KernelOverrides kernel_overrides();
 
 /// Sets one override: name "lpt" (value "0" | "1"), "schedule" ("static" | "dynamic"), "epilogue"
 /// ("direct" | "tma"), "stream_k" ("0" | "1"), "small_q" ("fwd" | "decode"), "bwd_walk"
-/// ("asc" | "desc"), "decode_cluster" ("0" | "1") or "bwd_lpt_band" ("1" .. "64"); the value "auto" returns the choice to the
+/// ("asc" | "desc"), "decode_cluster" ("0" | "1"), "capture_scratch" ("graph" | "retained") or "bwd_lpt_band" ("1" .. "64"); the value "auto" returns the choice to the
 /// selector. Throws fa4::Error(kInvalidArgument) naming the rule for any other name or value.
 void set_kernel_override(const char* name, const char* value);
 

@@ -598,7 +598,7 @@ TEST(HopperDecode, GraphReplayFollowsCacheSeqlens) {
   const fa4::test::ScopedOverride cluster("decode_cluster", "1");
   c.seed = 800;
   // Two problems of one shape with different inputs: captured alone, then one after the other on
-  // one stream, where the second shares the first's graph-owned partials and arrival counters (the
+  // one stream, where the second shares the first's captured partials and arrival counters (the
   // capture orders the calls as the stream would; counters the first left set would make the
   // second merge the first's partials).
   KvProblem P[2];
@@ -620,18 +620,25 @@ TEST(HopperDecode, GraphReplayFollowsCacheSeqlens) {
 
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  // Both owners of captured scratch: fa4 (retained, the default within its budget) and the graph
+  // (a CUDA user object).
+  for (const bool retained : {true, false})
   for (const int calls : {1, 2}) {
-    SCOPED_TRACE(calls == 1 ? "one captured call" : "two captured calls");
+    SCOPED_TRACE(std::string(calls == 1 ? "one captured call" : "two captured calls") +
+                 (retained ? ", retained scratch" : ", graph-owned scratch"));
+    const fa4::test::ScopedOverride owner("capture_scratch", retained ? "retained" : "graph");
     const fa4::hopper::CaptureScratchStats before = fa4::hopper::capture_scratch_stats();
     std::string thrown;
     cudaGraph_t g = capture_calls(calls == 1 ? std::vector<KvProblem*>{&P[0]} : std::vector<KvProblem*>{&P[0], &P[1]}, s, &thrown);
     cudaGraphExec_t ge;
     ASSERT_EQ(thrown, "");
     const fa4::hopper::CaptureScratchStats after = fa4::hopper::capture_scratch_stats();
-    EXPECT_EQ(after.created + after.reused - before.created - before.reused, 2u) << "partials and arrival counters";
+    EXPECT_EQ(after.retained - before.retained, retained ? 2u : 0u) << "partials and arrival counters, retained";
+    EXPECT_EQ(after.created + after.reused - before.created - before.reused, retained ? 0u : 2u)
+        << "partials and arrival counters, graph-owned";
     EXPECT_EQ(after.shared - before.shared, calls == 2 ? 2u : 0u);
-    // The split partials and their arrival counters belong to the graph: the kernels alone
-    // (no memset, no graph-memory allocation and free).
+    // The split partials and their arrival counters are captured scratch, retained or owned by the
+    // graph: the kernels alone (no memset, no graph-memory allocation and free).
     EXPECT_EQ(fa4::test::count_nodes(g, cudaGraphNodeTypeKernel), calls);
     EXPECT_EQ(fa4::test::count_nodes(g, cudaGraphNodeTypeKernel, /*other=*/true), 0)
         << "the captured call added nodes besides its kernels";

@@ -125,6 +125,9 @@ std::vector<uint8_t> scratch_flags(cudaStream_t s) {
   return h;
 }
 
+/// Buffers captured calls took so far, retained by fa4 or owned by their graphs.
+inline size_t captured_buffers(const fa4::hopper::CaptureScratchStats& s) { return s.created + s.reused + s.retained; }
+
 TEST(HopperFwd, ScratchLeftZero) {
   REQUIRE_HOPPER();
   REQUIRE_BUCKETS(128, 128, fa4::test::kFwd);  // both problems below
@@ -260,12 +263,14 @@ TEST(HopperFwd, VarlenGraphReplay) {
 
 TEST(HopperFwd, CapturedScratchBelongsToTheGraph) {
   // A captured forward whose kernel needs zeroed scratch (the dynamic schedule's claim counter;
-  // stream-K flags, and its unzeroed partials beside them) is its kernels alone (no memset, no
+  // stream-K flags, and its unzeroed partials beside them), its buffers owned by the graph (user
+  // objects: fa4's retained budget spent, forced here), is its kernels alone (no memset, no
   // graph-memory nodes), replays correctly many times (the kernel leaves the scratch zero for the
   // next replay), and once the first graph is destroyed and CUDA has given its buffers back, the
   // next capture reuses them (the zeroed one zeroed again) and is correct too.
   REQUIRE_HOPPER();
   fa4::test::ScopedOverride fwd_kernel("small_q", "fwd");  // the forward kernel's scratch
+  fa4::test::ScopedOverride owner("capture_scratch", "graph");
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   struct Variant {
@@ -325,6 +330,61 @@ TEST(HopperFwd, CapturedScratchBelongsToTheGraph) {
   CUDA_OK(cudaStreamDestroy(s));
 }
 
+TEST(HopperFwd, CapturedScratchRetainedByFa4) {
+  // With fa4 keeping a captured call's scratch (the default within kRetainedCaptureScratchBytes;
+  // forced here), a captured stream-K forward takes two retained buffers (zeroed flags, partials)
+  // and none owned by its graph (no user object: nothing for CUDA to track per replay). fa4 cannot
+  // know when such a graph is destroyed, so it never hands its buffers to another capture: a second
+  // capture takes two of its own, both graphs replay correctly in turn, and destroying the first
+  // gives nothing back and leaves the second correct.
+  REQUIRE_HOPPER();
+  REQUIRE_BUCKETS(128, 128, fa4::test::kFwd);
+  fa4::test::ScopedOverride fwd_kernel("small_q", "fwd");
+  fa4::test::ScopedOverride stream_k("stream_k", "1");
+  fa4::test::ScopedOverride owner("capture_scratch", "retained");
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  Problem p = batched(1, 128, 3000, 16, 16, 128, 51);
+  fa4::AttentionOptions o;
+  p.poison(s);
+  p.run(o, s);
+  CUDA_OK(cudaStreamSynchronize(s));
+  const auto want = p.out_host();
+  ASSERT_FALSE(any_nan16(want));
+  cudaGraph_t graph[2] = {nullptr, nullptr};
+  cudaGraphExec_t exec[2] = {nullptr, nullptr};
+  for (int i = 0; i < 2; ++i) {
+    const fa4::hopper::CaptureScratchStats before = fa4::hopper::capture_scratch_stats();
+    const fa4::test::Capture c = fa4::test::capture_graph(s, [&] { p.run(o, s); });
+    ASSERT_EQ(c.thrown, "") << "capture " << i;
+    CUDA_OK(c.ended);
+    graph[i] = c.graph;
+    const fa4::hopper::CaptureScratchStats after = fa4::hopper::capture_scratch_stats();
+    EXPECT_EQ(after.retained - before.retained, 2u) << "flags and partials, capture " << i;
+    EXPECT_GT(after.retained_bytes, before.retained_bytes) << "capture " << i;
+    EXPECT_EQ(after.created + after.reused, before.created + before.reused) << "a graph-owned buffer, capture " << i;
+    EXPECT_EQ(fa4::test::count_nodes(graph[i], cudaGraphNodeTypeKernel, true), 0) << "not only kernels, capture " << i;
+    CUDA_OK(cudaGraphInstantiate(&exec[i], graph[i], 0));
+  }
+  auto replay = [&](int i, const char* when) {
+    p.poison(s);
+    CUDA_OK(cudaGraphLaunch(exec[i], s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    EXPECT_EQ(0, std::memcmp(want.data(), p.out_host().data(), want.size() * 2)) << "graph " << i << ", " << when;
+  };
+  for (int r = 0; r < 3; ++r)
+    for (int i = 0; i < 2; ++i) replay(i, "in turn");
+  const size_t free_before = fa4::hopper::capture_scratch_stats().free;
+  CUDA_OK(cudaGraphExecDestroy(exec[0]));
+  CUDA_OK(cudaGraphDestroy(graph[0]));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (a graph-owned give-back would be done)
+  EXPECT_EQ(fa4::hopper::capture_scratch_stats().free, free_before) << "retained buffers were given back";
+  for (int r = 0; r < 2; ++r) replay(1, "after the first graph was destroyed");
+  CUDA_OK(cudaGraphExecDestroy(exec[1]));
+  CUDA_OK(cudaGraphDestroy(graph[1]));
+  CUDA_OK(cudaStreamDestroy(s));
+}
+
 TEST(HopperFwd, CapturedCallsShareScratchPerStream) {
   // Three stream-K forwards (zeroed flags + unzeroed partials: two graph-owned buffers per call
   // alone) captured in one graph: on one stream they share the first call's two buffers (the
@@ -381,7 +441,7 @@ TEST(HopperFwd, CapturedCallsShareScratchPerStream) {
     ASSERT_EQ(c.thrown, "") << "forked " << forked;
     CUDA_OK(c.ended);
     const fa4::hopper::CaptureScratchStats after = fa4::hopper::capture_scratch_stats();
-    EXPECT_EQ(after.created + after.reused - before.created - before.reused, forked ? 4u : 2u) << "forked " << forked;
+    EXPECT_EQ(captured_buffers(after) - captured_buffers(before), forked ? 4u : 2u) << "forked " << forked;
     EXPECT_EQ(after.shared - before.shared, forked ? 2u : 4u) << "forked " << forked;
     EXPECT_EQ(fa4::test::count_nodes(graph, cudaGraphNodeTypeKernel, true), 0) << "forked " << forked;
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
@@ -629,7 +689,7 @@ TEST(HopperBwd, GraphReplayMatchesEager) {
     ASSERT_EQ(c.thrown, "");
     CUDA_OK(c.ended);
     const fa4::hopper::CaptureScratchStats after = fa4::hopper::capture_scratch_stats();
-    EXPECT_EQ(after.created + after.reused - before.created - before.reused, 1u) << "one workspace for both calls";
+    EXPECT_EQ(captured_buffers(after) - captured_buffers(before), 1u) << "one workspace for both calls";
     EXPECT_EQ(after.shared - before.shared, 1u);
     EXPECT_EQ(fa4::test::count_nodes(graph, cudaGraphNodeTypeKernel), 6);
     EXPECT_EQ(fa4::test::count_nodes(graph, cudaGraphNodeTypeKernel, /*other=*/true), 6) << "the poisoning memsets only";

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/overrides.h"
 #include "fa4/error.h"
 
 namespace fa4::hopper {
@@ -157,7 +158,27 @@ CaptureBuffer capture_owned(int device, cudaGraph_t graph, size_t bytes, bool ze
   return buf;
 }
 
-/// The graph-owned buffer the last captured call on (device, stream handle, kind) took, and the
+std::map<int, size_t> g_retained_bytes;  // per device (g_mu)
+
+/// Scratch for a captured call (see acquire_scratch): retained by fa4 (a plain buffer, never freed
+/// or handed to another capture) while the device's retained bytes stay within
+/// kRetainedCaptureScratchBytes (override "capture_scratch": "graph" never, "retained" always),
+/// else owned by `graph` (capture_owned). g_mu held.
+CaptureBuffer capture_buffer(int device, cudaGraph_t graph, size_t bytes, bool zero) {
+  const int8_t mode = detail::kernel_overrides().capture_scratch;
+  const size_t size = scratch_capacity(bytes);
+  size_t& kept = g_retained_bytes[device];
+  if (mode == 1 || (mode == -1 && kept + size <= kRetainedCaptureScratchBytes)) {
+    const CaptureBuffer buf{device, alloc_scratch(device, size, zero), size};
+    kept += size;
+    ++g_capture_stats.retained;
+    g_capture_stats.retained_bytes += size;
+    return buf;
+  }
+  return capture_owned(device, graph, bytes, zero);
+}
+
+/// The buffer (retained or graph-owned) the last captured call on (device, stream handle, kind) took, and the
 /// capture sequence it belongs to: the next call captured on that stream in the same sequence
 /// shares it (the capture orders the two calls as the stream would, so the first call's kernels
 /// are done with it, and have left its zeroed part zero, before the second's start). Keyed by
@@ -202,7 +223,7 @@ LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, siz
     }
     // A new capture, a larger need, or a zeroed need where the buffer may be written: a buffer of
     // its own (the earlier one stays with the graph, whose earlier nodes use it).
-    share = {capture_id, graph, capture_owned(device, graph, bytes, zeroed_bytes > 0),
+    share = {capture_id, graph, capture_buffer(device, graph, bytes, zeroed_bytes > 0),
              zeroed_bytes > 0 && zeroed_bytes >= bytes};
     return {share.buf.ptr, false};
   }

@@ -7,22 +7,28 @@
 //     counter, a combiner resets the flags it consumed), so eager calls share one buffer per
 //     (device, stream), zeroed once, when it is allocated (on the first call that needs it, then
 //     grown by doubling; outgrown buffers are kept, not freed, so growth never waits). A call made
-//     while its stream is being captured into a CUDA graph gets a buffer tied to the graph by a
-//     CUDA user object (reused once the graph is destroyed), shared with the calls captured after
-//     it on the same stream in the same capture (the capture orders them as the stream orders
-//     eager calls; so a graph of 32 same-shaped layers' decode calls holds one buffer per kind,
-//     not 32, plus one each time a later call needs a larger one; replacing a stream's capture
-//     dependencies (cudaStreamSetCaptureDependencies) or editing the graph's edges between the
-//     calls drops that order and is not supported): zeroed at capture for what must start
-//     zeroed (a few KB of counters and flags), so a replay runs no memset, and for scratch that
-//     every launch overwrites (split partials, a small backward's workspace) up to
+//     while its stream is being captured into a CUDA graph gets a buffer of its own, shared with
+//     the calls captured after it on the same stream in the same capture (the capture orders them
+//     as the stream orders eager calls; so a graph of 32 same-shaped layers' decode calls holds
+//     one buffer per kind, not 32, plus one each time a later call needs a larger one; replacing a
+//     stream's capture dependencies (cudaStreamSetCaptureDependencies) or editing the graph's
+//     edges between the calls drops that order and is not supported): zeroed at capture for what
+//     must start zeroed (a few KB of counters and flags), so a replay runs no memset, and for
+//     scratch that every launch overwrites (split partials, a small backward's workspace) up to
 //     kGraphOwnedScratchMaxBytes, so a replay runs no graph-memory allocation and free nodes
-//     either: the serving shapes' graphs hold their kernels alone. Larger overwritten scratch (a
-//     training shape's backward workspace) is graph memory (allocation and free nodes, memory
-//     CUDA shares between graphs). Not supported: two executable graphs instantiated from one
-//     captured graph running at the same time (they would share the buffers; the replays of one
-//     executable graph are ordered by CUDA). Where the graph also holds graph memory, CUDA
-//     refuses the second instantiation itself.
+//     either: the serving shapes' graphs hold their kernels alone. Such a buffer is retained by
+//     fa4 for the life of the process (never freed, never given to another capture) while the
+//     device's retained buffers stay within kRetainedCaptureScratchBytes; past that it belongs to
+//     the graph through a CUDA user object and is reused once the graph is destroyed. A graph
+//     that holds a user object costs every replay GPU time (CUDA tracks the reference until the
+//     launched work completes: about 1.3 us of idle GPU between replays on the H200, measured with
+//     the same kernel; bench/results/history.md), which the serving shapes' replays, a few to
+//     ten us, cannot afford; retained buffers cost nothing per replay but are never reclaimed. Larger
+//     overwritten scratch (a training shape's backward workspace) is graph memory (allocation and
+//     free nodes, memory CUDA shares between graphs). Not supported: two executable graphs
+//     instantiated from one captured graph running at the same time (they would share the
+//     buffers; the replays of one executable graph are ordered by CUDA). Where the graph also
+//     holds graph memory, CUDA refuses the second instantiation itself.
 //   * the asynchronous error word: a kernel that meets varlen indices breaking the rules
 //     (cu_seqlens_q/k, seqused_k; checked on the device, where the host cannot read them without a
 //     sync) computes nothing for that sequence and sets a bit here, in mapped host memory; the next
@@ -46,6 +52,12 @@ namespace fa4::hopper {
 /// freed). Larger scratch (d256 stream-K partials, about 18 MB; a training shape's
 /// backward workspace; many explicit splits) becomes graph memory, which graphs share.
 inline constexpr size_t kGraphOwnedScratchMaxBytes = size_t(16) << 20;
+
+/// Captured calls' scratch fa4 retains per device for the life of the process (see above), at most:
+/// a serving engine's few dozen captured batch sizes take a few MB (arrival counters and flags,
+/// a few KB each; split-KV partials of small batches, up to about a MB); past it, buffers are
+/// graph-owned (user objects).
+inline constexpr size_t kRetainedCaptureScratchBytes = size_t(64) << 20;
 
 /// Scratch of one launch (see above).
 struct LaunchScratch {
@@ -71,14 +83,16 @@ LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, siz
 /// After the launch that used `s`, on the same stream.
 void release_scratch(const LaunchScratch& s, cudaStream_t stream);
 
-/// The graph-owned buffers of captured calls so far (tests): created, reused after their graph was
-/// destroyed, free now (given back by destroyed graphs; CUDA runs the give-back shortly after the
-/// destruction, on a thread of its own), and the captured calls that shared the buffer of an
-/// earlier call on their stream in the same capture.
+/// The buffers of captured calls so far (tests): graph-owned ones created, reused after their graph
+/// was destroyed, free now (given back by destroyed graphs; CUDA runs the give-back shortly after
+/// the destruction, on a thread of its own); retained ones (count and bytes, all devices); and the
+/// captured calls that shared the buffer of an earlier call on their stream in the same capture.
 struct CaptureScratchStats {
   size_t created = 0;
   size_t reused = 0;
   size_t free = 0;
+  size_t retained = 0;
+  size_t retained_bytes = 0;
   size_t shared = 0;
 };
 CaptureScratchStats capture_scratch_stats();
