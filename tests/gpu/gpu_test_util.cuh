@@ -208,7 +208,7 @@ Capture capture_graph(cudaStream_t s, Fn&& fn) {
 
 /// How many of graph g's nodes have type `type` (kernel, memset, ...), or, with `other` set, any
 /// other type; -1 if the graph cannot be read. A captured fa4 call adds no memset node: what must
-/// start zeroed belongs to the graph and the kernels leave it zero for the next replay.
+/// start zeroed is zeroed at capture and the kernels leave it zero for the next replay.
 inline int count_nodes(cudaGraph_t g, cudaGraphNodeType type, bool other = false) {
   size_t n = 0;
   if (cudaGraphGetNodes(g, nullptr, &n) != cudaSuccess) return -1;
