@@ -371,7 +371,8 @@ TEST(HopperHost, BackwardDqStagingIsABijection) {
 
 // The decode's cluster of splits (decode/launch_decode.h): the largest power of two up to 16 that
 // divides the split count and keeps the launch in as few waves as the plain launch; 1 (no
-// cluster) for odd counts or where no cluster size fits. And its override.
+// cluster) for odd counts or where no cluster size fits; all of a tile's splits (up to 8) in a
+// small dense launch. And its override.
 TEST(HopperHost, DecodeClusterSize) {
   using fa4::hopper::decode_cluster_size;
   fa4::hopper::DecodeClusterCapacity roomy;  // sizes 2, 4, 8 hold 264 CTAs at once, 16 holds 256
@@ -399,6 +400,19 @@ TEST(HopperHost, DecodeClusterSize) {
   fa4::hopper::DecodeClusterCapacity none;  // no cluster launches at all
   EXPECT_EQ(decode_cluster_size(16, 128, 264, big, none), 1);
   EXPECT_EQ(decode_cluster_size(16, 128, 264, big, none, true), 1);
+  // A small dense launch (half the SMs free): a tile's splits in one cluster of at most 8 whatever
+  // the merge size; not 16, not a count that is no power of two, not where the clusters do not fit.
+  EXPECT_EQ(decode_cluster_size(8, 64, 264, 0, roomy, false, /*small_dense=*/true), 8);
+  EXPECT_EQ(decode_cluster_size(4, 32, 264, 0, roomy, false, true), 4);
+  EXPECT_EQ(decode_cluster_size(2, 2, 264, 0, roomy, false, true), 2);
+  EXPECT_EQ(decode_cluster_size(8, 64, 264, 0, roomy), 1);
+  EXPECT_EQ(decode_cluster_size(16, 64, 264, 0, roomy, false, true), 1);
+  EXPECT_EQ(decode_cluster_size(16, 64, 264, big, roomy, false, true), 16);
+  EXPECT_EQ(decode_cluster_size(6, 48, 264, 0, roomy, false, true), 1);
+  EXPECT_EQ(decode_cluster_size(8, 64, 264, 0, none, false, true), 1);
+  fa4::hopper::DecodeClusterCapacity few = roomy;
+  few.clusters[2] = 7;  // 8 tiles need 8 clusters of 8
+  EXPECT_EQ(decode_cluster_size(8, 64, 264, 0, few, false, true), 1);
   using fa4::detail::kernel_overrides;
   using fa4::detail::set_kernel_override;
   EXPECT_EQ(kernel_overrides().decode_cluster, -1);
@@ -413,9 +427,10 @@ TEST(HopperHost, DecodeClusterSize) {
 }
 
 // The decode's automatic split count (decode/launch_decode.h): one CTA per SM when that covers
-// 2/3 of the SMs with a dense cache, or when the keys are few (not rounded to a power of two),
-// else one wave of CTAs rounded down to a power of two, none when the tiles fill the GPU, never
-// more splits than key blocks; explicit counts win.
+// 2/3 of the SMs with a dense cache, or when the keys are few (not rounded to a power of two;
+// 9-16 blocks of a dense cache in a small launch: 8 splits, one cluster), else one wave of CTAs
+// rounded down to a power of two, none when the tiles fill the GPU, never more splits than key
+// blocks; explicit counts win.
 TEST(HopperHost, DecodeSplitCount) {
   fa4::detail::KVCacheParams p;
   p.batch = 1;
@@ -460,8 +475,20 @@ TEST(HopperHost, DecodeSplitCount) {
   p.batch = 1;
   p.key_capacity = 8192;  // 128 blocks
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 16);
-  p.key_capacity = 1024;  // 16 blocks: 1 per split
+  p.key_capacity = 2048;  // 32 blocks: 2 per split at one CTA per SM
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 16);
+  p.key_capacity = 1024;  // 16 blocks, 1 per split at one CTA per SM: 2 per split in 8 (one cluster)
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 8);
+  p.key_capacity = 576;   // 9 blocks: 8 splits of up to 2
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 8);
+  p.paged = true;         // paged: one block per split
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 9);
+  p.paged = false;
+  p.batch = 2;            // 16 tiles: 132 / 16 = 8 splits by the SM count (16 x 8 x 2 > 132: no cluster rule)
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 8);
+  p.key_capacity = 1024;
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 8);
+  p.batch = 1;
   p.key_capacity = 400;   // 7 blocks: no more splits than blocks
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 7);
   p.key_capacity = 64;

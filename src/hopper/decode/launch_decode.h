@@ -24,6 +24,9 @@ namespace fa4::hopper {
 ///     block waits for DRAM with nothing to overlap while a second CTA would only share the SM's
 ///     issue slots. Below 2/3 the busy SMs cannot draw the HBM bandwidth; a paged CTA also waits
 ///     on its page-table loads, which a second CTA per SM covers;
+///     A dense cache of 9 to 16 blocks whose tiles, at kDecodePortableCluster splits each, leave
+///     half the SMs free takes that many splits instead (up to 2 blocks each), to be merged in one
+///     cluster per tile (decode_cluster_size);
 ///   * else one wave (c.ctas_per_sm per SM), each split with at least kDecodeMinBlocksPerSplit
 ///     blocks, rounded down to a power of two.
 /// At most kDecodeMaxAutoSplits (the merge reads every split's partial), or
@@ -45,6 +48,11 @@ inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::H
   int64_t s;
   if (short_cache || dense_fill) {
     s = std::min(per_sm, blocks);
+    // One block per split, 9 to 16 blocks, few tiles: up to 2 blocks in each of the splits of one
+    // portable cluster (kDecodePortableCluster), which decode_cluster_size then merges in DSMEM.
+    if (!p.paged && s == blocks && blocks > detail::kDecodePortableCluster &&
+        blocks <= 2 * detail::kDecodePortableCluster && tiles * detail::kDecodePortableCluster * 2 <= num_sms)
+      s = detail::kDecodePortableCluster;
   } else {
     // wave / tiles >= 2 here (tiles * 2 <= wave), so s >= 1 in both branches.
     s = std::min(wave / tiles, std::max<int64_t>(1, blocks / detail::kDecodeMinBlocksPerSplit));
@@ -69,11 +77,17 @@ struct DecodeClusterCapacity {
 /// in one wave: clusters are placed whole within a GPC, so the device holds fewer CTAs in clusters
 /// than alone. A tile's global partials are splits / C. `forced` (override decode_cluster = 1,
 /// for the tests) drops the one-wave and merge-size conditions: the largest C that runs the launch
-/// in as many waves as the plain launch.
+/// in as many waves as the plain launch. `small_dense` (a dense cache whose launch leaves at least
+/// half the SMs free, so the clusters have room to spread): a tile's splits all in one cluster of up
+/// to kDecodePortableCluster CTAs whatever the merge size (no global partials, no arrival).
 inline int32_t decode_cluster_size(int32_t splits, int64_t ctas, int64_t wave, int64_t merge_bytes,
-                                   const DecodeClusterCapacity& cap, bool forced = false) {
+                                   const DecodeClusterCapacity& cap, bool forced = false, bool small_dense = false) {
   auto waves = [](int64_t n, int64_t per) { return per > 0 ? (n + per - 1) / per : INT64_MAX; };
   const int64_t plain = waves(ctas, wave);
+  if (!forced && plain <= 1 && small_dense && splits <= detail::kDecodePortableCluster &&
+      std::has_single_bit(uint32_t(splits)) && splits > 1 &&
+      waves(ctas / splits, cap.clusters[std::countr_zero(uint32_t(splits)) - 1]) <= 1)
+    return splits;
   if (!forced && (plain > 1 || merge_bytes < detail::kDecodeClusterMinMergeBytes)) return 1;
   int32_t best = 1;
   for (int32_t c = 2, i = 0; c <= detail::kDecodeMaxCluster && splits % c == 0; c *= 2, ++i)
