@@ -57,6 +57,11 @@ inline constexpr int32_t kDecodeLongSplitBlocks = 16;
 /// launch_decode.h decode_cluster_size). 16 is past the portable cluster size (8): it is used where
 /// the device schedules such clusters (asked once per device).
 inline constexpr int32_t kDecodeMaxCluster = 16;
+/// ... and only where the global merge would be the long pole: the merging CTA of a tile would read
+/// at least this many bytes of partials (splits x live rows x headdim_v x 4), serially over its
+/// loads. Below it the global merge is shorter than a cluster launch's own cost (its barriers and
+/// scheduling; decode/README.md has the measurements).
+inline constexpr int64_t kDecodeClusterMinMergeBytes = 192 * 1024;
 /// The largest cluster every Hopper device schedules (CUDA's portable size). Where a launch leaves
 /// at least half the SMs free and a dense tile's splits fit one cluster of at most this many,
 /// that cluster merges them however short the merge (launch_decode.h decode_cluster_size), and
@@ -65,11 +70,6 @@ inline constexpr int32_t kDecodeMaxCluster = 16;
 /// 1.0 us faster than the global merge of as many splits, while clusters of 16 were not
 /// (bench/results/history.md).
 inline constexpr int32_t kDecodePortableCluster = 8;
-/// ... and only where the global merge would be the long pole: the merging CTA of a tile would read
-/// at least this many bytes of partials (splits x live rows x headdim_v x 4), serially over its
-/// loads. Below it the global merge is shorter than a cluster launch's own cost (its barriers and
-/// scheduling; decode/README.md has the measurements).
-inline constexpr int64_t kDecodeClusterMinMergeBytes = 192 * 1024;
 
 constexpr const HopperDecodeConfig* find_hopper_decode_config(int32_t headdim, int32_t headdim_v) {
   return find_bucket_row(kHopperDecodeConfigs, headdim, headdim_v);

@@ -222,7 +222,7 @@ LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, siz
       return {share.buf.ptr, false};
     }
     // A new capture, a larger need, or a zeroed need where the buffer may be written: a buffer of
-    // its own (the earlier one stays with the graph, whose earlier nodes use it).
+    // its own (the earlier one stays as it was, retained or the graph's: earlier nodes use it).
     share = {capture_id, graph, capture_buffer(device, graph, bytes, zeroed_bytes > 0),
              zeroed_bytes > 0 && zeroed_bytes >= bytes};
     return {share.buf.ptr, false};
