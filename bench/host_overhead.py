@@ -10,8 +10,8 @@ eager call used before 0c7650c), libfa4's C entry point alone and SDPA cuDNN; (b
 shapes with do_bench four times in a row and with events around 50 back-to-back calls; (c) the
 serving shapes (a 128-query chunk over 1024 keys, one decode query over 1024 keys with GQA 32/8):
 time per eager call back to back and per replay of the call captured in a CUDA graph (the decode
-shape also through fa4.flash_attn_with_kvcache, the KV-cache route; fa4 also with its captured
-scratch owned by the graph instead of retained), the host's time to issue a replay and the idle
+shape also through fa4.flash_attn_with_kvcache, the KV-cache route; fa4 also merging through global
+scratch, with that scratch retained by fa4 and owned by the graph), the host's time to issue a replay and the idle
 GPU time between replays, and the node types of that graph (kernels, and any memset or
 graph-memory alloc/free nodes a replay also launches).
 
@@ -186,7 +186,7 @@ def graph_idle_us(g, replays=50):
     ev = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
                 if e.device_type == torch.autograd.DeviceType.CUDA)
     k = len(ev) // replays  # kernels (and memsets) per replay
-    if k == 0:
+    if k == 0 or len(ev) % replays:  # a record missing or extra: the replays cannot be told apart
         return None
     idle = [ev[(i + 1) * k][0] - max(x[1] for x in ev[i * k:(i + 1) * k]) for i in range(replays - 1)]
     return round(statistics.median(idle), 2)
@@ -228,10 +228,11 @@ def graph_node_census(fn):
 
 
 def graph_owned_scratch():
-    """libfa4's captured scratch owned by the graph (override capture_scratch = graph), entered once
-    around a timing (a libfa4 without that override raises, recorded as the contender's error)."""
+    """libfa4's decode merging through global scratch, its captured scratch owned by the graph
+    (overrides decode_cluster = 0, capture_scratch = graph), entered once around a timing (a libfa4
+    without the override raises, recorded as the contender's error)."""
     from bench_fwd import hopper_overrides  # same directory
-    return hopper_overrides(capture_scratch="graph")
+    return hopper_overrides(decode_cluster="0", capture_scratch="graph")
 
 
 def global_merge():
@@ -265,8 +266,10 @@ def serving_rows(add, rounds=7):
                       # scratch): the A/B of that merge, in this process
                       ("fa4_global_merge", fa4_call, global_merge),
                       # and with its captured scratch owned by the graph (a CUDA user object) instead
-                      # of retained by fa4: what the graph's user objects cost a replay
-                      ("fa4_graph_owned", fa4_call, graph_owned_scratch)]
+                      # of retained by fa4: what the graph's user objects cost a replay (against
+                      # fa4_global_merge: the same kernel, which keeps its scratch where the
+                      # automatic choice merges in a cluster and needs none)
+                      ("fa4_global_merge_graph_owned", fa4_call, graph_owned_scratch)]
         if hasattr(fa4, "flash_attn_with_kvcache"):  # the KV-cache route (decode kernel), same mask
             lens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
             contenders.append(("fa4_kvcache", lambda: fa4.flash_attn_with_kvcache(
@@ -284,6 +287,9 @@ def serving_rows(add, rounds=7):
         # The graphs' replays in interleaved rounds (order rotated each round): the host's speed
         # drifts within a run, and a lone timing per contender would carry that into the ratios.
         names = list(graphs)
+        if not names:
+            add(row)
+            continue
         wall = {n: [] for n in names}
         issue = {n: [] for n in names}
         for r in range(rounds):

@@ -424,6 +424,16 @@ TEST(HopperHost, DecodeClusterSize) {
   EXPECT_EQ(kernel_overrides().decode_cluster, 1);
   set_kernel_override("decode_cluster", "auto");
   EXPECT_EQ(kernel_overrides().decode_cluster, -1);
+  // Who owns a captured call's scratch (hopper/shared/device_state.h): "graph" / "retained".
+  EXPECT_EQ(kernel_overrides().capture_scratch, -1);
+  set_kernel_override("capture_scratch", "graph");
+  EXPECT_EQ(kernel_overrides().capture_scratch, 0);
+  EXPECT_THROW(set_kernel_override("capture_scratch", "1"), fa4::Error);
+  EXPECT_EQ(kernel_overrides().capture_scratch, 0);
+  set_kernel_override("capture_scratch", "retained");
+  EXPECT_EQ(kernel_overrides().capture_scratch, 1);
+  set_kernel_override("capture_scratch", "auto");
+  EXPECT_EQ(kernel_overrides().capture_scratch, -1);
 }
 
 // The decode's automatic split count (decode/launch_decode.h): one CTA per SM when that covers
@@ -484,11 +494,12 @@ TEST(HopperHost, DecodeSplitCount) {
   p.paged = true;         // paged: one block per split
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 9);
   p.paged = false;
-  p.batch = 2;            // 16 tiles: 132 / 16 = 8 splits by the SM count (16 x 8 x 2 > 132: no cluster rule)
-  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 8);
-  p.key_capacity = 1024;
-  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 8);
-  p.batch = 1;
+  p.num_heads = 40;
+  p.num_heads_kv = 10;    // 10 tiles: 8 splits each would take 160 SMs, so one per block
+  p.key_capacity = 768;   // 12 blocks
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 12);
+  p.num_heads = 32;
+  p.num_heads_kv = 8;
   p.key_capacity = 400;   // 7 blocks: no more splits than blocks
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 7);
   p.key_capacity = 64;

@@ -78,7 +78,8 @@ struct DecodeClusterCapacity {
 /// for the tests) drops the one-wave and merge-size conditions: the largest C that runs the launch
 /// in as many waves as the plain launch. `small_dense` (a dense cache whose launch leaves at least
 /// half the SMs free, so the clusters have room to spread): a tile's splits all in one cluster of up
-/// to kDecodePortableCluster CTAs whatever the merge size (no global partials, no arrival).
+/// to kDecodePortableCluster CTAs whatever the merge size (no global partials, no arrival), where
+/// the device runs those clusters in one wave.
 inline int32_t decode_cluster_size(int32_t splits, int64_t ctas, int64_t wave, int64_t merge_bytes,
                                    const DecodeClusterCapacity& cap, bool forced = false, bool small_dense = false) {
   auto waves = [](int64_t n, int64_t per) { return per > 0 ? (n + per - 1) / per : INT64_MAX; };
