@@ -413,27 +413,25 @@ TEST(HopperHost, DecodeClusterSize) {
   fa4::hopper::DecodeClusterCapacity few = roomy;
   few.clusters[2] = 7;  // 8 tiles need 8 clusters of 8
   EXPECT_EQ(decode_cluster_size(8, 64, 264, 0, few, false, true), 1);
-  using fa4::detail::kernel_overrides;
-  using fa4::detail::set_kernel_override;
-  EXPECT_EQ(kernel_overrides().decode_cluster, -1);
-  set_kernel_override("decode_cluster", "0");
-  EXPECT_EQ(kernel_overrides().decode_cluster, 0);
-  EXPECT_THROW(set_kernel_override("decode_cluster", "off"), fa4::Error);
-  EXPECT_EQ(kernel_overrides().decode_cluster, 0);
-  set_kernel_override("decode_cluster", "1");
-  EXPECT_EQ(kernel_overrides().decode_cluster, 1);
-  set_kernel_override("decode_cluster", "auto");
-  EXPECT_EQ(kernel_overrides().decode_cluster, -1);
+  // An on/off override: auto (-1), its off and on values, a bad value refused and leaving it as was.
+  auto check_knob = [](const char* name, int8_t fa4::detail::KernelOverrides::*field, const char* off,
+                       const char* on, const char* bad) {
+    using fa4::detail::kernel_overrides;
+    using fa4::detail::set_kernel_override;
+    SCOPED_TRACE(name);
+    EXPECT_EQ(kernel_overrides().*field, -1);
+    set_kernel_override(name, off);
+    EXPECT_EQ(kernel_overrides().*field, 0);
+    EXPECT_THROW(set_kernel_override(name, bad), fa4::Error);
+    EXPECT_EQ(kernel_overrides().*field, 0);
+    set_kernel_override(name, on);
+    EXPECT_EQ(kernel_overrides().*field, 1);
+    set_kernel_override(name, "auto");
+    EXPECT_EQ(kernel_overrides().*field, -1);
+  };
+  check_knob("decode_cluster", &fa4::detail::KernelOverrides::decode_cluster, "0", "1", "off");
   // Who owns a captured call's scratch (hopper/shared/device_state.h): "graph" / "retained".
-  EXPECT_EQ(kernel_overrides().capture_scratch, -1);
-  set_kernel_override("capture_scratch", "graph");
-  EXPECT_EQ(kernel_overrides().capture_scratch, 0);
-  EXPECT_THROW(set_kernel_override("capture_scratch", "1"), fa4::Error);
-  EXPECT_EQ(kernel_overrides().capture_scratch, 0);
-  set_kernel_override("capture_scratch", "retained");
-  EXPECT_EQ(kernel_overrides().capture_scratch, 1);
-  set_kernel_override("capture_scratch", "auto");
-  EXPECT_EQ(kernel_overrides().capture_scratch, -1);
+  check_knob("capture_scratch", &fa4::detail::KernelOverrides::capture_scratch, "graph", "retained", "1");
 }
 
 // The decode's automatic split count (decode/launch_decode.h): one CTA per SM when that covers
