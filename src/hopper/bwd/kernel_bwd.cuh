@@ -37,8 +37,16 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
   pq.role = warp_group == 0 ? Kt::PipelineQ::ThreadCategory::Producer : Kt::PipelineQ::ThreadCategory::Consumer;
   pq.is_leader = threadIdx.x == 0;  // the lane that issues the copies
   pq.num_consumers = Kt::kNumMmaThreads;
-  pq.transaction_bytes = Kt::kTmaBytesQ + Kt::kTmaBytesdO + 2 * Kt::kRowStatBytes;
+  constexpr uint32_t kBytesdO = Kt::kTmaBytesdO + Kt::kRowStatBytes;  // dO and D
+  pq.transaction_bytes = Kt::kTmaBytesQ + Kt::kRowStatBytes + (Kt::kSplitdO ? 0 : kBytesdO);
   typename Kt::PipelineQ pipe_q(ss.pipeline_q, pq, Shape<_1, _1, _1>{});
+  typename Kt::PipelinedO::Params pdo;  // its own ring only with kSplitdO (else never used)
+  pdo.role = pq.role == Kt::PipelineQ::ThreadCategory::Producer ? Kt::PipelinedO::ThreadCategory::Producer
+                                                                 : Kt::PipelinedO::ThreadCategory::Consumer;
+  pdo.is_leader = pq.is_leader;
+  pdo.num_consumers = Kt::kNumMmaThreads;
+  pdo.transaction_bytes = kBytesdO;
+  typename Kt::PipelinedO pipe_do(ss.pipeline_do, pdo, Shape<_1, _1, _1>{});
   typename Kt::PipelineKV::Params pkv;
   pkv.role = warp_group == 0 ? Kt::PipelineKV::ThreadCategory::Producer : Kt::PipelineKV::ThreadCategory::Consumer;
   pkv.is_leader = threadIdx.x == 0;
@@ -51,12 +59,12 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
 
   if (warp_group == 0) {
     arch::warpgroup_reg_dealloc<Kt::kConfig.producer_regs>();
-    if (warp_idx == 0) BwdLoad<Kt>::run(p, ss, pipe_q, pipe_kv);
+    if (warp_idx == 0) BwdLoad<Kt>::run(p, ss, pipe_q, pipe_do, pipe_kv);
     else if (warp_idx == 1 || warp_idx == 2) BwdDqWriter<Kt>::run(p, ss, warp_idx - 1);
     return;
   }
   arch::warpgroup_reg_alloc<Kt::kConfig.consumer_regs>();
-  BwdMma<Kt>::run(p, ss, pipe_q, pipe_kv, int(threadIdx.x) - cutlass::NumThreadsPerWarpGroup);
+  BwdMma<Kt>::run(p, ss, pipe_q, pipe_do, pipe_kv, int(threadIdx.x) - cutlass::NumThreadsPerWarpGroup);
 #endif
 }
 

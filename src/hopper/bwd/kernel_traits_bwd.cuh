@@ -46,7 +46,11 @@ struct BwdKernelTraits {
   static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr int kBlockM = kConfig.tile_m;  // query rows per step
   static constexpr int kBlockN = kConfig.tile_n;  // keys per CTA
-  static constexpr int kStages = kConfig.q_stages;
+  static constexpr int kStages = kConfig.q_stages;      // Q / lse_log2 ring
+  static constexpr int kStagesdO = kConfig.do_stages;   // dO / D ring
+  /// dO and D in a ring of their own (fewer stages than Q's), else in Q's stages.
+  static constexpr bool kSplitdO = kStagesdO != kStages;
+  static_assert(kStagesdO >= 1 && kStagesdO <= kStages, "dO needs no more stages than Q (it is released first)");
   static constexpr int kNumMmaWarpGroups = 2;
   static constexpr int kNumMmaThreads = kNumMmaWarpGroups * cutlass::NumThreadsPerWarpGroup;
   static constexpr int kNumThreads = kNumMmaThreads + cutlass::NumThreadsPerWarpGroup;
@@ -65,6 +69,10 @@ struct BwdKernelTraits {
   static constexpr bool kDqSplitRows = dq_split_rows<kBlockM>;  // the postprocess's order too
   static constexpr int kDqCols = kSharedKeys ? 64 : kDqSplitRows ? kHeadDim : kHeadDim / 2;
   static constexpr int kDqParts = kSharedKeys ? (kHeadDim / 2) / kDqCols : 1;
+  /// Parts a warpgroup's staging holds (tuning_bwd.h dq_staged_parts): with fewer than
+  /// kDqParts, a part waits until the writer has read the previous one.
+  static constexpr int kDqStagedParts = kConfig.dq_staged_parts;
+  static_assert(kDqStagedParts >= 1 && kDqParts % kDqStagedParts == 0, "dQ parts staged in equal rounds");
   /// Warpgroups one dQ product spans: both (stacked along the rows, or side by side along d), or
   /// with shared keys each its own.
   static constexpr int kDqMmaWarpGroups = kSharedKeys ? 1 : kNumMmaWarpGroups;
@@ -120,7 +128,7 @@ struct BwdKernelTraits {
 
   // (rows, cols[, stage]) K-major tiles as TMA writes them.
   using SmemLayoutQ = decltype(tile_to_shape(KMajorAtom<kBlockM, kHeadDim>{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
-  using SmemLayoutdO = decltype(tile_to_shape(KMajorAtom<kBlockM, kHeadDimV>{}, Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kStages>>{}));
+  using SmemLayoutdO = decltype(tile_to_shape(KMajorAtom<kBlockM, kHeadDimV>{}, Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kStagesdO>>{}));
   using SmemLayoutK = decltype(tile_to_shape(KMajorAtom<kBlockN, kHeadDim>{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
   using SmemLayoutV = decltype(tile_to_shape(KMajorAtom<kBlockN, kHeadDimV>{}, Shape<Int<kBlockN>, Int<kHeadDimV>>{}));
   // dS (query, key), key contiguous: the A operand of dQ; two buffers (step parity), so a
@@ -138,7 +146,7 @@ struct BwdKernelTraits {
       SmemLayoutQ{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{},
                                  Stride<Int<kBlockM>, _1, Int<kBlockM * kHeadDim>>{})));
   using SmemLayoutdOt = decltype(composition(
-      SmemLayoutdO{}, make_layout(Shape<Int<kHeadDimV>, Int<kBlockM>, Int<kStages>>{},
+      SmemLayoutdO{}, make_layout(Shape<Int<kHeadDimV>, Int<kBlockM>, Int<kStagesdO>>{},
                                   Stride<Int<kBlockM>, _1, Int<kBlockM * kHeadDimV>>{})));
   using SmemLayoutKt = decltype(composition(
       SmemLayoutK{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Stride<Int<kBlockN>, _1>{})));
@@ -148,10 +156,11 @@ struct BwdKernelTraits {
 
   // dQ staging: each warpgroup's tile_m x d / 2 fp32 accumulators (64 rows x kDqCols x kDqParts)
   // in fragment order (schedule_bwd.h dq_chunk_index), reduce-added to the fp32 dQ accumulator in
-  // one bulk copy per warpgroup (the postprocess knows the order).
+  // one bulk copy per warpgroup and round of kDqStagedParts parts (the postprocess knows the order).
   static constexpr int kDqChunkFloats = kBlockM * kHeadDim / 2;  // per warpgroup
   static_assert(kDqChunkFloats == 64 * kDqCols * kDqParts, "a warpgroup's dQ parts fill its half of the chunk");
-  static constexpr uint32_t kDqChunkBytes = kDqChunkFloats * 4;
+  static constexpr int kDqStageFloats = 64 * kDqCols * kDqStagedParts;  // a warpgroup's staging
+  static constexpr uint32_t kDqStageBytes = kDqStageFloats * 4;
 
   using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;  // (rows, d, head, batch)
   using StrideQKV = Stride<int64_t, _1, int64_t, int64_t>;
@@ -182,8 +191,10 @@ struct BwdKernelTraits {
   static constexpr uint32_t kTmaBytesK = uint32_t(kBlockN * kHeadDim * sizeof(Element));
   static constexpr uint32_t kTmaBytesV = uint32_t(kBlockN * kHeadDimV * sizeof(Element));
 
-  using PipelineQ = cutlass::PipelineTmaAsync<kStages>;  // Q, dO, lse_log2, D of one query block
+  using PipelineQ = cutlass::PipelineTmaAsync<kStages>;  // Q, lse_log2 (and dO, D unless kSplitdO) of a query block
   using PipelineStateQ = cutlass::PipelineState<kStages>;
+  using PipelinedO = cutlass::PipelineTmaAsync<kStagesdO>;  // kSplitdO: dO, D of a query block
+  using PipelineStatedO = cutlass::PipelineState<kStagesdO>;
   using PipelineKV = cutlass::PipelineTmaAsync<1>;        // the CTA's K and V
   using PipelineStateKV = cutlass::PipelineState<1>;
 
@@ -193,10 +204,11 @@ struct BwdKernelTraits {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> smem_k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> smem_v;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>, 1024> smem_ds;
-    cute::array_aligned<float, kDqChunkFloats * kNumMmaWarpGroups, 128> smem_dq;
+    cute::array_aligned<float, kDqStageFloats * kNumMmaWarpGroups, 128> smem_dq;
     cute::array_aligned<float, kBlockM * kStages, 128> smem_lse;  // lse in log2 units
-    cute::array_aligned<float, kBlockM * kStages, 128> smem_d;    // D = rowsum(dO * O)
+    cute::array_aligned<float, kBlockM * kStagesdO, 128> smem_d;  // D = rowsum(dO * O)
     alignas(16) typename PipelineQ::SharedStorage pipeline_q;
+    alignas(16) typename PipelinedO::SharedStorage pipeline_do;  // used with kSplitdO only
     alignas(16) typename PipelineKV::SharedStorage pipeline_kv;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));

@@ -24,7 +24,7 @@ struct BwdLoad {
   /// Runs on the whole warp 0 (seq_bounds broadcasts over it); lane 0 issues every copy.
   template <class SharedStorage>
   __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, typename Kt::PipelineQ& pipe_q,
-                                             typename Kt::PipelineKV& pipe_kv) {
+                                             typename Kt::PipelinedO& pipe_do, typename Kt::PipelineKV& pipe_kv) {
     using namespace cute;
     const bool leader = threadIdx.x % 32 == 0;
     if (leader) {
@@ -42,7 +42,7 @@ struct BwdLoad {
     auto cta_k = p.tma_k.get_slice(_0{});
     auto cta_v = p.tma_v.get_slice(_0{});
     Tensor tQsQ = group_modes<0, 3>(cta_q.partition_D(sQ));     // (TMA, stage)
-    Tensor tdOsdO = group_modes<0, 3>(cta_do.partition_D(sdO));  // (TMA, stage)
+    Tensor tdOsdO = group_modes<0, 3>(cta_do.partition_D(sdO));  // (TMA, dO stage)
     Tensor tKsK = cta_k.partition_D(sK);
     Tensor tVsV = cta_v.partition_D(sV);
     Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
@@ -51,6 +51,7 @@ struct BwdLoad {
     Tensor mV = p.tma_v.get_tma_tensor(p.shape_v);
 
     auto wq = cutlass::make_producer_start_state<typename Kt::PipelineQ>();
+    auto wdo = cutlass::make_producer_start_state<typename Kt::PipelinedO>();  // kSplitdO
     auto wkv = cutlass::make_producer_start_state<typename Kt::PipelineKV>();
     for (int32_t i = 0, t = bwd_tile_index(p, 0); t < p.num_tiles; t = bwd_tile_index(p, ++i)) {
       const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, true>(p, t);
@@ -83,17 +84,27 @@ struct BwdLoad {
             uint64_t* bar = pipe_q.producer_get_barrier(wq);
             // Q and dO are re-read by every key block of the head: keep them in L2.
             copy(p.tma_q.with(*bar, 0, TMA::CacheHintSm90::EVICT_LAST), tQgQ(_, m), tQsQ(_, wq.index()));
-            copy(p.tma_do.with(*bar, 0, TMA::CacheHintSm90::EVICT_LAST), tdOgdO(_, m), tdOsdO(_, wq.index()));
             const int64_t row = (int64_t(h) * p.chunks + ti.chunk0 + m) * kBlockM;
             SM90_BULK_COPY_G2S::copy(p.lse_log2 + row, bar, ss.smem_lse.data() + wq.index() * kBlockM, Kt::kRowStatBytes);
-            SM90_BULK_COPY_G2S::copy(p.dpsum + row, bar, ss.smem_d.data() + wq.index() * kBlockM, Kt::kRowStatBytes);
+            // dO and D: in Q's stage, or (kSplitdO) in a stage of their own ring, which the
+            // consumers free mid-step.
+            int do_stage = wq.index();
+            if constexpr (Kt::kSplitdO) {
+              pipe_do.producer_acquire(wdo);
+              bar = pipe_do.producer_get_barrier(wdo);
+              do_stage = wdo.index();
+            }
+            copy(p.tma_do.with(*bar, 0, TMA::CacheHintSm90::EVICT_LAST), tdOgdO(_, m), tdOsdO(_, do_stage));
+            SM90_BULK_COPY_G2S::copy(p.dpsum + row, bar, ss.smem_d.data() + do_stage * kBlockM, Kt::kRowStatBytes);
           }
           ++wq;
+          if constexpr (Kt::kSplitdO) ++wdo;
         }
       }
     }
     if (leader) {  // no load may still target this CTA's smem when it exits
       pipe_q.producer_tail(wq);
+      if constexpr (Kt::kSplitdO) pipe_do.producer_tail(wdo);
       pipe_kv.producer_tail(wkv);
     }
   }
@@ -101,8 +112,9 @@ struct BwdLoad {
 
 /// Warps 1 and 2 of the producer warpgroup: writer w takes the CTA's steps of parity w (counted
 /// over all its tiles and query heads, as the consumers count them). For each, it waits until a
-/// warpgroup's dQ part is staged (dq_full(wg, w)), reduce-adds it into dq_accum with one bulk
-/// operation, and frees the staging once the bulk operation has read it (dq_empty(wg, w)).
+/// warpgroup's dQ (or a round of its parts) is staged (dq_full(wg, w)), reduce-adds it into
+/// dq_accum with one bulk operation, and frees the staging once the bulk operation has read it
+/// (dq_empty(wg, w)).
 /// Deterministic mode: the key blocks of a head add into a chunk in ascending order (a per-chunk
 /// semaphore counts the blocks done), so the fp32 sums, and dQ, are bitwise reproducible: a
 /// writer waits for its turn, adds, waits until its adds are performed and releases the chunk.
@@ -158,17 +170,23 @@ struct BwdDqWriter {
             }
             __syncwarp();
           }
+          // A warpgroup's staging holds kDqStagedParts of its kDqParts parts: one bulk operation
+          // per round, the rounds of both warpgroups in turn (each warpgroup stages its next
+          // round once this one's is read).
 #pragma unroll
-          for (int wg = 0; wg < Kt::kNumMmaWarpGroups; ++wg) {
-            arch::named_barrier_sync(Barriers::dq_full(wg, w), kStageThreads);
-            if (leader) {
-              arch::bulk_reduce_add_f32(dst + wg * Kt::kDqChunkFloats, ss.smem_dq.data() + wg * Kt::kDqChunkFloats,
-                                        Kt::kDqChunkBytes);
-              arch::bulk_commit();
-              arch::bulk_wait_read<0>();
+          for (int round = 0; round < Kt::kDqParts / Kt::kDqStagedParts; ++round) {
+#pragma unroll
+            for (int wg = 0; wg < Kt::kNumMmaWarpGroups; ++wg) {
+              arch::named_barrier_sync(Barriers::dq_full(wg, w), kStageThreads);
+              if (leader) {
+                arch::bulk_reduce_add_f32(dst + wg * Kt::kDqChunkFloats + round * Kt::kDqStageFloats,
+                                          ss.smem_dq.data() + wg * Kt::kDqStageFloats, Kt::kDqStageBytes);
+                arch::bulk_commit();
+                arch::bulk_wait_read<0>();
+              }
+              __syncwarp();
+              arch::named_barrier_arrive(Barriers::dq_empty(wg, w), kStageThreads);
             }
-            __syncwarp();
-            arch::named_barrier_arrive(Barriers::dq_empty(wg, w), kStageThreads);
           }
           if (p.deterministic && leader) {
             arch::bulk_wait<0>();  // the adds are performed, then the next key block may add

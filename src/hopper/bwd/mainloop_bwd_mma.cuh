@@ -14,7 +14,10 @@
 // dP^T and half the columns of dK, dV, dQ: P^T goes to smem as well, and the step is
 //   S^T, dP^T; P^T -> smem; both warpgroups meet (P complete); dV += P^T dO (SS); dS^T while dV
 //   runs; dS^T -> smem; both meet; dQ part 0 and dK issued; dQ part 0 staged under dK, dQ part 1
-//   issued into the same registers and staged
+//   issued into the same registers and staged (once the writer has read part 0, if the staging
+//   holds one part: tuning_bwd.h dq_staged_parts)
+// With dO in a ring of its own (tuning_bwd.h do_stages < q_stages) S^T is issued before the
+// wait for dO, and dO is released once dQ part 0 is done (dV, issued before it, has read dO).
 // The elementwise code comes in three versions: dense (a step whose pairs are all visible, as
 // most are, selects nothing), masked, and softcap (which always selects).
 // dK and dV stay in registers over the whole walk (all query heads of the KV head's group: no dK/dV
@@ -45,7 +48,7 @@ struct BwdMma {
   /// `tid`: index among the consumer threads (0..255).
   template <class SharedStorage>
   __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, typename Kt::PipelineQ& pipe_q,
-                                             typename Kt::PipelineKV& pipe_kv, int tid) {
+                                             typename Kt::PipelinedO& pipe_do, typename Kt::PipelineKV& pipe_kv, int tid) {
     using namespace cute;
     const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
     Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Kt::SmemLayoutQ{});
@@ -70,8 +73,8 @@ struct BwdMma {
     auto wg_dk = mma_dk.get_slice(wg * 128);
     auto wg_dq = mma_dq.get_slice(kSharedKeys ? 0 : wg * 128);  // shared keys: one warpgroup's atom
     Tensor tSrQ = wg_s.partition_fragment_B(sQ);         // (MMA, MMA_N, MMA_K, stage)
-    Tensor tdPrdO = wg_dp.partition_fragment_B(sdO);     // (.., stage)
-    Tensor tdVrdOt = wg_dv.partition_fragment_B(sdOt);   // (.., stage)
+    Tensor tdPrdO = wg_dp.partition_fragment_B(sdO);     // (.., dO stage)
+    Tensor tdVrdOt = wg_dv.partition_fragment_B(sdOt);   // (.., dO stage)
     Tensor tdKrQt = wg_dk.partition_fragment_B(sQt);     // (.., stage)
     Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);     // (.., dS buffer)
     Tensor tdQrKt = wg_dq.partition_fragment_B(sKt);     // (the warpgroup's half of d; not with shared keys)
@@ -129,6 +132,7 @@ struct BwdMma {
       pipe.consumer_wait(st, token);
     };
     typename Kt::PipelineStateQ rq;
+    typename Kt::PipelineStatedO rdo;  // kSplitdO
     typename Kt::PipelineStateKV rkv;
     int ds_buf = 0;
 
@@ -143,6 +147,7 @@ struct BwdMma {
       // (C7512). So this version runs S^T, P^T, dV and then dP^T one after another.
       constexpr bool kSoftcapSerial = kSoftcap && !kSharedKeys && kFragS > 32;
       const int st = rq.index();
+      const int st_do = Kt::kSplitdO ? rdo.index() : st;  // dO's and D's stage
       ElemArgs ea = ea_in;
       if constexpr (kMasked) {
         // The queries each of this thread's two key rows sees (core/mask.h; empty past
@@ -161,8 +166,9 @@ struct BwdMma {
         if (p.is_varlen && ea_in.q_rows < kBlockM) {
           // Rows past the sequence are the next sequence's, not TMA zero fill; dK += dS^T Q and
           // dV += P^T dO multiply them by an exact 0, but 0 * NaN = NaN.
+          if constexpr (Kt::kSplitdO) consumer_wait(pipe_do, rdo);
           zero_rows<kBlockM, Kt::kHeadDim>(sQ(_, _, st), ea_in.q_rows, tid);
-          zero_rows<kBlockM, Kt::kHeadDimV>(sdO(_, _, st), ea_in.q_rows, tid);
+          zero_rows<kBlockM, Kt::kHeadDimV>(sdO(_, _, st_do), ea_in.q_rows, tid);
           cutlass::arch::fence_view_async_shared();
           arch::named_barrier_sync(Barriers::consumers(), Kt::kNumMmaThreads);
         }
@@ -177,26 +183,30 @@ struct BwdMma {
           Tensor sQ_step = make_tensor(make_smem_ptr(arch::opaque(ss.smem_q.data())), typename Kt::SmemLayoutQ{});
           Tensor sdO_step = make_tensor(make_smem_ptr(arch::opaque(ss.smem_do.data())), typename Kt::SmemLayoutdO{});
           wgmma<true, -1>(mma_s, wg_s.partition_fragment_A(sK_step), wg_s.partition_fragment_B(sQ_step(_, _, st)), tSrS);
-          wgmma<true, -1>(mma_dp, wg_dp.partition_fragment_A(sV_step), wg_dp.partition_fragment_B(sdO_step(_, _, st)), tdPrdP);
+          // (kSplitdO) dO may still be loading: S^T runs meanwhile.
+          if constexpr (Kt::kSplitdO) consumer_wait(pipe_do, rdo);
+          wgmma<true, -1>(mma_dp, wg_dp.partition_fragment_A(sV_step), wg_dp.partition_fragment_B(sdO_step(_, _, st_do)),
+                          tdPrdP);
         } else {
           wgmma</*zero_init=*/true, -1>(mma_s, wg_s.partition_fragment_A(sK_step), tSrQ(_, _, _, st), tSrS);
+          if constexpr (Kt::kSplitdO) consumer_wait(pipe_do, rdo);
           if constexpr (!kSoftcapSerial)
-            wgmma<true, -1>(mma_dp, wg_dp.partition_fragment_A(sV_step), tdPrdO(_, _, _, st), tdPrdP);
+            wgmma<true, -1>(mma_dp, wg_dp.partition_fragment_A(sV_step), tdPrdO(_, _, _, st_do), tdPrdP);
         }
       }
       ea.lse = ss.smem_lse.data() + st * kBlockM;
-      ea.dsum = ss.smem_d.data() + st * kBlockM;
+      ea.dsum = ss.smem_d.data() + st_do * kBlockM;
       // P^T on the exp unit while the dP^T product runs on the tensor cores.
       warpgroup_wait<kSoftcapSerial ? 0 : 1>();
       warpgroup_fence_operand(tSrS);
       probs<kSoftcap, kMasked>(p, ea, tSrS, tdVrP32);
       if constexpr (kSoftcapSerial) {
         // dV takes the packed P^T before dP^T's accumulators are needed (see kSoftcapSerial).
-        wgmma<false, -1>(mma_dv, tdVrP, tdVrdOt(_, _, _, st), tdVrdV);
+        wgmma<false, -1>(mma_dv, tdVrP, tdVrdOt(_, _, _, st_do), tdVrdV);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tdVrdV);
         Tensor sV_step = make_tensor(make_smem_ptr(arch::opaque(ss.smem_v.data())), typename Kt::SmemLayoutV{});
-        wgmma<true, -1>(mma_dp, wg_dp.partition_fragment_A(sV_step), tdPrdO(_, _, _, st), tdPrdP);
+        wgmma<true, -1>(mma_dp, wg_dp.partition_fragment_A(sV_step), tdPrdO(_, _, _, st_do), tdPrdP);
         warpgroup_wait<0>();
       } else if constexpr (kSharedKeys) {
         // dV reads both warpgroups' P^T: through smem, then dV's product runs under dS^T.
@@ -204,7 +214,7 @@ struct BwdMma {
         cutlass::arch::fence_view_async_shared();
         arch::named_barrier_sync(Barriers::consumers(), Kt::kNumMmaThreads);
         wgmma<false, -1>(mma_dv, wg_dv.partition_fragment_A(smem_ds_step()(_, _, Kt::kPBuffer0 + ds_buf)),
-                         tdVrdOt(_, _, _, st), tdVrdV);
+                         tdVrdOt(_, _, _, st_do), tdVrdV);
         warpgroup_wait<1>();  // dP^T (dV still runs)
       } else {
         warpgroup_wait<0>();
@@ -212,7 +222,7 @@ struct BwdMma {
       warpgroup_fence_operand(tdPrdP);
       dscores<kSoftcap, kMasked>(ea, tSrS, tdPrdP, tdVrP32, tdKrdS32);
       copy(r2s_ds, tdSadS, tdSsdS(_, _, _, ds_buf));
-      if constexpr (!kSharedKeys && !kSoftcapSerial) wgmma<false, -1>(mma_dv, tdVrP, tdVrdOt(_, _, _, st), tdVrdV);
+      if constexpr (!kSharedKeys && !kSoftcapSerial) wgmma<false, -1>(mma_dv, tdVrP, tdVrdOt(_, _, _, st_do), tdVrdV);
       // dS^T of both warpgroups is in smem (generic stores, read next by the async proxy).
       cutlass::arch::fence_view_async_shared();
       arch::named_barrier_sync(Barriers::consumers(), Kt::kNumMmaThreads);
@@ -225,6 +235,10 @@ struct BwdMma {
       else wgmma<false, -1>(mma_dk, tdKrdS, tdKrQt(_, _, _, st), tdKrdK);
       warpgroup_wait<1>();  // dQ (part 0) done, dK runs on
       warpgroup_fence_operand(tdQrdQ);
+      if constexpr (Kt::kSplitdO) {  // dV, issued before dQ, is done with dO and D
+        pipe_do.consumer_release(rdo);
+        ++rdo;
+      }
       ds_buf ^= 1;
       // ds_buf flips once per step, so it is now the parity of the next step: the staging is
       // free once the previous step's writer (parity ds_buf) has read it, and this step's
@@ -237,6 +251,13 @@ struct BwdMma {
         wgmma<true, -1>(mma_dq, tdQrdS(_, _, _, ds_buf ^ 1), dq_operand_b(part), tdQrdQ);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tdQrdQ);
+        if (part % Kt::kDqStagedParts == 0) {
+          // The staging is full: hand this round to the writer, and stage the next once it has
+          // read it (its bulk read overlaps this part's product).
+          cutlass::arch::fence_view_async_shared();
+          arch::named_barrier_arrive(Barriers::dq_full(wg, ds_buf ^ 1), kStageThreads);
+          arch::named_barrier_sync(Barriers::dq_empty(wg, ds_buf ^ 1), kStageThreads);
+        }
         stage_dq(ss, part, t128, wg, tdQrdQ);
       }
       cutlass::arch::fence_view_async_shared();
@@ -406,14 +427,16 @@ struct BwdMma {
   }
 
   /// Stages dQ part `part` of warpgroup wg (its columns part * kDqCols.. of the warpgroup's share
-  /// of the chunk) in fragment order (schedule_bwd.h dq_chunk_index): a float4 per 8-column group.
+  /// of the chunk) in fragment order (schedule_bwd.h dq_chunk_index): a float4 per 8-column group,
+  /// at the part's place in the round the warpgroup's staging holds (kDqStagedParts parts).
   template <class SharedStorage, class FragdQ>
   __device__ __forceinline__ static void stage_dq(SharedStorage& ss, int part, int t128, int wg, FragdQ& dq) {
-    float4* stage = reinterpret_cast<float4*>(ss.smem_dq.data());
+    float4* stage = reinterpret_cast<float4*>(ss.smem_dq.data() + wg * Kt::kDqStageFloats);
     constexpr int kGroups = Kt::kDqCols / 8;
+    const int slot = part % Kt::kDqStagedParts;
 #pragma unroll
     for (int gq = 0; gq < kGroups; ++gq)
-      stage[dq_chunk_index<kBlockM, Kt::kHeadDim>(wg, part * kGroups + gq, t128) / 4] =
+      stage[dq_chunk_index<kBlockM, Kt::kHeadDim>(0, slot * kGroups + gq, t128) / 4] =
           make_float4(dq(4 * gq), dq(4 * gq + 1), dq(4 * gq + 2), dq(4 * gq + 3));
   }
 

@@ -26,8 +26,10 @@
 // backward's d128.)
 // Shared memory (d128): K, V 32 KB each, q_stages x (Q + dO) 64 KB, dS^T double buffer 32 KB,
 // the dQ staging 32 KB; d64 (tile_m 128): K, V 16 KB each, Q + dO 64 KB, dS^T 64 KB, dQ 32 KB.
-// d256: K, V 32 KB each, one stage of Q + dO 64 KB, P^T and dS^T double buffers 32 KB, the dQ
-// staging 64 KB (224 KB: no room for a second Q / dO stage).
+// d256: K, V 32 KB each, two stages of Q 64 KB and one of dO 32 KB, P^T and dS^T double buffers
+// 32 KB, the dQ staging one 64-column part per warpgroup 32 KB (224 KB). With one stage of Q and
+// dO and all of dQ staged at once (the same 224 KB) the next step's Q / dO load could start only
+// at a step's end and the next step waited for it: 25-53% slower (bench/results/history.md).
 #pragma once
 
 #include <cstdint>
@@ -43,7 +45,14 @@ struct HopperBwdConfig {
   int32_t headdim_v;      ///< compiled v/dout head dim
   int32_t tile_m;         ///< query rows per step of the walk (the N of S^T = K Q^T): 64 or 128
   int32_t tile_n;         ///< keys per CTA: 64 per consumer warpgroup
-  int32_t q_stages;       ///< depth of the Q / dO / lse / D ring
+  int32_t q_stages;       ///< depth of the Q / lse_log2 ring
+  /// Depth of the dO / D ring. Equal to q_stages: one ring holds both (one wait, one release per
+  /// step). Fewer: a ring of its own, released once dV has read dO (mid-step), so the next step's
+  /// dO loads under this step's dK and dQ while its Q is already in the second Q stage.
+  int32_t do_stages;
+  /// dQ parts (kernel_traits_bwd.cuh kDqParts, 64 columns each with shared keys) a warpgroup
+  /// stages at once; its next part waits until the dQ writer's bulk reduce has read the staging.
+  int32_t dq_staged_parts;
   /// Share of P^T's exponentials computed on the FMA pipe (fa4/exp2.h exp2_emulated; FA4 Sec. 3),
   /// by 8-query-column groups of S^T, the rest on MUFU (16 per clock per SM).
   Exp2Emulation exp2_emulation;
@@ -72,8 +81,8 @@ struct HopperBwdConfig {
 // linker shares between every libfa4 loaded in one process (A/B runs load several builds),
 // so one build would read another build's table.
 constexpr HopperBwdConfig kHopperBwdConfigs[] = {
-    // d, dv, tile_m, tile_n, q_stages, exp2_emulation {period, emulated}, regs (consumer,
-    // producer), lpt_band, det_lpt_band, walk_descending, shared_keys.
+    // d, dv, tile_m, tile_n, q_stages, do_stages, dq_staged_parts, exp2_emulation {period,
+    // emulated}, regs (consumer, producer), lpt_band, det_lpt_band, walk_descending, shared_keys.
     // The producer warpgroup's warps (TMA, dQ writers with the deterministic ordering) spill at
     // 24 registers, the consumers below 232: ptxas reports no spill stores at 232/40 (d64 and
     // d128); 240/24 spills in the producer (d64 with tile_m 128: 36 B).
@@ -82,9 +91,9 @@ constexpr HopperBwdConfig kHopperBwdConfigs[] = {
     // Deterministic bands: 8 at d64 and d128, the fastest of 16 / 8 / 4 / 2 at 8k, causal and
     // not (bench/results/history.md; d64 measured with tile_m 64); d256's 16 is the default band,
     // not a measured choice.
-    {64, 64, 128, 128, 2, {16, 0}, 232, 40, 16, 8, true, false},
-    {128, 128, 64, 128, 2, {16, 0}, 232, 40, 16, 8, true, false},
-    {256, 256, 64, 64, 1, {16, 0}, 232, 40, 16, 16, true, true},
+    {64, 64, 128, 128, 2, 2, 1, {16, 0}, 232, 40, 16, 8, true, false},
+    {128, 128, 64, 128, 2, 2, 1, {16, 0}, 232, 40, 16, 8, true, false},
+    {256, 256, 64, 64, 2, 1, 1, {16, 0}, 232, 40, 16, 16, true, true},
 };
 // No d96 row: the transposed views of a 96-column (64-byte swizzled) Q / dO tile are not a
 // canonical MN-major wgmma layout (CuTe's GMMA layout check), so 72..128 run on the d128 kernel
