@@ -89,11 +89,11 @@ constexpr HopperBwdConfig kHopperBwdConfigs[] = {
     // Exp2 emulation: none. 2/16 and 4/16 measured 2-4% slower at d64 and within noise at d128
     // (bench/results/history.md): the exponentials run beside the dP^T product on MUFU already.
     // Deterministic bands: 8 at d64 and d128, the fastest of 16 / 8 / 4 / 2 at 8k, causal and
-    // not (bench/results/history.md; d64 measured with tile_m 64); d256's 16 is the default band,
-    // not a measured choice.
+    // not (bench/results/history.md; d64 measured with tile_m 64); 8 at d256 too (2-4% faster
+    // than 16 at 4k-8k; 4 and 2 not measured).
     {64, 64, 128, 128, 2, 2, 1, {16, 0}, 232, 40, 16, 8, true, false},
     {128, 128, 64, 128, 2, 2, 1, {16, 0}, 232, 40, 16, 8, true, false},
-    {256, 256, 64, 64, 2, 1, 1, {16, 0}, 232, 40, 16, 16, true, true},
+    {256, 256, 64, 64, 2, 1, 1, {16, 0}, 232, 40, 16, 8, true, true},
 };
 // No d96 row: the transposed views of a 96-column (64-byte swizzled) Q / dO tile are not a
 // canonical MN-major wgmma layout (CuTe's GMMA layout check), so 72..128 run on the d128 kernel
