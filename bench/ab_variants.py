@@ -86,7 +86,7 @@ def backward_row(libs, q, k, v, causal, rounds, deterministic=False):
     b, s, h, d = q.shape
     hkv = k.shape[2]
     q, k, v = (x.requires_grad_() for x in (q, k, v))
-    dout = torch.randn_like(q)
+    dout = torch.randn(b, s, h, v.shape[-1], device=q.device, dtype=q.dtype)  # o's shape: head dim dv
     qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
         o_ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=h != hkv)
@@ -208,7 +208,20 @@ def main():
                        for n in libs) +
               " | maxerr " + " ".join(f"{errs[n]:.1e}" for n in libs), flush=True)
     # A varlen batch (fa4 variants only: SDPA has no packed-varlen cuDNN path to compare with);
-    # with --backward its backward alone (FLOPs x 2.5).
+    # with --backward its backward alone (FLOPs x 2.5). Its head dim is 128: left out without it.
+    if 128 in hds:
+        rows.append(varlen_row(libs, args))
+    clocks = sh("nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu "
+                "--format=csv,noheader")
+    with open(args.out_json, "w") as f:
+        json.dump({"date": datetime.datetime.now().isoformat(), "gpu": gpu, "clocks_after": clocks,
+                   "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+                   "variants": {n: p + ("?" + "&".join(f"{k}={v}" for k, v in e.items()) if e else "")
+                                for n, p, e in variants}, "rounds": args.rounds, "rows": rows}, f, indent=1)
+
+
+def varlen_row(libs, args):
+    """The varlen batch of bench_fwd.varlen_batch (d128, causal) on every variant, interleaved rounds."""
     run_varlen, flops = varlen_batch(torch.bfloat16, backward=args.backward, deterministic=args.deterministic)
     times = {n: [] for n in libs}
     for r in range(args.rounds):
@@ -225,17 +238,10 @@ def main():
         outs[name] = [x.float() for x in (got if isinstance(got, (tuple, list)) else (got,))]
     first = next(iter(outs.values()))
     diff = {n: max(float((a - b).abs().max()) for a, b in zip(o, first)) for n, o in outs.items()}
-    rows.append({"kind": kind, "lens": VARLEN_LENS, "headdim": 128, "causal": True, "tflops": tf,
-                 "max_abs_diff_vs_first": diff})
     print(f"{kind} d128 causal " + " ".join(f"{n}:{tf[n]:6.1f}" for n in libs)
           + " | max abs diff vs first " + " ".join(f"{diff[n]:.1e}" for n in libs), flush=True)
-    clocks = sh("nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu "
-                "--format=csv,noheader")
-    with open(args.out_json, "w") as f:
-        json.dump({"date": datetime.datetime.now().isoformat(), "gpu": gpu, "clocks_after": clocks,
-                   "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
-                   "variants": {n: p + ("?" + "&".join(f"{k}={v}" for k, v in e.items()) if e else "")
-                                for n, p, e in variants}, "rounds": args.rounds, "rows": rows}, f, indent=1)
+    return {"kind": kind, "lens": VARLEN_LENS, "headdim": 128, "causal": True, "tflops": tf,
+            "max_abs_diff_vs_first": diff}
 
 
 if __name__ == "__main__":
