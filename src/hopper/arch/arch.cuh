@@ -40,8 +40,8 @@ namespace fa4::hopper::arch {
 ///   turn(wg)     ping-pong: consumer warpgroup wg may issue its wgmmas    2, 3 (third: 7)
 ///   consumers()  all consumer warpgroups together                          4
 ///   local(wg)    consumer warpgroup wg alone (its O slice is in smem, ...)  5, 6 (third: 8)
-///   dq_full(wg, w)   backward (two warpgroups): warpgroup wg's dQ of a step with parity w is
-///                    staged in smem (wg + dQ writer warp w)                  7, 8 (w = 1: 9, 10)
+///   dq_full(wg, w)   backward (two warpgroups): warpgroup wg's dQ (or a round of its parts) of
+///                    a step with parity w is staged in smem (wg + writer w)  7, 8 (w = 1: 9, 10)
 ///   dq_empty(wg, w)  backward: writer w's bulk reduce has read that staging  11, 12 (13, 14)
 /// A third warpgroup's ids come after the shared one, so the two-warpgroup forward keeps the ids
 /// it was tuned with; the dq_* ids exist for two warpgroups only (they reuse the third's 7, 8).

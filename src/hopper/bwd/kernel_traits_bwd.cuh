@@ -154,9 +154,10 @@ struct BwdKernelTraits {
       SmemLayoutdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>, Int<kDsBuffers>>{},
                                   Stride<Int<kBlockM>, _1, Int<kBlockM * kBlockN>>{})));
 
-  // dQ staging: each warpgroup's tile_m x d / 2 fp32 accumulators (64 rows x kDqCols x kDqParts)
-  // in fragment order (schedule_bwd.h dq_chunk_index), reduce-added to the fp32 dQ accumulator in
-  // one bulk copy per warpgroup and round of kDqStagedParts parts (the postprocess knows the order).
+  // dQ staging: kDqStagedParts of the kDqParts parts (64 rows x kDqCols each) of each warpgroup's
+  // tile_m x d / 2 fp32 accumulators, in fragment order (schedule_bwd.h dq_chunk_index),
+  // reduce-added to the fp32 dQ accumulator in one bulk copy per warpgroup and round of
+  // kDqStagedParts parts (the postprocess knows the order).
   static constexpr int kDqChunkFloats = kBlockM * kHeadDim / 2;  // per warpgroup
   static_assert(kDqChunkFloats == 64 * kDqCols * kDqParts, "a warpgroup's dQ parts fill its half of the chunk");
   static constexpr int kDqStageFloats = 64 * kDqCols * kDqStagedParts;  // a warpgroup's staging

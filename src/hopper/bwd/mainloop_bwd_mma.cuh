@@ -253,7 +253,8 @@ struct BwdMma {
         warpgroup_fence_operand(tdQrdQ);
         if (part % Kt::kDqStagedParts == 0) {
           // The staging is full: hand this round to the writer, and stage the next once it has
-          // read it (its bulk read overlaps this part's product).
+          // read it (its bulk read overlaps this part's product; in deterministic mode the
+          // writer reads only once its turn on the chunk has come).
           cutlass::arch::fence_view_async_shared();
           arch::named_barrier_arrive(Barriers::dq_full(wg, ds_buf ^ 1), kStageThreads);
           arch::named_barrier_sync(Barriers::dq_empty(wg, ds_buf ^ 1), kStageThreads);
