@@ -181,15 +181,14 @@ TEST(HopperHost, BackwardOrderChoice) {
         EXPECT_EQ(r.band, det ? 8 : 16);  // deterministic mode: the row's shorter chains
         EXPECT_EQ(r.descending, lpt);  // dense problems walk up (all key blocks together either way)
       }
-  // The shipped rows: bands of 16, descending, for every bucket; deterministic bands of 8 at
-  // d64 and d128 (16 at d256).
+  // The shipped rows: bands of 16, descending, for every bucket; deterministic bands of 8.
   for (int d : {64, 128, 256}) {
     const fa4::detail::HopperBwdConfig* c = fa4::detail::hopper_bwd_bucket(d, d);
     ASSERT_NE(c, nullptr) << d;
     const auto r = bwd_order(*c, true, false, false, none);
     EXPECT_TRUE(r.lpt && r.descending && r.band == 16) << d;
     const auto rd = bwd_order(*c, false, false, true, none);
-    EXPECT_TRUE(rd.lpt && rd.descending && rd.band == (d == 256 ? 16 : 8)) << d;
+    EXPECT_TRUE(rd.lpt && rd.descending && rd.band == 8) << d;
   }
   fa4::detail::HopperBwdConfig asc_row = row;
   asc_row.walk_descending = false;
