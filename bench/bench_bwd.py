@@ -4,9 +4,10 @@ and, where it is installed, upstream FlashAttention-4 (flash_attn.cute), in ONE 
 timed with triton.testing.do_bench (median, CUDA events), interleaved rounds.
 
 What is timed is the backward alone: torch.autograd.grad of a saved forward output (retain_graph),
-the same for every contender. FLOPs = 2.5 x the forward's 4*b*h*sq*sk*d (x0.5 causal).
+the same for every contender. FLOPs = 2.5 x the forward's 2*b*h*sq*sk*(d + dv) (x0.5 causal).
 Shapes (FA3/FA4 papers): batch*seqlen = 16k tokens, num_heads*headdim = 2048, head dims 64/128/256,
-seqlen 512..16k, causal and not; Llama-3.1-8B (GQA 32/8, d128, causal 8k); deterministic vs not.
+seqlen 512..16k, causal and not; Llama-3.1-8B (GQA 32/8, d128, causal 8k); DeepSeek-V3 (16 heads,
+q/k 192, v 128, causal 8k; not with --quick); deterministic vs not.
 
 Usage (on the GPU machine, from the repo root):
     PYTHONPATH=python FA4_LIBRARY=build-dev/src/libfa4.so python3 bench/bench_bwd.py OUT.json [--quick] [--rounds N]
@@ -46,7 +47,7 @@ def grad_call(fwd, inputs, dout):
 
 def contenders(q, k, v, causal, deterministic=False):
     """name -> (backward-only call, context); SDPA backends that refuse the shape are left out."""
-    dout = torch.randn_like(q)
+    dout = torch.randn(*q.shape[:-1], v.shape[-1], device=q.device, dtype=q.dtype)  # o's shape
     fns = {"fa4": grad_call(lambda: fa4.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic),
                             (q, k, v), dout)}
     qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
@@ -84,7 +85,7 @@ def time_row(r, fns, flops):
 
 def check_grads(q, k, v, causal):
     """Max abs error of fa4's dq/dk/dv against SDPA's math backend in fp32 on the same inputs."""
-    dout = torch.randn_like(q)
+    dout = torch.randn(*q.shape[:-1], v.shape[-1], device=q.device, dtype=q.dtype)  # o's shape
     g = torch.autograd.grad(fa4.flash_attn_func(q, k, v, causal=causal), (q, k, v), dout)
     q32, k32, v32 = (x.detach().float().transpose(1, 2).requires_grad_() for x in (q, k, v))
     with sdpa_kernel([SDPBackend.MATH]):
@@ -145,6 +146,20 @@ def main():
                      contenders(q, k, v, True), flops))
         del q, k, v
 
+    # DeepSeek-V3 attention shape (MLA prefill: q/k head dim 192 = 128 + 64 rope, v 128), 16 heads,
+    # causal 8k. Every hdim run (it is not one of the standard rows); a contender or the row itself
+    # failing is reported and skipped, so that the rows before it are still written.
+    if not args.quick:
+        try:
+            q, k = (torch.randn(1, 8192, 16, 192, device="cuda", dtype=dt, requires_grad=True) for _ in range(2))
+            v = torch.randn(1, 8192, 16, 128, device="cuda", dtype=dt, requires_grad=True)
+            flops = 2.5 * 2 * 16 * 8192 * 8192 * (192 + 128) * 0.5
+            add(time_row({"kind": "deepseek-192x128", "hdim": 192, "hdim_v": 128, "causal": True, "seqlen": 8192,
+                          "batch": 1, "nheads": 16}, contenders(q, k, v, True), flops))
+            del q, k, v
+        except Exception as e:
+            print(f"# deepseek-192x128 row failed: {str(e).splitlines()[0][:160]}", file=sys.stderr)
+
     # Deterministic mode against the default, same inputs, interleaved.
     det_rows = [(128, True), (128, False), (64, True), (256, True)] if not args.quick else [(128, True), (256, True)]
     for hdim, causal in [(h, c) for h, c in det_rows if h in hdims]:
@@ -188,7 +203,7 @@ def main():
     print("\n%-5s %-6s %-6s %7s %7s %7s %8s %6s %6s" % ("hdim", "causal", "seqlen", "fa4", "cudnn", "flash", "upstream",
                                                     "x_cudnn", "x_up"))
     for r in rows:
-        if r["kind"] in ("standard", "llama3.1-8b"):
+        if r["kind"] in ("standard", "llama3.1-8b", "deepseek-192x128"):
             print("%-5d %-6s %-6d %7s %7s %7s %8s %6s %6s" % (r["hdim"], r["causal"], r["seqlen"], r["fa4"], r["cudnn"],
                                                           r["flash"], r["upstream_fa4"], r["ratio_cudnn"],
                                                           r["ratio_upstream_fa4"]))
