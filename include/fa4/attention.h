@@ -49,13 +49,13 @@
 // backward workspace) is set aside at capture, so a replay launches the call's kernels alone: fa4
 // keeps it for the life of the process while the device's kept scratch stays within 64 MiB, and
 // past that the graph owns it (a CUDA user object, reused once the graph is destroyed; such a graph
-// costs each replay about 1.3 us more on the H200); the calls captured on one stream in one capture share it, as eager calls
-// on one stream do (the capture orders them; replacing a stream's capture dependencies, i.e.
-// cudaStreamSetCaptureDependencies, or editing the graph's edges between the calls, is not
-// supported). Larger scratch (a training-shaped backward workspace, d256 stream-K partials) is
-// CUDA graph memory (allocation and free nodes). Run one executable instance of a captured graph
-// at a time (CUDA orders the replays of one instance): two instances of one captured graph
-// replayed concurrently would share that scratch.
+// costs each replay about 1.3 us more on the H200); the calls captured on one stream in one capture
+// share it, as eager calls on one stream do (the capture orders them; replacing a stream's capture
+// dependencies, i.e. cudaStreamSetCaptureDependencies, or editing the graph's edges between the
+// calls, is not supported). Larger scratch (a training-shaped backward workspace, d256 stream-K
+// partials) is CUDA graph memory (allocation and free nodes). Run one executable instance of a
+// captured graph at a time (CUDA orders the replays of one instance): two instances of one captured
+// graph replayed concurrently would share that scratch.
 //
 // ERRORS. fa4::Error (fa4/error.h). Every argument is validated before anything is written, except
 // the contents of device-resident varlen indices (above) and of device-resident KV-cache indices

@@ -23,9 +23,10 @@ namespace fa4::hopper {
 ///     as fast as two sharing it, the merge reads half the partials, and a short split's first
 ///     block waits for DRAM with nothing to overlap while a second CTA would only share the SM's
 ///     issue slots. Below 2/3 the busy SMs cannot draw the HBM bandwidth; a paged CTA also waits
-///     on its page-table loads, which a second CTA per SM covers. A dense cache of 9 to 16 blocks whose tiles, at kDecodePortableCluster splits each, leave
-///     half the SMs free takes that many splits instead (up to 2 blocks each), to be merged in one
-///     cluster per tile (decode_cluster_size);
+///     on its page-table loads, which a second CTA per SM covers. A dense cache of 9 to 16 blocks
+///     whose tiles, at kDecodePortableCluster splits each, leave half the SMs free takes that many
+///     splits instead (up to 2 blocks each), to be merged in one cluster per tile
+///     (decode_cluster_size);
 ///   * else one wave (c.ctas_per_sm per SM), each split with at least kDecodeMinBlocksPerSplit
 ///     blocks, rounded down to a power of two.
 /// At most kDecodeMaxAutoSplits (the merge reads every split's partial), or

@@ -45,12 +45,13 @@
 
 namespace fa4::hopper {
 
-/// Overwritten scratch of a captured call up to this size is a buffer set aside at capture (retained
-/// or graph-owned, see above): the automatic split-KV partials of serving shapes are KBs to a few
-/// MB, d128 stream-K partials about 9 MB. A graph holds one such buffer per (stream, kind) it
-/// captured calls on, plus one each time a later call there needed a larger one (graph-owned
-/// buffers of destroyed graphs are reused, not freed). Larger scratch (d256 stream-K partials, about 18 MB; a training shape's
-/// backward workspace; many explicit splits) becomes graph memory, which graphs share.
+/// Overwritten scratch of a captured call up to this size is a buffer set aside at capture
+/// (retained or graph-owned, see above): the automatic split-KV partials of serving shapes are KBs
+/// to a few MB, d128 stream-K partials about 9 MB. A graph holds one such buffer per (stream, kind)
+/// it captured calls on, plus one each time a later call there needed a larger one (graph-owned
+/// buffers of destroyed graphs are reused, not freed). Larger scratch (d256 stream-K partials,
+/// about 18 MB; a training shape's backward workspace; many explicit splits) becomes graph memory,
+/// which graphs share.
 inline constexpr size_t kGraphOwnedScratchMaxBytes = size_t(16) << 20;
 
 /// Captured calls' scratch fa4 retains per device for the life of the process (see above), at most:
