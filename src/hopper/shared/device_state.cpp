@@ -172,7 +172,6 @@ CaptureBuffer capture_buffer(int device, cudaGraph_t graph, size_t bytes, bool z
     const CaptureBuffer buf{device, alloc_scratch(device, size, zero), size};
     kept += size;
     ++g_capture_stats.retained;
-    g_capture_stats.retained_bytes += size;
     return buf;
   }
   return capture_owned(device, graph, bytes, zero);
@@ -203,6 +202,7 @@ CaptureScratchStats capture_scratch_stats() {
   collect_returned();
   CaptureScratchStats s = g_capture_stats;
   s.free = g_capture_free.size();
+  for (const auto& [device, bytes] : g_retained_bytes) s.retained_bytes += bytes;
   return s;
 }
 
