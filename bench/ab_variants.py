@@ -139,8 +139,8 @@ def main():
     ap.add_argument("--backward", action="store_true", help="time the backward")
     ap.add_argument("--deterministic", action="store_true", help="with --backward: fa4 in deterministic mode")
     ap.add_argument("--shape", action="append", default=[],
-                    help="headdim,causal(0|1),seqlen,num_heads,num_heads_kv: these shapes instead (repeatable; "
-                         "batch = 16384 // seqlen)")
+                    help="headdim,causal(0|1),seqlen,num_heads,num_heads_kv[,headdim_v]: these shapes instead "
+                         "(repeatable; batch = 16384 // seqlen)")
     args = ap.parse_args()
     if args.deterministic and not args.backward:
         ap.error("--deterministic needs --backward (the forward has no deterministic mode to time)")
@@ -158,10 +158,10 @@ def main():
     if args.shape:
         shapes = []
         for spec in args.shape:
-            d_, c_, s_, h_, hkv_ = (int(x) for x in spec.split(","))
+            d_, c_, s_, h_, hkv_, *dv_ = (int(x) for x in spec.split(","))
             if d_ not in hds:
                 ap.error(f"--shape {spec}: head dim {d_} is not in --headdims {args.headdims}")
-            shapes.append((d_, bool(c_), s_, h_, hkv_))
+            shapes.append((d_, bool(c_), s_, h_, hkv_, *dv_[:1]))
     for d, causal, s, h, hkv, *rest in shapes:
         if d not in hds:
             continue

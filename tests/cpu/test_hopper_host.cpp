@@ -182,13 +182,11 @@ TEST(HopperHost, BackwardOrderChoice) {
         EXPECT_EQ(r.descending, lpt);  // dense problems walk up (all key blocks together either way)
       }
   // The shipped rows: bands of 16, descending, for every bucket; deterministic bands of 8.
-  for (int d : {64, 128, 256}) {
-    const fa4::detail::HopperBwdConfig* c = fa4::detail::hopper_bwd_bucket(d, d);
-    ASSERT_NE(c, nullptr) << d;
-    const auto r = bwd_order(*c, true, false, false, none);
-    EXPECT_TRUE(r.lpt && r.descending && r.band == 16) << d;
-    const auto rd = bwd_order(*c, false, false, true, none);
-    EXPECT_TRUE(rd.lpt && rd.descending && rd.band == 8) << d;
+  for (const fa4::detail::HopperBwdConfig& c : fa4::detail::kHopperBwdConfigs) {
+    const auto r = bwd_order(c, true, false, false, none);
+    EXPECT_TRUE(r.lpt && r.descending && r.band == 16) << c.headdim << "x" << c.headdim_v;
+    const auto rd = bwd_order(c, false, false, true, none);
+    EXPECT_TRUE(rd.lpt && rd.descending && rd.band == 8) << c.headdim << "x" << c.headdim_v;
   }
   fa4::detail::HopperBwdConfig asc_row = row;
   asc_row.walk_descending = false;
@@ -210,20 +208,23 @@ TEST(HopperHost, BackwardOrderChoice) {
 }
 
 // The backward's buckets: an input runs on the smallest row that holds both head dims (padded);
-// above 128 that is the d256 row, whose warpgroups share the keys (tuning_bwd.h shared_keys).
+// above 128 those are the 192 x 128 and d256 rows, whose warpgroups share the keys (tuning_bwd.h
+// shared_keys).
 TEST(HopperHost, BackwardBuckets) {
   using fa4::detail::hopper_bwd_bucket;
   struct Want {
-    int d, dv, row_d;
+    int d, dv, row_d, row_dv;
   };
-  for (const Want w : {Want{8, 8, 64}, Want{64, 64, 64}, Want{40, 64, 64}, Want{72, 72, 128}, Want{64, 128, 128},
-                       Want{128, 128, 128}, Want{136, 136, 256}, Want{192, 128, 256}, Want{192, 192, 256},
-                       Want{128, 256, 256}, Want{256, 256, 256}}) {
+  for (const Want w : {Want{8, 8, 64, 64}, Want{64, 64, 64, 64}, Want{40, 64, 64, 64}, Want{72, 72, 128, 128},
+                       Want{64, 128, 128, 128}, Want{128, 128, 128, 128}, Want{136, 136, 256, 256},
+                       Want{136, 128, 192, 128}, Want{192, 128, 192, 128}, Want{192, 96, 192, 128},
+                       Want{192, 192, 256, 256}, Want{200, 128, 256, 256}, Want{128, 256, 256, 256},
+                       Want{256, 256, 256, 256}}) {
     const fa4::detail::HopperBwdConfig* c = hopper_bwd_bucket(w.d, w.dv);
     ASSERT_NE(c, nullptr) << w.d << "x" << w.dv;
     EXPECT_EQ(c->headdim, w.row_d) << w.d << "x" << w.dv;
-    EXPECT_EQ(c->headdim_v, w.row_d) << w.d << "x" << w.dv;
-    EXPECT_EQ(c->shared_keys, w.row_d == 256) << w.d << "x" << w.dv;
+    EXPECT_EQ(c->headdim_v, w.row_dv) << w.d << "x" << w.dv;
+    EXPECT_EQ(c->shared_keys, w.row_d > 128) << w.d << "x" << w.dv;
     EXPECT_EQ(c->tile_n, c->shared_keys ? 64 : 128) << w.d << "x" << w.dv;
   }
   EXPECT_EQ(hopper_bwd_bucket(264, 264), nullptr);

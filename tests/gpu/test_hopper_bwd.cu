@@ -170,8 +170,8 @@ TEST(HopperBwd, LongerSequences) {
   }
 }
 
-/// The d256 bucket (both warpgroups share the 64 keys of a tile, P^T through smem, dQ in two
-/// parts per warpgroup), and the head dims that run on it padded: 136, 192 and 192 x 128; tails
+/// The d256 and 192 x 128 buckets (both warpgroups share the 64 keys of a tile, P^T through
+/// smem, dQ in two parts per warpgroup), and the head dims that run on them padded; tails
 /// of the 64-key blocks, rows without keys, empty sides, GQA/MQA, varlen + sink, softcap, window.
 TEST(HopperBwd, WideHeadDims) {
   REQUIRE_HOPPER();
@@ -217,12 +217,52 @@ TEST(HopperBwd, WideHeadDims) {
     c.causal = true;
     check_case(c);
   }
+  // The 192 x 128 bucket (256 x 128 tiles): both dtypes, causal and not, tails, rows without
+  // keys, GQA/MQA, varlen + sink, softcap, a window, and 136 x 128 padded onto it.
+  for (const char* t : {"bf16", "fp16"})
+    for (bool causal : {false, true}) {
+      c = base(192, t);
+      c.headdim_v = 128;
+      c.causal = causal;
+      check_case(c);
+    }
   c = base(192);
   c.headdim_v = 128;
-  check_case(c);
   c.causal = true;
-  c.seqlen_q = 100;
-  c.seqlen_k = 190;
+  for (const auto& qk : lengths) {
+    c.seqlen_q = qk[0];
+    c.seqlen_k = qk[1];
+    check_case(c);
+  }
+  c = base(192);
+  c.headdim_v = 128;
+  c.num_heads = 8;
+  c.num_heads_kv = 2;
+  c.seqlen_q = 200;
+  c.seqlen_k = 333;
+  check_case(c);
+  c.num_heads_kv = 1;
+  c.causal = true;
+  check_case(c);
+  c = base(192, "fp16");
+  c.headdim_v = 128;
+  c.batch = 5;
+  c.varlen = true;  // random lengths in [1, 300]
+  c.seqlen_q = c.seqlen_k = 300;
+  c.num_heads_kv = 2;
+  c.causal = true;
+  c.sink = true;
+  check_case(c);
+  c = base(192);
+  c.headdim_v = 128;
+  c.softcap = 5.f;
+  check_case(c);
+  c.softcap = 0.f;
+  c.window = {40, 8};
+  check_case(c);
+  c = base(136);
+  c.headdim_v = 128;
+  c.causal = true;
   check_case(c);
 }
 
@@ -231,9 +271,10 @@ std::vector<char> tensor_bytes(const fa4::test::HostTensor& t) {
   return std::vector<char>(b, b + t.numel() * fa4::dtype_size(t.dtype()));
 }
 
-/// A deterministic-mode CUDA backward of bucket d (base's shape; the test sets the rest).
-CaseSpec deterministic_case(int d, bool causal) {
+/// A deterministic-mode CUDA backward of bucket d x dv (base's shape; the test sets the rest).
+CaseSpec deterministic_case(int d, int dv, bool causal) {
   CaseSpec s = base(d);
+  s.headdim_v = dv;
   s.device = "cuda";
   s.backward = true;
   s.deterministic = true;
@@ -266,7 +307,7 @@ TEST(HopperBwd, DkDvTmaEpilogueMatchesDirect) {
   };
   for (const Shape& sh : shapes) {
     if (fa4::test::leave_out(sh.d, sh.d, fa4::test::kFwd | fa4::test::kBwd)) continue;
-    CaseSpec s = deterministic_case(sh.d, !sh.window);
+    CaseSpec s = deterministic_case(sh.d, sh.d, !sh.window);
     s.dtype = sh.dtype;
     s.deterministic = sh.deterministic;
     if (sh.window) s.window = {150, 0};
@@ -311,10 +352,11 @@ TEST(HopperBwd, DkDvTmaEpilogueMatchesDirect) {
 /// causal and a window: three tile orders / query-block ranges).
 TEST(HopperBwd, DeterministicBitwise) {
   REQUIRE_HOPPER();
-  for (int d : {64, 128, 256})  // every bucket
+  for (const fa4::detail::HopperBwdConfig& row : fa4::detail::kHopperBwdConfigs)  // every bucket
   for (int mask = 0; mask < 3; ++mask) {
-    if (fa4::test::leave_out(d, d, fa4::test::kFwd | fa4::test::kBwd)) continue;
-    CaseSpec s = deterministic_case(d, mask == 1);
+    const int d = row.headdim, dv = row.headdim_v;
+    if (fa4::test::leave_out(d, dv, fa4::test::kFwd | fa4::test::kBwd)) continue;
+    CaseSpec s = deterministic_case(d, dv, mask == 1);
     if (mask == 2) s.window = {300, 100};
     s.batch = 1;
     s.num_heads = 4;
@@ -331,7 +373,8 @@ TEST(HopperBwd, DeterministicBitwise) {
       const std::vector<std::vector<char>> now{tensor_bytes(p.dq), tensor_bytes(p.dk), tensor_bytes(p.dv)};
       if (run == 0) first = now;
       else
-        for (size_t i = 0; i < now.size(); ++i) EXPECT_TRUE(now[i] == first[i]) << "run " << run << " tensor " << i;
+        for (size_t i = 0; i < now.size(); ++i)
+          EXPECT_TRUE(now[i] == first[i]) << "run " << run << " tensor " << i << ": " << s.describe();
     }
   }
 }
@@ -340,13 +383,14 @@ TEST(HopperBwd, DeterministicBitwise) {
 /// narrower last band, more tiles than SMs (waits across rounds). dq is added in ascending key
 /// block order whatever the order, so it is bitwise that of band 1 with an ascending walk; dK/dV
 /// sum a CTA's query blocks in its walk's order, so they are bitwise equal between bands of one
-/// walk direction. Causal and not, every bucket (d256: 82 key blocks of 64).
+/// walk direction. Causal and not, every bucket (d256 and 192 x 128: 82 key blocks of 64).
 TEST(HopperBwd, DeterministicAcrossTileOrders) {
   REQUIRE_HOPPER();
-  for (int d : {64, 128, 256})
+  for (const fa4::detail::HopperBwdConfig& row : fa4::detail::kHopperBwdConfigs)
     for (bool causal : {false, true}) {
-      if (fa4::test::leave_out(d, d, fa4::test::kFwd | fa4::test::kBwd)) continue;
-      CaseSpec s = deterministic_case(d, causal);
+      const int d = row.headdim, dv = row.headdim_v;
+      if (fa4::test::leave_out(d, dv, fa4::test::kFwd | fa4::test::kBwd)) continue;
+      CaseSpec s = deterministic_case(d, dv, causal);
       s.batch = 2;
       s.num_heads = 8;
       s.num_heads_kv = 4;
@@ -370,9 +414,9 @@ TEST(HopperBwd, DeterministicAcrossTileOrders) {
         const std::vector<std::vector<char>> now{tensor_bytes(p.dq), tensor_bytes(p.dk), tensor_bytes(p.dv)};
         const int w = std::strcmp(o.walk, "desc") == 0;
         if (ref[w].empty()) ref[w] = now;
-        EXPECT_TRUE(now[0] == ref[0][0]) << "dq, band " << o.band << " walk " << o.walk << " d" << d << " causal " << causal;
+        EXPECT_TRUE(now[0] == ref[0][0]) << "dq, band " << o.band << " walk " << o.walk << ": " << s.describe();
         EXPECT_TRUE(now[1] == ref[w][1] && now[2] == ref[w][2])
-            << "dk/dv, band " << o.band << " walk " << o.walk << " d" << d << " causal " << causal;
+            << "dk/dv, band " << o.band << " walk " << o.walk << ": " << s.describe();
       }
     }
 }
@@ -380,16 +424,16 @@ TEST(HopperBwd, DeterministicAcrossTileOrders) {
 /// Varlen: the rows just past a sequence's last query block (tile_m rows) and key block (tile_n) are
 /// the next sequence's, and its gradients are multiplied by an exact 0 there. NaN in all of the
 /// middle sequence's q, k, v and dout rows must leave the other two sequences' dq, dk and dv
-/// bitwise those of a run with finite inputs (deterministic mode), in every bucket (d256: key
-/// blocks of 64), causal or not.
+/// bitwise those of a run with finite inputs (deterministic mode), in every bucket (d256 and
+/// 192 x 128: key blocks of 64), causal or not.
 TEST(HopperBwd, VarlenNaNInTheNextSequenceStaysThere) {
   REQUIRE_HOPPER();
-  for (int d : {64, 128, 256})
+  for (const fa4::detail::HopperBwdConfig& bucket : fa4::detail::kHopperBwdConfigs)
     for (bool causal : {false, true}) {
-      if (fa4::test::leave_out(d, d, fa4::test::kFwd | fa4::test::kBwd)) continue;
-      const fa4::detail::HopperBwdConfig* row = fa4::detail::hopper_bwd_bucket(d, d);
-      ASSERT_NE(row, nullptr) << d;
-      CaseSpec s = deterministic_case(d, causal);
+      const int d = bucket.headdim, dv = bucket.headdim_v;
+      if (fa4::test::leave_out(d, dv, fa4::test::kFwd | fa4::test::kBwd)) continue;
+      const fa4::detail::HopperBwdConfig* row = &bucket;
+      CaseSpec s = deterministic_case(d, dv, causal);
       s.batch = 3;
       s.varlen = true;  // random lengths in [1, 300]
       s.seqlen_q = s.seqlen_k = 300;
@@ -456,9 +500,10 @@ TEST(HopperBwd, VarlenNaNInTheNextSequenceStaysThere) {
 /// + sink, deterministic and not, every bucket.
 TEST(HopperBwd, SanitizeSmall) {
   REQUIRE_HOPPER();
-  for (int d : {64, 128, 256})
+  for (const fa4::detail::HopperBwdConfig& row : fa4::detail::kHopperBwdConfigs)
     for (bool det : {false, true}) {
-      CaseSpec c = base(d);
+      CaseSpec c = base(row.headdim);
+      c.headdim_v = row.headdim_v;
       c.batch = 3;
       c.varlen = true;
       c.seqlen_q = c.seqlen_k = 200;

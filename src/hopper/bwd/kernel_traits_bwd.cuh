@@ -42,8 +42,15 @@ struct BwdKernelTraits {
   using Element = Element_;
   using ElementAccum = float;
   static constexpr detail::HopperBwdConfig kConfig = detail::hopper_bwd_config(kHeadDim_, kHeadDimV_);
-  static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kHeadDimV = kHeadDimV_;
+  /// Both warpgroups hold all the keys (tuning_bwd.h shared_keys) and split queries / columns.
+  static constexpr bool kSharedKeys = kConfig.shared_keys;
+  /// Columns of the q/k and v/dO tiles: the bucket's, rounded up to a multiple of 128 with shared
+  /// keys, where each warpgroup's half of the columns must be whole 64-column swizzle atoms (a
+  /// 96-column half would start inside one). TMA zero-fills the added columns and no store
+  /// reaches them (Params headdim / headdim_v are the real dims): the 192 x 128 bucket runs on
+  /// 256 x 128 tiles.
+  static constexpr int kHeadDim = kSharedKeys ? (kHeadDim_ + 127) / 128 * 128 : kHeadDim_;
+  static constexpr int kHeadDimV = kSharedKeys ? (kHeadDimV_ + 127) / 128 * 128 : kHeadDimV_;
   static constexpr int kBlockM = kConfig.tile_m;  // query rows per step
   static constexpr int kBlockN = kConfig.tile_n;  // keys per CTA
   static constexpr int kStages = kConfig.q_stages;      // Q / lse_log2 ring
@@ -54,8 +61,6 @@ struct BwdKernelTraits {
   static constexpr int kNumMmaWarpGroups = 2;
   static constexpr int kNumMmaThreads = kNumMmaWarpGroups * cutlass::NumThreadsPerWarpGroup;
   static constexpr int kNumThreads = kNumMmaThreads + cutlass::NumThreadsPerWarpGroup;
-  /// Both warpgroups hold all the keys (tuning_bwd.h shared_keys) and split queries / columns.
-  static constexpr bool kSharedKeys = kConfig.shared_keys;
   static_assert(kBlockN == (kSharedKeys ? 64 : 64 * kNumMmaWarpGroups),
                 "a consumer warpgroup's key rows are one wgmma M-extent (64)");
   static_assert(kBlockM == 64 || (kBlockM == 128 && !kSharedKeys),

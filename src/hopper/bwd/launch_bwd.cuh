@@ -40,11 +40,13 @@ cudaError_t launch_programmatic(void (*kernel)(Args...), dim3 grid, dim3 block, 
 }
 }  // namespace
 
-template <int kDType, int kHeadDim, int kHeadDimV>
+template <int kDType, int kBucketD, int kBucketDV>
 void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   using namespace cute;
   using Element = std::conditional_t<kDType == int(DType::kBF16), cutlass::bfloat16_t, cutlass::half_t>;
-  using Kt = BwdKernelTraits<Element, kHeadDim, kHeadDimV>;
+  using Kt = BwdKernelTraits<Element, kBucketD, kBucketDV>;
+  // The tiles' columns (kernel_traits_bwd.cuh: rounded up with shared keys).
+  constexpr int kHeadDim = Kt::kHeadDim, kHeadDimV = Kt::kHeadDimV;
   using Params = typename Kt::Params;
   constexpr int64_t kElem = sizeof(Element);
 

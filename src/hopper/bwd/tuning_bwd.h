@@ -20,14 +20,19 @@
 // keys, both warpgroups hold all of them and each half of the query block for S^T and dP^T, and
 // half of d's (dv's) columns of dK, dV and dQ: 64 + 64 floats of dK/dV, dQ in parts of 64 columns
 // (32 floats), S^T and dP^T 16 each. P^T then goes through smem too (both warpgroups' dV reads all
-// 64 queries' P^T). d192 and 192x128 run on it (TMA zero-fills the padded columns): with 96
-// columns per warpgroup a warpgroup's half would start inside a 128-byte swizzle atom.
+// 64 queries' P^T). d192 runs on it (TMA zero-fills the padded columns): with 96 columns per
+// warpgroup a warpgroup's half would start inside a 128-byte swizzle atom. The 192 x 128 row has
+// the same layout on 256 x 128 tiles (kernel_traits_bwd.cuh rounds shared-key rows' dims up to
+// 128): dv is not padded to 256 as well, so dP^T and dV do half the d256 row's work and dO and V
+// take half its smem.
 // (These are not always the forward's buckets: a d96 input runs the forward's d96 kernel and the
 // backward's d128.)
 // Shared memory (d128): K, V 32 KB each, q_stages x (Q + dO) 64 KB, dS^T double buffer 32 KB,
 // the dQ staging 32 KB; d64 (tile_m 128): K, V 16 KB each, Q + dO 64 KB, dS^T 64 KB, dQ 32 KB.
 // d256: K, V 32 KB each, two stages of Q 64 KB and one of dO 32 KB, P^T and dS^T double buffers
-// 32 KB, the dQ staging one 64-column part per warpgroup 32 KB (224 KB). With one stage of Q and
+// 32 KB, the dQ staging one 64-column part per warpgroup 32 KB (224 KB); 192 x 128 the same with
+// V and the dO stage 16 KB each (192 KB; two dO stages in Q's ring, or three Q stages, measured
+// 1-3% slower in the default mode). With one stage of Q and
 // dO and all of dQ staged at once (the same 224 KB) the next step's Q / dO load could start only
 // at a step's end and the next step waited for it: 25-53% slower (bench/results/history.md).
 #pragma once
@@ -93,6 +98,7 @@ constexpr HopperBwdConfig kHopperBwdConfigs[] = {
     // than 16 at 4k-8k; 4 and 2 not measured).
     {64, 64, 128, 128, 2, 2, 1, {16, 0}, 232, 40, 16, 8, true, false},
     {128, 128, 64, 128, 2, 2, 1, {16, 0}, 232, 40, 16, 8, true, false},
+    {192, 128, 64, 64, 2, 1, 1, {16, 0}, 232, 40, 16, 8, true, true},
     {256, 256, 64, 64, 2, 1, 1, {16, 0}, 232, 40, 16, 8, true, true},
 };
 // No d96 row: the transposed views of a 96-column (64-byte swizzled) Q / dO tile are not a
