@@ -78,6 +78,21 @@ struct BwdKernelTraits {
   /// kDqParts, a part waits until the writer has read the previous one.
   static constexpr int kDqStagedParts = kConfig.dq_staged_parts;
   static_assert(kDqStagedParts >= 1 && kDqParts % kDqStagedParts == 0, "dQ parts staged in equal rounds");
+  /// Whether part `part` of warpgroup wg holds columns of the bucket (kHeadDim_), not only the
+  /// padding up to kHeadDim: the 192 x 128 bucket's warpgroup 1 computes, stages and reduce-adds
+  /// one part, not two (its dQ accumulator columns 192..255 stay the preprocess's zeros).
+  static constexpr bool dq_part_real(int wg, int part) {
+    return kHeadDim == kHeadDim_ || wg * (kHeadDim / 2) + part * kDqCols < kHeadDim_;
+  }
+  static constexpr bool dq_rounds_whole() {
+    for (int wg = 0; wg < kNumMmaWarpGroups; ++wg)
+      for (int part = 0; part < kDqParts; part += kDqStagedParts)
+        for (int i = 1; i < kDqStagedParts; ++i)
+          if (dq_part_real(wg, part + i) != dq_part_real(wg, part)) return false;
+    return true;
+  }
+  static_assert(dq_part_real(0, 0) && dq_part_real(1, 0) && dq_rounds_whole(),
+                "a warpgroup's padded dQ parts are whole rounds after at least one real part");
   /// Warpgroups one dQ product spans: both (stacked along the rows, or side by side along d), or
   /// with shared keys each its own.
   static constexpr int kDqMmaWarpGroups = kSharedKeys ? 1 : kNumMmaWarpGroups;

@@ -177,6 +177,7 @@ struct BwdDqWriter {
           for (int round = 0; round < Kt::kDqParts / Kt::kDqStagedParts; ++round) {
 #pragma unroll
             for (int wg = 0; wg < Kt::kNumMmaWarpGroups; ++wg) {
+              if (!Kt::dq_part_real(wg, round * Kt::kDqStagedParts)) continue;  // padding only
               arch::named_barrier_sync(Barriers::dq_full(wg, w), kStageThreads);
               if (leader) {
                 arch::bulk_reduce_add_f32(dst + wg * Kt::kDqChunkFloats + round * Kt::kDqStageFloats,

@@ -247,6 +247,7 @@ struct BwdMma {
       stage_dq(ss, 0, t128, wg, tdQrdQ);
 #pragma unroll
       for (int part = 1; part < Kt::kDqParts; ++part) {
+        if (!Kt::dq_part_real(wg, part)) break;  // (the writer skips it too)
         warpgroup_fence_operand(tdQrdQ);
         wgmma<true, -1>(mma_dq, tdQrdS(_, _, _, ds_buf ^ 1), dq_operand_b(part), tdQrdQ);
         warpgroup_wait<0>();
