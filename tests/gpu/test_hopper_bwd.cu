@@ -170,7 +170,7 @@ TEST(HopperBwd, LongerSequences) {
   }
 }
 
-/// The d256 and 192 x 128 buckets (both warpgroups share the 64 keys of a tile, P^T through
+/// The d256, d192 and 192 x 128 buckets (both warpgroups share the 64 keys of a tile, P^T through
 /// smem, dQ in two parts per warpgroup), and the head dims that run on them padded; tails
 /// of the 64-key blocks, rows without keys, empty sides, GQA/MQA, varlen + sink, softcap, window.
 TEST(HopperBwd, WideHeadDims) {
@@ -212,11 +212,28 @@ TEST(HopperBwd, WideHeadDims) {
   c.softcap = 0.f;
   c.window = {40, 8};
   check_case(c);
+  // The d192 bucket (256 x 256 tiles): 136 and 192, both dtypes, tails with GQA, varlen + sink
+  // + a window.
   for (int d : {136, 192}) {
     c = base(d);
     c.causal = true;
     check_case(c);
   }
+  check_case(base(192, "fp16"));
+  c = base(192);
+  c.num_heads = 8;
+  c.num_heads_kv = 2;
+  c.causal = true;
+  c.seqlen_q = 130;
+  c.seqlen_k = 257;
+  check_case(c);
+  c = base(192);
+  c.batch = 4;
+  c.varlen = true;  // random lengths in [1, 300]
+  c.seqlen_q = c.seqlen_k = 300;
+  c.sink = true;
+  c.window = {60, 20};
+  check_case(c);
   // The 192 x 128 bucket (256 x 128 tiles): both dtypes, causal and not, tails, rows without
   // keys, GQA/MQA, varlen + sink, softcap, a window, and 136 x 128 padded onto it.
   for (const char* t : {"bf16", "fp16"})
@@ -383,7 +400,7 @@ TEST(HopperBwd, DeterministicBitwise) {
 /// narrower last band, more tiles than SMs (waits across rounds). dq is added in ascending key
 /// block order whatever the order, so it is bitwise that of band 1 with an ascending walk; dK/dV
 /// sum a CTA's query blocks in its walk's order, so they are bitwise equal between bands of one
-/// walk direction. Causal and not, every bucket (d256 and 192 x 128: 82 key blocks of 64).
+/// walk direction. Causal and not, every bucket (shared keys: 82 key blocks of 64).
 TEST(HopperBwd, DeterministicAcrossTileOrders) {
   REQUIRE_HOPPER();
   for (const fa4::detail::HopperBwdConfig& row : fa4::detail::kHopperBwdConfigs)
@@ -425,7 +442,7 @@ TEST(HopperBwd, DeterministicAcrossTileOrders) {
 /// the next sequence's, and its gradients are multiplied by an exact 0 there. NaN in all of the
 /// middle sequence's q, k, v and dout rows must leave the other two sequences' dq, dk and dv
 /// bitwise those of a run with finite inputs (deterministic mode), in every bucket (d256 and
-/// 192 x 128: key blocks of 64), causal or not.
+/// the 192 buckets: key blocks of 64), causal or not.
 TEST(HopperBwd, VarlenNaNInTheNextSequenceStaysThere) {
   REQUIRE_HOPPER();
   for (const fa4::detail::HopperBwdConfig& bucket : fa4::detail::kHopperBwdConfigs)

@@ -79,8 +79,8 @@ struct BwdKernelTraits {
   static constexpr int kDqStagedParts = kConfig.dq_staged_parts;
   static_assert(kDqStagedParts >= 1 && kDqParts % kDqStagedParts == 0, "dQ parts staged in equal rounds");
   /// Whether part `part` of warpgroup wg holds columns of the bucket (kHeadDim_), not only the
-  /// padding up to kHeadDim: the 192 x 128 bucket's warpgroup 1 computes, stages and reduce-adds
-  /// one part, not two (its dQ accumulator columns 192..255 stay the preprocess's zeros).
+  /// padding up to kHeadDim: the d192 and 192 x 128 buckets' warpgroup 1 computes, stages and
+  /// reduce-adds one part, not two (its dQ accumulator columns 192..255 stay the preprocess's zeros).
   static constexpr bool dq_part_real(int wg, int part) {
     return kHeadDim == kHeadDim_ || wg * (kHeadDim / 2) + part * kDqCols < kHeadDim_;
   }

@@ -20,11 +20,11 @@
 // keys, both warpgroups hold all of them and each half of the query block for S^T and dP^T, and
 // half of d's (dv's) columns of dK, dV and dQ: 64 + 64 floats of dK/dV, dQ in parts of 64 columns
 // (32 floats), S^T and dP^T 16 each. P^T then goes through smem too (both warpgroups' dV reads all
-// 64 queries' P^T). d192 runs on it (TMA zero-fills the padded columns): with 96 columns per
-// warpgroup a warpgroup's half would start inside a 128-byte swizzle atom. The 192 x 128 row has
-// the same layout on 256 x 128 tiles (kernel_traits_bwd.cuh rounds shared-key rows' dims up to
-// 128): dv is not padded to 256 as well, so dP^T and dV do half the d256 row's work and dO and V
-// take half its smem.
+// 64 queries' P^T). The d192 and 192 x 128 rows have the same layout on 256 x 256 and 256 x 128
+// tiles (kernel_traits_bwd.cuh rounds shared-key rows' dims up to 128; TMA zero-fills the padded
+// columns): with 96 columns per warpgroup a warpgroup's half would start inside a 128-byte
+// swizzle atom. Their warpgroup 1 skips its dQ part of padding columns (192..255); at 192 x 128
+// dP^T and dV also do half the d256 row's work and dO and V take half its smem.
 // (These are not always the forward's buckets: a d96 input runs the forward's d96 kernel and the
 // backward's d128.)
 // Shared memory (d128): K, V 32 KB each, q_stages x (Q + dO) 64 KB, dS^T double buffer 32 KB,
@@ -99,6 +99,7 @@ constexpr HopperBwdConfig kHopperBwdConfigs[] = {
     {64, 64, 128, 128, 2, 2, 1, {16, 0}, 232, 40, 16, 8, true, false},
     {128, 128, 64, 128, 2, 2, 1, {16, 0}, 232, 40, 16, 8, true, false},
     {192, 128, 64, 64, 2, 1, 1, {16, 0}, 232, 40, 16, 8, true, true},
+    {192, 192, 64, 64, 2, 1, 1, {16, 0}, 232, 40, 16, 8, true, true},
     {256, 256, 64, 64, 2, 1, 1, {16, 0}, 232, 40, 16, 8, true, true},
 };
 // No d96 row: the transposed views of a 96-column (64-byte swizzled) Q / dO tile are not a
