@@ -158,7 +158,10 @@ def main():
     if args.shape:
         shapes = []
         for spec in args.shape:
-            d_, c_, s_, h_, hkv_, *dv_ = (int(x) for x in spec.split(","))
+            fields = [int(x) for x in spec.split(",")]
+            if len(fields) not in (5, 6):
+                ap.error(f"--shape {spec}: 5 or 6 comma-separated fields")
+            d_, c_, s_, h_, hkv_, *dv_ = fields
             if d_ not in hds:
                 ap.error(f"--shape {spec}: head dim {d_} is not in --headdims {args.headdims}")
             shapes.append((d_, bool(c_), s_, h_, hkv_, *dv_[:1]))

@@ -258,7 +258,7 @@ std::string backward_support(const detail::BwdParams& p, std::string* kernel_nam
   if (!why.empty()) return why;
   const detail::HopperBwdConfig* b = detail::hopper_bwd_bucket(p.headdim, p.headdim_v);
   if (!b)
-    return "the Hopper backward supports headdim and headdim_v up to 256 (buckets 64, 128, 192 x 128 and 256); headdim " +
+    return "the Hopper backward supports headdim and headdim_v up to 256 (buckets 64, 128, 192 x 128, 192 and 256); headdim " +
            std::to_string(p.headdim) + ", headdim_v " + std::to_string(p.headdim_v) +
            " has no backward kernel yet (run the backward on CPU tensors)";
   if (!bucket_compiled(b->headdim, b->headdim_v)) return not_compiled("backward", b->headdim, b->headdim_v);

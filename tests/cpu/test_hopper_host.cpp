@@ -208,7 +208,7 @@ TEST(HopperHost, BackwardOrderChoice) {
 }
 
 // The backward's buckets: an input runs on the smallest row that holds both head dims (padded);
-// above 128 those are the 192 x 128 and d256 rows, whose warpgroups share the keys (tuning_bwd.h
+// above 128 those are the 192 x 128, d192 and d256 rows, whose warpgroups share the keys (tuning_bwd.h
 // shared_keys).
 TEST(HopperHost, BackwardBuckets) {
   using fa4::detail::hopper_bwd_bucket;

@@ -171,7 +171,8 @@ TEST(HopperBwd, LongerSequences) {
 }
 
 /// The d256, d192 and 192 x 128 buckets (both warpgroups share the 64 keys of a tile, P^T through
-/// smem, dQ in two parts per warpgroup), and the head dims that run on them padded; tails
+/// smem, dQ in parts of 64 columns; the 192 buckets skip warpgroup 1's padding part), and the
+/// head dims that run on them padded; tails
 /// of the 64-key blocks, rows without keys, empty sides, GQA/MQA, varlen + sink, softcap, window.
 TEST(HopperBwd, WideHeadDims) {
   REQUIRE_HOPPER();
@@ -233,6 +234,24 @@ TEST(HopperBwd, WideHeadDims) {
   c.seqlen_q = c.seqlen_k = 300;
   c.sink = true;
   c.window = {60, 20};
+  check_case(c);
+  c = base(192);
+  c.causal = true;
+  c.num_heads_kv = 1;
+  for (const auto& qk : lengths) {
+    c.seqlen_q = qk[0];
+    c.seqlen_k = qk[1];
+    check_case(c);
+  }
+  c = base(192);
+  c.softcap = 5.f;
+  check_case(c);
+  // Padded onto the d256 bucket: 200 (above both 192 rows), 128 x 256.
+  c = base(200);
+  c.causal = true;
+  check_case(c);
+  c = base(128);
+  c.headdim_v = 256;
   check_case(c);
   // The 192 x 128 bucket (256 x 128 tiles): both dtypes, causal and not, tails, rows without
   // keys, GQA/MQA, varlen + sink, softcap, a window, and 136 x 128 padded onto it.

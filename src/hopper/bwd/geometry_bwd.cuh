@@ -6,8 +6,9 @@
 // b * num_m_blocks when batched, floor(cu_seqlens_q[b] / tile_m) + b for varlen (an upper bound on
 // the chunks of the sequences before it, so sequences never share one; floor(total_q / tile_m) +
 // batch chunks in all). Per (head, chunk):
-//   dq_accum   tile_m x d fp32 in the dQ staging's fragment order (dq_chunk_index), zeroed by the
-//              preprocess and reduce-added by the main kernel's CTAs;
+//   dq_accum   tile_m x d fp32 (d of the tiles: kernel_traits_bwd.cuh kHeadDim) in the dQ
+//              staging's fragment order (dq_chunk_index), zeroed by the preprocess and
+//              reduce-added by the main kernel's CTAs;
 //   lse_log2   tile_m rows: lse * log2(e), +inf where lse = -inf or past the sequence (P = 0 there);
 //   dpsum      tile_m rows: D = rowsum(dO * O) (0 past the sequence);
 //   semaphore  deterministic mode: how many key blocks have added their dQ part, in key order.

@@ -1,12 +1,12 @@
 // src/hopper/bwd/kernel_bwd.cuh — the persistent, warp-specialised backward kernel (key-stationary).
 //
 // CTA = 3 warpgroups (384 threads), one CTA per SM, grid = min(tiles, SMs); a tile is one key
-// block (tile_n = 128 keys; 64 for the d256 row) of one KV head:
+// block (tile_n = 128 keys; 64 for the rows above d128) of one KV head:
 //   warpgroup 0  setmaxnreg down: warp 0 issues the TMA loads (mainloop_bwd_load.cuh BwdLoad),
 //                warps 1 and 2 reduce-add the staged dQ parts of even and odd steps (BwdDqWriter);
 //                warp 3 exits.
-//   warpgroups 1, 2  consumers, 64 keys each, or (d256) the same 64 keys and half the queries /
-//                    columns each (mainloop_bwd_mma.cuh): S^T, dP^T, dV, dK, dQ.
+//   warpgroups 1, 2  consumers, 64 keys each, or (above d128) the same 64 keys and half the
+//                    queries / columns each (mainloop_bwd_mma.cuh): S^T, dP^T, dV, dK, dQ.
 // The preprocess (D, lse_log2, zeroed dQ accumulator) runs before it and the postprocess (dQ in the
 // input dtype, dsink) after it, on the same stream (pre_post_bwd.cuh); the postprocess as this
 // kernel's programmatic dependent (launched under its tail, waiting for it before reading dQ).

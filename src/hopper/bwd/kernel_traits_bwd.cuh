@@ -11,11 +11,12 @@
 //   dQ   = dS K            SS   (k = tile_n): dS from smem (both warpgroups' dS^T written there);
 //                               per warpgroup 64 x d/2 (tile_m 64: half of d's columns) or
 //                               64 x d (tile_m 128: half of the rows)
-// Rows with shared keys (tuning_bwd.h shared_keys, d256): both warpgroups hold all 64 keys, and
+// Rows with shared keys (tuning_bwd.h shared_keys, above d128): both warpgroups hold all 64 keys, and
 //   S^T, dP^T              SS   (64 x tile_m/2: the warpgroup's half of the query block)
 //   dV  += P^T dO_wg       SS   (64 x dv/2, k = tile_m): P^T of both warpgroups from smem
 //   dK  += dS^T Q_wg       SS   (64 x d/2,  k = tile_m): dS^T from smem
 //   dQ   = dS K_wg         SS   (tile_m x 64, k = tile_n), d/128 parts of 64 columns per warpgroup
+//                               (padding-only parts skipped: dq_part_real)
 // The transposed operands (Q^T, dO^T, K^T, dS, and with shared keys P^T, dS^T as A) are views of
 // the same swizzled smem: a K-major 128-byte-swizzled tile read along its other mode is the MN-major
 // canonical wgmma layout.
