@@ -18,6 +18,7 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../tools/cli_case.h"
@@ -170,19 +171,23 @@ TEST(HopperBwd, LongerSequences) {
   }
 }
 
-/// The d256, d192 and 192 x 128 buckets (both warpgroups share the 64 keys of a tile, P^T through
-/// smem, dQ in parts of 64 columns; the 192 buckets skip warpgroup 1's padding part), and the
-/// head dims that run on them padded; tails
-/// of the 64-key blocks, rows without keys, empty sides, GQA/MQA, varlen + sink, softcap, window.
-TEST(HopperBwd, WideHeadDims) {
-  REQUIRE_HOPPER();
-  for (const char* t : {"bf16", "fp16"}) {
-    check_case(base(256, t));
-    CaseSpec c = base(256, t);
-    c.causal = true;
-    check_case(c);
-  }
-  CaseSpec c = base(256);
+/// One bucket whose warpgroups share the 64 keys of a tile (d256, d192, 192 x 128: P^T through
+/// smem, dQ in parts of 64 columns; the 192 buckets skip warpgroup 1's padding part): both dtypes,
+/// causal and not; tails of the 64-key blocks, rows without keys, empty sides (causal); GQA,
+/// MQA; varlen + sink (fp16); softcap; a window.
+void check_shared_key_bucket(int d, int dv) {
+  auto spec = [&](const char* dtype = "bf16") {
+    CaseSpec s = base(d, dtype);
+    s.headdim_v = dv;
+    return s;
+  };
+  for (const char* t : {"bf16", "fp16"})
+    for (bool causal : {false, true}) {
+      CaseSpec c = spec(t);
+      c.causal = causal;
+      check_case(c);
+    }
+  CaseSpec c = spec();
   c.causal = true;
   const int32_t lengths[][2] = {{130, 257}, {300, 100}, {1, 700}, {0, 200}, {200, 0}, {64, 63}};
   for (const auto& qk : lengths) {
@@ -190,88 +195,7 @@ TEST(HopperBwd, WideHeadDims) {
     c.seqlen_k = qk[1];
     check_case(c);
   }
-  c = base(256);
-  c.num_heads = 8;
-  c.num_heads_kv = 2;
-  c.causal = true;
-  c.seqlen_q = 200;
-  c.seqlen_k = 333;
-  check_case(c);
-  c.num_heads_kv = 1;
-  check_case(c);
-  c = base(256, "fp16");
-  c.batch = 5;
-  c.varlen = true;  // random lengths in [1, 300]
-  c.seqlen_q = c.seqlen_k = 300;
-  c.num_heads_kv = 2;
-  c.causal = true;
-  c.sink = true;
-  check_case(c);
-  c = base(256);
-  c.softcap = 5.f;
-  check_case(c);
-  c.softcap = 0.f;
-  c.window = {40, 8};
-  check_case(c);
-  // The d192 bucket (256 x 256 tiles): 136 and 192, both dtypes, tails with GQA, varlen + sink
-  // + a window.
-  for (int d : {136, 192}) {
-    c = base(d);
-    c.causal = true;
-    check_case(c);
-  }
-  check_case(base(192, "fp16"));
-  c = base(192);
-  c.num_heads = 8;
-  c.num_heads_kv = 2;
-  c.causal = true;
-  c.seqlen_q = 130;
-  c.seqlen_k = 257;
-  check_case(c);
-  c = base(192);
-  c.batch = 4;
-  c.varlen = true;  // random lengths in [1, 300]
-  c.seqlen_q = c.seqlen_k = 300;
-  c.sink = true;
-  c.window = {60, 20};
-  check_case(c);
-  c = base(192);
-  c.causal = true;
-  c.num_heads_kv = 1;
-  for (const auto& qk : lengths) {
-    c.seqlen_q = qk[0];
-    c.seqlen_k = qk[1];
-    check_case(c);
-  }
-  c = base(192);
-  c.softcap = 5.f;
-  check_case(c);
-  // Padded onto the d256 bucket: 200 (above both 192 rows), 128 x 256.
-  c = base(200);
-  c.causal = true;
-  check_case(c);
-  c = base(128);
-  c.headdim_v = 256;
-  check_case(c);
-  // The 192 x 128 bucket (256 x 128 tiles): both dtypes, causal and not, tails, rows without
-  // keys, GQA/MQA, varlen + sink, softcap, a window, and 136 x 128 padded onto it.
-  for (const char* t : {"bf16", "fp16"})
-    for (bool causal : {false, true}) {
-      c = base(192, t);
-      c.headdim_v = 128;
-      c.causal = causal;
-      check_case(c);
-    }
-  c = base(192);
-  c.headdim_v = 128;
-  c.causal = true;
-  for (const auto& qk : lengths) {
-    c.seqlen_q = qk[0];
-    c.seqlen_k = qk[1];
-    check_case(c);
-  }
-  c = base(192);
-  c.headdim_v = 128;
+  c = spec();
   c.num_heads = 8;
   c.num_heads_kv = 2;
   c.seqlen_q = 200;
@@ -280,8 +204,7 @@ TEST(HopperBwd, WideHeadDims) {
   c.num_heads_kv = 1;
   c.causal = true;
   check_case(c);
-  c = base(192, "fp16");
-  c.headdim_v = 128;
+  c = spec("fp16");
   c.batch = 5;
   c.varlen = true;  // random lengths in [1, 300]
   c.seqlen_q = c.seqlen_k = 300;
@@ -289,17 +212,27 @@ TEST(HopperBwd, WideHeadDims) {
   c.causal = true;
   c.sink = true;
   check_case(c);
-  c = base(192);
-  c.headdim_v = 128;
+  c = spec();
   c.softcap = 5.f;
   check_case(c);
   c.softcap = 0.f;
   c.window = {40, 8};
   check_case(c);
-  c = base(136);
-  c.headdim_v = 128;
-  c.causal = true;
-  check_case(c);
+}
+
+/// The buckets above d128 (256 x 256 tiles for d256 and d192, 256 x 128 for 192 x 128), and head
+/// dims padded onto each: 136 (d192), 136 x 128 (192 x 128), 200 and 128 x 256 (d256).
+TEST(HopperBwd, WideHeadDims) {
+  REQUIRE_HOPPER();
+  check_shared_key_bucket(256, 256);
+  check_shared_key_bucket(192, 192);
+  check_shared_key_bucket(192, 128);
+  for (const auto& [d, dv] : {std::pair{136, 136}, std::pair{136, 128}, std::pair{200, 200}, std::pair{128, 256}}) {
+    CaseSpec c = base(d);
+    c.headdim_v = dv;
+    c.causal = d != 128;
+    check_case(c);
+  }
 }
 
 std::vector<char> tensor_bytes(const fa4::test::HostTensor& t) {
