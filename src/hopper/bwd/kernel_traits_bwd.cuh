@@ -11,7 +11,8 @@
 //   dQ   = dS K            SS   (k = tile_n): dS from smem (both warpgroups' dS^T written there);
 //                               per warpgroup 64 x d/2 (tile_m 64: half of d's columns) or
 //                               64 x d (tile_m 128: half of the rows)
-// Rows with shared keys (tuning_bwd.h shared_keys, above d128): both warpgroups hold all 64 keys, and
+// Rows with shared keys (tuning_bwd.h shared_keys, above d128): both warpgroups hold all 64 keys,
+// and
 //   S^T, dP^T              SS   (64 x tile_m/2: the warpgroup's half of the query block)
 //   dV  += P^T dO_wg       SS   (64 x dv/2, k = tile_m): P^T of both warpgroups from smem
 //   dK  += dS^T Q_wg       SS   (64 x d/2,  k = tile_m): dS^T from smem
@@ -48,8 +49,8 @@ struct BwdKernelTraits {
   /// Columns of the q/k and v/dO tiles: the bucket's, rounded up to a multiple of 128 with shared
   /// keys, where each warpgroup's half of the columns must be whole 64-column swizzle atoms (a
   /// 96-column half would start inside one). TMA zero-fills the added columns and no store
-  /// reaches them (Params headdim / headdim_v are the real dims): the 192 x 128 bucket runs on
-  /// 256 x 128 tiles.
+  /// reaches them (Params headdim / headdim_v are the real dims): the d192 bucket runs on 256 x 256
+  /// tiles, 192 x 128 on 256 x 128.
   static constexpr int kHeadDim = kSharedKeys ? (kHeadDim_ + 127) / 128 * 128 : kHeadDim_;
   static constexpr int kHeadDimV = kSharedKeys ? (kHeadDimV_ + 127) / 128 * 128 : kHeadDimV_;
   static constexpr int kBlockM = kConfig.tile_m;  // query rows per step

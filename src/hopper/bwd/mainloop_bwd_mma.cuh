@@ -10,8 +10,8 @@
 //   both warpgroups meet (dS complete); dQ = dS K for half of d each; dK += dS^T Q (RS)
 //   dQ staged in smem for a dQ writer warp's bulk reduce-add (mainloop_bwd_load.cuh) while
 //   dK's product runs
-// With shared keys (kernel_traits_bwd.cuh, above d128) each warpgroup holds half the queries of S^T and
-// dP^T and half the columns of dK, dV, dQ: P^T goes to smem as well, and the step is
+// With shared keys (kernel_traits_bwd.cuh, above d128) each warpgroup holds half the queries of
+// S^T and dP^T and half the columns of dK, dV, dQ: P^T goes to smem as well, and the step is
 //   S^T, dP^T; P^T -> smem; both warpgroups meet (P complete); dV += P^T dO (SS); dS^T while dV
 //   runs; dS^T -> smem; both meet; dQ part 0 and dK issued; dQ part 0 staged under dK, dQ part 1
 //   issued into the same registers and staged (once the writer has read part 0, if the staging

@@ -30,11 +30,11 @@
 // Shared memory (d128): K, V 32 KB each, q_stages x (Q + dO) 64 KB, dS^T double buffer 32 KB,
 // the dQ staging 32 KB; d64 (tile_m 128): K, V 16 KB each, Q + dO 64 KB, dS^T 64 KB, dQ 32 KB.
 // d256: K, V 32 KB each, two stages of Q 64 KB and one of dO 32 KB, P^T and dS^T double buffers
-// 32 KB, the dQ staging one 64-column part per warpgroup 32 KB (224 KB); 192 x 128 the same with
-// V and the dO stage 16 KB each (192 KB; two dO stages in Q's ring, or three Q stages, measured
-// 1-3% slower in the default mode). With one stage of Q and
-// dO and all of dQ staged at once (the same 224 KB) the next step's Q / dO load could start only
-// at a step's end and the next step waited for it: 25-53% slower (bench/results/history.md).
+// 32 KB, the dQ staging one 64-column part per warpgroup 32 KB (224 KB; d192 the same); 192 x 128
+// the same with V and the dO stage 16 KB each (192 KB; two dO stages in Q's ring measured 1-3.5%
+// slower in the default mode, three Q stages 0-2%). With one stage of Q and dO and all of dQ
+// staged at once (the same 224 KB) the d256 row's next step's Q / dO load could start only at a
+// step's end and the next step waited for it: 25-53% slower (bench/results/history.md).
 #pragma once
 
 #include <cstdint>
