@@ -124,7 +124,7 @@ def backward_row(libs, q, k, v, causal, rounds, deterministic=False):
            "ratio_vs_cudnn": ratio}
     print(f"bwd{' det' if deterministic else ''} d{d}x{dv} causal={causal!s:5} s={s:5} h={h}/{hkv} " +
           " ".join(f"{n}:{tf[n]:6.1f}" for n in names) + " | " +
-          " ".join(f"{n}/cudnn=" + (f"{ratio[n]:.3f}" if ratio[n] else "n/a") for n in libs) +
+          " ".join(f"{n}/cudnn=" + (f"{ratio[n]:.3f}" if ratio[n] is not None else "n/a") for n in libs) +
           " | dq maxerr " + " ".join(f"{errs[n]:.1e}" for n in libs), flush=True)
     return row
 

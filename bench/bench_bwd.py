@@ -45,9 +45,14 @@ def grad_call(fwd, inputs, dout):
     return lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)
 
 
+def random_dout(q, v):
+    """A random output gradient of o's shape (q's, with v's head dim)."""
+    return torch.randn(*q.shape[:-1], v.shape[-1], device=q.device, dtype=q.dtype)
+
+
 def contenders(q, k, v, causal, deterministic=False):
     """name -> (backward-only call, context); SDPA backends that refuse the shape are left out."""
-    dout = torch.randn(*q.shape[:-1], v.shape[-1], device=q.device, dtype=q.dtype)  # o's shape
+    dout = random_dout(q, v)
     fns = {"fa4": grad_call(lambda: fa4.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic),
                             (q, k, v), dout)}
     qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
@@ -85,7 +90,7 @@ def time_row(r, fns, flops):
 
 def check_grads(q, k, v, causal):
     """Max abs error of fa4's dq/dk/dv against SDPA's math backend in fp32 on the same inputs."""
-    dout = torch.randn(*q.shape[:-1], v.shape[-1], device=q.device, dtype=q.dtype)  # o's shape
+    dout = random_dout(q, v)
     g = torch.autograd.grad(fa4.flash_attn_func(q, k, v, causal=causal), (q, k, v), dout)
     q32, k32, v32 = (x.detach().float().transpose(1, 2).requires_grad_() for x in (q, k, v))
     with sdpa_kernel([SDPBackend.MATH]):

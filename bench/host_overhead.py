@@ -11,9 +11,9 @@ shapes with do_bench four times in a row and with events around 50 back-to-back 
 serving shapes (a 128-query chunk over 1024 keys, one decode query over 1024 keys with GQA 32/8):
 time per eager call back to back and per replay of the call captured in a CUDA graph (the decode
 shape also through fa4.flash_attn_with_kvcache, the KV-cache route; fa4 also merging through global
-scratch, with that scratch retained by fa4 and owned by the graph), the host's time to issue a replay and the idle
-GPU time between replays, and the node types of that graph (kernels, and any memset or
-graph-memory alloc/free nodes a replay also launches).
+scratch, with that scratch retained by fa4 and owned by the graph), the host's time to issue a
+replay and the idle GPU time between replays, and the node types of that graph (kernels, and any
+memset or graph-memory alloc/free nodes a replay also launches).
 
 --cpu measures (a) only, on CPU tensors of shape (1, 1, 1, 8) where the CPU kernel is ~1 us: the
 same Python path minus the CUDA-only steps (current stream and device lookups, the CUDA

@@ -208,8 +208,8 @@ TEST(HopperHost, BackwardOrderChoice) {
 }
 
 // The backward's buckets: an input runs on the smallest row that holds both head dims (padded);
-// above 128 those are the 192 x 128, d192 and d256 rows, whose warpgroups share the keys (tuning_bwd.h
-// shared_keys).
+// above 128 those are the 192 x 128, d192 and d256 rows, whose warpgroups share the keys
+// (tuning_bwd.h shared_keys).
 TEST(HopperHost, BackwardBuckets) {
   using fa4::detail::hopper_bwd_bucket;
   struct Want {
@@ -218,8 +218,8 @@ TEST(HopperHost, BackwardBuckets) {
   for (const Want w : {Want{8, 8, 64, 64}, Want{64, 64, 64, 64}, Want{40, 64, 64, 64}, Want{72, 72, 128, 128},
                        Want{64, 128, 128, 128}, Want{128, 128, 128, 128}, Want{136, 136, 192, 192},
                        Want{136, 128, 192, 128}, Want{192, 128, 192, 128}, Want{192, 96, 192, 128},
-                       Want{192, 192, 192, 192}, Want{192, 160, 192, 192}, Want{200, 128, 256, 256}, Want{128, 256, 256, 256},
-                       Want{256, 256, 256, 256}}) {
+                       Want{192, 192, 192, 192}, Want{192, 160, 192, 192}, Want{200, 128, 256, 256},
+                       Want{128, 256, 256, 256}, Want{256, 256, 256, 256}}) {
     const fa4::detail::HopperBwdConfig* c = hopper_bwd_bucket(w.d, w.dv);
     ASSERT_NE(c, nullptr) << w.d << "x" << w.dv;
     EXPECT_EQ(c->headdim, w.row_d) << w.d << "x" << w.dv;
