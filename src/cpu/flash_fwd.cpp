@@ -1,4 +1,9 @@
-// src/cpu/flash_fwd.cpp — the FlashAttention-4 forward algorithm on the CPU, float32 accumulation.
+// src/cpu/flash_fwd.cpp — the FlashAttention-4 forward algorithm on the CPU: float32 scores and
+// P; the row sum l and the output accumulator acc in float32 for bf16/fp16 inputs, float64 for
+// fp32 inputs. Why float64 there: acc is a running sum over every visible key whose rounding
+// (about sqrt(seqlen_k) ulps) is as large as the plain fp32 attention's whole error, so a float32
+// acc sits near the accuracy rule (error <= 2x the plain fp32 attention's) and crosses it on rare
+// inputs. For bf16/fp16 inputs the rounding of P and out to 16 bits is 2^8-2^11 times larger.
 //
 // Source: FlashAttention-4 (arXiv 2603.05451) Sec. 3 — online softmax in the log2 domain with
 //   * LAZY RESCALING: the running row max m is only raised when a tile's max exceeds it by more than
@@ -15,7 +20,7 @@
 // Per (batch, head, tile of kCpuTileM queries), key tiles of kCpuTileN:
 //   s = q.k (fp32; softcap: s = softcap*tanh(scale q.k / softcap)), masked pairs s = -inf
 //   x = s*mult - m*mult (one fma), mult = scale*log2e (log2e with softcap), P = exp2(x)
-//   l += sum_j P (fp32 values), acc += round(P) V
+//   l += sum_j P, acc += round(P) V   (l and acc: see the top of the file)
 // ROUNDING OF P: for bf16/fp16 inputs P is rounded to the input dtype before the P.V product, as
 // the GPU does when it feeds P to the tensor cores; the row sum l uses the unrounded fp32 P (as the
 // GPU's fp32 row sum does). fp32 inputs keep fp32 P.
@@ -38,9 +43,14 @@ namespace {
 
 using tile::kNegInf;
 
-/// Per-thread float32 scratch for one query tile.
+/// Per-thread scratch for one query tile: float32 tiles; the row sum l and the output accumulator
+/// in Acc (float64 for fp32 inputs, float32 otherwise: the top of the file says why).
+template <class Acc>
 struct FwdScratch {
-  std::vector<float> q, kt, v, s, acc, m, l;
+  std::vector<float> q, kt, v, s;
+  std::vector<Acc> acc;
+  std::vector<float> m;
+  std::vector<Acc> l;
   std::vector<uint8_t> vis;
   explicit FwdScratch(const detail::FwdParams& p)
       : q(size_t(kCpuTileM) * p.headdim),
@@ -54,15 +64,16 @@ struct FwdScratch {
 };
 
 /// One score tile folded into the running (m, l, acc) of each row.
+template <class Acc>
 void accumulate_tile(const detail::FwdParams& p, Exp2Emulation split, int64_t rows, int64_t cols,
-                     FwdScratch& t) {
+                     FwdScratch<Acc>& t) {
   const int64_t dv = p.headdim_v;
   const float mult = tile::score_mult(p);
   const bool round_p = p.dtype != DType::kFP32;
   for (int64_t i = 0; i < rows; ++i) {
     const float* srow = t.s.data() + i * kCpuTileN;
     const uint8_t* vrow = t.vis.data() + i * kCpuTileN;
-    float* acc = t.acc.data() + i * dv;
+    Acc* acc = t.acc.data() + i * dv;
     // Tile max over the visible scores (-inf for masked ones; a NaN is skipped by the comparison
     // here but still reaches P below, so data NaN propagates — case C03b).
     float mt = kNegInf;
@@ -80,7 +91,7 @@ void accumulate_tile(const detail::FwdParams& p, Exp2Emulation split, int64_t ro
     // m still -inf: every visible score so far is NaN or -inf; subtracting 0 keeps NaN as NaN and
     // -inf as P = 0, never inf - inf.
     const float m_scaled = m == kNegInf ? 0.0f : m * mult;
-    float rowsum = 0.0f;
+    Acc rowsum = 0;
     for (int64_t j = 0; j < cols; ++j) {
       if (!vrow[j]) continue;  // masked: P is exactly 0 and the V row is not read
       const float x = std::fma(srow[j], mult, -m_scaled);
@@ -88,45 +99,47 @@ void accumulate_tile(const detail::FwdParams& p, Exp2Emulation split, int64_t ro
       rowsum += pj;
       const float pv = round_p ? detail::round_to(p.dtype, pj) : pj;
       const float* vj = t.v.data() + j * dv;
-      for (int64_t e = 0; e < dv; ++e) acc[e] += pv * vj[e];
+      for (int64_t e = 0; e < dv; ++e) acc[e] += Acc(pv) * Acc(vj[e]);
     }
     t.l[i] += rowsum;
   }
 }
 
 /// Normalises each row and stores out (rounded to the out dtype) and lse.
+template <class Acc>
 void finalize_tile(const detail::FwdParams& p, const detail::SeqInfo& si, const tile::Work& w,
-                   int64_t rows, FwdScratch& t) {
+                   int64_t rows, FwdScratch<Acc>& t) {
   const int64_t dv = p.headdim_v;
   const float mult = tile::score_mult(p);
   const bool has_sink = p.sink != nullptr;
   const float sink = has_sink ? p.sink[w.h] : kNegInf;
   for (int64_t i = 0; i < rows; ++i) {
-    const float* acc = t.acc.data() + i * dv;
-    const float l = t.l[i];
+    const Acc* acc = t.acc.data() + i * dv;
+    const Acc l = t.l[i];
     const int64_t row = si.q_row0 + w.row0 + i;
     const int64_t oo = tile::row_offset(p, p.out_stride, w.b, row, w.h);
     const float ml = t.m[i] == kNegInf ? kNegInf : t.m[i] * mult;  // log2 units
-    const detail::RowNorm n = detail::finalize_row(ml, l, sink);
+    const detail::RowNorm n = detail::finalize_row(ml, float(l), sink);
     for (int64_t e = 0; e < dv; ++e) {
       // No sink: an exact division (l == 0 only with acc == 0, whose row is then 0 as documented).
-      const float o = l == 0.0f ? 0.0f : has_sink ? acc[e] * n.o_scale : acc[e] / l;
+      const float o = l == 0 ? 0.0f : has_sink ? float(acc[e] * Acc(n.o_scale)) : float(acc[e] / l);
       detail::store_from_float(p.out, p.dtype, oo + e, o);
     }
     p.lse[tile::lse_offset(p, w.b, row, w.h)] = n.lse;
   }
 }
 
+template <class Acc>
 void forward_tile(const detail::FwdParams& p, Exp2Emulation split, const tile::Work& w,
-                  FwdScratch& t) {
+                  FwdScratch<Acc>& t) {
   const detail::SeqInfo si = detail::seq_info_host(p, w.b);
   const int64_t rows = std::min<int64_t>(kCpuTileM, si.seqlen_q - w.row0);
   const int32_t kvh = p.kv_head(w.h);
   const int64_t d = p.headdim, dv = p.headdim_v;
   tile::load_rows(p, p.q, p.q_stride, w.b, si.q_row0 + w.row0, w.h, rows, d, t.q.data());
   std::fill(t.m.begin(), t.m.end(), kNegInf);
-  std::fill(t.l.begin(), t.l.end(), 0.0f);
-  std::fill(t.acc.begin(), t.acc.end(), 0.0f);
+  std::fill(t.l.begin(), t.l.end(), Acc(0));
+  std::fill(t.acc.begin(), t.acc.end(), Acc(0));
 
   const detail::KeyRange kr = tile::tile_key_range(p, si, w.row0, rows);
   for (int64_t n0 = kr.first / kCpuTileN * kCpuTileN; n0 < kr.last; n0 += kCpuTileN) {
@@ -140,6 +153,16 @@ void forward_tile(const detail::FwdParams& p, Exp2Emulation split, const tile::W
   finalize_tile(p, si, w, rows, t);
 }
 
+template <class Acc>
+void run_tiles(const detail::FwdParams& p, Exp2Emulation split, const std::vector<tile::Work>& work) {
+#pragma omp parallel
+  {
+    FwdScratch<Acc> t(p);
+#pragma omp for schedule(dynamic)
+    for (size_t wi = 0; wi < work.size(); ++wi) forward_tile(p, split, work[wi], t);
+  }
+}
+
 }  // namespace
 
 void flash_forward(const detail::FwdParams& p) {
@@ -147,12 +170,10 @@ void flash_forward(const detail::FwdParams& p) {
   const Exp2Emulation split = p.exp2_fraction_given ? p.exp2_emulation : default_exp2_emulation(p.dtype);
   const std::vector<tile::Work> work =
       tile::make_work(p, p.num_heads, kCpuTileM, [](const detail::SeqInfo& si) { return si.seqlen_q; });
-#pragma omp parallel
-  {
-    FwdScratch t(p);
-#pragma omp for schedule(dynamic)
-    for (size_t wi = 0; wi < work.size(); ++wi) forward_tile(p, split, work[wi], t);
-  }
+  if (p.dtype == DType::kFP32)
+    run_tiles<double>(p, split, work);
+  else
+    run_tiles<float>(p, split, work);
 }
 
 }  // namespace fa4::cpu
