@@ -7,11 +7,12 @@ What is timed is the backward alone: torch.autograd.grad of a saved forward outp
 the same for every contender. FLOPs = 2.5 x the forward's 2*b*h*sq*sk*(d + dv) (x0.5 causal).
 Shapes (FA3/FA4 papers): batch*seqlen = 16k tokens, num_heads*headdim = 2048, head dims 64/128/256,
 seqlen 512..16k, causal and not; Llama-3.1-8B (GQA 32/8, d128, causal 8k); DeepSeek-V3 (16 heads,
-q/k 192, v 128, causal 8k; not with --quick); deterministic vs not.
+q/k 192, v 128, causal 8k; not with --quick); deterministic vs not. On request (--headdims) the
+standard rows also run at 192 and 192x128 (q/k 192, v 128), with 16 heads (DeepSeek-V3's).
 
 Usage (on the GPU machine, from the repo root):
     PYTHONPATH=python FA4_LIBRARY=build-dev/src/libfa4.so python3 bench/bench_bwd.py OUT.json [--quick] [--rounds N]
-        [--headdims 64,128,256]
+        [--headdims 64,128,256[,192,192x128]]
 Writes OUT.json (git commit, GPU, clocks, date, versions, rows) and OUT.png.
 """
 import argparse
@@ -99,21 +100,40 @@ def check_grads(q, k, v, causal):
     return max(float((a.float() - b.transpose(1, 2)).abs().max()) for a, b in zip(g, g32))
 
 
+STANDARD_HEADDIMS = {"64": (64, 64), "128": (128, 128), "256": (256, 256), "192": (192, 192),
+                     "192x128": (192, 128)}
+
+
+def parse_headdims(text):
+    """'64,128,192x128' -> [(64, 64), (128, 128), (192, 128)] (headdim, headdim_v); ValueError
+    for anything that is not a key of STANDARD_HEADDIMS."""
+    names = [x.strip() for x in text.split(",")]
+    bad = [x for x in names if x not in STANDARD_HEADDIMS]
+    if not names or bad:
+        raise ValueError(f"each of {', '.join(STANDARD_HEADDIMS)}; got {text!r}")
+    return [STANDARD_HEADDIMS[x] for x in names]
+
+
+def standard_heads(d):
+    """num_heads of a standard row: 2048 / headdim (FA3/FA4 papers), 16 for q/k 192 (DeepSeek-V3)."""
+    return 16 if d == 192 else 2048 // d
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out_json")
     ap.add_argument("--quick", action="store_true", help="seqlen 1k-16k, no deterministic rows")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--headdims", default="64,128,256", help="comma-separated head dims of the standard rows")
+    ap.add_argument("--headdims", default="64,128,256",
+                    help="comma-separated head dims of the standard rows: 64, 128, 256, 192, 192x128 (q/k x v)")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
     try:
-        hdims = [int(x) for x in args.headdims.split(",")]
-    except ValueError:
-        ap.error(f"--headdims takes comma-separated integers, got {args.headdims!r}")
-    if not hdims or any(h not in (64, 128, 256) for h in hdims):
-        ap.error(f"--headdims: each of 64, 128, 256 (num_heads = 2048 / headdim), got {args.headdims!r}")
+        dims = parse_headdims(args.headdims)
+    except ValueError as e:
+        ap.error(f"--headdims: {e}")
+    hdims = [d for d, dv in dims if d == dv]  # the rows below that take a square head dim
     global ROUNDS
     ROUNDS = args.rounds
     meta = run_meta()
@@ -127,16 +147,17 @@ def main():
         print(json.dumps(row), flush=True)
 
     seqlens = [1024, 4096, 8192, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
-    for hdim in hdims:
-        nheads = 2048 // hdim
+    for hdim, hdim_v in dims:
+        nheads = standard_heads(hdim)
         for causal in [False, True]:
             for seqlen in seqlens:
                 batch = 16384 // seqlen
-                q, k, v = (torch.randn(batch, seqlen, nheads, hdim, device="cuda", dtype=dt, requires_grad=True)
-                           for _ in range(3))
-                flops = 2.5 * 4 * batch * nheads * seqlen * seqlen * hdim * (0.5 if causal else 1.0)
-                r = {"kind": "standard", "hdim": hdim, "causal": causal, "seqlen": seqlen, "batch": batch,
-                     "nheads": nheads}
+                q, k = (torch.randn(batch, seqlen, nheads, hdim, device="cuda", dtype=dt, requires_grad=True)
+                        for _ in range(2))
+                v = torch.randn(batch, seqlen, nheads, hdim_v, device="cuda", dtype=dt, requires_grad=True)
+                flops = 2.5 * 2 * batch * nheads * seqlen * seqlen * (hdim + hdim_v) * (0.5 if causal else 1.0)
+                r = {"kind": "standard", "hdim": hdim, "hdim_v": hdim_v, "causal": causal, "seqlen": seqlen,
+                     "batch": batch, "nheads": nheads}
                 if seqlen == seqlens[0]:
                     r["max_abs_err_vs_fp32"] = check_grads(q, k, v, causal)
                 add(time_row(r, contenders(q, k, v, causal), flops))
@@ -187,16 +208,16 @@ def main():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         std = [r for r in rows if r["kind"] == "standard"]
-        fig, axes = plt.subplots(2, len(hdims), figsize=(5 * len(hdims), 7), squeeze=False)
+        fig, axes = plt.subplots(2, len(dims), figsize=(5 * len(dims), 7), squeeze=False)
         for ci, causal in enumerate([False, True]):
-            for hi, hdim in enumerate(hdims):
+            for hi, (hdim, hdim_v) in enumerate(dims):
                 ax = axes[ci][hi]
-                sel = [r for r in std if r["hdim"] == hdim and r["causal"] == causal]
+                sel = [r for r in std if (r["hdim"], r["hdim_v"]) == (hdim, hdim_v) and r["causal"] == causal]
                 for key in ("fa4", "cudnn", "flash", "upstream_fa4"):
                     if any(r.get(key) for r in sel):
                         ax.plot([r["seqlen"] for r in sel], [r[key] or 0 for r in sel], marker="o", label=key)
                 ax.set_xscale("log", base=2)
-                ax.set_title(f"bwd d{hdim} {'causal' if causal else 'non-causal'}")
+                ax.set_title(f"bwd d{hdim}{'' if hdim_v == hdim else f'x{hdim_v}'} {'causal' if causal else 'non-causal'}")
                 ax.set_xlabel("seqlen")
                 ax.set_ylabel("TFLOP/s")
                 ax.legend()
@@ -205,11 +226,13 @@ def main():
         fig.savefig(os.path.splitext(args.out_json)[0] + ".png", dpi=90)
     except Exception as e:
         print("plot failed:", e, file=sys.stderr)
-    print("\n%-5s %-6s %-6s %7s %7s %7s %8s %6s %6s" % ("hdim", "causal", "seqlen", "fa4", "cudnn", "flash", "upstream",
+    print("\n%-7s %-6s %-6s %7s %7s %7s %8s %6s %6s" % ("hdim", "causal", "seqlen", "fa4", "cudnn", "flash", "upstream",
                                                     "x_cudnn", "x_up"))
     for r in rows:
         if r["kind"] in ("standard", "llama3.1-8b", "deepseek-192x128"):
-            print("%-5d %-6s %-6d %7s %7s %7s %8s %6s %6s" % (r["hdim"], r["causal"], r["seqlen"], r["fa4"], r["cudnn"],
+            dv = r.get("hdim_v", r["hdim"])
+            label = str(r["hdim"]) + ("" if dv == r["hdim"] else f"x{dv}")
+            print("%-7s %-6s %-6d %7s %7s %7s %8s %6s %6s" % (label, r["causal"], r["seqlen"], r["fa4"], r["cudnn"],
                                                           r["flash"], r["upstream_fa4"], r["ratio_cudnn"],
                                                           r["ratio_upstream_fa4"]))
         else:
