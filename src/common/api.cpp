@@ -101,7 +101,12 @@ Selection select(const detail::FwdParams& p, Backend backend, Direction dir, con
   const std::string why = dir == Direction::kForward    ? hopper::forward_support(p, name)
                           : dir == Direction::kBackward ? hopper::backward_support(*bwd, name)
                                                         : hopper::kvcache_support(*kv, name);
-  if (!why.empty()) return reject(ErrorCode::kUnsupported, fn, why);
+  if (!why.empty()) {
+    // No usable GPU is NO_DEVICE whatever else the selector found (e.g. an fp32 q on it).
+    const std::string missing = hopper::missing_device(p.device.index);
+    if (!missing.empty()) return reject(ErrorCode::kNoDevice, fn, missing);
+    return reject(ErrorCode::kUnsupported, fn, why);
+  }
   return accept(Impl::kHopper, kernel);
 #else
   (void)want_name;

@@ -32,7 +32,8 @@ constexpr int kHopperMajor = 9, kHopperMinor = 0;
 
 struct DeviceFacts {
   bool queried = false;
-  std::string error;  // non-empty: not usable
+  bool present = false;  // exists and answered the queries (error may still say: not sm_90)
+  std::string error;     // non-empty: not usable
   int num_sms = 0;
   int64_t l2_bytes = 0;
 };
@@ -73,6 +74,7 @@ DeviceFacts device_facts(int index) {
     return f;
   }
   f.l2_bytes = l2;
+  f.present = true;
   if (major != kHopperMajor || minor != kHopperMinor)
     f.error = "the Hopper kernels need a compute capability 9.0 GPU (H100/H200); cuda:" +
               std::to_string(index) + " is " + std::to_string(major) + "." + std::to_string(minor);
@@ -281,6 +283,11 @@ std::string backward_support(const detail::BwdParams& p, std::string* kernel_nam
            std::to_string(b->tile_m) + " rows (over all heads)";
   if (kernel_name) *kernel_name = "hopper::bwd_" + bucket_name(p, b->headdim, b->headdim_v);
   return "";
+}
+
+std::string missing_device(int index) {
+  const DeviceFacts f = device_facts(index);
+  return f.present ? std::string() : f.error;
 }
 
 /// The dispatch of one bucket (D, DV) for a direction, expanded once per bucket of the list inside

@@ -13,6 +13,10 @@ namespace fa4::hopper {
 /// device, else a message saying what is supported. forward() runs exactly what this picks.
 std::string forward_support(const detail::FwdParams& p, std::string* kernel_name);
 
+/// "" if cuda:index exists and answered its queries, else why not (no usable GPU: the selectors'
+/// refusal is then NO_DEVICE, not UNSUPPORTED). Only a refused call asks.
+std::string missing_device(int index);
+
 /// Enqueues the forward on p.device.stream. Precondition: forward_support(p) == "" (fa4::forward's
 /// selector checked it; it is not checked again here).
 void forward(const detail::FwdParams& p);
