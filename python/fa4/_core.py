@@ -111,6 +111,21 @@ def current_cuda_stream(index: int) -> int:
     return get(index)
 
 
+# Tensors that hold indices (int32 only); every other tensor holds values (bf16 / fp16 / fp32).
+_INDEX_TENSORS = frozenset(("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "cache_seqlens",
+                            "cache_batch_idx", "page_table"))
+
+
+def _dtype_message(fn: str, name: str, dtype, int32_name: str, fp32_name: str,
+                   value_names: str) -> str:
+    """The error for a dtype fa4 has no code for: the rule of this tensor's kind."""
+    if name in _INDEX_TENSORS:
+        return f"{fn}: {name}.dtype = {dtype} is not supported; {name} must be {int32_name}"
+    if name == "sink":
+        return f"{fn}: sink.dtype = {dtype} is not supported; sink must be {fp32_name}"
+    return f"{fn}: {name}.dtype = {dtype} is not supported; use {value_names}"
+
+
 def describe(x, name: str, fn: str, streams=None) -> _capi.Tensor:
     """fa4_tensor view of a NumPy array or torch tensor `x` (named `name` in error messages).
 
@@ -126,9 +141,8 @@ def describe(x, name: str, fn: str, streams=None) -> _capi.Tensor:
             f"{fn}: {name} is a {type(x).__name__}; fa4 takes numpy.ndarray or torch.Tensor")
     code = _numpy_dtype_code(x.dtype)
     if code is None:
-        raise InvalidArgumentError(
-            f"{fn}: {name}.dtype = {x.dtype} is not supported; use float16, float32 or "
-            f"ml_dtypes.bfloat16 (int32 for cu_seqlens/seqused_k and the KV-cache indices)")
+        raise InvalidArgumentError(_dtype_message(fn, name, x.dtype, "int32", "float32",
+                                                  "float16, float32 or ml_dtypes.bfloat16"))
     shape = x.shape
     item = x.itemsize
     if any(s % item for s in x.strides):
@@ -150,10 +164,8 @@ def describe_torch(x, name: str, fn: str, streams=None) -> _capi.Tensor:
     """:func:`describe` of a torch tensor (the caller has checked that `x` is one)."""
     code = (_TORCH_DTYPE_CODES or _torch_dtype_codes()).get(x.dtype)
     if code is None:
-        raise InvalidArgumentError(
-            f"{fn}: {name}.dtype = {x.dtype} is not supported; use torch.bfloat16, "
-            f"torch.float16 or torch.float32 (int32 for cu_seqlens/seqused_k and the KV-cache "
-            "indices)")
+        raise InvalidArgumentError(_dtype_message(fn, name, x.dtype, "torch.int32", "torch.float32",
+                                                  "torch.bfloat16, torch.float16 or torch.float32"))
     shape, strides = x.shape, x.stride()
     if x.is_cuda:
         device_type = _DEVICE_CUDA
@@ -196,6 +208,19 @@ def _int32(value, what: str, fn: str) -> int:
         # ctypes would silently wrap it; never pass a different value than asked for.
         raise InvalidArgumentError(f"{fn}: {what} = {value} does not fit in int32")
     return value
+
+
+def _bool(value, what: str, fn: str) -> bool:
+    """A flag: True / False (also NumPy's bool and the ints 0 / 1, the C ABI's values); anything
+    else is an error rather than Python's truthiness (causal="no" would otherwise mean True)."""
+    if value is True or value is False:  # the common case, first
+        return value
+    if type(value) is int and (value == 0 or value == 1):
+        return value == 1
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(value, np.bool_):
+        return bool(value)
+    raise InvalidArgumentError(f"{fn}: {what} = {value!r} must be a bool")
 
 
 def _float(value, what: str, fn: str) -> float:
@@ -250,7 +275,7 @@ class CallOptions:
         if softmax_scale is not None:
             o.has_softmax_scale = 1
             o.softmax_scale = _float(softmax_scale, "softmax_scale", fn)  # fp32, as in the C++ API
-        o.causal = 1 if causal else 0
+        o.causal = 1 if _bool(causal, "causal", fn) else 0
         o.window_size_left, o.window_size_right = normalize_window(window_size, fn)
         o.softcap = _float(softcap, "softcap", fn)
         o.max_seqlen_q = _int32(max_seqlen_q, "max_seqlen_q", fn)
@@ -262,7 +287,7 @@ class CallOptions:
             o.exp2_emulation_fraction = _float(exp2_emulation_fraction,
                                                "exp2_emulation_fraction", fn)
         o.backend = backend_code(backend, fn)
-        o.deterministic = 1 if deterministic else 0
+        o.deterministic = 1 if _bool(deterministic, "deterministic", fn) else 0
         self._keep = []
         if (sink is not None or cu_seqlens_q is not None or cu_seqlens_k is not None
                 or seqused_k is not None):

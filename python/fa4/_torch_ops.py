@@ -301,10 +301,11 @@ def attention(q, k, v, fn, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
     left, right = _core.normalize_window(window_size, fn)
     _core.backend_code(backend, fn)  # reject a bad name here, with this function's name
     scalars = (max_seqlen_q, max_seqlen_k,
-               None if softmax_scale is None else float(softmax_scale), bool(causal), left, right,
-               float(softcap), None if rescale_threshold is None else float(rescale_threshold),
+               None if softmax_scale is None else float(softmax_scale),
+               _core._bool(causal, "causal", fn), left, right, float(softcap),
+               None if rescale_threshold is None else float(rescale_threshold),
                None if exp2_emulation_fraction is None else float(exp2_emulation_fraction),
-               backend, bool(deterministic))
+               backend, _core._bool(deterministic, "deterministic", fn))
     if _use_custom_op(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k):
         return torch.ops.fa4.fwd(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, *scalars)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
@@ -393,8 +394,8 @@ def kvcache_attention(q, k_cache, v_cache, fn, k=None, v=None, cache_seqlens=Non
         # kernel on CUDA; under CUDA graph capture pass a tensor instead).
         value = _core._int32(int(cache_seqlens), "cache_seqlens", fn)
         cache_seqlens = torch.full((q.shape[0],), value, dtype=torch.int32, device=q.device)
-    scalars = (None if softmax_scale is None else float(softmax_scale), bool(causal), left, right,
-               float(softcap), num_splits,
+    scalars = (None if softmax_scale is None else float(softmax_scale),
+               _core._bool(causal, "causal", fn), left, right, float(softcap), num_splits,
                None if rescale_threshold is None else float(rescale_threshold),
                None if exp2_emulation_fraction is None else float(exp2_emulation_fraction),
                backend)

@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from . import _capi, _torch_ops
+from . import _capi, _core, _torch_ops
 
 __all__ = ["ring_attention", "shard_sequence", "gather_sequence"]
 
@@ -462,6 +462,8 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, group=None, causal: bool 
         docstring for what is not checked across ranks.
     """
     varlen = cu_seqlens is not None
+    causal = _core._bool(causal, "causal", _FN)
+    deterministic = _core._bool(deterministic, "deterministic", _FN)
     dims = 3 if varlen else 4
     layout = "(total, heads, headdim) with cu_seqlens" if varlen else "(batch, seqlen, heads, headdim)"
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -493,7 +495,7 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, group=None, causal: bool 
             f"of one even length, got seqlen_q {q.shape[1]}, seqlen_k {k.shape[1]}")
     elif max_seqlen is not None:
         raise _capi.InvalidArgumentError(f"{_FN}: max_seqlen is for the packed layout (with cu_seqlens)")
-    plan = _Plan(q, bool(causal), cu if varlen else None, max_seqlen)
+    plan = _Plan(q, causal, cu if varlen else None, max_seqlen)
     if sink is not None and (not isinstance(sink, Tensor) or sink.dim() != 1
                              or sink.shape[0] != q.shape[-2] or sink.dtype != torch.float32
                              or sink.device != q.device):
@@ -502,7 +504,7 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, group=None, causal: bool 
             "device")
     ring = _Ring(group)
     o = dict(softmax_scale=None if softmax_scale is None else float(softmax_scale),
-             softcap=float(softcap), deterministic=bool(deterministic), backend=backend,
+             softcap=float(softcap), deterministic=deterministic, backend=backend,
              rescale_threshold=None if rescale_threshold is None else float(rescale_threshold),
              exp2_emulation_fraction=(None if exp2_emulation_fraction is None
                                       else float(exp2_emulation_fraction)))

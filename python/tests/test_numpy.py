@@ -296,6 +296,19 @@ def test_python_side_errors(rng):
         fa4.flash_attn_func(q.tolist(), k, v)
     with pytest.raises(fa4.InvalidArgumentError, match="4-D"):
         fa4.flash_attn_func(q[0], k[0], v[0])
+    # Flags are bools (or the C ABI's 0 / 1), never Python truthiness: causal="no" would be True.
+    for bad in ("yes", "no", None, 2, 1.0):
+        with pytest.raises(fa4.InvalidArgumentError, match=r"causal = .* must be a bool"):
+            fa4.flash_attn_func(q, k, v, causal=bad)
+    with pytest.raises(fa4.InvalidArgumentError, match=r"deterministic = 'y' must be a bool"):
+        fa4.flash_attn_func(q, k, v, deterministic="y")
+    ref = fa4.flash_attn_func(q, k, v, causal=True)
+    for flag in (1, np.bool_(True)):
+        np.testing.assert_array_equal(fa4.flash_attn_func(q, k, v, causal=flag), ref)
+    # An index tensor of the wrong dtype is told the index rule, not the value dtypes.
+    cu = np.array([0, q.shape[1]], np.int64)
+    with pytest.raises(fa4.InvalidArgumentError, match=r"cu_seqlens_q must be int32$"):
+        fa4.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, q.shape[1], q.shape[1])
 
 
 def test_unsupported_is_not_implemented(rng):

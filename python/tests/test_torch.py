@@ -118,6 +118,17 @@ def test_errors_are_fa4_errors(gen):
         fa4.flash_attn_func(q, q[..., :8], q)
     with pytest.raises(fa4.InvalidArgumentError, match="numpy"):
         fa4.flash_attn_func(q, q.numpy(), q)
+    with pytest.raises(fa4.InvalidArgumentError, match=r"causal = 'yes' must be a bool"):
+        fa4.flash_attn_func(q, q, q, causal="yes")
+    with pytest.raises(fa4.InvalidArgumentError, match=r"deterministic = None must be a bool"):
+        fa4.flash_attn_func(q, q, q, deterministic=None)
+    with pytest.raises(fa4.InvalidArgumentError, match=r"causal = 'yes' must be a bool"):
+        fa4.flash_attn_with_kvcache(q, q, q, causal="yes")
+    cu = torch.tensor([0, 8], dtype=torch.int64)
+    with pytest.raises(fa4.InvalidArgumentError, match=r"cu_seqlens_q must be torch\.int32$"):
+        fa4.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 8, 8)
+    with pytest.raises(fa4.InvalidArgumentError, match=r"sink must be torch\.float32$"):
+        fa4.flash_attn_func(q, q, q, sink=torch.zeros(2, dtype=torch.float64))
 
 
 def test_describe_torch_packs_every_field():
