@@ -5,6 +5,8 @@ set(_fa4 $<TARGET_FILE:fa4_cli>)
 
 add_test(NAME cli.help COMMAND ${_fa4})
 set_tests_properties(cli.help PROPERTIES PASS_REGULAR_EXPRESSION "Subcommands:.*check.*bench.*info")
+add_test(NAME cli.version COMMAND ${_fa4} --version)
+set_tests_properties(cli.version PROPERTIES PASS_REGULAR_EXPRESSION "^fa4 ${PROJECT_VERSION}\n$")
 add_test(NAME cli.info COMMAND ${_fa4} info --json)
 set_tests_properties(cli.info PROPERTIES PASS_REGULAR_EXPRESSION "\"cuda_built\"")
 

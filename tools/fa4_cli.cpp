@@ -325,6 +325,7 @@ int main(int argc, char** argv) {
   using namespace fa4::cli;
   CLI::App app{"fa4 — exact attention with the FlashAttention-4 algorithm (CPU + Hopper sm_90a)"};
   app.require_subcommand(0, 1);
+  app.set_version_flag("--version", std::string("fa4 ") + FA4_VERSION);
 
   CaseFlags check_flags, bench_flags;
   bool check_json = false, bench_json = false, info_json = false;
