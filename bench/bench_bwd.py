@@ -158,9 +158,13 @@ def main():
                 flops = 2.5 * 2 * batch * nheads * seqlen * seqlen * (hdim + hdim_v) * (0.5 if causal else 1.0)
                 r = {"kind": "standard", "hdim": hdim, "hdim_v": hdim_v, "causal": causal, "seqlen": seqlen,
                      "batch": batch, "nheads": nheads}
-                if seqlen == seqlens[0]:
-                    r["max_abs_err_vs_fp32"] = check_grads(q, k, v, causal)
-                add(time_row(r, contenders(q, k, v, causal), flops))
+                try:  # e.g. a bucket this build did not compile: reported, and the rows after it still run
+                    if seqlen == seqlens[0]:
+                        r["max_abs_err_vs_fp32"] = check_grads(q, k, v, causal)
+                    add(time_row(r, contenders(q, k, v, causal), flops))
+                except fa4.Fa4Error as e:
+                    print(f"# standard row {hdim}x{hdim_v} causal={causal} {seqlen} failed: "
+                          f"{str(e).splitlines()[0][:160]}", file=sys.stderr)
                 del q, k, v
 
     # Llama-3.1-8B training shape: 32 q heads, 8 kv heads, d128, causal, seqlen 8k.

@@ -121,8 +121,8 @@ def _dtype_message(fn: str, name: str, dtype, int32_name: str, fp32_name: str,
     """The error for a dtype fa4 has no code for: the rule of this tensor's kind."""
     if name in _INDEX_TENSORS:
         return f"{fn}: {name}.dtype = {dtype} is not supported; {name} must be {int32_name}"
-    if name == "sink":
-        return f"{fn}: sink.dtype = {dtype} is not supported; sink must be {fp32_name}"
+    if name in ("lse", "sink", "dsink"):
+        return f"{fn}: {name}.dtype = {dtype} is not supported; {name} must be {fp32_name}"
     return f"{fn}: {name}.dtype = {dtype} is not supported; use {value_names}"
 
 
@@ -212,13 +212,15 @@ def _int32(value, what: str, fn: str) -> int:
 
 def _bool(value, what: str, fn: str) -> bool:
     """A flag: True / False (also NumPy's bool and the ints 0 / 1, the C ABI's values); anything
-    else is an error rather than Python's truthiness (causal="no" would otherwise mean True)."""
+    else is an error rather than Python's truthiness (causal="no" would otherwise mean True). A
+    torch tensor is refused too: reading a CUDA one would synchronise with the GPU."""
     if value is True or value is False:  # the common case, first
         return value
     if type(value) is int and (value == 0 or value == 1):
         return value == 1
     np = sys.modules.get("numpy")
-    if np is not None and isinstance(value, np.bool_):
+    if np is not None and (isinstance(value, np.bool_)
+                           or (isinstance(value, np.integer) and (value == 0 or value == 1))):
         return bool(value)
     raise InvalidArgumentError(f"{fn}: {what} = {value!r} must be a bool")
 

@@ -303,7 +303,7 @@ def test_python_side_errors(rng):
     with pytest.raises(fa4.InvalidArgumentError, match=r"deterministic = 'y' must be a bool"):
         fa4.flash_attn_func(q, k, v, deterministic="y")
     ref = fa4.flash_attn_func(q, k, v, causal=True)
-    for flag in (1, np.bool_(True)):
+    for flag in (1, np.bool_(True), np.int64(1)):
         np.testing.assert_array_equal(fa4.flash_attn_func(q, k, v, causal=flag), ref)
     # An index tensor of the wrong dtype is told the index rule, not the value dtypes.
     cu = np.array([0, q.shape[1]], np.int64)

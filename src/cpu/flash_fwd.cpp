@@ -3,7 +3,7 @@
 // fp32 inputs. Why float64 there: acc is a running sum over every visible key whose rounding
 // (about sqrt(seqlen_k) ulps) is as large as the plain fp32 attention's whole error, so a float32
 // acc sits near the accuracy rule (error <= 2x the plain fp32 attention's) and crosses it on rare
-// inputs. For bf16/fp16 inputs the rounding of P and out to 16 bits is 2^8-2^11 times larger.
+// inputs. For bf16/fp16 inputs the rounding of P and out to 16 bits is 2^16 / 2^13 times larger.
 //
 // Source: FlashAttention-4 (arXiv 2603.05451) Sec. 3 — online softmax in the log2 domain with
 //   * LAZY RESCALING: the running row max m is only raised when a tile's max exceeds it by more than

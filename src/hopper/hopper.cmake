@@ -8,7 +8,9 @@
 # package. `pip install ./python` configures this project inside pip's isolated build
 # environment, which hides the site-packages the headers were installed into; `python -I` (no
 # PYTHONPATH, so none of pip's isolation) sees them again.
-if(NOT FA4_CUTLASS_INCLUDE_DIR AND DEFINED ENV{FA4_CUTLASS_INCLUDE_DIR})
+# Only a directory that holds the headers is cached, so a later configure (headers installed, or
+# the environment variable set) searches again instead of keeping a failed value.
+if(NOT FA4_CUTLASS_INCLUDE_DIR AND NOT "$ENV{FA4_CUTLASS_INCLUDE_DIR}" STREQUAL "")
   set(_fa4_cutlass_dir "$ENV{FA4_CUTLASS_INCLUDE_DIR}")
 elseif(NOT FA4_CUTLASS_INCLUDE_DIR)
   find_package(Python3 COMPONENTS Interpreter QUIET)
@@ -23,9 +25,14 @@ elseif(NOT FA4_CUTLASS_INCLUDE_DIR)
     endforeach()
   endif()
 endif()
-set(FA4_CUTLASS_INCLUDE_DIR "${_fa4_cutlass_dir}" CACHE PATH
-    "CUTLASS/CuTe include dir (default: the nvidia-cutlass Python package's source/include)")
+if(NOT FA4_CUTLASS_INCLUDE_DIR AND EXISTS "${_fa4_cutlass_dir}/cute/tensor.hpp")
+  set(FA4_CUTLASS_INCLUDE_DIR "${_fa4_cutlass_dir}" CACHE PATH
+      "CUTLASS/CuTe include dir (default: the nvidia-cutlass Python package's source/include)" FORCE)
+endif()
 if(NOT EXISTS "${FA4_CUTLASS_INCLUDE_DIR}/cute/tensor.hpp")
+  if(NOT FA4_CUTLASS_INCLUDE_DIR)
+    set(FA4_CUTLASS_INCLUDE_DIR "${_fa4_cutlass_dir}")  # what the search tried, for the message
+  endif()
   message(FATAL_ERROR
     "fa4: CuTe headers not found (FA4_CUTLASS_INCLUDE_DIR='${FA4_CUTLASS_INCLUDE_DIR}'). Install them with\n"
     "    pip install --no-deps nvidia-cutlass==4.2.0.0\n"

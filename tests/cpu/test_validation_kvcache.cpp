@@ -350,6 +350,7 @@ TEST(KvCacheEdges, CudaTensorsWithoutAGpuAreNoDevice) {
       EXPECT_NE(what.find("cuda:0"), std::string::npos) << what;
     } else {
       EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << what;
+      EXPECT_NE(what.find("bf16 and fp16 only"), std::string::npos) << what;
     }
   }
 }
