@@ -168,15 +168,7 @@ TEST(Validation, CudaTensorsSelector) {
     ADD_FAILURE() << "no error";
   } catch (const fa4::Error& e) {
 #if FA4_WITH_CUDA
-    // No GPU (CI): NO_DEVICE, naming the device; a GPU: UNSUPPORTED, it has no fp32 kernel.
-    const std::string what = e.what();
-    if (what.find("does not exist") != std::string::npos) {
-      EXPECT_EQ(e.code(), ErrorCode::kNoDevice) << what;
-      EXPECT_NE(what.find("cuda:0"), std::string::npos) << what;
-    } else {
-      EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << what;
-      EXPECT_NE(what.find("bf16 and fp16 only"), std::string::npos) << what;
-    }
+    expect_fp32_cuda_refusal(e);
 #else
     EXPECT_EQ(e.code(), ErrorCode::kNoDevice) << e.what();
     EXPECT_NE(std::string(e.what()).find("built without CUDA"), std::string::npos) << e.what();

@@ -164,4 +164,20 @@ inline void poison_outputs(Problem& p) {
 /// Which entry point a case calls.
 enum class Call { kForward, kBackward };
 
+#if FA4_WITH_CUDA
+/// The refusal of an fp32 call on cuda:0 (no Hopper kernel takes fp32, so nothing runs on the host
+/// memory marked as CUDA): without a GPU (CI) NO_DEVICE naming the device, with one UNSUPPORTED
+/// naming the dtype rule.
+inline void expect_fp32_cuda_refusal(const fa4::Error& e) {
+  const std::string what = e.what();
+  if (what.find("does not exist") != std::string::npos) {
+    EXPECT_EQ(e.code(), ErrorCode::kNoDevice) << what;
+    EXPECT_NE(what.find("cuda:0"), std::string::npos) << what;
+  } else {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << what;
+    EXPECT_NE(what.find("bf16 and fp16 only"), std::string::npos) << what;
+  }
+}
+#endif
+
 }  // namespace fa4::test::validation
