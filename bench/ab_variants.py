@@ -11,7 +11,9 @@ stored next to its time, so a broken variant shows up in the same line.
 Usage (on the GPU machine, repo root):
     PYTHONPATH=python python3 bench/ab_variants.py OUT.json base=path/libfa4.so new=other/libfa4.so
 With --backward the backward alone is timed (torch.autograd.grad of an output each variant
-computed, retain_graph; FLOPs x 2.5), against cuDNN's backward, and dq is compared with cuDNN's.
+computed, retain_graph; FLOPs x 2.5), against cuDNN's backward, and dq is compared with cuDNN's;
+each variant's dk and dv (and dq with --deterministic) are also compared bitwise with the first
+variant's (a change that should not alter results, e.g. skipped products of zero padding).
 A variant may also force libfa4's kernel choices for its calls (bench_fwd.OVERRIDES: lpt,
 schedule, epilogue, stream_k, small_q, bwd_lpt_band, bwd_walk; the others go back to auto):
     static=path/libfa4.so?schedule=static&lpt=1      banded=path/libfa4.so?bwd_lpt_band=16&bwd_walk=desc
@@ -101,12 +103,17 @@ def backward_row(libs, q, k, v, causal, rounds, deterministic=False):
         with sdpa_kernel([SDPBackend.MATH]):
             o_ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=h != hkv)
             dq_ref = torch.autograd.grad(o_ref, (qt,), dot)[0].transpose(1, 2)
-    errs = {}
+    errs, grads, same = {}, {}, {}
     for name, (lib, env) in libs.items():
         use(lib, env)
         out = fa4.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
-        errs[name] = float((torch.autograd.grad(out, (q,), dout, retain_graph=True)[0].float()
-                            - dq_ref.float()).abs().max())
+        grads[name] = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        errs[name] = float((grads[name][0].float() - dq_ref.float()).abs().max())
+        # Bitwise against the first variant: dk and dv always (each is one CTA's registers); dq only
+        # in deterministic mode (otherwise the order of its reduce-adds varies from run to run).
+        first = grads[next(iter(libs))]
+        same[name] = {t: bool(torch.equal(a, b)) for t, a, b in zip(("dq", "dk", "dv"), grads[name], first)
+                      if t != "dq" or deterministic}
         fns[name] = (lambda lib_=lib, env_=env, out_=out: (use(lib_, env_),
                                                           torch.autograd.grad(out_, (q, k, v), dout, retain_graph=True)))
     names = list(fns)
@@ -121,11 +128,14 @@ def backward_row(libs, q, k, v, causal, rounds, deterministic=False):
     row = {"direction": "bwd", "deterministic": deterministic, "headdim": d, "headdim_v": dv, "causal": causal,
            "seqlen": s, "batch": b, "num_heads": h, "num_heads_kv": hkv, "tflops": tf,
            "max_abs_err_dq_vs_cudnn" if "cudnn" in fns else "max_abs_err_dq_vs_math": errs,
-           "ratio_vs_cudnn": ratio}
+           "bitwise_vs_" + next(iter(libs)): same, "ratio_vs_cudnn": ratio}
+    del grads
     print(f"bwd{' det' if deterministic else ''} d{d}x{dv} causal={causal!s:5} s={s:5} h={h}/{hkv} " +
           " ".join(f"{n}:{tf[n]:6.1f}" for n in names) + " | " +
           " ".join(f"{n}/cudnn=" + (f"{ratio[n]:.3f}" if ratio[n] is not None else "n/a") for n in libs) +
-          " | dq maxerr " + " ".join(f"{errs[n]:.1e}" for n in libs), flush=True)
+          " | dq maxerr " + " ".join(f"{errs[n]:.1e}" for n in libs) +
+          " | bitwise " + " ".join(f"{n}:" + ",".join(t for t, eq in same[n].items() if eq) for n in libs),
+          flush=True)
     return row
 
 
