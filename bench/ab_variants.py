@@ -104,6 +104,7 @@ def backward_row(libs, q, k, v, causal, rounds, deterministic=False):
             o_ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=h != hkv)
             dq_ref = torch.autograd.grad(o_ref, (qt,), dot)[0].transpose(1, 2)
     errs, grads, same = {}, {}, {}
+    first = next(iter(libs))  # the variant the others are compared with bitwise
     for name, (lib, env) in libs.items():
         use(lib, env)
         out = fa4.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
@@ -111,8 +112,7 @@ def backward_row(libs, q, k, v, causal, rounds, deterministic=False):
         errs[name] = float((grads[name][0].float() - dq_ref.float()).abs().max())
         # Bitwise against the first variant: dk and dv always (each is one CTA's registers); dq only
         # in deterministic mode (otherwise the order of its reduce-adds varies from run to run).
-        first = grads[next(iter(libs))]
-        same[name] = {t: bool(torch.equal(a, b)) for t, a, b in zip(("dq", "dk", "dv"), grads[name], first)
+        same[name] = {t: bool(torch.equal(a, b)) for t, a, b in zip(("dq", "dk", "dv"), grads[name], grads[first])
                       if t != "dq" or deterministic}
         fns[name] = (lambda lib_=lib, env_=env, out_=out: (use(lib_, env_),
                                                           torch.autograd.grad(out_, (q, k, v), dout, retain_graph=True)))
@@ -128,7 +128,7 @@ def backward_row(libs, q, k, v, causal, rounds, deterministic=False):
     row = {"direction": "bwd", "deterministic": deterministic, "headdim": d, "headdim_v": dv, "causal": causal,
            "seqlen": s, "batch": b, "num_heads": h, "num_heads_kv": hkv, "tflops": tf,
            "max_abs_err_dq_vs_cudnn" if "cudnn" in fns else "max_abs_err_dq_vs_math": errs,
-           "bitwise_vs_" + next(iter(libs)): same, "ratio_vs_cudnn": ratio}
+           "bitwise_vs_" + first: same, "ratio_vs_cudnn": ratio}
     del grads
     print(f"bwd{' det' if deterministic else ''} d{d}x{dv} causal={causal!s:5} s={s:5} h={h}/{hkv} " +
           " ".join(f"{n}:{tf[n]:6.1f}" for n in names) + " | " +
