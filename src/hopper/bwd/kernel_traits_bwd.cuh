@@ -53,6 +53,11 @@ struct BwdKernelTraits {
   /// tiles, 192 x 128 on 256 x 128.
   static constexpr int kHeadDim = kSharedKeys ? (kHeadDim_ + 127) / 128 * 128 : kHeadDim_;
   static constexpr int kHeadDimV = kSharedKeys ? (kHeadDimV_ + 127) / 128 * 128 : kHeadDimV_;
+  /// k-steps (16 columns) of S^T = K Q^T and dP^T = V dO^T over the bucket's columns: past them
+  /// the tiles hold TMA's zero fill, whose products would add exact zeros (the d192 row skips 4 of
+  /// 16 in both, 192 x 128 4 of 16 in S^T).
+  static constexpr int kSKSteps = kHeadDim_ / 16;
+  static constexpr int kdPKSteps = kHeadDimV_ / 16;
   static constexpr int kBlockM = kConfig.tile_m;  // query rows per step
   static constexpr int kBlockN = kConfig.tile_n;  // keys per CTA
   static constexpr int kStages = kConfig.q_stages;      // Q / lse_log2 ring

@@ -183,11 +183,12 @@ struct BwdMma {
           // (at d256 Q's and dO's 16 descriptors each spill as well)
           Tensor sQ_step = make_tensor(make_smem_ptr(arch::opaque(ss.smem_q.data())), typename Kt::SmemLayoutQ{});
           Tensor sdO_step = make_tensor(make_smem_ptr(arch::opaque(ss.smem_do.data())), typename Kt::SmemLayoutdO{});
-          wgmma<true, -1>(mma_s, wg_s.partition_fragment_A(sK_step), wg_s.partition_fragment_B(sQ_step(_, _, st)), tSrS);
+          wgmma<true, -1, Kt::kSKSteps>(mma_s, wg_s.partition_fragment_A(sK_step), wg_s.partition_fragment_B(sQ_step(_, _, st)),
+                                        tSrS);
           // (kSplitdO) dO may still be loading: S^T runs meanwhile.
           if constexpr (Kt::kSplitdO) consumer_wait(pipe_do, rdo);
-          wgmma<true, -1>(mma_dp, wg_dp.partition_fragment_A(sV_step), wg_dp.partition_fragment_B(sdO_step(_, _, st_do)),
-                          tdPrdP);
+          wgmma<true, -1, Kt::kdPKSteps>(mma_dp, wg_dp.partition_fragment_A(sV_step),
+                                         wg_dp.partition_fragment_B(sdO_step(_, _, st_do)), tdPrdP);
         } else {
           wgmma</*zero_init=*/true, -1>(mma_s, wg_s.partition_fragment_A(sK_step), tSrQ(_, _, _, st), tSrS);
           if constexpr (Kt::kSplitdO) consumer_wait(pipe_do, rdo);

@@ -13,17 +13,22 @@
 
 namespace fa4::hopper {
 
-/// One wgmma batch: fence the accumulators, issue all k-steps, commit; optionally wait.
-template <bool kZeroInit, int kWait, class TiledMma, class TA, class TB, class TC>
+/// One wgmma batch: fence the accumulators, issue the k-steps, commit; optionally wait.
+/// kKSteps: issue only the first kKSteps k-steps (-1: all of them), for operands whose last
+/// k-steps hold zeros (a head dim padded in shared memory by TMA zero fill adds nothing there).
+template <bool kZeroInit, int kWait, int kKSteps = -1, class TiledMma, class TA, class TB, class TC>
 __device__ __forceinline__ void wgmma(TiledMma& mma, const TA& a, const TB& b, TC& c) {
   using namespace cute;
   constexpr bool kIsRS = !cute::is_base_of<GMMA::DescriptorIterator, typename TiledMma::FrgTypeA>::value;
+  constexpr int kAllSteps = decltype(size<2>(a))::value;
+  constexpr int kSteps = kKSteps < 0 ? kAllSteps : kKSteps;
+  static_assert(kSteps > 0 && kSteps <= kAllSteps, "wgmma: kKSteps outside the operands' k-steps");
   if constexpr (kIsRS) warpgroup_fence_operand(const_cast<TA&>(a));
   warpgroup_fence_operand(c);
   warpgroup_arrive();
   if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
 #pragma unroll
-  for (int k = 0; k < size<2>(a); ++k) {
+  for (int k = 0; k < kSteps; ++k) {
     cute::gemm(mma, a(_, _, k), b(_, _, k), c);
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
