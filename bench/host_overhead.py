@@ -248,6 +248,29 @@ def cudnn_only():
     return sdpa_kernel([SDPBackend.CUDNN_ATTENTION])
 
 
+def serving_parts(q, k, v, fa4_call):
+    """Host time (us per call, back to back, no sync inside) of the parts of fa4's eager call at a
+    serving shape: the whole call, libfa4's fa4_forward on tensors described once (and with the
+    decode's cluster merge off), describing the five tensors, allocating out and lse."""
+    b, sq, h, _ = q.shape
+    out, lse = torch.empty_like(q), torch.empty(b, h, sq, device="cuda", dtype=torch.float32)
+    opts = _torch_ops._options("host", None, None, None, None, 0, 0, None, True, -1, 0, 0.0, None,
+                               None, "auto", False)
+    named = ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse"))
+    ts = [_core.describe(x, n, "host") for x, n in named]
+    host = lambda fn: host_us(fn, n=400, rounds=5)
+    parts = {"fa4_host_us": host(fa4_call),
+             "fa4_part_libfa4_us": host(lambda: _capi.forward(*ts, opts.struct))}
+    try:
+        with global_merge():
+            parts["fa4_part_libfa4_global_merge_us"] = host(lambda: _capi.forward(*ts, opts.struct))
+    except RuntimeError as e:  # a libfa4 without the override
+        parts["fa4_part_libfa4_global_merge_error"] = str(e).splitlines()[0][:120]
+    parts["fa4_part_describe_5_us"] = host(lambda: [_core.describe(x, n, "host") for x, n in named])
+    parts["fa4_part_outputs_us"] = host(lambda: (torch.empty_like(q), q.new_empty((b, h, sq), dtype=torch.float32)))
+    return parts
+
+
 def serving_rows(add, rounds=7):
     """Eager calls and graph replays at the serving shapes, fa4 (causal, bottom-right) next to SDPA
     cuDNN. SDPA's is_causal is top-left: with 128 queries over 1024 keys it would let query i see
@@ -274,6 +297,7 @@ def serving_rows(add, rounds=7):
             lens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
             contenders.append(("fa4_kvcache", lambda: fa4.flash_attn_with_kvcache(
                 q, k, v, cache_seqlens=lens, causal=True), contextlib.nullcontext))
+        row.update(serving_parts(q, k, v, fa4_call))
         graphs = {}
         for lib, fn, ctx in contenders:
             try:
