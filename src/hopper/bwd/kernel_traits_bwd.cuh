@@ -23,6 +23,8 @@
 // canonical wgmma layout.
 #pragma once
 
+#include <algorithm>
+
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/cutlass.h>
@@ -134,6 +136,20 @@ struct BwdKernelTraits {
                               AtomKeys{}))>;
   using TiledMmadV = MmaDkv<kHeadDimV>;
   using TiledMmadK = MmaDkv<kHeadDim>;
+  /// Shared keys: how many of warpgroup 1's dK (dV) columns are the bucket's; the rest of its half
+  /// is TMA's zero fill (d192 on the 256 tile: 64 of 128). Fewer than the half: its dK (dV) product
+  /// is one warpgroup's narrower wgmma over those columns, into the first registers of its
+  /// accumulator (a 64 x n fragment's first n/8 column groups are those of 64 x n/2), and the
+  /// padding columns' accumulators stay 0 and are never stored.
+  static constexpr int kDkRealCols1 = kSharedKeys ? std::min(kHeadDim / 2, kHeadDim_ - kHeadDim / 2) : kHeadDim;
+  static constexpr int kDvRealCols1 = kSharedKeys ? std::min(kHeadDimV / 2, kHeadDimV_ - kHeadDimV / 2) : kHeadDimV;
+  static_assert(kDkRealCols1 > 0 && kDkRealCols1 % 64 == 0 && kDvRealCols1 > 0 && kDvRealCols1 % 64 == 0,
+                "warpgroup 1's real dK / dV columns are whole 64-column swizzle atoms");
+  template <int kCols>
+  using MmaDkvPart = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<Int<kBlockN>, Int<kCols>, Int<kBlockM>>, GMMA::Major::MN,
+                           GMMA::Major::MN>(),
+      Layout<Shape<_1, _1, _1>>{}));
   // dQ: k = all tile_n keys; the two warpgroups stacked along the rows (tile_m = 128: 64 x d each)
   // or side by side along d (64 x d/2 each); with shared keys one warpgroup's atom, run per
   // 64-column part on a slice of K^T.

@@ -16,7 +16,8 @@
 //   runs; dS^T -> smem; both meet; dQ part 0 and dK issued; dQ part 0 staged under dK, dQ part 1
 //   issued into the same registers and staged (once the writer has read part 0, if the staging
 //   holds one part: tuning_bwd.h dq_staged_parts; a part of padding columns only is skipped:
-//   kernel_traits_bwd.cuh dq_part_real)
+//   kernel_traits_bwd.cuh dq_part_real, and warpgroup 1's dK / dV products cover only its real
+//   columns: dkv_part)
 // With dO in a ring of its own (tuning_bwd.h do_stages < q_stages) S^T is issued before the
 // wait for dO, and dO is released once dQ part 0 is done (dV, issued before it, has read dO).
 // The elementwise code comes in three versions: dense (a step whose pairs are all visible, as
@@ -215,8 +216,13 @@ struct BwdMma {
         copy(r2s_ds, tPaP, tdSsdS(_, _, _, Kt::kPBuffer0 + ds_buf));
         cutlass::arch::fence_view_async_shared();
         arch::named_barrier_sync(Barriers::consumers(), Kt::kNumMmaThreads);
-        wgmma<false, -1>(mma_dv, wg_dv.partition_fragment_A(smem_ds_step()(_, _, Kt::kPBuffer0 + ds_buf)),
-                         tdVrdOt(_, _, _, st_do), tdVrdV);
+        Tensor sPt = smem_ds_step()(_, _, Kt::kPBuffer0 + ds_buf);
+        if constexpr (Kt::kDvRealCols1 < Kt::kHeadDimV / 2) {
+          if (wg == 1) dkv_part<Kt::kDvRealCols1, Kt::kHeadDimV>(sPt, sdOt(_, _, st_do), tdVrdV);
+          else wgmma<false, -1>(mma_dv, wg_dv.partition_fragment_A(sPt), tdVrdOt(_, _, _, st_do), tdVrdV);
+        } else {
+          wgmma<false, -1>(mma_dv, wg_dv.partition_fragment_A(sPt), tdVrdOt(_, _, _, st_do), tdVrdV);
+        }
         warpgroup_wait<1>();  // dP^T (dV still runs)
       } else {
         warpgroup_wait<0>();
@@ -232,9 +238,17 @@ struct BwdMma {
       // writer has read the staging) while dK's product runs, and with shared keys the further
       // parts after it.
       wgmma<true, -1>(mma_dq, tdQrdS(_, _, _, ds_buf), dq_operand_b(0), tdQrdQ);
-      if constexpr (kSharedKeys)
-        wgmma<false, -1>(mma_dk, wg_dk.partition_fragment_A(smem_ds_step()(_, _, ds_buf)), tdKrQt(_, _, _, st), tdKrdK);
-      else wgmma<false, -1>(mma_dk, tdKrdS, tdKrQt(_, _, _, st), tdKrdK);
+      if constexpr (kSharedKeys) {
+        Tensor sdSt_buf = smem_ds_step()(_, _, ds_buf);
+        if constexpr (Kt::kDkRealCols1 < Kt::kHeadDim / 2) {
+          if (wg == 1) dkv_part<Kt::kDkRealCols1, Kt::kHeadDim>(sdSt_buf, sQt(_, _, st), tdKrdK);
+          else wgmma<false, -1>(mma_dk, wg_dk.partition_fragment_A(sdSt_buf), tdKrQt(_, _, _, st), tdKrdK);
+        } else {
+          wgmma<false, -1>(mma_dk, wg_dk.partition_fragment_A(sdSt_buf), tdKrQt(_, _, _, st), tdKrdK);
+        }
+      } else {
+        wgmma<false, -1>(mma_dk, tdKrdS, tdKrQt(_, _, _, st), tdKrdK);
+      }
       warpgroup_wait<1>();  // dQ (part 0) done, dK runs on
       warpgroup_fence_operand(tdQrdQ);
       if constexpr (Kt::kSplitdO) {  // dV, issued before dQ, is done with dO and D
@@ -331,6 +345,22 @@ struct BwdMma {
     arch::named_barrier_sync(Barriers::dq_empty(wg, ds_buf ^ 1), kStageThreads);
     if constexpr (!kSharedKeys)
       if (tid == 0) tma_store_wait<0>();  // the last dK / dV store's staging read, before the CTA exits
+  }
+
+  /// Shared keys, warpgroup 1: acc += A B over the kReal of its kCols / 2 columns that are the
+  /// bucket's (kernel_traits_bwd.cuh kDkRealCols1): A the (keys, queries) smem view of dS^T or
+  /// P^T, B_t the stage's (columns, queries) view of Q^T or dO^T, acc its dK or dV accumulator.
+  template <int kReal, int kCols, class TA, class TB, class TC>
+  __device__ __forceinline__ static void dkv_part(const TA& a, const TB& b_t, TC& acc) {
+    using namespace cute;
+    typename Kt::template MmaDkvPart<kReal> mma;
+    auto thr = mma.get_slice(0);
+    Tensor b_real = local_tile(b_t, Shape<Int<kReal>, Int<kBlockM>>{}, make_coord(Int<kCols / 2 / kReal>{}, _0{}));
+    Tensor acc_real = make_tensor(acc.data(), partition_fragment_C(mma, Shape<Int<kBlockN>, Int<kReal>>{}).layout());
+    static_assert(rank(typename TC::layout_type{}) == 3 && decltype(size<1>(acc))::value == 1 && decltype(size<2>(acc))::value == 1 &&
+                      decltype(size(acc_real))::value * kCols == decltype(size(acc))::value * 2 * kReal,
+                  "the narrower product's accumulators are the first of the warpgroup's one atom");
+    wgmma<false, -1>(mma, thr.partition_fragment_A(a), thr.partition_fragment_B(b_real), acc_real);
   }
 
   /// What the elementwise steps read besides the accumulators: the query block's lse_log2 and D

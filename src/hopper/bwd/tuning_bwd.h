@@ -23,8 +23,10 @@
 // 64 queries' P^T). The d192 and 192 x 128 rows have the same layout on 256 x 256 and 256 x 128
 // tiles (kernel_traits_bwd.cuh rounds shared-key rows' dims up to 128; TMA zero-fills the padded
 // columns): with 96 columns per warpgroup a warpgroup's half would start inside a 128-byte
-// swizzle atom. Their warpgroup 1 skips its dQ part of padding columns (192..255); at 192 x 128
-// dP^T and dV also do half the d256 row's work and dO and V take half its smem.
+// swizzle atom. The padding costs no products: S^T and dP^T issue only the bucket's k-steps, and
+// warpgroup 1 skips its dQ part of padding columns (192..255) and runs dK (dV at d192) as one
+// 64-column product over its real columns; at 192 x 128 dP^T and dV also do half the d256 row's
+// work and dO and V take half its smem.
 // (These are not always the forward's buckets: a d96 input runs the forward's d96 kernel and the
 // backward's d128.)
 // Shared memory (d128): K, V 32 KB each, q_stages x (Q + dO) 64 KB, dS^T double buffer 32 KB,
