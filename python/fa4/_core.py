@@ -329,14 +329,26 @@ class KVCacheCall:
         self.struct = a
 
 
-def kvcache_output_shapes(q_shape, v_cache_shape, fn: str):
+def _check_ranks(fn: str, *tensors):
+    """The C library's rank rule (src/common/validate.cpp check_ndim) in its words, for the tensors
+    the outputs are shaped from, checked before anything is allocated: (name, shape, want,
+    layout) each; fn is the library function whose rule it is, whichever route called."""
+    for name, shape, want, layout in tensors:
+        if len(shape) != want:
+            raise InvalidArgumentError(
+                f"{fn}: {name}.ndim = {len(shape)} (shape {tuple(shape)}) must be {want}: {layout}")
+
+
+def kvcache_output_shapes(q_shape, v_cache_shape):
     """(out shape, lse shape) of forward_with_kvcache; raises for a q or v_cache that is not 4-D
     (the C library checks everything else)."""
     if len(q_shape) != 4 or len(v_cache_shape) != 4:
-        raise InvalidArgumentError(
-            f"{fn}: q must be 4-D (batch, seqlen_q, num_heads, headdim) and v_cache 4-D "
-            f"(batch_cache or num_pages, seqlen_cache or page_size, num_heads_kv, headdim_v); got "
-            f"q {tuple(q_shape)}, v_cache {tuple(v_cache_shape)}")
+        _check_ranks("fa4::forward_with_kvcache",
+                     ("q", q_shape, 4, "q is (batch, seqlen_q, num_heads, headdim); "
+                      "forward_with_kvcache has no varlen layout"),
+                     ("v_cache", v_cache_shape, 4, "v_cache is (batch_cache, seqlen_cache, "
+                      "num_heads_kv, headdim_v), or paged (num_pages, page_size, num_heads_kv, "
+                      "headdim_v)"))
     return ((q_shape[0], q_shape[1], q_shape[2], v_cache_shape[3]),
             (q_shape[0], q_shape[2], q_shape[1]))
 
@@ -364,7 +376,7 @@ def numpy_forward_with_kvcache(q, k_cache, v_cache, *, fn: str, k_new=None, v_ne
             raise InvalidArgumentError(
                 f"{fn}: {name} is a {type(x).__name__}; q, k_cache, v_cache, k, v must all be "
                 "numpy.ndarray or all torch.Tensor")
-    out_shape, lse_shape = kvcache_output_shapes(q.shape, v_cache.shape, fn)
+    out_shape, lse_shape = kvcache_output_shapes(q.shape, v_cache.shape)
     if is_int_seqlens(cache_seqlens):
         cache_seqlens = np.full((q.shape[0],), _int32(int(cache_seqlens), "cache_seqlens", fn),
                                 dtype=np.int32)
@@ -416,16 +428,18 @@ def forward_support(q, k, v, out, lse, **options):
 
 
 # ---- output shapes shared by the NumPy path and the torch fake kernels --------------------------
-def output_shapes(q_shape, v_shape, varlen: bool, fn: str):
-    """(out shape, lse shape) for q/v shapes; raises for a q of the wrong rank (the C library
-    checks everything else)."""
+def output_shapes(q_shape, v_shape, varlen: bool):
+    """(out shape, lse shape) for q/v shapes; raises for a q or v of the wrong rank (the C library
+    checks everything else, k's rank included)."""
     want = 3 if varlen else 4
     if len(q_shape) != want or len(v_shape) != want:
-        layout = ("(total_q, num_heads, headdim)" if varlen
-                  else "(batch, seqlen_q, num_heads, headdim)")
-        raise InvalidArgumentError(
-            f"{fn}: q and v must be {want}-D, q {layout}; got q {tuple(q_shape)}, "
-            f"v {tuple(v_shape)}")
+        if varlen:
+            _check_ranks("fa4::forward", ("q", q_shape, 3, "varlen q is (total_q, num_heads, headdim)"),
+                         ("v", v_shape, 3, "varlen v is (total_k, num_heads_kv, headdim_v)"))
+        _check_ranks("fa4::forward",
+                     ("q", q_shape, 4, "q is (batch, seqlen_q, num_heads, headdim); pass cu_seqlens "
+                      "for varlen"),
+                     ("v", v_shape, 4, "v is (batch, seqlen_k, num_heads_kv, headdim_v)"))
     if varlen:
         return (q_shape[0], q_shape[1], v_shape[2]), (q_shape[1], q_shape[0])
     return ((q_shape[0], q_shape[1], q_shape[2], v_shape[3]),
@@ -442,7 +456,7 @@ def numpy_forward(q, k, v, *, varlen: bool, fn: str, **options):
             raise InvalidArgumentError(
                 f"{fn}: {name} is a {type(x).__name__}; q, k, v must all be numpy.ndarray or all "
                 "torch.Tensor")
-    out_shape, lse_shape = output_shapes(q.shape, v.shape, varlen, fn)
+    out_shape, lse_shape = output_shapes(q.shape, v.shape, varlen)
     if varlen:
         out = np.zeros(out_shape, dtype=q.dtype)
         lse = np.full(lse_shape, -np.inf, dtype=np.float32)

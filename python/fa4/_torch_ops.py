@@ -96,7 +96,7 @@ def _is_varlen(cu_seqlens_q, cu_seqlens_k) -> bool:
 
 
 def _fwd_outputs(q: Tensor, v: Tensor, varlen: bool, fake: bool):
-    out_shape, lse_shape = _core.output_shapes(q.shape, v.shape, varlen, _FN_FWD)
+    out_shape, lse_shape = _core.output_shapes(q.shape, v.shape, varlen)
     if fake or not varlen:
         # empty_like when out has q's shape (headdim_v = headdim): half the host time of new_empty
         out = (torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -322,7 +322,7 @@ _FN_KV = "fa4::fwd_kvcache"
 
 
 def _kvcache_outputs(q: Tensor, v_cache: Tensor):
-    out_shape, lse_shape = _core.kvcache_output_shapes(q.shape, v_cache.shape, _FN_KV)
+    out_shape, lse_shape = _core.kvcache_output_shapes(q.shape, v_cache.shape)
     return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
 
 

@@ -294,8 +294,13 @@ def test_python_side_errors(rng):
         fa4.flash_attn_func(q, k, v, backend="gpu")
     with pytest.raises(fa4.InvalidArgumentError, match="list"):
         fa4.flash_attn_func(q.tolist(), k, v)
-    with pytest.raises(fa4.InvalidArgumentError, match="4-D"):
+    # A rank error reads as the library's (which checks k): the tensor, its shape, the layout.
+    with pytest.raises(fa4.InvalidArgumentError, match=r"fa4::forward: q\.ndim = 3 .* must be 4: q is"):
         fa4.flash_attn_func(q[0], k[0], v[0])
+    with pytest.raises(fa4.InvalidArgumentError, match=r"fa4::forward: v\.ndim = 3 .* must be 4: v is"):
+        fa4.flash_attn_func(q, k, v[0])
+    with pytest.raises(fa4.InvalidArgumentError, match=r"fa4::forward: k\.ndim = 3 .* must be 4: k is"):
+        fa4.flash_attn_func(q, k[0], v)
     # Flags are bools (or the C ABI's 0 / 1), never Python truthiness: causal="no" would be True.
     for bad in ("yes", "no", None, 2, 1.0):
         with pytest.raises(fa4.InvalidArgumentError, match=r"causal = .* must be a bool"):

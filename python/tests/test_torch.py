@@ -129,6 +129,15 @@ def test_errors_are_fa4_errors(gen):
         fa4.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 8, 8)
     with pytest.raises(fa4.InvalidArgumentError, match=r"sink must be torch\.float32$"):
         fa4.flash_attn_func(q, q, q, sink=torch.zeros(2, dtype=torch.float64))
+    # Rank errors name the tensor as the library does, on both routes (eager and the custom op).
+    with pytest.raises(fa4.InvalidArgumentError, match=r"^fa4::forward: q\.ndim = 3 \(shape \(8, 2, 16\)\) must be 4"):
+        fa4.flash_attn_func(q[0], q, q)
+    with pytest.raises(fa4.InvalidArgumentError, match=r"^fa4::forward: v\.ndim = 3 .* must be 4: v is"):
+        torch.ops.fa4.fwd(q, q, q[0], None, None, None, None, 0, 0, None, False, -1, -1, 0.0, None,
+                          None, "auto", False)
+    with pytest.raises(fa4.InvalidArgumentError,
+                       match=r"^fa4::forward_with_kvcache: v_cache\.ndim = 3 .* must be 4: v_cache is"):
+        fa4.flash_attn_with_kvcache(q, q, q[0])
 
 
 def test_describe_torch_packs_every_field():
