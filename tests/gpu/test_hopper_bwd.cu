@@ -172,8 +172,8 @@ TEST(HopperBwd, LongerSequences) {
 }
 
 /// One bucket whose warpgroups share the 64 keys of a tile (d256, d192, 192 x 128: P^T through
-/// smem, dQ in parts of 64 columns; the 192 buckets skip warpgroup 1's padding part): both dtypes,
-/// causal and not; tails of the 64-key blocks, rows without keys, empty sides (causal); GQA,
+/// smem, dQ in tuning_bwd.h dq_parts parts per warpgroup; the 192 buckets skip or narrow warpgroup
+/// 1's padding): both dtypes, causal and not; tails of the 64-key blocks, rows without keys, empty sides (causal); GQA,
 /// MQA; varlen + sink (fp16); softcap; a window.
 void check_shared_key_bucket(int d, int dv) {
   auto spec = [&](const char* dtype = "bf16") {

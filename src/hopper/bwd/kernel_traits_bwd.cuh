@@ -16,8 +16,9 @@
 //   S^T, dP^T              SS   (64 x tile_m/2: the warpgroup's half of the query block)
 //   dV  += P^T dO_wg       SS   (64 x dv/2, k = tile_m): P^T of both warpgroups from smem
 //   dK  += dS^T Q_wg       SS   (64 x d/2,  k = tile_m): dS^T from smem
-//   dQ   = dS K_wg         SS   (tile_m x 64, k = tile_n), d/128 parts of 64 columns per warpgroup
-//                               (padding-only parts skipped: dq_part_real)
+//   dQ   = dS K_wg         SS   (tile_m x d/2/dq_parts, k = tile_n), tuning_bwd.h dq_parts parts per
+//                               warpgroup (padding-only parts skipped: dq_part_real; a part with
+//                               fewer real columns runs narrower: dq_part_cols, kDqNarrowCols)
 // The transposed operands (Q^T, dO^T, K^T, dS, and with shared keys P^T, dS^T as A) are views of
 // the same swizzled smem: a K-major 128-byte-swizzled tile read along its other mode is the MN-major
 // canonical wgmma layout.
@@ -78,21 +79,40 @@ struct BwdKernelTraits {
   /// tile_m = 128 (kDqSplitRows) each warpgroup takes 64 of the rows and all d columns (at d64 a
   /// 64-column product, not a 32-column one whose smem operands would be read faster than the
   /// tensor cores use them); with 64 rows each takes half of d's columns; with shared keys
-  /// parts of 64 columns, each a whole 128-byte swizzle atom of K^T, so that a warpgroup's 32
-  /// accumulators fit beside dK and dV's 128. kDqParts products per warpgroup and step.
+  /// tuning_bwd.h dq_parts parts of its half, each whole 128-byte swizzle atoms of K^T (d256 and
+  /// d192: two of 64 columns, whose 32 accumulators fit beside dK and dV's 128; 192 x 128: one of
+  /// 128, 64 accumulators beside 96). kDqParts products per warpgroup and step.
   static constexpr bool kDqSplitRows = dq_split_rows<kBlockM>;  // the postprocess's order too
-  static constexpr int kDqCols = kSharedKeys ? 64 : kDqSplitRows ? kHeadDim : kHeadDim / 2;
-  static constexpr int kDqParts = kSharedKeys ? (kHeadDim / 2) / kDqCols : 1;
+  static constexpr int kDqParts = kSharedKeys ? kConfig.dq_parts : 1;  // tuning_bwd.h dq_parts
+  static_assert(kSharedKeys || kConfig.dq_parts == 1, "dq_parts: 1 without shared keys");
+  static constexpr int kDqCols = kSharedKeys ? (kHeadDim / 2) / kDqParts : kDqSplitRows ? kHeadDim : kHeadDim / 2;
+  static_assert(!kSharedKeys || (kDqCols % 64 == 0 && kDqCols * kDqParts == kHeadDim / 2),
+                "shared keys: dQ parts of whole 64-column swizzle atoms of K^T");
   /// Parts a warpgroup's staging holds (tuning_bwd.h dq_staged_parts): with fewer than
   /// kDqParts, a part waits until the writer has read the previous one.
   static constexpr int kDqStagedParts = kConfig.dq_staged_parts;
   static_assert(kDqStagedParts >= 1 && kDqParts % kDqStagedParts == 0, "dQ parts staged in equal rounds");
   /// Whether part `part` of warpgroup wg holds columns of the bucket (kHeadDim_), not only the
-  /// padding up to kHeadDim: the d192 and 192 x 128 buckets' warpgroup 1 computes, stages and
-  /// reduce-adds one part, not two (its dQ accumulator columns 192..255 stay the preprocess's zeros).
-  static constexpr bool dq_part_real(int wg, int part) {
-    return kHeadDim == kHeadDim_ || wg * (kHeadDim / 2) + part * kDqCols < kHeadDim_;
+  /// padding up to kHeadDim: with two parts per warpgroup the d192 bucket's warpgroup 1 computes,
+  /// stages and reduce-adds one part, not two (its dQ accumulator columns 192..255 stay the
+  /// preprocess's zeros).
+  static constexpr bool dq_part_real(int wg, int part) { return dq_part_cols(wg, part) > 0; }
+  /// The bucket's columns in part `part` of warpgroup wg: kDqCols, 0 (padding only), or fewer in
+  /// the one part that holds the bucket's last column (kDqNarrowCols; 192 x 128 with one part per
+  /// warpgroup: warpgroup 1's 64 of 128). That part runs as a narrower wgmma into the first
+  /// registers of the accumulator (mainloop_bwd_mma.cuh dq_narrow), stages and reduce-adds only those columns.
+  static constexpr int dq_part_cols(int wg, int part) {
+    if (kHeadDim == kHeadDim_) return kDqCols;  // no padding (and with kDqSplitRows no column split)
+    const int first = wg * (kHeadDim / 2) + part * kDqCols;
+    return kHeadDim_ >= first + kDqCols ? kDqCols : kHeadDim_ > first ? kHeadDim_ - first : 0;
   }
+  static constexpr int kDqNarrowCols = kHeadDim == kHeadDim_ ? 0 : kHeadDim_ % kDqCols;  // 0: none
+  static constexpr int kDqNarrowFirst = kHeadDim_ - kDqNarrowCols;  // its first column
+  static constexpr int kDqNarrowWg = kDqNarrowFirst / (kHeadDim / 2);
+  static constexpr int kDqNarrowPart = kDqNarrowFirst % (kHeadDim / 2) / kDqCols;
+  static_assert(kDqNarrowCols % 64 == 0 && (kDqNarrowCols == 0 || kDqStagedParts == 1),
+                "a narrow dQ part is whole swizzle atoms, staged on its own");
+  static_assert(kDqNarrowCols == 0 || kSharedKeys, "a narrow dQ part only on the shared-key rows");
   static constexpr bool dq_rounds_whole() {
     for (int wg = 0; wg < kNumMmaWarpGroups; ++wg)
       for (int part = 0; part < kDqParts; part += kDqStagedParts)
@@ -152,7 +172,7 @@ struct BwdKernelTraits {
       Layout<Shape<_1, _1, _1>>{}));
   // dQ: k = all tile_n keys; the two warpgroups stacked along the rows (tile_m = 128: 64 x d each)
   // or side by side along d (64 x d/2 each); with shared keys one warpgroup's atom, run per
-  // 64-column part on a slice of K^T.
+  // part (kDqCols columns) on a slice of K^T.
   using AtomDq = std::conditional_t<kDqSplitRows, Layout<Shape<Int<kDqMmaWarpGroups>, _1, _1>>,
                                     Layout<Shape<_1, Int<kDqMmaWarpGroups>, _1>>>;
   using TiledMmadQ = decltype(make_tiled_mma(
@@ -161,6 +181,12 @@ struct BwdKernelTraits {
       AtomDq{}));
   /// The (rows, columns) tile of one dQ product over the warpgroups it spans.
   using DqTile = Shape<Int<kBlockM>, Int<kDqSplitRows ? kDqCols : kDqCols * kDqMmaWarpGroups>>;
+  /// The narrow dQ part's product (kDqNarrowCols; one warpgroup's atom).
+  template <int kCols>
+  using MmaDqPart = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<_64, Int<kCols>, Int<kBlockN>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      Layout<Shape<_1, _1, _1>>{}));
   static_assert(size<1>(typename TiledMmaS::AtomShape_MNK{}) == kSdPCols, "S^T atom narrower than the warpgroup's queries");
   static_assert(size<1>(typename TiledMmadV::AtomShape_MNK{}) == kHeadDimV / kDkvSplit, "dV atom narrower than dv");
   static_assert(size<1>(typename TiledMmadK::AtomShape_MNK{}) == kHeadDim / kDkvSplit, "dK atom narrower than d");

@@ -17,7 +17,9 @@
 //   issued into the same registers and staged (once the writer has read part 0, if the staging
 //   holds one part: tuning_bwd.h dq_staged_parts; a part of padding columns only is skipped:
 //   kernel_traits_bwd.cuh dq_part_real, and warpgroup 1's dK / dV products cover only its real
-//   columns: dkv_part)
+//   columns: dkv_part). With one part per warpgroup (tuning_bwd.h dq_parts 1: 192 x 128) each
+//   warpgroup's dQ is one product staged under dK, warpgroup 1's narrowed to its 64 real columns
+//   (dq_narrow)
 // With dO in a ring of its own (tuning_bwd.h do_stages < q_stages) S^T is issued before the
 // wait for dO, and dO is released once dQ part 0 is done (dV, issued before it, has read dO).
 // The elementwise code comes in three versions: dense (a step whose pairs are all visible, as
@@ -87,7 +89,7 @@ struct BwdMma {
       return make_tensor(make_smem_ptr(arch::opaque(ss.smem_ds.data())), typename Kt::SmemLayoutdSt{});
     };
     // dQ's B operand for a part: K^T's columns of this warpgroup's half of d (shared keys: part
-    // `part` of its kDqParts parts of 64 columns).
+    // `part` of its kDqParts parts of kDqCols columns).
     auto dq_operand_b = [&](int part) __attribute__((always_inline)) {
       if constexpr (kSharedKeys) {
         Tensor sKt_step = make_tensor(make_smem_ptr(arch::opaque(ss.smem_k.data())), typename Kt::SmemLayoutKt{});
@@ -107,6 +109,18 @@ struct BwdMma {
     constexpr int kFragS = decltype(size(tSrS))::value;
     static_assert(kFragS == kBlockN * kBlockM / Kt::kNumMmaThreads);
     static_assert(decltype(size(tdQrdQ))::value == Kt::kDqCols / 2, "dQ fragment: 64 x kDqCols per warpgroup");
+    // dQ part `part` = dS (buffer buf) K: the narrow part (kernel_traits_bwd.cuh kDqNarrowCols)
+    // as a narrower product over the bucket's columns only.
+    auto dq_product = [&](int part, int buf) __attribute__((always_inline)) {
+      if constexpr (Kt::kDqNarrowCols > 0) {
+        if (wg == Kt::kDqNarrowWg && part == Kt::kDqNarrowPart) {
+          dq_narrow(sdS(_, _, buf), make_tensor(make_smem_ptr(arch::opaque(ss.smem_k.data())), typename Kt::SmemLayoutKt{}),
+                    tdQrdQ);
+          return;
+        }
+      }
+      wgmma<true, -1>(mma_dq, tdQrdS(_, _, _, buf), dq_operand_b(part), tdQrdQ);
+    };
     // P^T and dS^T as the RS A operands of dV and dK (same registers, A order), and dS^T in the
     // accumulator order for its smem copy (shared keys: both only for the smem copies, then the
     // A operands of dV and dK are their smem views).
@@ -237,7 +251,7 @@ struct BwdMma {
       // dQ (part 0) and dK; dQ staged for this step's writer warp (once the previous step's
       // writer has read the staging) while dK's product runs, and with shared keys the further
       // parts after it.
-      wgmma<true, -1>(mma_dq, tdQrdS(_, _, _, ds_buf), dq_operand_b(0), tdQrdQ);
+      dq_product(0, ds_buf);
       if constexpr (kSharedKeys) {
         Tensor sdSt_buf = smem_ds_step()(_, _, ds_buf);
         if constexpr (Kt::kDkRealCols1 < Kt::kHeadDim / 2) {
@@ -265,7 +279,7 @@ struct BwdMma {
       for (int part = 1; part < Kt::kDqParts; ++part) {
         if (!Kt::dq_part_real(wg, part)) break;  // (the writer skips it too)
         warpgroup_fence_operand(tdQrdQ);
-        wgmma<true, -1>(mma_dq, tdQrdS(_, _, _, ds_buf ^ 1), dq_operand_b(part), tdQrdQ);
+        dq_product(part, ds_buf ^ 1);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tdQrdQ);
         if (part % Kt::kDqStagedParts == 0) {
@@ -361,6 +375,23 @@ struct BwdMma {
                       decltype(size(acc_real))::value * kCols == decltype(size(acc))::value * 2 * kReal,
                   "the narrower product's accumulators are the first of the warpgroup's one atom");
     wgmma<false, -1>(mma, thr.partition_fragment_A(a), thr.partition_fragment_B(b_real), acc_real);
+  }
+
+  /// The narrow dQ part (kernel_traits_bwd.cuh kDqNarrowCols): acc's first registers = dS K over
+  /// the bucket's last kDqNarrowCols columns (zero-initialised; the rest of acc is not staged).
+  /// ds: the step's (query, key) dS buffer; kt: K^T (d, key).
+  template <class TA, class TB, class TC>
+  __device__ __forceinline__ static void dq_narrow(const TA& ds, const TB& kt, TC& acc) {
+    using namespace cute;
+    constexpr int kCols = Kt::kDqNarrowCols;
+    typename Kt::template MmaDqPart<kCols> mma;
+    auto thr = mma.get_slice(0);
+    Tensor kt_cols =
+        local_tile(kt, Shape<Int<kCols>, Int<kBlockN>>{}, make_coord(Int<Kt::kDqNarrowFirst / kCols>{}, _0{}));
+    Tensor acc_real = make_tensor(acc.data(), partition_fragment_C(mma, Shape<_64, Int<kCols>>{}).layout());
+    static_assert(decltype(size(acc_real))::value * Kt::kDqCols == decltype(size(acc))::value * kCols,
+                  "the narrow product's accumulators are the first of the part's");
+    wgmma<true, -1>(mma, thr.partition_fragment_A(ds), thr.partition_fragment_B(kt_cols), acc_real);
   }
 
   /// What the elementwise steps read besides the accumulators: the query block's lse_log2 and D
@@ -468,10 +499,12 @@ struct BwdMma {
     float4* stage = reinterpret_cast<float4*>(ss.smem_dq.data() + wg * Kt::kDqStageFloats);
     constexpr int kGroups = Kt::kDqCols / 8;
     const int slot = part % Kt::kDqStagedParts;
+    const int real_groups = Kt::dq_part_cols(wg, part) / 8;  // (the narrow part: its first groups)
 #pragma unroll
     for (int gq = 0; gq < kGroups; ++gq)
-      stage[dq_chunk_index<kBlockM, Kt::kHeadDim>(0, slot * kGroups + gq, t128) / 4] =
-          make_float4(dq(4 * gq), dq(4 * gq + 1), dq(4 * gq + 2), dq(4 * gq + 3));
+      if (gq < real_groups)
+        stage[dq_chunk_index<kBlockM, Kt::kHeadDim>(0, slot * kGroups + gq, t128) / 4] =
+            make_float4(dq(4 * gq), dq(4 * gq + 1), dq(4 * gq + 2), dq(4 * gq + 3));
   }
 
   /// dK (x softmax_scale) and dV from registers: rows < seqlen_k, columns < the real head dims

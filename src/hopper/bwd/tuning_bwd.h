@@ -33,8 +33,10 @@
 // the dQ staging 32 KB; d64 (tile_m 128): K, V 16 KB each, Q + dO 64 KB, dS^T 64 KB, dQ 32 KB.
 // d256: K, V 32 KB each, two stages of Q 64 KB and one of dO 32 KB, P^T and dS^T double buffers
 // 32 KB, the dQ staging one 64-column part per warpgroup 32 KB (224 KB; d192 the same); 192 x 128
-// the same with V and the dO stage 16 KB each (192 KB; two dO stages in Q's ring measured 1-3.5%
-// slower in the default mode, three Q stages 0-2%). With one stage of Q and dO and all of dQ
+// the same with V and the dO stage 16 KB each, and its dQ in one 128-column part per warpgroup
+// (dq_parts 1: no second part waiting for the writer's read of the first) staged in 64 KB (224 KB;
+// with two parts, 192 KB: two dO stages in Q's ring measured 1-3.5% slower in the default mode,
+// three Q stages 0-2%). With one stage of Q and dO and all of dQ
 // staged at once (the same 224 KB) the d256 row's next step's Q / dO load could start only at a
 // step's end and the next step waited for it: 25-53% slower (bench/results/history.md).
 #pragma once
@@ -57,8 +59,13 @@ struct HopperBwdConfig {
   /// step). Fewer: a ring of its own, released once dV has read dO (mid-step), so the next step's
   /// dO loads under this step's dK and dQ while its Q is already in the second Q stage.
   int32_t do_stages;
-  /// dQ parts (kernel_traits_bwd.cuh kDqParts, 64 columns each with shared keys) a warpgroup
-  /// stages at once; its next part waits until the dQ writer's bulk reduce has read the staging.
+  /// Shared keys: dQ products per warpgroup and step (kernel_traits_bwd.cuh kDqParts), each over
+  /// d / 2 / dq_parts columns (a multiple of 64) into the same registers; 1 elsewhere. One part
+  /// costs d / 4 accumulator registers per thread but no wait: a warpgroup's second part is staged
+  /// only once the writer has read its first (with one part staged at a time).
+  int32_t dq_parts;
+  /// dQ parts (kernel_traits_bwd.cuh kDqParts) a warpgroup stages at once; its next part waits
+  /// until the dQ writer's bulk reduce has read the staging.
   int32_t dq_staged_parts;
   /// Share of P^T's exponentials computed on the FMA pipe (fa4/exp2.h exp2_emulated; FA4 Sec. 3),
   /// by 8-query-column groups of S^T, the rest on MUFU (16 per clock per SM).
@@ -88,7 +95,7 @@ struct HopperBwdConfig {
 // linker shares between every libfa4 loaded in one process (A/B runs load several builds),
 // so one build would read another build's table.
 constexpr HopperBwdConfig kHopperBwdConfigs[] = {
-    // d, dv, tile_m, tile_n, q_stages, do_stages, dq_staged_parts, exp2_emulation {period,
+    // d, dv, tile_m, tile_n, q_stages, do_stages, dq_parts, dq_staged_parts, exp2_emulation {period,
     // emulated}, regs (consumer, producer), lpt_band, det_lpt_band, walk_descending, shared_keys.
     // The producer warpgroup's warps (TMA, dQ writers with the deterministic ordering) spill at
     // 24 registers, the consumers below 232: ptxas reports no spill stores at 232/40 (d64 and
@@ -98,11 +105,11 @@ constexpr HopperBwdConfig kHopperBwdConfigs[] = {
     // Deterministic bands: 8 at d64 and d128, the fastest of 16 / 8 / 4 / 2 at 8k, causal and
     // not (bench/results/history.md; d64 measured with tile_m 64); 8 at d256 too (2-4% faster
     // than 16 at 4k-8k; 4 and 2 not measured).
-    {64, 64, 128, 128, 2, 2, 1, {16, 0}, 232, 40, 16, 8, true, false},
-    {128, 128, 64, 128, 2, 2, 1, {16, 0}, 232, 40, 16, 8, true, false},
-    {192, 128, 64, 64, 2, 1, 1, {16, 0}, 232, 40, 16, 8, true, true},
-    {192, 192, 64, 64, 2, 1, 1, {16, 0}, 232, 40, 16, 8, true, true},
-    {256, 256, 64, 64, 2, 1, 1, {16, 0}, 232, 40, 16, 8, true, true},
+    {64, 64, 128, 128, 2, 2, 1, 1, {16, 0}, 232, 40, 16, 8, true, false},
+    {128, 128, 64, 128, 2, 2, 1, 1, {16, 0}, 232, 40, 16, 8, true, false},
+    {192, 128, 64, 64, 2, 1, 1, 1, {16, 0}, 232, 40, 16, 8, true, true},
+    {192, 192, 64, 64, 2, 1, 2, 1, {16, 0}, 232, 40, 16, 8, true, true},
+    {256, 256, 64, 64, 2, 1, 2, 1, {16, 0}, 232, 40, 16, 8, true, true},
 };
 // No d96 row: the transposed views of a 96-column (64-byte swizzled) Q / dO tile are not a
 // canonical MN-major wgmma layout (CuTe's GMMA layout check), so 72..128 run on the d128 kernel
