@@ -170,7 +170,7 @@ TEST(HopperHost, BackwardOrderOverrides) {
 TEST(HopperHost, BackwardOrderChoice) {
   using fa4::detail::bwd_order;
   using fa4::detail::KernelOverrides;
-  const fa4::detail::HopperBwdConfig row{128, 128, 64, 128, 2, 2, 1, 1, {16, 0}, 232, 40, 16, 8, true, false};
+  const fa4::detail::HopperBwdConfig row{128, 128, 64, 128, 2, 2, 1, 1, 8, {16, 0}, 232, 40, 16, 8, true, false};
   const KernelOverrides none;
   for (bool masked : {false, true})
     for (bool varlen : {false, true})

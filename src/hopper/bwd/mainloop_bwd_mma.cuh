@@ -213,10 +213,14 @@ struct BwdMma {
       }
       ea.lse = ss.smem_lse.data() + st * kBlockM;
       ea.dsum = ss.smem_d.data() + st_do * kBlockM;
+      // The thread's first lse_log2 pairs (tuning_bwd.h lse_early_pairs), read while S^T's product
+      // runs: read after the wait, their shared-memory loads queue behind dP^T's operand reads and
+      // the exponentials wait for them.
+      const LsePairs lse = load_lse(ea);
       // P^T on the exp unit while the dP^T product runs on the tensor cores.
       warpgroup_wait<kSoftcapSerial ? 0 : 1>();
       warpgroup_fence_operand(tSrS);
-      probs<kSoftcap, kMasked>(p, ea, tSrS, tdVrP32);
+      probs<kSoftcap, kMasked>(p, ea, lse, tSrS, tdVrP32);
       if constexpr (kSoftcapSerial) {
         // dV takes the packed P^T before dP^T's accumulators are needed (see kSoftcapSerial).
         wgmma<false, -1>(mma_dv, tdVrP, tdVrdOt(_, _, _, st_do), tdVrdV);
@@ -423,6 +427,26 @@ struct BwdMma {
   // includes the warpgroup's first query with shared keys).
   __device__ __forceinline__ static int frag_column(int v, int col_lane) { return (v >> 2) * 8 + col_lane + (v & 1); }
 
+  /// The lse_log2 of the thread's query columns of S^T, a pair per 8-column group (col_lane is
+  /// even: one 8-byte load gives both columns).
+  static constexpr int kLsePairs = kBlockN * kBlockM / Kt::kNumMmaThreads / 4;  // S^T's fragment / 4
+  /// Pairs read early (load_lse, tuning_bwd.h lse_early_pairs); probs reads the others where it
+  /// uses them.
+  static constexpr int kLseEarly = Kt::kConfig.lse_early_pairs;
+  static_assert(kLseEarly >= 0 && kLseEarly <= kLsePairs, "lse_early_pairs: at most one pair per 8-column group");
+  struct LsePairs {
+    float2 v[kLseEarly > 0 ? kLseEarly : 1];
+  };
+  __device__ __forceinline__ static float2 lse_pair(const ElemArgs& ea, int g) {
+    return *reinterpret_cast<const float2*>(ea.lse + g * 8 + ea.col_lane);
+  }
+  __device__ __forceinline__ static LsePairs load_lse(const ElemArgs& ea) {
+    LsePairs l;
+#pragma unroll
+    for (int g = 0; g < kLseEarly; ++g) l.v[g] = lse_pair(ea, g);
+    return l;
+  }
+
   /// P^T = exp2(s * scale_log2 - lse_log2) in place (s = tanh(raw * softcap_inv_scale) under
   /// softcap), the row's share (tuning_bwd.h exp2_emulation) on the FMA pipe, the rest on MUFU.
   /// kMasked: pairs outside a key row's visible queries get exactly 0 by selection (never exp2 of
@@ -431,13 +455,14 @@ struct BwdMma {
   /// softcap, dscores packs P^T once it is done with it (shared keys: here, for its smem copy
   /// before dS^T).
   template <bool kSoftcap, bool kMasked, class FragS, class FragP32>
-  __device__ __forceinline__ static void probs(const Params& p, const ElemArgs& ea, FragS& s, FragP32& p32) {
+  __device__ __forceinline__ static void probs(const Params& p, const ElemArgs& ea, const LsePairs& lse, FragS& s,
+                                               FragP32& p32) {
     constexpr int kFrag = decltype(cute::size(s))::value;
+    static_assert(kFrag == 4 * kLsePairs, "S^T's fragment");
     constexpr Exp2Emulation kExp2 = Kt::kConfig.exp2_emulation;
 #pragma unroll
     for (int k = 0; k < kFrag / 2; ++k) {
-      // One 8-byte load gives both columns of the pair (col_lane is even).
-      const float2 l = *reinterpret_cast<const float2*>(ea.lse + (k >> 1) * 8 + ea.col_lane);
+      const float2 l = (k >> 1) < kLseEarly ? lse.v[(k >> 1) % (kLseEarly > 0 ? kLseEarly : 1)] : lse_pair(ea, k >> 1);
       float pv[2];
 #pragma unroll
       for (int e = 0; e < 2; ++e) {

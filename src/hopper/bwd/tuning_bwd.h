@@ -67,6 +67,11 @@ struct HopperBwdConfig {
   /// dQ parts (kernel_traits_bwd.cuh kDqParts) a warpgroup stages at once; its next part waits
   /// until the dQ writer's bulk reduce has read the staging.
   int32_t dq_staged_parts;
+  /// lse_log2 pairs (of tile_n * tile_m / 1024 per consumer thread: one per 8-query-column group
+  /// of S^T) read from smem while S^T's product runs; the rest are read where P^T needs them,
+  /// after the wait for S^T, and then queue behind dP^T's operand reads (mainloop_bwd_mma.cuh
+  /// load_lse). Each costs two registers across the wait.
+  int32_t lse_early_pairs;
   /// Share of P^T's exponentials computed on the FMA pipe (fa4/exp2.h exp2_emulated; FA4 Sec. 3),
   /// by 8-query-column groups of S^T, the rest on MUFU (16 per clock per SM).
   Exp2Emulation exp2_emulation;
@@ -95,8 +100,12 @@ struct HopperBwdConfig {
 // linker shares between every libfa4 loaded in one process (A/B runs load several builds),
 // so one build would read another build's table.
 constexpr HopperBwdConfig kHopperBwdConfigs[] = {
-    // d, dv, tile_m, tile_n, q_stages, do_stages, dq_parts, dq_staged_parts, exp2_emulation {period,
-    // emulated}, regs (consumer, producer), lpt_band, det_lpt_band, walk_descending, shared_keys.
+    // d, dv, tile_m, tile_n, q_stages, do_stages, dq_parts, dq_staged_parts, lse_early_pairs,
+    // exp2_emulation {period, emulated}, regs (consumer, producer), lpt_band, det_lpt_band,
+    // walk_descending, shared_keys.
+    // lse_early_pairs: all 8 at d128 (+0.5-2.3% at 4k-16k, varlen +3%; ptxas 108 B of spill stores
+    // against 84); 8 of 16 at d64 (+0.7-1.2%, no spill; all 16 spilled 36 B and lost 2.5-5%); the
+    // shared-key rows (4 pairs) not measured: none.
     // The producer warpgroup's warps (TMA, dQ writers with the deterministic ordering) spill at
     // 24 registers, the consumers below 232: ptxas reports no spill stores at 232/40 (d64 and
     // d128); 240/24 spills in the producer (d64 with tile_m 128: 36 B).
@@ -105,11 +114,11 @@ constexpr HopperBwdConfig kHopperBwdConfigs[] = {
     // Deterministic bands: 8 at d64 and d128, the fastest of 16 / 8 / 4 / 2 at 8k, causal and
     // not (bench/results/history.md; d64 measured with tile_m 64); 8 at d256 too (2-4% faster
     // than 16 at 4k-8k; 4 and 2 not measured).
-    {64, 64, 128, 128, 2, 2, 1, 1, {16, 0}, 232, 40, 16, 8, true, false},
-    {128, 128, 64, 128, 2, 2, 1, 1, {16, 0}, 232, 40, 16, 8, true, false},
-    {192, 128, 64, 64, 2, 1, 1, 1, {16, 0}, 232, 40, 16, 8, true, true},
-    {192, 192, 64, 64, 2, 1, 2, 1, {16, 0}, 232, 40, 16, 8, true, true},
-    {256, 256, 64, 64, 2, 1, 2, 1, {16, 0}, 232, 40, 16, 8, true, true},
+    {64, 64, 128, 128, 2, 2, 1, 1, 8, {16, 0}, 232, 40, 16, 8, true, false},
+    {128, 128, 64, 128, 2, 2, 1, 1, 8, {16, 0}, 232, 40, 16, 8, true, false},
+    {192, 128, 64, 64, 2, 1, 1, 1, 0, {16, 0}, 232, 40, 16, 8, true, true},
+    {192, 192, 64, 64, 2, 1, 2, 1, 0, {16, 0}, 232, 40, 16, 8, true, true},
+    {256, 256, 64, 64, 2, 1, 2, 1, 0, {16, 0}, 232, 40, 16, 8, true, true},
 };
 // No d96 row: the transposed views of a 96-column (64-byte swizzled) Q / dO tile are not a
 // canonical MN-major wgmma layout (CuTe's GMMA layout check), so 72..128 run on the d128 kernel
