@@ -103,9 +103,9 @@ constexpr HopperBwdConfig kHopperBwdConfigs[] = {
     // d, dv, tile_m, tile_n, q_stages, do_stages, dq_parts, dq_staged_parts, lse_early_pairs,
     // exp2_emulation {period, emulated}, regs (consumer, producer), lpt_band, det_lpt_band,
     // walk_descending, shared_keys.
-    // lse_early_pairs: all 8 at d128 (+0.5-2.3% at 4k-16k, varlen +3%; ptxas 108 B of spill stores
-    // against 84); 8 of 16 at d64 (+0.7-1.2%, no spill; all 16 spilled 36 B and lost 2.5-5%); the
-    // shared-key rows (4 pairs) not measured: none.
+    // lse_early_pairs: all 8 at d128; half of d64's 16 (all of them, 32 registers across the
+    // wait beside 64 + 64 of S^T and dP^T, make ptxas spill in the step; the A/Bs are in
+    // bench/results/history.md); the shared-key rows (4 pairs) not measured yet: none.
     // The producer warpgroup's warps (TMA, dQ writers with the deterministic ordering) spill at
     // 24 registers, the consumers below 232: ptxas reports no spill stores at 232/40 (d64 and
     // d128); 240/24 spills in the producer (d64 with tile_m 128: 36 B).
