@@ -106,6 +106,13 @@ struct BwdKernelTraits {
     const int first = wg * (kHeadDim / 2) + part * kDqCols;
     return kHeadDim_ >= first + kDqCols ? kDqCols : kHeadDim_ > first ? kHeadDim_ - first : 0;
   }
+  /// Bytes of warpgroup wg's staging that round `round` fills (its kDqStagedParts parts of 64 rows
+  /// x their bucket columns): what the dQ writer reduce-adds.
+  static constexpr uint32_t dq_round_bytes(int wg, int round) {
+    uint32_t bytes = 0;
+    for (int i = 0; i < kDqStagedParts; ++i) bytes += uint32_t(64 * dq_part_cols(wg, round * kDqStagedParts + i) * 4);
+    return bytes;
+  }
   static constexpr int kDqNarrowCols = kHeadDim == kHeadDim_ ? 0 : kHeadDim_ % kDqCols;  // 0: none
   static constexpr int kDqNarrowFirst = kHeadDim_ - kDqNarrowCols;  // its first column
   static constexpr int kDqNarrowWg = kDqNarrowFirst / (kHeadDim / 2);
@@ -230,7 +237,7 @@ struct BwdKernelTraits {
   static constexpr int kDqChunkFloats = kBlockM * kHeadDim / 2;  // per warpgroup
   static_assert(kDqChunkFloats == 64 * kDqCols * kDqParts, "a warpgroup's dQ parts fill its half of the chunk");
   static constexpr int kDqStageFloats = 64 * kDqCols * kDqStagedParts;  // a warpgroup's staging
-  static constexpr uint32_t kDqStageBytes = kDqStageFloats * 4;
+  static_assert(dq_round_bytes(0, 0) == kDqStageFloats * 4, "warpgroup 0's first round fills its staging");
 
   using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;  // (rows, d, head, batch)
   using StrideQKV = Stride<int64_t, _1, int64_t, int64_t>;

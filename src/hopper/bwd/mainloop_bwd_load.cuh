@@ -180,10 +180,8 @@ struct BwdDqWriter {
               if (!Kt::dq_part_real(wg, round * Kt::kDqStagedParts)) continue;  // padding only
               arch::named_barrier_sync(Barriers::dq_full(wg, w), kStageThreads);
               if (leader) {
-                // (a narrow part, staged on its own: its columns only)
-                const uint32_t bytes = Kt::kDqNarrowCols > 0 ? uint32_t(64 * Kt::dq_part_cols(wg, round * Kt::kDqStagedParts) * 4) : Kt::kDqStageBytes;
                 arch::bulk_reduce_add_f32(dst + wg * Kt::kDqChunkFloats + round * Kt::kDqStageFloats,
-                                          ss.smem_dq.data() + wg * Kt::kDqStageFloats, bytes);
+                                          ss.smem_dq.data() + wg * Kt::kDqStageFloats, Kt::dq_round_bytes(wg, round));
                 arch::bulk_commit();
                 arch::bulk_wait_read<0>();
               }

@@ -365,37 +365,39 @@ struct BwdMma {
       if (tid == 0) tma_store_wait<0>();  // the last dK / dV store's staging read, before the CTA exits
   }
 
-  /// Shared keys, warpgroup 1: acc += A B over the kReal of its kCols / 2 columns that are the
+  /// A product narrowed to the bucket's columns (shared keys, warpgroup 1): the first registers
+  /// of acc (one warpgroup's atom of 64 x kAccCols) = (kZeroInit) or += A B over the kReal
+  /// columns of B_t (columns, k) from column kFirst, with Mma, the same product kReal columns wide.
+  template <class Mma, bool kZeroInit, int kReal, int kFirst, int kAccCols, class TA, class TB, class TC>
+  __device__ __forceinline__ static void narrow_product(const TA& a, const TB& b_t, TC& acc) {
+    using namespace cute;
+    static_assert(kFirst % kReal == 0, "the columns start at a multiple of their width");
+    Mma mma;
+    auto thr = mma.get_slice(0);
+    Tensor b_real = local_tile(b_t, Shape<Int<kReal>, Int<decltype(size<1>(b_t))::value>>{},
+                               make_coord(Int<kFirst / kReal>{}, _0{}));
+    Tensor acc_real = make_tensor(acc.data(), partition_fragment_C(mma, Shape<_64, Int<kReal>>{}).layout());
+    static_assert(rank(typename TC::layout_type{}) == 3 && decltype(size<1>(acc))::value == 1 && decltype(size<2>(acc))::value == 1 &&
+                      decltype(size(acc_real))::value * kAccCols == decltype(size(acc))::value * kReal,
+                  "the narrower product's accumulators are the first of the warpgroup's one atom");
+    wgmma<kZeroInit, -1>(mma, thr.partition_fragment_A(a), thr.partition_fragment_B(b_real), acc_real);
+  }
+
+  /// Warpgroup 1's dK or dV: acc += A B over the kReal of its kCols / 2 columns that are the
   /// bucket's (kernel_traits_bwd.cuh kDkRealCols1): A the (keys, queries) smem view of dS^T or
   /// P^T, B_t the stage's (columns, queries) view of Q^T or dO^T, acc its dK or dV accumulator.
   template <int kReal, int kCols, class TA, class TB, class TC>
   __device__ __forceinline__ static void dkv_part(const TA& a, const TB& b_t, TC& acc) {
-    using namespace cute;
-    typename Kt::template MmaDkvPart<kReal> mma;
-    auto thr = mma.get_slice(0);
-    Tensor b_real = local_tile(b_t, Shape<Int<kReal>, Int<kBlockM>>{}, make_coord(Int<kCols / 2 / kReal>{}, _0{}));
-    Tensor acc_real = make_tensor(acc.data(), partition_fragment_C(mma, Shape<Int<kBlockN>, Int<kReal>>{}).layout());
-    static_assert(rank(typename TC::layout_type{}) == 3 && decltype(size<1>(acc))::value == 1 && decltype(size<2>(acc))::value == 1 &&
-                      decltype(size(acc_real))::value * kCols == decltype(size(acc))::value * 2 * kReal,
-                  "the narrower product's accumulators are the first of the warpgroup's one atom");
-    wgmma<false, -1>(mma, thr.partition_fragment_A(a), thr.partition_fragment_B(b_real), acc_real);
+    narrow_product<typename Kt::template MmaDkvPart<kReal>, false, kReal, kCols / 2, kCols / 2>(a, b_t, acc);
   }
 
   /// The narrow dQ part (kernel_traits_bwd.cuh kDqNarrowCols): acc's first registers = dS K over
-  /// the bucket's last kDqNarrowCols columns (zero-initialised; the rest of acc is not staged).
-  /// ds: the step's (query, key) dS buffer; kt: K^T (d, key).
+  /// the bucket's last kDqNarrowCols columns (the rest of acc is not staged). ds: the step's
+  /// (query, key) dS buffer; kt: K^T (d, key).
   template <class TA, class TB, class TC>
   __device__ __forceinline__ static void dq_narrow(const TA& ds, const TB& kt, TC& acc) {
-    using namespace cute;
-    constexpr int kCols = Kt::kDqNarrowCols;
-    typename Kt::template MmaDqPart<kCols> mma;
-    auto thr = mma.get_slice(0);
-    Tensor kt_cols =
-        local_tile(kt, Shape<Int<kCols>, Int<kBlockN>>{}, make_coord(Int<Kt::kDqNarrowFirst / kCols>{}, _0{}));
-    Tensor acc_real = make_tensor(acc.data(), partition_fragment_C(mma, Shape<_64, Int<kCols>>{}).layout());
-    static_assert(decltype(size(acc_real))::value * Kt::kDqCols == decltype(size(acc))::value * kCols,
-                  "the narrow product's accumulators are the first of the part's");
-    wgmma<true, -1>(mma, thr.partition_fragment_A(ds), thr.partition_fragment_B(kt_cols), acc_real);
+    narrow_product<typename Kt::template MmaDqPart<Kt::kDqNarrowCols>, true, Kt::kDqNarrowCols, Kt::kDqNarrowFirst,
+                   Kt::kDqCols>(ds, kt, acc);
   }
 
   /// What the elementwise steps read besides the accumulators: the query block's lse_log2 and D
@@ -435,7 +437,7 @@ struct BwdMma {
   static constexpr int kLseEarly = Kt::kConfig.lse_early_pairs;
   static_assert(kLseEarly >= 0 && kLseEarly <= kLsePairs, "lse_early_pairs: at most one pair per 8-column group");
   struct LsePairs {
-    float2 v[kLseEarly > 0 ? kLseEarly : 1];
+    float2 v[kLsePairs];  // the first kLseEarly set by load_lse; the others never read
   };
   __device__ __forceinline__ static float2 lse_pair(const ElemArgs& ea, int g) {
     return *reinterpret_cast<const float2*>(ea.lse + g * 8 + ea.col_lane);
@@ -462,7 +464,7 @@ struct BwdMma {
     constexpr Exp2Emulation kExp2 = Kt::kConfig.exp2_emulation;
 #pragma unroll
     for (int k = 0; k < kFrag / 2; ++k) {
-      const float2 l = (k >> 1) < kLseEarly ? lse.v[(k >> 1) % (kLseEarly > 0 ? kLseEarly : 1)] : lse_pair(ea, k >> 1);
+      const float2 l = (k >> 1) < kLseEarly ? lse.v[k >> 1] : lse_pair(ea, k >> 1);
       float pv[2];
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
