@@ -361,6 +361,7 @@ void backward(const detail::BwdParams& p) {
   ctx.lpt = order.lpt;
   ctx.bwd_lpt_band = order.band;
   ctx.bwd_descending = order.descending;
+  ctx.dynamic_schedule = order.dynamic;
   // dK / dV leave through smem + TMA stores (bwd/mainloop_bwd_mma.cuh store_dkdv_tma) where both
   // obey the TMA rule, not with shared keys (varlen: the kernel keeps direct stores for a
   // sequence's partial last block).

@@ -180,6 +180,7 @@ TEST(HopperHost, BackwardOrderChoice) {
         EXPECT_EQ(r.lpt, lpt);
         EXPECT_EQ(r.band, det ? 8 : 16);  // deterministic mode: the row's shorter chains
         EXPECT_EQ(r.descending, lpt);  // dense problems walk up (all key blocks together either way)
+        EXPECT_EQ(r.dynamic, masked && !varlen);  // greedy claims where tiles differ, not varlen's empty ones
       }
   // The shipped rows: bands of 16, descending, for every bucket; deterministic bands of 8.
   for (const fa4::detail::HopperBwdConfig& c : fa4::detail::kHopperBwdConfigs) {
@@ -205,6 +206,10 @@ TEST(HopperHost, BackwardOrderChoice) {
   }
   o.bwd_descending = 0;
   EXPECT_FALSE(bwd_order(row, true, false, false, o).descending);
+  o.dynamic_schedule = 0;
+  EXPECT_FALSE(bwd_order(row, true, false, false, o).dynamic);
+  o.dynamic_schedule = 1;
+  EXPECT_TRUE(bwd_order(row, false, true, false, o).dynamic);
 }
 
 // The backward's buckets: an input runs on the smallest row that holds both head dims (padded);

@@ -61,10 +61,24 @@ __device__ __forceinline__ BwdTile make_bwd_tile(const Params& p, int32_t t) {
   return ti;
 }
 
-/// This CTA's tile of iteration i (schedule_bwd.h bwd_tile_index).
+/// This CTA's tile of iteration i (schedule_bwd.h bwd_tile_index): its first (i = 0) in either
+/// schedule, every one in the static schedule.
 template <class Params>
 __device__ __forceinline__ int32_t bwd_tile_index(const Params& p, int32_t i) {
   return bwd_tile_index(i, int32_t(blockIdx.x), int32_t(gridDim.x), p.lpt);
+}
+
+/// The TMA warp's next tile (iteration i >= 1): the static one, or under the dynamic schedule
+/// (tile_counter set) the next unclaimed tile of the same order, claimed once the warp has issued
+/// the current tile's last loads, i.e. about when the CTA is ready for it (greedy list scheduling:
+/// tiles of unequal cost no longer pile up on the CTAs a fixed order hands them to). The claims
+/// number the tiles grid .. in claim order, so a CTA's tiles still increase. Whole warp; lane 0
+/// claims.
+template <class Params>
+__device__ __forceinline__ int32_t bwd_next_tile(const Params& p, int32_t i) {
+  if (!p.tile_counter) return bwd_tile_index(p, i);
+  const int32_t claimed = threadIdx.x % 32 == 0 ? atomicAdd(p.tile_counter, 1) : 0;
+  return __shfl_sync(0xffffffffu, claimed, 0) + int32_t(gridDim.x);
 }
 
 }  // namespace fa4::hopper

@@ -53,18 +53,20 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
   pkv.num_consumers = Kt::kNumMmaThreads;
   pkv.transaction_bytes = Kt::kTmaBytesK + Kt::kTmaBytesV;
   typename Kt::PipelineKV pipe_kv(ss.pipeline_kv, pkv, Shape<_1, _1, _1>{});
+  // The TMA warp (warp 0) publishes each tile; the consumers and the dQ writers receive it.
+  TileRing::Pipeline ring = TileRing::make(ss.tile_ring, warp_idx == 0, Kt::kTileReceivers);
   __syncthreads();  // barrier inits visible to everyone
   // The postprocess may be scheduled (it waits for this grid's completion before it reads dQ).
   arch::launch_dependents();
 
   if (warp_group == 0) {
     arch::warpgroup_reg_dealloc<Kt::kConfig.producer_regs>();
-    if (warp_idx == 0) BwdLoad<Kt>::run(p, ss, pipe_q, pipe_do, pipe_kv);
-    else if (warp_idx == 1 || warp_idx == 2) BwdDqWriter<Kt>::run(p, ss, warp_idx - 1);
+    if (warp_idx == 0) BwdLoad<Kt>::run(p, ss, pipe_q, pipe_do, pipe_kv, ring);
+    else if (warp_idx == 1 || warp_idx == 2) BwdDqWriter<Kt>::run(p, ss, ring, warp_idx - 1);
     return;
   }
   arch::warpgroup_reg_alloc<Kt::kConfig.consumer_regs>();
-  BwdMma<Kt>::run(p, ss, pipe_q, pipe_do, pipe_kv, int(threadIdx.x) - cutlass::NumThreadsPerWarpGroup);
+  BwdMma<Kt>::run(p, ss, pipe_q, pipe_do, pipe_kv, ring, int(threadIdx.x) - cutlass::NumThreadsPerWarpGroup);
 #endif
 }
 

@@ -37,6 +37,7 @@
 #include "hopper/bwd/schedule_bwd.h"
 #include "hopper/bwd/tuning_bwd.h"
 #include "hopper/fwd/tuning_fwd.h"
+#include "hopper/shared/tile_scheduler.cuh"
 
 namespace fa4::hopper {
 
@@ -287,7 +288,11 @@ struct BwdKernelTraits {
     alignas(16) typename PipelineQ::SharedStorage pipeline_q;
     alignas(16) typename PipelinedO::SharedStorage pipeline_do;  // used with kSplitdO only
     alignas(16) typename PipelineKV::SharedStorage pipeline_kv;
+    alignas(16) TileRing::SharedStorage tile_ring;  // the CTA's tiles, from the TMA warp to the other roles
   };
+  /// Threads that receive each tile from the TMA warp (TileRing): the consumers and the two dQ
+  /// writer warps.
+  static constexpr uint32_t kTileReceivers = kNumMmaThreads + 2 * 32;
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-CTA limit");
 
@@ -334,6 +339,7 @@ struct BwdKernelTraits {
     bool deterministic{};
 
     int32_t num_n_blocks{};     // ceil(seqlen_k / tile_n) (varlen: of max_seqlen_k)
+    int32_t* tile_counter{};    // dynamic schedule: claim counter (zeroed by the preprocess); nullptr: static
     bool lpt{};                 // longest tiles first, snake rounds (schedule_bwd.h; tuning_bwd.h bwd_order)
     int32_t lpt_band{1};        // lpt: key blocks of a head next to each other (schedule_bwd.h bwd_tile_coord)
     bool descending{};          // query blocks walked from the last down (schedule_bwd.h bwd_step_block)

@@ -143,13 +143,21 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   const size_t acc_bytes = size_t(head_chunks) * Kt::kBlockM * kHeadDim * sizeof(float);
   const size_t stat_bytes = size_t(head_chunks) * Kt::kBlockM * sizeof(float);
   const size_t sem_bytes = fp.deterministic ? (size_t(head_chunks) * sizeof(int32_t) + 255) / 256 * 256 : 0;
-  const size_t ws_bytes = acc_bytes + 2 * stat_bytes + sem_bytes;
+  // The dynamic schedule's claim counter (geometry_bwd.cuh bwd_next_tile), zeroed by the
+  // preprocess: only with more tiles than CTAs, and with query rows (else no preprocess runs,
+  // and no tile has a step).
+  const int grid = int(std::min<int64_t>(num_tiles, ctx.num_sms));
+  const bool has_rows = p.num_m_blocks > 0 && fp.num_heads > 0 && fp.batch > 0;
+  const bool dynamic = ctx.dynamic_schedule && num_tiles > grid && has_rows;
+  const size_t counter_bytes = dynamic ? 256 : 0;
+  const size_t ws_bytes = acc_bytes + 2 * stat_bytes + sem_bytes + counter_bytes;
   LaunchScratch ws{nullptr, false};
   if (ws_bytes > 0) ws = acquire_scratch(fp.device.index, stream, ws_bytes, 0, ScratchKind::kBackward);
   p.dq_accum = reinterpret_cast<float*>(ws.ptr);
   p.lse_log2 = reinterpret_cast<float*>(ws.ptr + acc_bytes);
   p.dpsum = reinterpret_cast<float*>(ws.ptr + acc_bytes + stat_bytes);
   p.dq_semaphore = fp.deterministic ? reinterpret_cast<int32_t*>(ws.ptr + acc_bytes + 2 * stat_bytes) : nullptr;
+  p.tile_counter = dynamic ? reinterpret_cast<int32_t*>(ws.ptr + acc_bytes + 2 * stat_bytes + sem_bytes) : nullptr;
 
   BwdAuxParams a;
   a.out = fp.out;
@@ -192,12 +200,12 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   a.lse_log2 = reinterpret_cast<float*>(ws.ptr + acc_bytes);
   a.dpsum = reinterpret_cast<float*>(ws.ptr + acc_bytes + stat_bytes);
   a.dq_semaphore = p.dq_semaphore;
+  a.tile_counter = p.tile_counter;
   a.chunks = p.chunks;
   a.num_m_blocks = p.num_m_blocks;
 
   cudaError_t launched = cudaSuccess;
   const dim3 aux_grid(unsigned(p.num_m_blocks), unsigned(fp.num_heads), unsigned(fp.batch));
-  const bool has_rows = p.num_m_blocks > 0 && fp.num_heads > 0 && fp.batch > 0;
   // The preprocess's 16-byte path reads kHeadDim columns of O and dO (headdim_v's): a bucket
   // with dv > d would need it templated on dv.
   static_assert(kHeadDimV <= kHeadDim, "bwd_preprocess_kernel covers kHeadDim columns of O / dO");
@@ -209,7 +217,6 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
     auto kernel = bwd_kernel<Kt>;
     launched = raise_smem_limit_once<Kt>(kernel, Kt::kSmemBytes, fp.device.index);
     if (launched == cudaSuccess) {
-      const int grid = int(std::min<int64_t>(num_tiles, ctx.num_sms));
       if (fp.deterministic) {
         // A key block's dQ writer waits for the blocks before it (mainloop_bwd_load.cuh): that is
         // deadlock-free only if every CTA is resident, which a cooperative launch guarantees (or

@@ -24,7 +24,8 @@ struct BwdLoad {
   /// Runs on the whole warp 0 (seq_bounds broadcasts over it); lane 0 issues every copy.
   template <class SharedStorage>
   __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, typename Kt::PipelineQ& pipe_q,
-                                             typename Kt::PipelinedO& pipe_do, typename Kt::PipelineKV& pipe_kv) {
+                                             typename Kt::PipelinedO& pipe_do, typename Kt::PipelineKV& pipe_kv,
+                                             TileRing::Pipeline& ring) {
     using namespace cute;
     const bool leader = threadIdx.x % 32 == 0;
     if (leader) {
@@ -53,7 +54,16 @@ struct BwdLoad {
     auto wq = cutlass::make_producer_start_state<typename Kt::PipelineQ>();
     auto wdo = cutlass::make_producer_start_state<typename Kt::PipelinedO>();  // kSplitdO
     auto wkv = cutlass::make_producer_start_state<typename Kt::PipelineKV>();
-    for (int32_t i = 0, t = bwd_tile_index(p, 0); t < p.num_tiles; t = bwd_tile_index(p, ++i)) {
+    // Each tile (and the first past the end, which ends the other roles) goes to the consumers
+    // and the dQ writers through the ring; the next is taken once this one's loads are issued.
+    uint32_t published = 0;
+    auto publish = [&](int32_t t) {
+      detail::WorkItem w;
+      w.tile = t;
+      TileRing::publish(ring, ss.tile_ring, published++, w);
+      return t;
+    };
+    for (int32_t i = 0, t = publish(bwd_tile_index(p, 0)); t < p.num_tiles; t = publish(bwd_next_tile(p, ++i))) {
       const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, true>(p, t);
       if (!ti.has_steps()) continue;  // the consumers write zero dK/dV (or nothing) without K/V
       const int32_t bt = p.is_varlen ? 0 : ti.b;
@@ -145,7 +155,7 @@ struct BwdDqWriter {
   }
 
   template <class SharedStorage>
-  __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, int w) {
+  __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, TileRing::Pipeline& ring, int w) {
     const bool leader = threadIdx.x % 32 == 0;
     // The consumers' first step waits for the staging as a step of parity 1 would have left it.
     if (w == 1)
@@ -153,7 +163,9 @@ struct BwdDqWriter {
       for (int wg = 0; wg < Kt::kNumMmaWarpGroups; ++wg)
         arch::named_barrier_arrive(Barriers::dq_empty(wg, 1), kStageThreads);
     int32_t steps = 0;  // the CTA's steps so far
-    for (int32_t i = 0, t = bwd_tile_index(p, 0); t < p.num_tiles; t = bwd_tile_index(p, ++i)) {
+    TileRing::State rs;
+    for (int32_t t = TileRing::receive(ring, ss.tile_ring, rs).tile; t < p.num_tiles;
+         t = TileRing::receive(ring, ss.tile_ring, rs).tile) {
       const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, true>(p, t);
       for (int32_t g = 0; g < p.group_size && ti.has_steps(); ++g) {
         const int32_t h = ti.h_kv * p.group_size + g;

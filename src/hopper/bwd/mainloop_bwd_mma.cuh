@@ -52,7 +52,8 @@ struct BwdMma {
   /// `tid`: index among the consumer threads (0..255).
   template <class SharedStorage>
   __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, typename Kt::PipelineQ& pipe_q,
-                                             typename Kt::PipelinedO& pipe_do, typename Kt::PipelineKV& pipe_kv, int tid) {
+                                             typename Kt::PipelinedO& pipe_do, typename Kt::PipelineKV& pipe_kv,
+                                             TileRing::Pipeline& ring, int tid) {
     using namespace cute;
     const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
     Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Kt::SmemLayoutQ{});
@@ -305,7 +306,9 @@ struct BwdMma {
       ++rq;
     };
 
-    for (int32_t i = 0, t = bwd_tile_index(p, 0); t < p.num_tiles; t = bwd_tile_index(p, ++i)) {
+    TileRing::State rs;
+    for (int32_t t = TileRing::receive(ring, ss.tile_ring, rs).tile; t < p.num_tiles;
+         t = TileRing::receive(ring, ss.tile_ring, rs).tile) {
       const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, true>(p, t);
       if (!ti.has_keys) continue;  // no dK/dV rows
       clear(tdVrdV);

@@ -52,6 +52,7 @@ struct BwdAuxParams {
   float* lse_log2{};
   float* dpsum{};
   int32_t* dq_semaphore{};  // nullptr unless deterministic
+  int32_t* tile_counter{};  // the main kernel's claim counter (dynamic schedule), zeroed here; else nullptr
   int32_t chunks{};
   int32_t num_m_blocks{};
 };
@@ -67,6 +68,7 @@ __device__ __forceinline__ float load_f(const void* base, int64_t i) {
 template <class Element, int kHeadDim, int kChunkRows>
 __global__ void __launch_bounds__(kBwdAuxThreads) bwd_preprocess_kernel(const BwdAuxParams p) {
   const int32_t m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  if (p.tile_counter && m == 0 && h == 0 && b == 0 && threadIdx.x == 0) *p.tile_counter = 0;
   const SeqBounds s = seq_bounds<true>(p, b);
   if (m * kChunkRows >= s.seqlen_q) return;
   const int64_t chunk = int64_t(h) * p.chunks + chunk_base<kChunkRows>(p, b, s) + m;
