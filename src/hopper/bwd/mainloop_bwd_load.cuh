@@ -2,10 +2,11 @@
 // CTA's K and V and, query block by query block, Q, dO, lse_log2 and D; and the two dQ writer warps
 // that reduce-add each staged dQ part into the fp32 accumulator.
 //
-// All three warps walk the CTA's tiles in the same static order as the consumers (schedule_bwd.h
-// bwd_tile_index) and, inside a tile, the group's query heads in order, each over the query blocks
-// that see the key block, with the same checked sequence bounds (geometry_bwd.cuh make_bwd_tile),
-// so all three roles agree step for step without a handoff ring.
+// The TMA warp takes the CTA's tiles (schedule_bwd.h bwd_tile_index, or claimed greedily:
+// geometry_bwd.cuh bwd_next_tile) and hands each to the consumers and the writers through the
+// shared TileRing (shared/tile_scheduler.cuh); inside a tile every role walks the group's query
+// heads in order, each over the query blocks that see the key block, with the same checked
+// sequence bounds (geometry_bwd.cuh make_bwd_tile), so all roles agree step for step.
 #pragma once
 
 #include <cute/tensor.hpp>

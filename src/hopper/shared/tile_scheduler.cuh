@@ -1,4 +1,6 @@
-// src/hopper/shared/tile_scheduler.cuh — persistent tile order of the forward kernel.
+// src/hopper/shared/tile_scheduler.cuh — persistent tile order of the forward kernel, and the
+// ring (TileRing) through which the forward's and the backward's producer warp hands each tile to
+// the other roles (the backward's order and claims: bwd/schedule_bwd.h, bwd/geometry_bwd.cuh).
 //
 // The grid has min(num_tiles, num_SMs) CTAs, each running tiles until none is left (which ones:
 // "Which CTA runs which tile" below). A tile is (m_block, head, batch): tile_m (128; d64: 192) query rows of one head.
