@@ -371,21 +371,25 @@ TEST(HopperBwd, DeterministicAcrossTileOrders) {
       struct Order {
         const char* band;
         const char* walk;
+        const char* schedule;  // tiles claimed greedily (dynamic) or by a static stride (328 tiles)
       };
       std::vector<std::vector<char>> ref[2];  // by walk: dq, dk, dv of the first band run
-      for (const Order& o : {Order{"1", "asc"}, Order{"16", "asc"}, Order{"3", "asc"}, Order{"1", "desc"},
-                             Order{"16", "desc"}, Order{"5", "desc"}}) {
+      for (const Order& o : {Order{"1", "asc", "auto"}, Order{"16", "asc", "auto"}, Order{"3", "asc", "dynamic"},
+                             Order{"1", "desc", "static"}, Order{"16", "desc", "dynamic"},
+                             Order{"16", "desc", "static"}, Order{"5", "desc", "auto"}}) {
         const fa4::test::ScopedOverride band("bwd_lpt_band", o.band);
         const fa4::test::ScopedOverride walk("bwd_walk", o.walk);
+        const fa4::test::ScopedOverride schedule("schedule", o.schedule);
         fa4::cli::run_backward(p, dp.placement(), fa4::Backend::kCuda);
         dp.download_outputs();
         ASSERT_EQ(cudaGetLastError(), cudaSuccess);
         const std::vector<std::vector<char>> now{tensor_bytes(p.dq), tensor_bytes(p.dk), tensor_bytes(p.dv)};
         const int w = std::strcmp(o.walk, "desc") == 0;
         if (ref[w].empty()) ref[w] = now;
-        EXPECT_TRUE(now[0] == ref[0][0]) << "dq, band " << o.band << " walk " << o.walk << ": " << s.describe();
+        EXPECT_TRUE(now[0] == ref[0][0])
+            << "dq, band " << o.band << " walk " << o.walk << " schedule " << o.schedule << ": " << s.describe();
         EXPECT_TRUE(now[1] == ref[w][1] && now[2] == ref[w][2])
-            << "dk/dv, band " << o.band << " walk " << o.walk << ": " << s.describe();
+            << "dk/dv, band " << o.band << " walk " << o.walk << " schedule " << o.schedule << ": " << s.describe();
       }
     }
 }
