@@ -72,7 +72,9 @@ __device__ __forceinline__ int32_t bwd_tile_index(const Params& p, int32_t i) {
 /// (tile_counter set) the next unclaimed tile of the same order, claimed once the warp has issued
 /// the current tile's last loads, i.e. about when the CTA is ready for it (greedy list scheduling:
 /// tiles of unequal cost no longer pile up on the CTAs a fixed order hands them to). The claims
-/// number the tiles grid .. in claim order, so a CTA's tiles still increase. Whole warp; lane 0
+/// number the tiles grid .. in claim order, so a CTA's tiles still increase. The preprocess
+/// zeroed the counter before this grid started (it is launched plainly after it; as its
+/// programmatic dependent the first claim would need griddepcontrol.wait). Whole warp; lane 0
 /// claims.
 template <class Params>
 __device__ __forceinline__ int32_t bwd_next_tile(const Params& p, int32_t i) {
