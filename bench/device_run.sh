@@ -9,7 +9,7 @@
 # build-<name>, buckets VAR_HD (default OLD_HD, then HD), beside the others, and timed in the same
 # A/B as name), SANITIZE=1, PYTEST=1 (python/tests against this
 # build), HOST=1 (bench/host_overhead.py), GTEST_FILTER (of the GPU test run), SAN_FILTER (gtest
-# filter of the sanitizer runs),
+# filter of the sanitizer runs), SAN_TIMEOUT (seconds per sanitizer tool, default 150),
 # BENCH=1 (bench/bench_fwd.py, BENCH_ARGS), BWD=1 (bench/bench_bwd.py, BWD_ARGS), DECODE=1
 # (bench/bench_decode.py, DECODE_ARGS), DAB=1 (bench/ab_decode.py over OLD / new / VARIANTS,
 # DAB_ARGS), KTIMES=1 (bench/kernel_times.py), SPLITS=1
@@ -65,7 +65,7 @@ echo "gpu tests rc=$?"; summ 60 < $OUT/gpu_tests.log
 if [ "${SANITIZE:-0}" = 1 ]; then
   F=${SAN_FILTER:-'HopperArch.*:HopperFwd.Sanitize*:HopperBwd.Sanitize*:HopperDecode.Sanitize*'}
   for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
-    timeout 150 compute-sanitizer --tool $tool $B/tests/fa4_gpu_tests --gtest_filter="$F" > $OUT/sanitize_$tool.log 2>&1
+    timeout ${SAN_TIMEOUT:-150} compute-sanitizer --tool $tool $B/tests/fa4_gpu_tests --gtest_filter="$F" > $OUT/sanitize_$tool.log 2>&1
     echo "$tool rc=$?: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" $OUT/sanitize_$tool.log | tr '\n' ' ')"
   done
 fi

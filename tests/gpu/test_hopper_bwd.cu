@@ -489,6 +489,26 @@ TEST(HopperBwd, SanitizeSmall) {
     }
 }
 
+/// The dynamic schedule (tiles claimed from a counter, causal without varlen) for
+/// compute-sanitizer: more tiles than the H200's 132 SMs (67 heads x 2 or 4 key blocks),
+/// deterministic and not, every bucket. The tile ring that hands a claim to the
+/// consumers and the dQ writers is what racecheck looks at.
+TEST(HopperBwd, SanitizeGreedyClaims) {
+  REQUIRE_HOPPER();
+  for (const fa4::detail::HopperBwdConfig& row : fa4::detail::kHopperBwdConfigs)
+    for (bool det : {false, true}) {
+      CaseSpec c = base(row.headdim);
+      c.headdim_v = row.headdim_v;
+      c.batch = 1;
+      c.seqlen_q = c.seqlen_k = 256;
+      c.num_heads = c.num_heads_kv = 67;
+      c.causal = true;
+      c.deterministic = det;
+      const fa4::test::ScopedOverride schedule("schedule", "dynamic");  // also if the default changes
+      check_case(c);
+    }
+}
+
 /// Device-resident varlen indices that break the rules: the backward computes nothing for the
 /// sequences concerned (their gradient rows keep the poison; no out-of-bounds access: run under
 /// compute-sanitizer), the good sequence gets exactly the gradients of a run with valid indices,
