@@ -170,7 +170,7 @@ TEST(HopperHost, BackwardOrderOverrides) {
 TEST(HopperHost, BackwardOrderChoice) {
   using fa4::detail::bwd_order;
   using fa4::detail::KernelOverrides;
-  const fa4::detail::HopperBwdConfig row{128, 128, 64, 128, 2, 2, 1, 1, 8, {16, 0}, 232, 40, 16, 8, true, false};
+  const fa4::detail::HopperBwdConfig row{128, 128, 64, 128, 2, 2, 1, 1, 8, {16, 0}, 232, 40, 16, 8, true, false, true};
   const KernelOverrides none;
   for (bool masked : {false, true})
     for (bool varlen : {false, true})
@@ -210,6 +210,14 @@ TEST(HopperHost, BackwardOrderChoice) {
   EXPECT_FALSE(bwd_order(row, true, false, false, o).dynamic);
   o.dynamic_schedule = 1;
   EXPECT_TRUE(bwd_order(row, false, true, false, o).dynamic);
+  // A row without tile claims has no claiming code: static, whatever the override says.
+  fa4::detail::HopperBwdConfig no_claims = row;
+  no_claims.tile_claims = false;
+  EXPECT_FALSE(bwd_order(no_claims, false, true, false, o).dynamic);
+  EXPECT_FALSE(bwd_order(no_claims, true, false, false, none).dynamic);
+  // The shipped rows: claims everywhere but 192 x 128 (slower with the ring).
+  for (const fa4::detail::HopperBwdConfig& c : fa4::detail::kHopperBwdConfigs)
+    EXPECT_EQ(c.tile_claims, !(c.headdim == 192 && c.headdim_v == 128)) << c.headdim << "x" << c.headdim_v;
 }
 
 // The backward's buckets: an input runs on the smallest row that holds both head dims (padded);

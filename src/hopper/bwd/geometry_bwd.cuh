@@ -20,6 +20,7 @@
 #include "hopper/arch/arch.cuh"
 #include "hopper/bwd/schedule_bwd.h"
 #include "hopper/shared/tile_info.cuh"
+#include "hopper/shared/tile_scheduler.cuh"
 
 namespace fa4::hopper {
 
@@ -81,6 +82,84 @@ __device__ __forceinline__ int32_t bwd_next_tile(const Params& p, int32_t i) {
   if (!p.tile_counter) return bwd_tile_index(p, i);
   const int32_t claimed = threadIdx.x % 32 == 0 ? atomicAdd(p.tile_counter, 1) : 0;
   return __shfl_sync(0xffffffffu, claimed, 0) + int32_t(gridDim.x);
+}
+
+// Where each role of the main kernel gets its tiles: `for (t = tiles.first(p); t < p.num_tiles;
+// t = tiles.next(p))`. Kernels with tile claims (tuning_bwd.h tile_claims) have the TMA warp
+// take every tile and publish it, the first past the end included (it ends the other roles),
+// through a TileRing in smem; the consumers and the dQ writers receive it. Kernels without
+// compute the static order in every role and have no ring.
+
+/// The smem ring of a kernel with tile claims (16-byte aligned), and its stand-in without.
+struct alignas(16) BwdTileRingStorage : TileRing::SharedStorage {};
+struct BwdNoTileRing {};
+
+/// Every role, no claims: this CTA's tiles in the static order.
+struct BwdStaticTiles {
+  int32_t i = 0;
+  template <class Params>
+  __device__ __forceinline__ int32_t first(const Params& p) {
+    i = 0;
+    return bwd_tile_index(p, 0);
+  }
+  template <class Params>
+  __device__ __forceinline__ int32_t next(const Params& p) {
+    return bwd_tile_index(p, ++i);
+  }
+};
+
+/// The TMA warp (whole warp) with claims: takes the tiles (the first static, then bwd_next_tile)
+/// and publishes each. It takes the next once the current tile's loads are issued.
+struct BwdRingProducerTiles {
+  TileRing::Pipeline& ring;
+  TileRing::SharedStorage& storage;
+  uint32_t published = 0;
+  int32_t i = 0;
+  __device__ __forceinline__ int32_t publish(int32_t t) {
+    detail::WorkItem w;
+    w.tile = t;
+    TileRing::publish(ring, storage, published++, w);
+    return t;
+  }
+  template <class Params>
+  __device__ __forceinline__ int32_t first(const Params& p) {
+    return publish(bwd_tile_index(p, 0));
+  }
+  template <class Params>
+  __device__ __forceinline__ int32_t next(const Params& p) {
+    return publish(bwd_next_tile(p, ++i));
+  }
+};
+
+/// The consumers and the dQ writers with claims: each tile as the TMA warp published it.
+struct BwdRingReceiverTiles {
+  TileRing::Pipeline& ring;
+  TileRing::SharedStorage& storage;
+  TileRing::State state{};
+  template <class Params>
+  __device__ __forceinline__ int32_t first(const Params&) {
+    return TileRing::receive(ring, storage, state).tile;
+  }
+  template <class Params>
+  __device__ __forceinline__ int32_t next(const Params&) {
+    return TileRing::receive(ring, storage, state).tile;
+  }
+};
+
+/// The ring's pipeline (claims) or nothing; every thread, before the __syncthreads that publishes
+/// the barrier inits.
+template <bool kClaims, class Storage>
+__device__ __forceinline__ auto make_bwd_tile_ring(Storage& storage, bool producer, uint32_t receivers) {
+  if constexpr (kClaims) return TileRing::make(storage, producer, receivers);
+  else return BwdNoTileRing{};
+}
+
+/// The tile source of a producer (TMA warp) or receiving role.
+template <bool kClaims, bool kProducer, class Ring, class Storage>
+__device__ __forceinline__ auto bwd_tiles(Ring& ring, Storage& storage) {
+  if constexpr (!kClaims) return BwdStaticTiles{};
+  else if constexpr (kProducer) return BwdRingProducerTiles{ring, storage};
+  else return BwdRingReceiverTiles{ring, storage};
 }
 
 }  // namespace fa4::hopper

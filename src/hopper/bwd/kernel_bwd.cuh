@@ -53,8 +53,9 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
   pkv.num_consumers = Kt::kNumMmaThreads;
   pkv.transaction_bytes = Kt::kTmaBytesK + Kt::kTmaBytesV;
   typename Kt::PipelineKV pipe_kv(ss.pipeline_kv, pkv, Shape<_1, _1, _1>{});
-  // The TMA warp (warp 0) publishes each tile; the consumers and the dQ writers receive it.
-  TileRing::Pipeline ring = TileRing::make(ss.tile_ring, warp_idx == 0, Kt::kTileReceivers);
+  // With tile claims the TMA warp (warp 0) publishes each tile; the consumers and the dQ writers
+  // receive it (geometry_bwd.cuh bwd_tiles).
+  auto ring = make_bwd_tile_ring<Kt::kTileClaims>(ss.tile_ring, warp_idx == 0, Kt::kTileReceivers);
   __syncthreads();  // barrier inits visible to everyone
   // The postprocess may be scheduled (it waits for this grid's completion before it reads dQ).
   arch::launch_dependents();

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -34,10 +35,10 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "core/mask.h"
+#include "hopper/bwd/geometry_bwd.cuh"
 #include "hopper/bwd/schedule_bwd.h"
 #include "hopper/bwd/tuning_bwd.h"
 #include "hopper/fwd/tuning_fwd.h"
-#include "hopper/shared/tile_scheduler.cuh"
 
 namespace fa4::hopper {
 
@@ -50,6 +51,7 @@ struct BwdKernelTraits {
   static constexpr detail::HopperBwdConfig kConfig = detail::hopper_bwd_config(kHeadDim_, kHeadDimV_);
   /// Both warpgroups hold all the keys (tuning_bwd.h shared_keys) and split queries / columns.
   static constexpr bool kSharedKeys = kConfig.shared_keys;
+  static constexpr bool kTileClaims = kConfig.tile_claims;  // tuning_bwd.h tile_claims
   /// Columns of the q/k and v/dO tiles: the bucket's, rounded up to a multiple of 128 with shared
   /// keys, where each warpgroup's half of the columns must be whole 64-column swizzle atoms (a
   /// 96-column half would start inside one). TMA zero-fills the added columns and no store
@@ -288,10 +290,11 @@ struct BwdKernelTraits {
     alignas(16) typename PipelineQ::SharedStorage pipeline_q;
     alignas(16) typename PipelinedO::SharedStorage pipeline_do;  // used with kSplitdO only
     alignas(16) typename PipelineKV::SharedStorage pipeline_kv;
-    alignas(16) TileRing::SharedStorage tile_ring;  // the CTA's tiles, from the TMA warp to the other roles
+    // With tile claims: the CTA's tiles, from the TMA warp to the other roles (geometry_bwd.cuh).
+    [[no_unique_address]] std::conditional_t<kTileClaims, BwdTileRingStorage, BwdNoTileRing> tile_ring;
   };
-  /// Threads that receive each tile from the TMA warp (TileRing): the consumers and the two dQ
-  /// writer warps.
+  /// Threads that receive each tile from the TMA warp (with tile claims): the consumers and the
+  /// two dQ writer warps.
   static constexpr uint32_t kTileReceivers = kNumMmaThreads + 2 * 32;
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-CTA limit");
@@ -339,11 +342,11 @@ struct BwdKernelTraits {
     bool deterministic{};
 
     int32_t num_n_blocks{};     // ceil(seqlen_k / tile_n) (varlen: of max_seqlen_k)
-    int32_t* tile_counter{};    // dynamic schedule: claim counter (zeroed by the preprocess); nullptr: static
     bool lpt{};                 // longest tiles first, snake rounds (schedule_bwd.h; tuning_bwd.h bwd_order)
     int32_t lpt_band{1};        // lpt: key blocks of a head next to each other (schedule_bwd.h bwd_tile_coord)
     bool descending{};          // query blocks walked from the last down (schedule_bwd.h bwd_step_block)
     int32_t num_tiles{};        // num_n_blocks * num_heads_kv * batch
+    int32_t* tile_counter{};    // dynamic schedule (kTileClaims only): claim counter (zeroed by the preprocess); nullptr: static
   };
 };
 

@@ -148,7 +148,7 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   // and no tile has a step).
   const int grid = int(std::min<int64_t>(num_tiles, ctx.num_sms));
   const bool has_rows = p.num_m_blocks > 0 && fp.num_heads > 0 && fp.batch > 0;
-  const bool dynamic = ctx.dynamic_schedule && num_tiles > grid && has_rows;
+  const bool dynamic = Kt::kTileClaims && ctx.dynamic_schedule && num_tiles > grid && has_rows;
   const size_t counter_bytes = dynamic ? 256 : 0;
   const size_t ws_bytes = acc_bytes + 2 * stat_bytes + sem_bytes + counter_bytes;
   LaunchScratch ws{nullptr, false};

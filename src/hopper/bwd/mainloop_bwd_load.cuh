@@ -2,9 +2,9 @@
 // CTA's K and V and, query block by query block, Q, dO, lse_log2 and D; and the two dQ writer warps
 // that reduce-add each staged dQ part into the fp32 accumulator.
 //
-// The TMA warp takes the CTA's tiles (schedule_bwd.h bwd_tile_index, or claimed greedily:
-// geometry_bwd.cuh bwd_next_tile) and hands each to the consumers and the writers through the
-// shared TileRing (shared/tile_scheduler.cuh); inside a tile every role walks the group's query
+// Every role takes the CTA's tiles from geometry_bwd.cuh bwd_tiles: the static order
+// (schedule_bwd.h bwd_tile_index), or with tile claims as the TMA warp takes them (claimed
+// greedily: bwd_next_tile) and hands them out through a TileRing; inside a tile every role walks the group's query
 // heads in order, each over the query blocks that see the key block, with the same checked
 // sequence bounds (geometry_bwd.cuh make_bwd_tile), so all roles agree step for step.
 #pragma once
@@ -23,10 +23,10 @@ struct BwdLoad {
   static constexpr int kBlockN = Kt::kBlockN;
 
   /// Runs on the whole warp 0 (seq_bounds broadcasts over it); lane 0 issues every copy.
-  template <class SharedStorage>
+  template <class SharedStorage, class Ring>
   __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, typename Kt::PipelineQ& pipe_q,
                                              typename Kt::PipelinedO& pipe_do, typename Kt::PipelineKV& pipe_kv,
-                                             TileRing::Pipeline& ring) {
+                                             Ring& ring) {
     using namespace cute;
     const bool leader = threadIdx.x % 32 == 0;
     if (leader) {
@@ -55,16 +55,9 @@ struct BwdLoad {
     auto wq = cutlass::make_producer_start_state<typename Kt::PipelineQ>();
     auto wdo = cutlass::make_producer_start_state<typename Kt::PipelinedO>();  // kSplitdO
     auto wkv = cutlass::make_producer_start_state<typename Kt::PipelineKV>();
-    // Each tile (and the first past the end, which ends the other roles) goes to the consumers
-    // and the dQ writers through the ring; the next is taken once this one's loads are issued.
-    uint32_t published = 0;
-    auto publish = [&](int32_t t) {
-      detail::WorkItem w;
-      w.tile = t;
-      TileRing::publish(ring, ss.tile_ring, published++, w);
-      return t;
-    };
-    for (int32_t i = 0, t = publish(bwd_tile_index(p, 0)); t < p.num_tiles; t = publish(bwd_next_tile(p, ++i))) {
+    // (With claims the next tile is taken once this one's loads are issued.)
+    auto tiles = bwd_tiles<Kt::kTileClaims, true>(ring, ss.tile_ring);
+    for (int32_t t = tiles.first(p); t < p.num_tiles; t = tiles.next(p)) {
       const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, true>(p, t);
       if (!ti.has_steps()) continue;  // the consumers write zero dK/dV (or nothing) without K/V
       const int32_t bt = p.is_varlen ? 0 : ti.b;
@@ -155,8 +148,8 @@ struct BwdDqWriter {
     return count;
   }
 
-  template <class SharedStorage>
-  __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, TileRing::Pipeline& ring, int w) {
+  template <class SharedStorage, class Ring>
+  __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, Ring& ring, int w) {
     const bool leader = threadIdx.x % 32 == 0;
     // The consumers' first step waits for the staging as a step of parity 1 would have left it.
     if (w == 1)
@@ -164,9 +157,8 @@ struct BwdDqWriter {
       for (int wg = 0; wg < Kt::kNumMmaWarpGroups; ++wg)
         arch::named_barrier_arrive(Barriers::dq_empty(wg, 1), kStageThreads);
     int32_t steps = 0;  // the CTA's steps so far
-    TileRing::State rs;
-    for (int32_t t = TileRing::receive(ring, ss.tile_ring, rs).tile; t < p.num_tiles;
-         t = TileRing::receive(ring, ss.tile_ring, rs).tile) {
+    auto tiles = bwd_tiles<Kt::kTileClaims, false>(ring, ss.tile_ring);
+    for (int32_t t = tiles.first(p); t < p.num_tiles; t = tiles.next(p)) {
       const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, true>(p, t);
       for (int32_t g = 0; g < p.group_size && ti.has_steps(); ++g) {
         const int32_t h = ti.h_kv * p.group_size + g;

@@ -50,10 +50,10 @@ struct BwdMma {
   static constexpr uint32_t kStageThreads = cutlass::NumThreadsPerWarpGroup + 32;
 
   /// `tid`: index among the consumer threads (0..255).
-  template <class SharedStorage>
+  template <class SharedStorage, class Ring>
   __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, typename Kt::PipelineQ& pipe_q,
                                              typename Kt::PipelinedO& pipe_do, typename Kt::PipelineKV& pipe_kv,
-                                             TileRing::Pipeline& ring, int tid) {
+                                             Ring& ring, int tid) {
     using namespace cute;
     const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
     Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Kt::SmemLayoutQ{});
@@ -306,9 +306,8 @@ struct BwdMma {
       ++rq;
     };
 
-    TileRing::State rs;
-    for (int32_t t = TileRing::receive(ring, ss.tile_ring, rs).tile; t < p.num_tiles;
-         t = TileRing::receive(ring, ss.tile_ring, rs).tile) {
+    auto tiles = bwd_tiles<Kt::kTileClaims, false>(ring, ss.tile_ring);
+    for (int32_t t = tiles.first(p); t < p.num_tiles; t = tiles.next(p)) {
       const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, true>(p, t);
       if (!ti.has_keys) continue;  // no dK/dV rows
       clear(tdVrdV);

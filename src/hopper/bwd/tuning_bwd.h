@@ -94,6 +94,11 @@ struct HopperBwdConfig {
   /// Both consumer warpgroups hold all tile_n (= 64) keys and split the query block of S^T / dP^T
   /// and the columns of dK, dV and dQ (kernel_traits_bwd.cuh); otherwise each holds 64 of the keys.
   bool shared_keys;
+  /// The kernel can claim its tiles greedily (bwd_order's dynamic schedule): the TMA warp takes
+  /// each tile and hands it to the other roles through a ring in smem (geometry_bwd.cuh
+  /// BwdRingTiles). Without, every role computes the static order itself (BwdStaticTiles) and
+  /// the kernel has no ring.
+  bool tile_claims;
 };
 
 // Internal linkage (not `inline`): an inline variable is a GNU-unique symbol, which the dynamic
@@ -102,7 +107,7 @@ struct HopperBwdConfig {
 constexpr HopperBwdConfig kHopperBwdConfigs[] = {
     // d, dv, tile_m, tile_n, q_stages, do_stages, dq_parts, dq_staged_parts, lse_early_pairs,
     // exp2_emulation {period, emulated}, regs (consumer, producer), lpt_band, det_lpt_band,
-    // walk_descending, shared_keys.
+    // walk_descending, shared_keys, tile_claims.
     // lse_early_pairs: all 8 at d128; half of d64's 16 (all of them, 32 registers across the
     // wait beside 64 + 64 of S^T and dP^T, make ptxas spill in the step; the A/Bs are in
     // bench/results/history.md); the shared-key rows (4 pairs) not measured yet: none.
@@ -114,11 +119,14 @@ constexpr HopperBwdConfig kHopperBwdConfigs[] = {
     // Deterministic bands: 8 at d64 and d128, the fastest of 16 / 8 / 4 / 2 at 8k, causal and
     // not (bench/results/history.md; d64 measured with tile_m 64); 8 at d256 too (2-4% faster
     // than 16 at 4k-8k; 4 and 2 not measured).
-    {64, 64, 128, 128, 2, 2, 1, 1, 8, {16, 0}, 232, 40, 16, 8, true, false},
-    {128, 128, 64, 128, 2, 2, 1, 1, 8, {16, 0}, 232, 40, 16, 8, true, false},
-    {192, 128, 64, 64, 2, 1, 1, 1, 0, {16, 0}, 232, 40, 16, 8, true, true},
-    {192, 192, 64, 64, 2, 1, 2, 1, 0, {16, 0}, 232, 40, 16, 8, true, true},
-    {256, 256, 64, 64, 2, 1, 2, 1, 0, {16, 0}, 232, 40, 16, 8, true, true},
+    // Tile claims: 1.2-3% faster at d128 causal 8k-16k and Llama GQA; the 192 x 128 kernel ran
+    // 6% (causal) and 10% (not) slower with the ring, whichever schedule it took: none there
+    // (bench/results/history.md).
+    {64, 64, 128, 128, 2, 2, 1, 1, 8, {16, 0}, 232, 40, 16, 8, true, false, true},
+    {128, 128, 64, 128, 2, 2, 1, 1, 8, {16, 0}, 232, 40, 16, 8, true, false, true},
+    {192, 128, 64, 64, 2, 1, 1, 1, 0, {16, 0}, 232, 40, 16, 8, true, true, false},
+    {192, 192, 64, 64, 2, 1, 2, 1, 0, {16, 0}, 232, 40, 16, 8, true, true, true},
+    {256, 256, 64, 64, 2, 1, 2, 1, 0, {16, 0}, 232, 40, 16, 8, true, true, true},
 };
 // No d96 row: the transposed views of a 96-column (64-byte swizzled) Q / dO tile are not a
 // canonical MN-major wgmma layout (CuTe's GMMA layout check), so 72..128 run on the d128 kernel
@@ -158,7 +166,8 @@ struct BwdOrder {
 /// chunk at once and add into it one after another, a chain as long as the head's key blocks;
 /// in bands the chain is at most a band long (the row's det_lpt_band). Other dense problems: key
 /// block fastest, walked from the first query block up (all of a head's key blocks see every
-/// block, so they walk together either way). The overrides "lpt", "bwd_lpt_band" and "bwd_walk" force each part.
+/// block, so they walk together either way). The overrides "lpt", "bwd_lpt_band", "bwd_walk" and
+/// "schedule" (on rows with tile_claims) force each part.
 inline BwdOrder bwd_order(const HopperBwdConfig& row, bool masked, bool varlen, bool deterministic,
                           const KernelOverrides& o) {
   BwdOrder r;
@@ -169,7 +178,8 @@ inline BwdOrder bwd_order(const HopperBwdConfig& row, bool masked, bool varlen, 
   // busiest CTA ~3% above the mean (d128 causal 4k-16k, by steps per tile); claimed greedily,
   // 0.5-2%. Varlen keeps the static stride, as in the forward: its tile grid (the longest
   // sequence's key blocks for every sequence) is mostly empty tiles.
-  r.dynamic = o.dynamic_schedule >= 0 ? o.dynamic_schedule == 1 : (masked && !varlen);
+  // Rows without tile_claims have no claiming code: the static stride whatever "schedule" says.
+  r.dynamic = row.tile_claims && (o.dynamic_schedule >= 0 ? o.dynamic_schedule == 1 : (masked && !varlen));
   return r;
 }
 
