@@ -19,7 +19,9 @@ inline constexpr int32_t kMaxBwdLptBand = 64;
 /// -1: the selector decides; 0 / 1: forced off / on.
 struct KernelOverrides {
   int8_t lpt = -1;               ///< "lpt": LPT order + L2 sections
-  int8_t dynamic_schedule = -1;  ///< "schedule": tiles claimed from an atomic counter (1) or a static stride (0)
+  /// "schedule": tiles claimed from an atomic counter (1) or a static stride (0); the backward's
+  /// rows without tile_claims (tuning_bwd.h) take the static stride either way
+  int8_t dynamic_schedule = -1;
   int8_t tma_epilogue = -1;      ///< "epilogue": O (dK, dV) through smem + TMA store (1) or direct stores (0)
   int8_t stream_k = -1;          ///< "stream_k": split the partial last round (1) or never (0)
   /// "small_q": a forward with few query rows per KV head on the decode kernel (1, where it can

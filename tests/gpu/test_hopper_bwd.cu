@@ -371,7 +371,7 @@ TEST(HopperBwd, DeterministicAcrossTileOrders) {
       struct Order {
         const char* band;
         const char* walk;
-        const char* schedule;  // tiles claimed greedily (dynamic) or by a static stride (328 tiles)
+        const char* schedule;  // claimed greedily (dynamic; rows with tile_claims) or a static stride (328 tiles)
       };
       std::vector<std::vector<char>> ref[2];  // by walk: dq, dk, dv of the first band run
       for (const Order& o : {Order{"1", "asc", "auto"}, Order{"16", "asc", "auto"}, Order{"3", "asc", "dynamic"},

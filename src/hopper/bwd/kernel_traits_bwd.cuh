@@ -346,7 +346,8 @@ struct BwdKernelTraits {
     int32_t lpt_band{1};        // lpt: key blocks of a head next to each other (schedule_bwd.h bwd_tile_coord)
     bool descending{};          // query blocks walked from the last down (schedule_bwd.h bwd_step_block)
     int32_t num_tiles{};        // num_n_blocks * num_heads_kv * batch
-    int32_t* tile_counter{};    // dynamic schedule (kTileClaims only): claim counter (zeroed by the preprocess); nullptr: static
+    // Last (the other fields keep their offsets whether a row has claims or not).
+    int32_t* tile_counter{};    // dynamic schedule (kTileClaims): claim counter zeroed by the preprocess; else nullptr
   };
 };
 

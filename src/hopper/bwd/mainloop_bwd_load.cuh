@@ -4,9 +4,9 @@
 //
 // Every role takes the CTA's tiles from geometry_bwd.cuh bwd_tiles: the static order
 // (schedule_bwd.h bwd_tile_index), or with tile claims as the TMA warp takes them (claimed
-// greedily: bwd_next_tile) and hands them out through a TileRing; inside a tile every role walks the group's query
-// heads in order, each over the query blocks that see the key block, with the same checked
-// sequence bounds (geometry_bwd.cuh make_bwd_tile), so all roles agree step for step.
+// greedily: bwd_next_tile) and hands them out through a TileRing; inside a tile every role walks
+// the group's query heads in order, each over the query blocks that see the key block, with the
+// same checked sequence bounds (geometry_bwd.cuh make_bwd_tile), so all roles agree step for step.
 #pragma once
 
 #include <cute/tensor.hpp>

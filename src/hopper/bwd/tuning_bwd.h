@@ -96,8 +96,8 @@ struct HopperBwdConfig {
   bool shared_keys;
   /// The kernel can claim its tiles greedily (bwd_order's dynamic schedule): the TMA warp takes
   /// each tile and hands it to the other roles through a ring in smem (geometry_bwd.cuh
-  /// BwdRingTiles). Without, every role computes the static order itself (BwdStaticTiles) and
-  /// the kernel has no ring.
+  /// bwd_tiles: BwdRingProducerTiles, BwdRingReceiverTiles). Without, every role computes the
+  /// static order itself (BwdStaticTiles) and the kernel has no ring.
   bool tile_claims;
 };
 
