@@ -110,7 +110,7 @@ constexpr HopperBwdConfig kHopperBwdConfigs[] = {
     // walk_descending, shared_keys, tile_claims.
     // lse_early_pairs: all 8 at d128; half of d64's 16 (all of them, 32 registers across the
     // wait beside 64 + 64 of S^T and dP^T, make ptxas spill in the step; the A/Bs are in
-    // bench/results/history.md); the shared-key rows (4 pairs) not measured yet: none.
+    // bench/results/history.md); the shared-key rows none (their 4 pairs measured 0-2% slower).
     // The producer warpgroup's warps (TMA, dQ writers with the deterministic ordering) spill at
     // 24 registers, the consumers below 232: ptxas reports no spill stores at 232/40 (d64 and
     // d128); 240/24 spills in the producer (d64 with tile_m 128: 36 B).
