@@ -1,6 +1,7 @@
-// src/hopper/shared/tile_scheduler.cuh — persistent tile order of the forward kernel, and the
-// ring (TileRing) through which the forward's and the backward's producer warp hands each tile to
-// the other roles (the backward's order and claims: bwd/schedule_bwd.h, bwd/geometry_bwd.cuh).
+// src/hopper/shared/tile_scheduler.cuh — persistent tile order of the forward kernel, the greedy
+// tile claim of both directions (claim_tile), and the ring (TileRing) through which the forward's
+// and the backward's producer warp hands each tile to the other roles (the backward's order:
+// bwd/schedule_bwd.h, bwd/geometry_bwd.cuh).
 //
 // The grid has min(num_tiles, num_SMs) CTAs, each running tiles until none is left (which ones:
 // "Which CTA runs which tile" below). A tile is (m_block, head, batch): tile_m (128; d64: 192) query rows of one head.
@@ -67,6 +68,22 @@ FA4_HD TileCoord tile_coord(const Params& p, int32_t t) {
 }
 
 #if defined(__CUDACC__)
+/// Greedy claiming, both directions: the tile of the next claim on `counter` (zero when the launch
+/// starts). Whole warp: lane 0 sends the atomicAdd, a full-mask shuffle broadcasts it. Claims are
+/// numbered 0, 1, ... in claim order and take tiles grid, grid + 1, ... (a CTA's first tile,
+/// blockIdx.x, is never claimed). Every CTA claims until it gets no tile (>= num_tiles), exactly
+/// once each, so a launch with num_tiles >= grid makes num_tiles claims, numbered 0 .. num_tiles - 1:
+/// the one numbered num_tiles - 1 is the launch's last, and resets the counter to zero, so the next
+/// launch sharing the counter needs no memset.
+__device__ __forceinline__ int32_t claim_tile(int32_t* counter, int32_t num_tiles) {
+  int32_t claimed = 0;
+  if (threadIdx.x % 32 == 0) {
+    claimed = atomicAdd(counter, 1);
+    if (claimed == num_tiles - 1) atomicExch(counter, 0);
+  }
+  return __shfl_sync(0xffffffffu, claimed, 0) + int32_t(gridDim.x);
+}
+
 /// Work items from the producer warp to the consumers: a 2-slot ring in shared memory.
 struct TileRing {
   static constexpr int kSlots = 2;
@@ -97,21 +114,15 @@ struct TileRing {
   }
 
   /// Item `i` of this CTA (i counts from 0), or, under the dynamic schedule (tile_counter set, zero
-  /// at launch), the next claimed tile. Called by the whole producer warp right after issuing the current item's
+  /// at launch), the next claimed tile (claim_tile). Called by the whole producer warp right after issuing the current item's
   /// loads (the atomic's round trip then overlaps the consumers' work on the tiles already loaded,
   /// since the producer runs ahead of them); lane 0 sends the atomicAdd and a full-mask shuffle
   /// broadcasts it. The first item of a CTA is never claimed: it is tile blockIdx.x.
   template <class Params>
   __device__ static detail::WorkItem item(const Params& p, const SharedStorage& ss, int32_t i) {
     if (!p.tile_counter || i == 0) return detail::stream_k_item(p.sk, ss.sk, p.num_tiles, int32_t(blockIdx.x), i);
-    const int32_t claimed = threadIdx.x % 32 == 0 ? atomicAdd(p.tile_counter, 1) : 0;
-    // Every CTA claims until it gets no tile, exactly once each, so one launch claims the values
-    // 0 .. num_tiles - 1 (num_tiles - grid successes + grid failures). The last value is the last
-    // claim of the launch: its CTA leaves the counter at zero for the next launch, which therefore
-    // needs no memset.
-    if (claimed == p.num_tiles - 1 && threadIdx.x % 32 == 0) atomicExch(p.tile_counter, 0);
     detail::WorkItem w;
-    w.tile = __shfl_sync(0xffffffffu, claimed, 0) + int32_t(gridDim.x);
+    w.tile = claim_tile(p.tile_counter, p.num_tiles);
     return w;
   }
 
