@@ -52,7 +52,6 @@ struct BwdKernelTraits {
   /// Both warpgroups hold all the keys (tuning_bwd.h shared_keys) and split queries / columns.
   static constexpr bool kSharedKeys = kConfig.shared_keys;
   static constexpr bool kTileClaims = kConfig.tile_claims;  // tuning_bwd.h tile_claims
-  static constexpr bool kEarlyKvRelease = kConfig.early_kv_release;  // tuning_bwd.h early_kv_release
   /// Columns of the q/k and v/dO tiles: the bucket's, rounded up to a multiple of 128 with shared
   /// keys, where each warpgroup's half of the columns must be whole 64-column swizzle atoms (a
   /// 96-column half would start inside one). TMA zero-fills the added columns and no store
@@ -89,7 +88,6 @@ struct BwdKernelTraits {
   static constexpr bool kDqSplitRows = dq_split_rows<kBlockM>;  // the postprocess's order too
   static constexpr int kDqParts = kSharedKeys ? kConfig.dq_parts : 1;  // tuning_bwd.h dq_parts
   static_assert(kSharedKeys || kConfig.dq_parts == 1, "dq_parts: 1 without shared keys");
-  static_assert(!kEarlyKvRelease || kDqParts == 1, "early_kv_release: one dQ product per step");
   static constexpr int kDqCols = kSharedKeys ? (kHeadDim / 2) / kDqParts : kDqSplitRows ? kHeadDim : kHeadDim / 2;
   static_assert(!kSharedKeys || (kDqCols % 64 == 0 && kDqCols * kDqParts == kHeadDim / 2),
                 "shared keys: dQ parts of whole 64-column swizzle atoms of K^T");

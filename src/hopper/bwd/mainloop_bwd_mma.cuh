@@ -22,8 +22,6 @@
 //   (dq_narrow)
 // With dO in a ring of its own (tuning_bwd.h do_stages < q_stages) S^T is issued before the
 // wait for dO, and dO is released once dQ part 0 is done (dV, issued before it, has read dO).
-// K / V are released to the TMA warp after the tile's last step, or (tuning_bwd.h
-// early_kv_release) as soon as that step's dQ product is done, under its dK product.
 // The elementwise code comes in three versions: dense (a step whose pairs are all visible, as
 // most are, selects nothing), masked, and softcap (which always selects).
 // dK and dV stay in registers over the whole walk (all query heads of the KV head's group: no dK/dV
@@ -156,10 +154,8 @@ struct BwdMma {
     int ds_buf = 0;
 
     // One step of the walk (the query block ea_in.q0 of the stage rq holds), in the issue order of
-    // the header comment; kSoftcap / kMasked pick the elementwise version. last_kv_step: the tile's
-    // last step, which releases K / V early (tuning_bwd.h early_kv_release; always false without).
-    auto step = [&](const ElemArgs& ea_in, const BwdTile& ti, bool last_kv_step, auto softcap_c,
-                    auto masked_c) __attribute__((always_inline)) {
+    // the header comment; kSoftcap / kMasked pick the elementwise version.
+    auto step = [&](const ElemArgs& ea_in, const BwdTile& ti, auto softcap_c, auto masked_c) __attribute__((always_inline)) {
       constexpr bool kSoftcap = decltype(softcap_c)::value;
       constexpr bool kMasked = decltype(masked_c)::value;
       // Softcap with 64 accumulators of S^T (tile_m = 128): its P^T is packed for dV beside
@@ -274,12 +270,6 @@ struct BwdMma {
       }
       warpgroup_wait<1>();  // dQ (part 0) done, dK runs on
       warpgroup_fence_operand(tdQrdQ);
-      if constexpr (Kt::kEarlyKvRelease) {
-        // The tile's only dQ product was the last reader of K (S^T and dP^T, before it, read K
-        // and V; dK and dV read dS^T, P^T, Q^T and dO^T): the TMA warp loads the next tile's K / V
-        // under this dK product and the dK / dV store.
-        if (last_kv_step) pipe_kv.consumer_release(rkv);
-      }
       if constexpr (Kt::kSplitdO) {  // dV, issued before dQ, is done with dO and D
         pipe_do.consumer_release(rdo);
         ++rdo;
@@ -352,13 +342,12 @@ struct BwdMma {
             // flight makes ptxas serialise the products.
             const bool masked = m < dense.m_lo || m >= dense.m_hi;
             const ElemArgs ea{nullptr, nullptr, q0, ti.s.seqlen_q - q0, col_lane, {}, {}};
-            const bool last = Kt::kEarlyKvRelease && g + 1 == p.group_size && i_step + 1 == ti.num_steps();
-            if (p.has_softcap) step(ea, ti, last, std::true_type{}, std::true_type{});  // softcap: always the selecting version
-            else if (masked) step(ea, ti, last, std::false_type{}, std::true_type{});
-            else step(ea, ti, last, std::false_type{}, std::false_type{});
+            if (p.has_softcap) step(ea, ti, std::true_type{}, std::true_type{});  // softcap: always the selecting version
+            else if (masked) step(ea, ti, std::false_type{}, std::true_type{});
+            else step(ea, ti, std::false_type{}, std::false_type{});
           }
         }
-        if constexpr (!Kt::kEarlyKvRelease) pipe_kv.consumer_release(rkv);  // else the last step did
+        pipe_kv.consumer_release(rkv);
         ++rkv;
       }
       if constexpr (!kSharedKeys) {

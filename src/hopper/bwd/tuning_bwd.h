@@ -99,11 +99,6 @@ struct HopperBwdConfig {
   /// bwd_tiles: BwdRingProducerTiles, BwdRingReceiverTiles). Without, every role computes the
   /// static order itself (BwdStaticTiles) and the kernel has no ring.
   bool tile_claims;
-  /// The tile's last step releases K / V to the TMA warp once its (only) dQ product is done, under
-  /// the last dK product (mainloop_bwd_mma.cuh), so the next tile's K / V load overlaps that
-  /// product and the dK / dV store; otherwise they are released after the store. dq_parts 1 only
-  /// (with more parts, the last one's wait is also dK's).
-  bool early_kv_release;
 };
 
 // Internal linkage (not `inline`): an inline variable is a GNU-unique symbol, which the dynamic
@@ -112,7 +107,7 @@ struct HopperBwdConfig {
 constexpr HopperBwdConfig kHopperBwdConfigs[] = {
     // d, dv, tile_m, tile_n, q_stages, do_stages, dq_parts, dq_staged_parts, lse_early_pairs,
     // exp2_emulation {period, emulated}, regs (consumer, producer), lpt_band, det_lpt_band,
-    // walk_descending, shared_keys, tile_claims, early_kv_release.
+    // walk_descending, shared_keys, tile_claims.
     // lse_early_pairs: all 8 at d128; half of d64's 16 (all of them, 32 registers across the
     // wait beside 64 + 64 of S^T and dP^T, make ptxas spill in the step; the A/Bs are in
     // bench/results/history.md); the shared-key rows none (their 4 pairs measured 0-2% slower).
@@ -127,11 +122,11 @@ constexpr HopperBwdConfig kHopperBwdConfigs[] = {
     // Tile claims: 1.2-3% faster at d128 causal 8k-16k and Llama GQA; the 192 x 128 kernel ran
     // 6% (causal) and 10% (not) slower with the ring, whichever schedule it took: none there
     // (bench/results/history.md).
-    {64, 64, 128, 128, 2, 2, 1, 1, 8, {16, 0}, 232, 40, 16, 8, true, false, true, false},
-    {128, 128, 64, 128, 2, 2, 1, 1, 8, {16, 0}, 232, 40, 16, 8, true, false, true, false},
-    {192, 128, 64, 64, 2, 1, 1, 1, 0, {16, 0}, 232, 40, 16, 8, true, true, false, true},
-    {192, 192, 64, 64, 2, 1, 2, 1, 0, {16, 0}, 232, 40, 16, 8, true, true, true, false},
-    {256, 256, 64, 64, 2, 1, 2, 1, 0, {16, 0}, 232, 40, 16, 8, true, true, true, false},
+    {64, 64, 128, 128, 2, 2, 1, 1, 8, {16, 0}, 232, 40, 16, 8, true, false, true},
+    {128, 128, 64, 128, 2, 2, 1, 1, 8, {16, 0}, 232, 40, 16, 8, true, false, true},
+    {192, 128, 64, 64, 2, 1, 1, 1, 0, {16, 0}, 232, 40, 16, 8, true, true, false},
+    {192, 192, 64, 64, 2, 1, 2, 1, 0, {16, 0}, 232, 40, 16, 8, true, true, true},
+    {256, 256, 64, 64, 2, 1, 2, 1, 0, {16, 0}, 232, 40, 16, 8, true, true, true},
 };
 // No d96 row: the transposed views of a 96-column (64-byte swizzled) Q / dO tile are not a
 // canonical MN-major wgmma layout (CuTe's GMMA layout check), so 72..128 run on the d128 kernel
