@@ -79,7 +79,7 @@ __device__ __forceinline__ int32_t bwd_tile_index(const Params& p, int32_t i) {
 /// it; as its programmatic dependent the first claim would need griddepcontrol.wait). Whole warp.
 template <class Params>
 __device__ __forceinline__ int32_t bwd_next_tile(const Params& p, int32_t i) {
-  return p.tile_counter ? claim_tile(p.tile_counter, p.num_tiles) : bwd_tile_index(p, i);
+  return p.tile_counter ? claim_tile</*kResetAtLast=*/false>(p.tile_counter, p.num_tiles) : bwd_tile_index(p, i);
 }
 
 // Where each role of the main kernel gets its tiles: `for (t = tiles.first(p); t < p.num_tiles;

@@ -72,14 +72,16 @@ FA4_HD TileCoord tile_coord(const Params& p, int32_t t) {
 /// starts). Whole warp: lane 0 sends the atomicAdd, a full-mask shuffle broadcasts it. Claims are
 /// numbered 0, 1, ... in claim order and take tiles grid, grid + 1, ... (a CTA's first tile,
 /// blockIdx.x, is never claimed). Every CTA claims until it gets no tile (>= num_tiles), exactly
-/// once each, so a launch with num_tiles >= grid makes num_tiles claims, numbered 0 .. num_tiles - 1:
-/// the one numbered num_tiles - 1 is the launch's last, and resets the counter to zero, so the next
-/// launch sharing the counter needs no memset.
+/// once each, so a launch with num_tiles >= grid makes num_tiles claims, numbered 0 .. num_tiles - 1.
+/// kResetAtLast (a counter shared by launches, the forward's): the claim numbered num_tiles - 1 is
+/// the launch's last and resets the counter to zero, so the next launch needs no memset. The
+/// backward's counter is in a workspace other launches overwrite: its preprocess zeroes it.
+template <bool kResetAtLast>
 __device__ __forceinline__ int32_t claim_tile(int32_t* counter, int32_t num_tiles) {
   int32_t claimed = 0;
   if (threadIdx.x % 32 == 0) {
     claimed = atomicAdd(counter, 1);
-    if (claimed == num_tiles - 1) atomicExch(counter, 0);
+    if (kResetAtLast && claimed == num_tiles - 1) atomicExch(counter, 0);
   }
   return __shfl_sync(0xffffffffu, claimed, 0) + int32_t(gridDim.x);
 }
@@ -122,7 +124,7 @@ struct TileRing {
   __device__ static detail::WorkItem item(const Params& p, const SharedStorage& ss, int32_t i) {
     if (!p.tile_counter || i == 0) return detail::stream_k_item(p.sk, ss.sk, p.num_tiles, int32_t(blockIdx.x), i);
     detail::WorkItem w;
-    w.tile = claim_tile(p.tile_counter, p.num_tiles);
+    w.tile = claim_tile</*kResetAtLast=*/true>(p.tile_counter, p.num_tiles);
     return w;
   }
 
