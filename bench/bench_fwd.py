@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Forward attention benchmark: fa4's Hopper kernel next to torch SDPA (cuDNN and FLASH backends),
-in ONE process, on one GPU, timed with triton.testing.do_bench (median, CUDA events).
+"""Forward attention benchmark: fa4's Hopper kernel next to torch SDPA (cuDNN and FLASH backends)
+and, where it is installed, upstream FlashAttention-4 (flash_attn.cute), in ONE process, on one GPU,
+timed with triton.testing.do_bench (median, CUDA events).
 
 Shapes (FA3/FA4 papers' convention): batch*seqlen = 16k tokens, num_heads*headdim = 2048, head
 dims 64/128/256, seqlen 512..16k, causal and not; Llama-3.1-8B prefill (32 q heads, 8 kv heads,
@@ -29,6 +30,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa4
 from fa4 import _capi
+
+try:  # upstream FlashAttention-4 (CuTe DSL), shared/peers/install_upstream_fa4.sh
+    from flash_attn.cute import flash_attn_func as upstream_fa4_func
+except Exception:  # not installed here
+    upstream_fa4_func = None
 
 
 def sh(cmd):
@@ -170,10 +176,11 @@ ROUNDS = 3  # set by --rounds
 
 
 def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
-    """Time fa4 and torch SDPA's cuDNN and FLASH backends on (q, k, v) and fill row r: r["fa4"]; with
-    no_split, r["fa4_no_split"] (fa4 again with the stream_k override at 0); r["cudnn"], r["flash"] (None
-    where the backend fails); all in TFLOP/s for `flops`; then r["ratio_cudnn"] = fa4/cudnn (None
-    without cuDNN). Each is the median over ROUNDS rounds that run every contender once, in an
+    """Time fa4, torch SDPA's cuDNN and FLASH backends and upstream FlashAttention-4 on (q, k, v) and
+    fill row r: r["fa4"]; with no_split, r["fa4_no_split"] (fa4 again with the stream_k override at
+    0); r["cudnn"], r["flash"], r["upstream_fa4"] (None where the backend fails or is not installed);
+    all in TFLOP/s for `flops`; then r["ratio_cudnn"] = fa4/cudnn and r["ratio_upstream_fa4"] (None
+    without the other). Each is the median over ROUNDS rounds that run every contender once, in an
     order rotated per round, so clock and thermal drift hit all of them alike (one pass measured
     cuDNN 7-12% apart between neighbouring runs). Returns r."""
     fa4_fn = lambda: fa4.flash_attn_func(q, k, v, causal=causal)
@@ -185,13 +192,21 @@ def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
         fn = sdpa_fn(q, k, v, causal, be)
         if fn:
             fns[name] = (fn, lambda be=be: sdpa_kernel([be]))
+    if upstream_fa4_func is not None:
+        up_fn = lambda: upstream_fa4_func(q, k, v, causal=causal)
+        try:
+            up_fn()
+            fns["upstream_fa4"] = (up_fn, contextlib.nullcontext)
+        except Exception as e:
+            print(f"# upstream_fa4 failed: {str(e).splitlines()[0][:160]}", file=sys.stderr)
     times = rotated_rounds({n: (lambda fn=fn, ctx=ctx: _bench_in(ctx, fn)) for n, (fn, ctx) in fns.items()},
                            ROUNDS)
     # Every contender gets a key (None if it could not be timed), fa4_no_split only when asked for.
-    for n in ["fa4"] + (["fa4_no_split"] if no_split else []) + ["cudnn", "flash"]:
+    for n in ["fa4"] + (["fa4_no_split"] if no_split else []) + ["cudnn", "flash", "upstream_fa4"]:
         r[n] = tflops(flops, statistics.median(times[n])) if times.get(n) else None
     r["rounds"] = ROUNDS
     r["ratio_cudnn"] = round(r["fa4"] / r["cudnn"], 3) if r["fa4"] and r["cudnn"] else None
+    r["ratio_upstream_fa4"] = round(r["fa4"] / r["upstream_fa4"], 3) if r["fa4"] and r["upstream_fa4"] else None
     return r
 
 
@@ -216,6 +231,7 @@ def main():
     global ROUNDS
     ROUNDS = args.rounds
     meta = run_meta()
+    meta["upstream_fa4"] = upstream_fa4_func is not None
     print(json.dumps(meta), flush=True)
     rows = []
     dt = torch.bfloat16
@@ -303,8 +319,9 @@ def main():
                 ax = axes[ci][hi]
                 sel = [r for r in std if r["hdim"] == hdim and r["causal"] == causal]
                 xs = [r["seqlen"] for r in sel]
-                for key in ("fa4", "cudnn", "flash"):
-                    ax.plot(xs, [r[key] or 0 for r in sel], marker="o", label=key)
+                for key in ("fa4", "cudnn", "flash", "upstream_fa4"):
+                    if any(r.get(key) for r in sel):
+                        ax.plot(xs, [r.get(key) or 0 for r in sel], marker="o", label=key)
                 ax.set_xscale("log", base=2)
                 ax.set_title(f"fwd d{hdim} {'causal' if causal else 'non-causal'}")
                 ax.set_xlabel("seqlen")
@@ -315,11 +332,13 @@ def main():
         fig.savefig(os.path.splitext(args.out_json)[0] + ".png", dpi=90)
     except Exception as e:  # the JSON is the result; the plot is a convenience
         print("plot failed:", e, file=sys.stderr)
-    print("\n%-8s %-5s %-6s %7s %7s %7s %6s" % ("hdim", "causal", "seqlen", "fa4", "cudnn", "flash", "ratio"))
+    print("\n%-8s %-5s %-6s %7s %7s %7s %8s %6s %6s" % ("hdim", "causal", "seqlen", "fa4", "cudnn", "flash",
+                                                      "upstream", "x cudnn", "x up"))
     for r in rows:
         if r["kind"] == "standard":
-            print("%-8d %-5s %-6d %7s %7s %7s %6s" % (r["hdim"], r["causal"], r["seqlen"], r["fa4"], r["cudnn"],
-                                                     r["flash"], r["ratio_cudnn"]))
+            print("%-8d %-5s %-6d %7s %7s %7s %8s %6s %6s" % (r["hdim"], r["causal"], r["seqlen"], r["fa4"], r["cudnn"],
+                                                             r["flash"], r["upstream_fa4"], r["ratio_cudnn"],
+                                                             r["ratio_upstream_fa4"]))
         elif r["kind"] != "standard":
             print(json.dumps(r))
 
