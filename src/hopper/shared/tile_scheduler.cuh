@@ -116,10 +116,10 @@ struct TileRing {
   }
 
   /// Item `i` of this CTA (i counts from 0), or, under the dynamic schedule (tile_counter set, zero
-  /// at launch), the next claimed tile (claim_tile). Called by the whole producer warp right after issuing the current item's
-  /// loads (the atomic's round trip then overlaps the consumers' work on the tiles already loaded,
-  /// since the producer runs ahead of them); lane 0 sends the atomicAdd and a full-mask shuffle
-  /// broadcasts it. The first item of a CTA is never claimed: it is tile blockIdx.x.
+  /// at launch), the next claimed tile (claim_tile). Called by the whole producer warp right after
+  /// issuing the current item's loads: the atomic's round trip then overlaps the consumers' work on
+  /// the tiles already loaded, since the producer runs ahead of them. The first item of a CTA is
+  /// never claimed: it is tile blockIdx.x.
   template <class Params>
   __device__ static detail::WorkItem item(const Params& p, const SharedStorage& ss, int32_t i) {
     if (!p.tile_counter || i == 0) return detail::stream_k_item(p.sk, ss.sk, p.num_tiles, int32_t(blockIdx.x), i);
