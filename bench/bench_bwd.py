@@ -26,14 +26,10 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_fwd import bench, rotated_rounds, run_meta, tflops  # noqa: E402
+# upstream_fa4_func: upstream FlashAttention-4 (None where it is not installed)
+from bench_fwd import bench, rotated_rounds, run_meta, tflops, upstream_fa4_func, upstream_fa4_version  # noqa: E402
 
 import fa4  # noqa: E402
-
-try:  # upstream FlashAttention-4 (CuTe DSL), shared/peers/install_upstream_fa4.sh
-    from flash_attn.cute import flash_attn_func as upstream_fa4_func
-except Exception:  # not installed here
-    upstream_fa4_func = None
 
 ROUNDS = 3
 
@@ -137,7 +133,7 @@ def main():
     global ROUNDS
     ROUNDS = args.rounds
     meta = run_meta()
-    meta["upstream_fa4"] = upstream_fa4_func is not None
+    meta["upstream_fa4"] = upstream_fa4_version()
     print(json.dumps(meta), flush=True)
     rows = []
     dt = torch.bfloat16

@@ -37,6 +37,18 @@ except Exception:  # not installed here
     upstream_fa4_func = None
 
 
+def upstream_fa4_version():
+    """The installed upstream FlashAttention-4's version (PyPI flash-attn-4), "unknown" where its
+    metadata cannot be read, None where it is not importable: the results JSON's meta."""
+    if upstream_fa4_func is None:
+        return None
+    import importlib.metadata
+    try:
+        return importlib.metadata.version("flash-attn-4")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def sh(cmd):
     try:
         return subprocess.check_output(cmd, shell=True, text=True, stderr=subprocess.DEVNULL).strip()
@@ -179,8 +191,8 @@ def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
     """Time fa4, torch SDPA's cuDNN and FLASH backends and upstream FlashAttention-4 on (q, k, v) and
     fill row r: r["fa4"]; with no_split, r["fa4_no_split"] (fa4 again with the stream_k override at
     0); r["cudnn"], r["flash"], r["upstream_fa4"] (None where the backend fails or is not installed);
-    all in TFLOP/s for `flops`; then r["ratio_cudnn"] = fa4/cudnn and r["ratio_upstream_fa4"] (None
-    without the other). Each is the median over ROUNDS rounds that run every contender once, in an
+    all in TFLOP/s for `flops`; then r["ratio_cudnn"] = fa4/cudnn and r["ratio_upstream_fa4"] =
+    fa4/upstream_fa4 (None without the other). Each is the median over ROUNDS rounds that run every contender once, in an
     order rotated per round, so clock and thermal drift hit all of them alike (one pass measured
     cuDNN 7-12% apart between neighbouring runs). Returns r."""
     fa4_fn = lambda: fa4.flash_attn_func(q, k, v, causal=causal)
@@ -198,7 +210,7 @@ def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
             up_fn()
             fns["upstream_fa4"] = (up_fn, contextlib.nullcontext)
         except Exception as e:
-            print(f"# upstream_fa4 failed: {str(e).splitlines()[0][:160]}", file=sys.stderr)
+            print(f"# upstream_fa4 failed: {str(e).splitlines()[0][:120]}", file=sys.stderr)
     times = rotated_rounds({n: (lambda fn=fn, ctx=ctx: _bench_in(ctx, fn)) for n, (fn, ctx) in fns.items()},
                            ROUNDS)
     # Every contender gets a key (None if it could not be timed), fa4_no_split only when asked for.
@@ -206,7 +218,8 @@ def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
         r[n] = tflops(flops, statistics.median(times[n])) if times.get(n) else None
     r["rounds"] = ROUNDS
     r["ratio_cudnn"] = round(r["fa4"] / r["cudnn"], 3) if r["fa4"] and r["cudnn"] else None
-    r["ratio_upstream_fa4"] = round(r["fa4"] / r["upstream_fa4"], 3) if r["fa4"] and r["upstream_fa4"] else None
+    r["ratio_upstream_fa4"] = (round(r["fa4"] / r["upstream_fa4"], 3)
+                               if r["fa4"] and r["upstream_fa4"] else None)
     return r
 
 
@@ -231,7 +244,7 @@ def main():
     global ROUNDS
     ROUNDS = args.rounds
     meta = run_meta()
-    meta["upstream_fa4"] = upstream_fa4_func is not None
+    meta["upstream_fa4"] = upstream_fa4_version()
     print(json.dumps(meta), flush=True)
     rows = []
     dt = torch.bfloat16
@@ -336,9 +349,9 @@ def main():
                                                       "upstream", "x cudnn", "x up"))
     for r in rows:
         if r["kind"] == "standard":
-            print("%-8d %-5s %-6d %7s %7s %7s %8s %6s %6s" % (r["hdim"], r["causal"], r["seqlen"], r["fa4"], r["cudnn"],
-                                                             r["flash"], r["upstream_fa4"], r["ratio_cudnn"],
-                                                             r["ratio_upstream_fa4"]))
+            cells = (r["hdim"], r["causal"], r["seqlen"], r["fa4"], r["cudnn"], r["flash"], r["upstream_fa4"],
+                     r["ratio_cudnn"], r["ratio_upstream_fa4"])
+            print("%-8d %-5s %-6d %7s %7s %7s %8s %6s %6s" % cells)
         elif r["kind"] != "standard":
             print(json.dumps(r))
 

@@ -73,13 +73,15 @@ __device__ __forceinline__ int32_t bwd_tile_index(const Params& p, int32_t i) {
 /// (tile_counter set) the next unclaimed tile of the same order, claimed once the warp has issued
 /// the current tile's last loads, i.e. about when the CTA is ready for it (greedy list scheduling:
 /// tiles of unequal cost no longer pile up on the CTAs a fixed order hands them to). The claims
-/// number the tiles grid .. in claim order, so a CTA's tiles still increase (claim_tile, the
-/// forward's claim too). The counter lives in the backward's workspace, which other launches
-/// overwrite, so the preprocess zeroes it before this grid starts (it is launched plainly after
-/// it; as its programmatic dependent the first claim would need griddepcontrol.wait). Whole warp.
+/// number the tiles grid .. in claim order, so a CTA's tiles still increase (shared/
+/// tile_scheduler.cuh claim_tile, shared with the forward). The counter lives in the backward's
+/// workspace, which other launches overwrite, so the preprocess zeroes it before this grid starts
+/// (it is launched plainly after it; as its programmatic dependent the first claim would need
+/// griddepcontrol.wait). Whole warp.
 template <class Params>
 __device__ __forceinline__ int32_t bwd_next_tile(const Params& p, int32_t i) {
-  return p.tile_counter ? claim_tile</*kResetAtLast=*/false>(p.tile_counter, p.num_tiles) : bwd_tile_index(p, i);
+  if (!p.tile_counter) return bwd_tile_index(p, i);
+  return claim_tile</*kResetAtLast=*/false>(p.tile_counter, p.num_tiles);
 }
 
 // Where each role of the main kernel gets its tiles: `for (t = tiles.first(p); t < p.num_tiles;
