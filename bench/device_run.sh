@@ -16,7 +16,8 @@
 # (bench/decode_split_sweep.py, SPLITS_ARGS), SMALLQ=1
 # (bench/small_q_route.py), AB_ARGS (extra ab_variants.py arguments), NCU=1 (ncu over
 # bench/profile_bwd.py, NCU_ARGS: its arguments, default "128 0 4096"), DNCU=1 (ncu over
-# bench/profile_decode.py, DNCU_ARGS: its shapes), TL=1 (the decode phase timeline of this tree:
+# bench/profile_decode.py, DNCU_ARGS: its shapes), FNCU=1 (ncu over bench/profile_fwd.py, every
+# contender's forward kernels, FNCU_ARGS: its arguments, default "64 1 512"), TL=1 (the decode phase timeline of this tree:
 # bench/timeline/decode_timeline_patch.py on a copy in /tmp/tl, built with bucket 128 beside the
 # others, then bench/timeline/decode_ts.py; TL_OLD=1 does the same for the OLD tree).
 # Everything is logged under $OUT; the last lines printed are the summary.
@@ -133,6 +134,14 @@ if [ "${DNCU:-0}" = 1 ]; then  # the decode kernel's throughput and stall reason
     python3 bench/profile_decode.py ${DNCU_ARGS:-1,1024,32,8,128,1 1,8192,32,8,128,0} > $OUT/ncu_decode.txt 2>&1
   echo "ncu decode rc=$?"; grep -E "decode_kernel|Duration|SM Busy|Issue Slots Busy|Memory Throughput|stalled_[a-z_]+_per" $OUT/ncu_decode.txt \
     | awk '$NF+0 >= 0.05 || !/stalled/' | cut -c1-120 | head -${DNCU_LINES:-70}
+fi
+if [ "${FNCU:-0}" = 1 ]; then  # every contender's forward kernels: launch shape, occupancy, throughput, stalls
+  # (bench/profile_fwd.py; an exported PYTHONPATH, e.g. upstream FlashAttention-4's, is kept)
+  PYTHONPATH=python:bench:${PYTHONPATH:-} FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout 240 ncu --clock-control none \
+    --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+    python3 bench/profile_fwd.py ${FNCU_ARGS:-64 1 512} > $OUT/ncu_fwd.txt 2>&1
+  echo "ncu fwd rc=$?"; grep -E "^  [^ ].*\(|Duration|Grid Size|Block Size|Registers Per|Dynamic Shared Memory Per|Waves Per SM|Achieved Occupancy|Compute \(SM\) Throughput|Warp Cycles Per Issued" \
+    $OUT/ncu_fwd.txt | cut -c1-120 | head -${FNCU_LINES:-120}
 fi
 for t in $([ "${TL:-0}" = 1 ] && echo tl) $([ "${TL_OLD:-0}" = 1 ] && [ -n "$OLD" ] && echo tlold); do
   # the decode phase timeline (bench/timeline/README.md), with the tree's own decode_ts.py
