@@ -192,9 +192,9 @@ def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
     fill row r: r["fa4"]; with no_split, r["fa4_no_split"] (fa4 again with the stream_k override at
     0); r["cudnn"], r["flash"], r["upstream_fa4"] (None where the backend fails or is not installed);
     all in TFLOP/s for `flops`; then r["ratio_cudnn"] = fa4/cudnn and r["ratio_upstream_fa4"] =
-    fa4/upstream_fa4 (None without the other). Each is the median over ROUNDS rounds that run every contender once, in an
-    order rotated per round, so clock and thermal drift hit all of them alike (one pass measured
-    cuDNN 7-12% apart between neighbouring runs). Returns r."""
+    fa4/upstream_fa4 (None without the other). Each is the median over ROUNDS rounds that run every
+    contender once, in an order rotated per round, so clock and thermal drift hit all of them alike
+    (one pass measured cuDNN 7-12% apart between neighbouring runs). Returns r."""
     fa4_fn = lambda: fa4.flash_attn_func(q, k, v, causal=causal)
     # name -> (call, context the timing runs in)
     fns = {"fa4": (fa4_fn, contextlib.nullcontext)}

@@ -17,9 +17,10 @@
 # (bench/small_q_route.py), AB_ARGS (extra ab_variants.py arguments), NCU=1 (ncu over
 # bench/profile_bwd.py, NCU_ARGS: its arguments, default "128 0 4096"), DNCU=1 (ncu over
 # bench/profile_decode.py, DNCU_ARGS: its shapes), FNCU=1 (ncu over bench/profile_fwd.py, every
-# contender's forward kernels, FNCU_ARGS: its arguments, default "64 1 512"), TL=1 (the decode phase timeline of this tree:
-# bench/timeline/decode_timeline_patch.py on a copy in /tmp/tl, built with bucket 128 beside the
-# others, then bench/timeline/decode_ts.py; TL_OLD=1 does the same for the OLD tree).
+# contender's forward kernels, FNCU_ARGS: its arguments, default "64 1 512"), TL=1 (the decode
+# phase timeline of this tree: bench/timeline/decode_timeline_patch.py on a copy in /tmp/tl,
+# built with bucket 128 beside the others, then bench/timeline/decode_ts.py; TL_OLD=1 does the
+# same for the OLD tree).
 # Everything is logged under $OUT; the last lines printed are the summary.
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem --format=csv,noheader
