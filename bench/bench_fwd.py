@@ -184,22 +184,10 @@ def sdpa_fn(q, k, v, causal, backend):
         return None
 
 
-ROUNDS = 3  # set by --rounds
-
-
-def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
-    """Time fa4, torch SDPA's cuDNN and FLASH backends and upstream FlashAttention-4 on (q, k, v) and
-    fill row r: r["fa4"]; with no_split, r["fa4_no_split"] (fa4 again with the stream_k override at
-    0); r["cudnn"], r["flash"], r["upstream_fa4"] (None where the backend fails or is not installed);
-    all in TFLOP/s for `flops`; then r["ratio_cudnn"] = fa4/cudnn and r["ratio_upstream_fa4"] =
-    fa4/upstream_fa4 (None without the other). Each is the median over ROUNDS rounds that run every
-    contender once, in an order rotated per round, so clock and thermal drift hit all of them alike
-    (one pass measured cuDNN 7-12% apart between neighbouring runs). Returns r."""
-    fa4_fn = lambda: fa4.flash_attn_func(q, k, v, causal=causal)
-    # name -> (call, context the timing runs in)
-    fns = {"fa4": (fa4_fn, contextlib.nullcontext)}
-    if no_split:
-        fns["fa4_no_split"] = (fa4_fn, lambda: hopper_overrides(stream_k="0"))
+def contenders(q, k, v, causal):
+    """name -> (forward call, context it runs in): fa4, SDPA's cuDNN and FLASH backends, upstream
+    FlashAttention-4; a backend that fails on (q, k, v) or is not installed is left out."""
+    fns = {"fa4": (lambda: fa4.flash_attn_func(q, k, v, causal=causal), contextlib.nullcontext)}
     for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
         fn = sdpa_fn(q, k, v, causal, be)
         if fn:
@@ -211,6 +199,24 @@ def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
             fns["upstream_fa4"] = (up_fn, contextlib.nullcontext)
         except Exception as e:
             print(f"# upstream_fa4 failed: {str(e).splitlines()[0][:120]}", file=sys.stderr)
+    return fns
+
+
+ROUNDS = 3  # set by --rounds
+
+
+def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
+    """Time fa4, torch SDPA's cuDNN and FLASH backends and upstream FlashAttention-4 on (q, k, v) and
+    fill row r: r["fa4"]; with no_split, r["fa4_no_split"] (fa4 again with the stream_k override at
+    0); r["cudnn"], r["flash"], r["upstream_fa4"] (None where the backend fails or is not installed);
+    all in TFLOP/s for `flops`; then r["ratio_cudnn"] = fa4/cudnn and r["ratio_upstream_fa4"] =
+    fa4/upstream_fa4 (None without the other). Each is the median over ROUNDS rounds that run every
+    contender once, in an order rotated per round, so clock and thermal drift hit all of them alike
+    (one pass measured cuDNN 7-12% apart between neighbouring runs). Returns r."""
+    fns = contenders(q, k, v, causal)
+    if no_split:  # right after fa4, as in the rows' key order
+        fns = {"fa4": fns["fa4"], "fa4_no_split": (fns["fa4"][0], lambda: hopper_overrides(stream_k="0")),
+               **fns}
     times = rotated_rounds({n: (lambda fn=fn, ctx=ctx: _bench_in(ctx, fn)) for n, (fn, ctx) in fns.items()},
                            ROUNDS)
     # Every contender gets a key (None if it could not be timed), fa4_no_split only when asked for.
