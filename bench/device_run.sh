@@ -137,12 +137,14 @@ if [ "${DNCU:-0}" = 1 ]; then  # the decode kernel's throughput and stall reason
     | awk '$NF+0 >= 0.05 || !/stalled/' | cut -c1-120 | head -${DNCU_LINES:-70}
 fi
 if [ "${FNCU:-0}" = 1 ]; then  # every contender's forward kernels: launch shape, occupancy, throughput, stalls
-  # (bench/profile_fwd.py; an exported PYTHONPATH, e.g. upstream FlashAttention-4's, is kept)
+  # (bench/profile_fwd.py; an exported PYTHONPATH, e.g. upstream FlashAttention-4's, is kept),
+  # the attention kernels only (fa4's fwd_kernel, cuDNN's fprop, FA2's and upstream's flash ones)
   PYTHONPATH=python:bench:${PYTHONPATH:-} FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout 240 ncu --clock-control none \
-    --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+    -k regex:"fwd_kernel|fprop|flash" --section SpeedOfLight --section LaunchStats --section Occupancy \
+    --section WarpStateStats --metrics regex:'^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' \
     python3 bench/profile_fwd.py ${FNCU_ARGS:-64 1 512} > $OUT/ncu_fwd.txt 2>&1
-  echo "ncu fwd rc=$?"; grep -E "^  [^ ].*\(|Duration|Grid Size|Block Size|Registers Per|Dynamic Shared Memory Per|Waves Per SM|Achieved Occupancy|Compute \(SM\) Throughput|Warp Cycles Per Issued" \
-    $OUT/ncu_fwd.txt | cut -c1-120 | head -${FNCU_LINES:-120}
+  echo "ncu fwd rc=$?"; grep -E "^  [^ ].*\(|Duration|Grid Size|Block Size|Registers Per|Dynamic Shared Memory Per|Waves Per SM|Achieved Occupancy|Compute \(SM\) Throughput|Warp Cycles Per Issued|stalled_[a-z_]+_per" \
+    $OUT/ncu_fwd.txt | awk '$NF+0 >= 0.1 || !/stalled/' | cut -c1-120 | head -${FNCU_LINES:-120}
 fi
 for t in $([ "${TL:-0}" = 1 ] && echo tl) $([ "${TL_OLD:-0}" = 1 ] && [ -n "$OLD" ] && echo tlold); do
   # the decode phase timeline (bench/timeline/README.md), with the tree's own decode_ts.py
