@@ -5,13 +5,15 @@ For a kernel shorter than the host work of one call, back-to-back calls are limi
 and triton's do_bench (which flushes L2 between calls) hides or exposes that cost depending on
 whether the GPU is still busy with the flush: the measured time of one library jumps between two
 values. This script measures (a) the host time per call at a tiny shape, for fa4's eager route
-(fa4.flash_attn_func), its custom-op route (torch.ops.fa4.fwd, which torch.compile uses and every
+(fa4.flash_attn_func; also on its ctypes host path instead of the C one, fa4._fastpath), its
+custom-op route (torch.ops.fa4.fwd, which torch.compile uses and every
 eager call used before 0c7650c), libfa4's C entry point alone and SDPA cuDNN; (b) short d128
 shapes with do_bench four times in a row and with events around 50 back-to-back calls; (c) the
 serving shapes (a 128-query chunk over 1024 keys, one decode query over 1024 keys with GQA 32/8):
 time per eager call back to back and per replay of the call captured in a CUDA graph (the decode
 shape also through fa4.flash_attn_with_kvcache, the KV-cache route; fa4 also merging through global
-scratch, with that scratch retained by fa4 and owned by the graph), the host's time to issue a
+scratch, with that scratch retained by fa4 and owned by the graph; fa4 on its ctypes host
+path), the host's time to issue a
 replay and the idle GPU time between replays, and the node types of that graph (kernels, and any
 memset or graph-memory alloc/free nodes a replay also launches).
 
@@ -116,7 +118,10 @@ def host_rows(device, dt, host):
                "fa4_eager": host(lambda: fa4.flash_attn_func(q, k, v, causal=causal)),
                "fa4_custom_op": host(lambda: op_route(q, k, v, causal)),
                ("cudnn" if device == "cuda" else "sdpa"): sdpa_us(causal),
-               "fa4_eager_requires_grad": host(lambda: fa4.flash_attn_func(qg, kg, vg, causal=causal))}
+               "fa4_eager_requires_grad": host(lambda: fa4.flash_attn_func(qg, kg, vg, causal=causal)),
+               "fa4_fastpath": fastpath_loaded()}
+        with ctypes_path():
+            row["fa4_eager_ctypes"] = host(lambda: fa4.flash_attn_func(q, k, v, causal=causal))
         rows.append(row)
     rows.append({"kind": "host_us_parts", "device": device,
                  "libfa4_fa4_forward": host(lambda: _capi.forward(*ts, opts.struct)),
@@ -242,6 +247,27 @@ def global_merge():
     return hopper_overrides(decode_cluster="0")
 
 
+@contextlib.contextmanager
+def ctypes_path():
+    """fa4's eager calls on the ctypes path (python/fa4/_torch_ops.py) instead of the C host path
+    (fa4._fastpath), entered once around a timing: that path's A/B in one process (a tree without
+    the C path takes the ctypes path either way)."""
+    has = hasattr(_torch_ops, "_fast")
+    saved = _torch_ops._fast if has else None
+    if has:
+        _torch_ops._fast = None
+    try:
+        yield
+    finally:
+        if has:
+            _torch_ops._fast = saved
+
+
+def fastpath_loaded() -> bool:
+    """True if this process's fa4 has its C host path (fa4._fastpath) beside its libfa4."""
+    return hasattr(_capi, "fastpath") and _capi.fastpath() is not None
+
+
 def cudnn_only():
     """torch SDPA restricted to its cuDNN backend (entered once around a timing, not per call)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -283,7 +309,7 @@ def serving_rows(add, rounds=7):
         fa4_call = lambda: fa4.flash_attn_func(q, k, v, causal=True)
         cudnn_call = lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=h != hkv)
         row = {"kind": "serving", "shape": name, "batch": b, "seqlen_q": sq, "seqlen_k": sk,
-               "num_heads": h, "num_heads_kv": hkv, "headdim": d}
+               "num_heads": h, "num_heads_kv": hkv, "headdim": d, "fa4_fastpath": fastpath_loaded()}
         contenders = [("fa4", fa4_call, contextlib.nullcontext), ("cudnn", cudnn_call, cudnn_only),
                       # the same call with the decode's cluster merge off (every split through global
                       # scratch): the A/B of that merge, in this process
@@ -292,7 +318,9 @@ def serving_rows(add, rounds=7):
                       # of retained by fa4: what the graph's user objects cost a replay (against
                       # fa4_global_merge: the same kernel, which keeps its scratch where the
                       # automatic choice merges in a cluster and needs none)
-                      ("fa4_global_merge_graph_owned", fa4_call, graph_owned_scratch)]
+                      ("fa4_global_merge_graph_owned", fa4_call, graph_owned_scratch),
+                      # the same call on the ctypes host path (no fa4._fastpath)
+                      ("fa4_ctypes", fa4_call, ctypes_path)]
         if hasattr(fa4, "flash_attn_with_kvcache"):  # the KV-cache route (decode kernel), same mask
             lens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
             contenders.append(("fa4_kvcache", lambda: fa4.flash_attn_with_kvcache(

@@ -8,11 +8,17 @@ Which library is loaded (first match wins):
   1. ``$FA4_LIBRARY`` — an explicit path to libfa4.so (e.g. a CMake build dir's ``src/libfa4.so``);
   2. the library installed inside this package by ``pip install ./python`` (``fa4/lib/libfa4.so``).
 Nothing else is searched, so a stale system copy can never be picked up silently.
+
+The C host path of the eager torch calls (``fa4._fastpath``, python/fa4/_fastpath.c) is the
+module of that name built beside the loaded library (:func:`fastpath`); without it those calls take
+the ctypes path below.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib.machinery
+import importlib.util
 import os
 import pathlib
 import threading
@@ -239,6 +245,36 @@ def library():
                  f"the package (pip install ./python), or set ${_LIBRARY_ENV} to a built libfa4.so")
         raise LibraryNotFoundError(
             f"fa4: cannot load libfa4 from {where}: " + "; ".join(errors))
+
+
+_fastpath_module = None  # fa4._fastpath as loaded by fastpath(); False: looked for, not there
+
+
+def fastpath():
+    """The ``fa4._fastpath`` extension module built beside the loaded libfa4 (same directory: the
+    package's ``lib/``, or a CMake build's ``src/``), or None where there is none (CMake did not
+    find Python's headers, ``-DFA4_PYTHON_FASTPATH=OFF``, another Python version). Its entry points
+    are called with the addresses of the loaded library's functions, so it always calls the
+    library this module loaded."""
+    global _fastpath_module
+    if _fastpath_module is None:
+        found = False
+        lib_dir = pathlib.Path(library()._name).resolve().parent
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = lib_dir / ("_fastpath" + suffix)
+            if path.is_file():
+                spec = importlib.util.spec_from_file_location("fa4._fastpath", path)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+                found = module
+                break
+        _fastpath_module = found
+    return _fastpath_module or None
+
+
+def entry_address(name: str) -> int:
+    """Address of libfa4's C function `name` (for fa4._fastpath.call)."""
+    return ctypes.cast(getattr(library(), name), ctypes.c_void_p).value
 
 
 def check(status: int) -> None:

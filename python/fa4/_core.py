@@ -267,7 +267,7 @@ class CallOptions:
     The parameters may be given by position in this order (the torch ops do, to save the cost of
     keyword passing on every call)."""
 
-    __slots__ = ("struct", "_keep")
+    __slots__ = ("struct", "_keep", "address")
 
     def __init__(self, fn: str, softmax_scale=None, causal=False, window_size=(-1, -1),
                  softcap=0.0, sink=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
@@ -300,6 +300,7 @@ class CallOptions:
                     self._keep.append(t)
                     setattr(o, field, ctypes.pointer(t))
         self.struct = o
+        self.address = ctypes.addressof(o)  # (fa4._fastpath.call takes addresses)
 
 
 _default_kvcache_args_bytes = None  # fa4_kvcache_args_init's output, taken once (constants)
@@ -309,7 +310,7 @@ class KVCacheCall:
     """fa4_kvcache_args plus the fa4_tensor objects its pointers refer to (kept alive with it).
     Tensors are NumPy arrays or torch tensors (int32 for the index tensors); None = not given."""
 
-    __slots__ = ("struct", "_keep")
+    __slots__ = ("struct", "_keep", "address")
 
     def __init__(self, fn: str, k_new=None, v_new=None, cache_seqlens=None, cache_batch_idx=None,
                  page_table=None, num_splits=0, streams=None):
@@ -327,6 +328,7 @@ class KVCacheCall:
                 self._keep.append(t)
                 setattr(a, field, ctypes.pointer(t))
         self.struct = a
+        self.address = ctypes.addressof(a)
 
 
 def _check_ranks(fn: str, *tensors):

@@ -1,9 +1,10 @@
 """torch integration: the custom ops ``fa4::fwd`` / ``fa4::bwd`` and autograd through fa4's backward.
 
 The ops are registered with ``torch.library.custom_op`` (no C++ extension, no compilation against
-torch): the real kernels call libfa4 through ctypes, the fake kernels give shapes to
-``torch.compile`` / FakeTensor tracing, and ``register_autograd`` connects the backward, so
-``torch.compile(fullgraph=True)`` traces through fa4 with no graph break.
+torch): the real kernels call libfa4 through fa4._fastpath (C against Python's headers; see below)
+or ctypes, the fake kernels give shapes to ``torch.compile`` / FakeTensor tracing, and
+``register_autograd`` connects the backward, so ``torch.compile(fullgraph=True)`` traces through
+fa4 with no graph break.
 
 Eager calls on plain CPU/CUDA tensors skip the dispatcher (it cost more host time than a short
 kernel runs): they call the same implementation directly, with autograd through an equivalent
@@ -97,11 +98,21 @@ def _is_varlen(cu_seqlens_q, cu_seqlens_k) -> bool:
 
 def _fwd_outputs(q: Tensor, v: Tensor, varlen: bool, fake: bool):
     out_shape, lse_shape = _core.output_shapes(q.shape, v.shape, varlen)
-    if fake or not varlen:
-        # empty_like when out has q's shape (headdim_v = headdim): half the host time of new_empty
+    if fake:
         out = (torch.empty_like(q, memory_format=torch.contiguous_format)
                if out_shape == q.shape else q.new_empty(out_shape))
         return out, q.new_empty(lse_shape, dtype=torch.float32)
+    if not varlen:
+        # The cheapest allocations with the same result (host time per call, bench/host_overhead.py):
+        # empty_like when out has q's shape (headdim_v = headdim), without the memory_format
+        # argument when q is contiguous (the preserved format is then the contiguous one); the
+        # factory with the sizes as arguments rather than new_empty with a shape tuple.
+        if out_shape == q.shape:
+            out = (torch.empty_like(q) if q.is_contiguous()
+                   else torch.empty_like(q, memory_format=torch.contiguous_format))
+        else:
+            out = q.new_empty(out_shape)
+        return out, torch.empty(*lse_shape, dtype=torch.float32, device=q.device)
     # Varlen rows outside every sequence are left untouched by the library: define them.
     return (q.new_zeros(out_shape),
             torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device))
@@ -134,7 +145,55 @@ def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tensor],
     return out, lse
 
 
+# ---- the C host path (python/fa4/_fastpath.c) -----------------------------------------------------
+# fa4._fastpath describes the tensors and calls libfa4 in one call (~6 us less per eager call than
+# the ctypes path below, bench/host_overhead.py). Set up on the first call (libfa4 loads lazily);
+# None: no such module beside the library, and every call takes the ctypes path. A call it cannot
+# describe (a dtype, device or rank fa4 does not take) also takes the ctypes path, which raises the
+# error naming the tensor.
+_UNSET = object()
+# (fa4._fastpath.call, {C function name: address}, the library those addresses are in) or None
+_fast = _UNSET
+
+
+def _fast_setup():
+    global _fast
+    module = _capi.fastpath()
+    if module is None:
+        _fast = None
+        return None
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _core.current_cuda_stream
+    module.init(dict(_core._torch_dtype_codes()), raw_stream if torch.cuda.is_available() else None)
+    lib = _capi.library()
+    entries = {name: _capi.entry_address(name)
+               for name in ("fa4_forward", "fa4_backward", "fa4_forward_with_kvcache")
+               if hasattr(lib, name)}
+    _fast = (module.call, entries, lib)
+    return _fast
+
+
+def _fast_call(name: str, tensors: tuple, trailing: tuple) -> bool:
+    """True if fa4._fastpath ran libfa4's `name` (raising its error as the ctypes path would);
+    False if the caller must take the ctypes path."""
+    fast = _fast if _fast is not _UNSET else _fast_setup()
+    if fast is None:
+        return False
+    if fast[2] is not _capi._lib:  # another libfa4 swapped in (bench/ab_variants.py): its entries
+        fast = _fast_setup()
+    entry = fast[1].get(name)
+    if entry is None:
+        return False
+    status = fast[0](entry, tensors, trailing)
+    if status is None:
+        return False
+    if status:
+        _capi.check(status)
+    return True
+
+
 def _run_fwd(q, k, v, out, lse, opts, streams):
+    if _fast_call("fa4_forward", (q, k, v, out, lse), (opts.address,)):
+        return
     describe = _core.describe_torch
     _capi.forward(describe(q, "q", _FN_FWD, streams), describe(k, "k", _FN_FWD, streams),
                   describe(v, "v", _FN_FWD, streams), describe(out, "out", _FN_FWD, streams),
@@ -187,6 +246,9 @@ def _bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
 
 
 def _run_bwd(dout, q, k, v, out, lse, dq, dk, dv, dsink, sink, opts, streams):
+    if _fast_call("fa4_backward", (dout, q, k, v, out, lse, dq, dk, dv,
+                                   dsink if sink is not None else None), (opts.address,)):
+        return
     ts = [_core.describe_torch(x, n, _FN_BWD, streams)
           for x, n in ((dout, "dout"), (q, "q"), (k, "k"), (v, "v"), (out, "out"),
                        (lse, "lse"), (dq, "dq"), (dk, "dk"), (dv, "dv"))]
@@ -358,6 +420,9 @@ def _kvcache_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Optional[T
 
 
 def _run_kvcache(q, k_cache, v_cache, out, lse, opts, args, streams):
+    if _fast_call("fa4_forward_with_kvcache", (q, k_cache, v_cache, out, lse),
+                  (opts.address, args.address)):
+        return
     describe = _core.describe_torch
     _capi.forward_with_kvcache(describe(q, "q", _FN_KV, streams),
                                describe(k_cache, "k_cache", _FN_KV, streams),

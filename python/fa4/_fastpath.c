@@ -1,0 +1,283 @@
+/* python/fa4/_fastpath.c — the eager torch calls' host path in C: fa4_tensor descriptions of torch
+ * tensors and the C ABI call, in one Python call.
+ *
+ * Why: an eager attention call from Python spent ~7 us describing its five tensors through ctypes
+ * (attribute reads, a ctypes struct and a struct.pack_into per tensor) and ~1 us in the ctypes
+ * call itself, against ~6 us in libfa4 (bench/host_overhead.py). Here each tensor costs its
+ * attribute reads only, and libfa4's entry point is called directly.
+ *
+ * No torch headers: tensors are read through their Python attributes (data_ptr(), shape,
+ * stride(), dtype, is_cuda / is_cpu, get_device()), as python/fa4/_core.py describe_torch does, so
+ * the module does not depend on torch's C++ ABI. No link to libfa4 either: the entry points'
+ * addresses come from the loaded library (ctypes) with each call, so the module always calls the
+ * library the package loaded. What this module cannot describe (a dtype, device or rank fa4 does
+ * not take, a non-tensor) it leaves to the ctypes path, which raises the error that names the
+ * tensor and the rule.
+ *
+ * Functions:
+ *   init(dtype_codes, raw_stream)  dtype_codes: {torch.dtype: fa4_dtype code}; raw_stream: callable
+ *                                  (device index) -> cudaStream_t as an int (torch's current
+ *                                  stream), or None when torch has no CUDA.
+ *   call(entry, tensors, trailing) entry: address of an int32_t(const void*, ...) libfa4 function
+ *                                  whose arguments are all pointers: the fa4_tensor of each item
+ *                                  of `tensors` (None: NULL), then the addresses in `trailing`
+ *                                  (ints; 0: NULL). Returns the status (int), or None when a
+ *                                  tensor cannot be described (nothing was called).
+ *   describe(tensor)               the fa4_tensor bytes call() would pass, or None (for tests).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#include "fa4/c_api.h"
+
+#define FA4_FASTPATH_MAX_ARGS 12  /* fa4_backward: 10 tensors + options (+ one spare) */
+#define FA4_FASTPATH_STREAM_SLOTS 16 /* devices whose stream one call remembers */
+
+static PyObject* g_dtype_codes = NULL; /* dict torch.dtype -> int */
+static PyObject* g_raw_stream = NULL;  /* callable or None */
+static PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_is_cuda, *s_is_cpu, *s_get_device;
+
+/* One call's streams by device index (each looked up once per call, as describe_torch's dict). */
+typedef struct {
+  int index[FA4_FASTPATH_STREAM_SLOTS];
+  void* stream[FA4_FASTPATH_STREAM_SLOTS];
+  int n;
+} StreamCache;
+
+/* Result of describing one tensor. */
+enum { kDescribed = 0, kFallBack = 1, kPyError = -1 };
+
+static int int64_items(PyObject* tuple, int64_t* out, Py_ssize_t n) {
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(tuple, i));
+    if (v == -1 && PyErr_Occurred()) return kPyError;
+    out[i] = (int64_t)v;
+  }
+  return kDescribed;
+}
+
+static int stream_of(int index, StreamCache* cache, void** stream) {
+  for (int i = 0; i < cache->n; ++i)
+    if (cache->index[i] == index) {
+      *stream = cache->stream[i];
+      return kDescribed;
+    }
+  if (g_raw_stream == NULL || g_raw_stream == Py_None) return kFallBack;
+  PyObject* idx = PyLong_FromLong(index);
+  if (idx == NULL) return kPyError;
+  PyObject* r = PyObject_CallOneArg(g_raw_stream, idx);
+  Py_DECREF(idx);
+  if (r == NULL) return kPyError;
+  void* s = PyLong_AsVoidPtr(r);
+  Py_DECREF(r);
+  if (s == NULL && PyErr_Occurred()) return kPyError;
+  if (cache->n < FA4_FASTPATH_STREAM_SLOTS) {
+    cache->index[cache->n] = index;
+    cache->stream[cache->n] = s;
+    ++cache->n;
+  }
+  *stream = s;
+  return kDescribed;
+}
+
+static int describe_one(PyObject* x, fa4_tensor* t, StreamCache* cache) {
+  memset(t, 0, sizeof(*t));
+  int rc = kFallBack;
+  PyObject *dtype = NULL, *shape = NULL, *stride = NULL, *flag = NULL, *index = NULL, *data = NULL;
+
+  dtype = PyObject_GetAttr(x, s_dtype);
+  if (dtype == NULL) goto not_a_tensor;
+  PyObject* code = PyDict_GetItemWithError(g_dtype_codes, dtype); /* borrowed */
+  if (code == NULL) {
+    rc = PyErr_Occurred() ? kPyError : kFallBack;
+    goto done;
+  }
+  t->dtype = (int32_t)PyLong_AsLong(code);
+
+  shape = PyObject_GetAttr(x, s_shape);
+  if (shape == NULL) goto not_a_tensor;
+  if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) > FA4_MAX_DIMS) goto done;
+  const Py_ssize_t n = PyTuple_GET_SIZE(shape);
+  stride = PyObject_CallMethodNoArgs(x, s_stride);
+  if (stride == NULL) goto not_a_tensor;
+  if (!PyTuple_Check(stride) || PyTuple_GET_SIZE(stride) != n) goto done;
+  t->ndim = (int32_t)n;
+  if (int64_items(shape, t->shape, n) != kDescribed || int64_items(stride, t->stride, n) != kDescribed) {
+    rc = kPyError;
+    goto done;
+  }
+
+  flag = PyObject_GetAttr(x, s_is_cuda);
+  if (flag == NULL) goto not_a_tensor;
+  if (flag == Py_True) {
+    index = PyObject_CallMethodNoArgs(x, s_get_device);
+    if (index == NULL) goto not_a_tensor;
+    const long i = PyLong_AsLong(index);
+    if (i == -1 && PyErr_Occurred()) {
+      rc = kPyError;
+      goto done;
+    }
+    t->device_type = FA4_DEVICE_CUDA;
+    t->device_index = (int32_t)i;
+    const int s = stream_of((int)i, cache, &t->stream);
+    if (s != kDescribed) {
+      rc = s;
+      goto done;
+    }
+  } else {
+    Py_DECREF(flag);
+    flag = PyObject_GetAttr(x, s_is_cpu);
+    if (flag == NULL) goto not_a_tensor;
+    if (flag != Py_True) goto done; /* another device: the ctypes path names it */
+    t->device_type = FA4_DEVICE_CPU;
+  }
+
+  data = PyObject_CallMethodNoArgs(x, s_data_ptr);
+  if (data == NULL) goto not_a_tensor;
+  t->data = PyLong_AsVoidPtr(data);
+  if (t->data == NULL && PyErr_Occurred()) {
+    rc = kPyError;
+    goto done;
+  }
+  rc = kDescribed;
+  goto done;
+
+not_a_tensor:
+  /* An object without a tensor's attributes: the ctypes path raises the error that names it. */
+  if (PyErr_ExceptionMatches(PyExc_AttributeError) || PyErr_ExceptionMatches(PyExc_TypeError)) {
+    PyErr_Clear();
+    rc = kFallBack;
+  } else {
+    rc = kPyError;
+  }
+done:
+  Py_XDECREF(dtype);
+  Py_XDECREF(shape);
+  Py_XDECREF(stride);
+  Py_XDECREF(flag);
+  Py_XDECREF(index);
+  Py_XDECREF(data);
+  return rc;
+}
+
+static int require_init(void) {
+  if (g_dtype_codes == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "fa4._fastpath: init() has not been called");
+    return -1;
+  }
+  return 0;
+}
+
+static PyObject* fp_init(PyObject* self, PyObject* args) {
+  (void)self;
+  PyObject *codes, *raw_stream;
+  if (!PyArg_ParseTuple(args, "O!O:init", &PyDict_Type, &codes, &raw_stream)) return NULL;
+  if (raw_stream != Py_None && !PyCallable_Check(raw_stream)) {
+    PyErr_SetString(PyExc_TypeError, "fa4._fastpath.init: raw_stream must be callable or None");
+    return NULL;
+  }
+  Py_INCREF(codes);
+  Py_XSETREF(g_dtype_codes, codes);
+  Py_INCREF(raw_stream);
+  Py_XSETREF(g_raw_stream, raw_stream);
+  Py_RETURN_NONE;
+}
+
+typedef int32_t (*Entry6)(const void*, const void*, const void*, const void*, const void*, const void*);
+typedef int32_t (*Entry7)(const void*, const void*, const void*, const void*, const void*, const void*,
+                          const void*);
+typedef int32_t (*Entry11)(const void*, const void*, const void*, const void*, const void*, const void*,
+                           const void*, const void*, const void*, const void*, const void*);
+
+static PyObject* fp_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  (void)self;
+  if (nargs != 3 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "fa4._fastpath.call(entry, tensors: tuple, trailing: tuple)");
+    return NULL;
+  }
+  if (require_init() < 0) return NULL;
+  void* entry = PyLong_AsVoidPtr(args[0]);
+  if (entry == NULL) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "fa4._fastpath.call: entry is NULL");
+    return NULL;
+  }
+  PyObject* tensors = args[1];
+  PyObject* trailing = args[2];
+  const Py_ssize_t nt = PyTuple_GET_SIZE(tensors), nx = PyTuple_GET_SIZE(trailing);
+  if (nt + nx > FA4_FASTPATH_MAX_ARGS) {
+    PyErr_SetString(PyExc_ValueError, "fa4._fastpath.call: too many arguments");
+    return NULL;
+  }
+  fa4_tensor t[FA4_FASTPATH_MAX_ARGS];
+  const void* a[FA4_FASTPATH_MAX_ARGS];
+  StreamCache cache;
+  cache.n = 0;
+  for (Py_ssize_t i = 0; i < nt; ++i) {
+    PyObject* x = PyTuple_GET_ITEM(tensors, i);
+    if (x == Py_None) {
+      a[i] = NULL;
+      continue;
+    }
+    const int rc = describe_one(x, &t[i], &cache);
+    if (rc == kPyError) return NULL;
+    if (rc == kFallBack) Py_RETURN_NONE;
+    a[i] = &t[i];
+  }
+  for (Py_ssize_t i = 0; i < nx; ++i) {
+    PyObject* p = PyTuple_GET_ITEM(trailing, i);
+    void* v = PyLong_AsVoidPtr(p);
+    if (v == NULL && PyErr_Occurred()) return NULL;
+    a[nt + i] = v;
+  }
+  int32_t status;
+  switch (nt + nx) {
+    case 6: status = ((Entry6)entry)(a[0], a[1], a[2], a[3], a[4], a[5]); break;
+    case 7: status = ((Entry7)entry)(a[0], a[1], a[2], a[3], a[4], a[5], a[6]); break;
+    case 11:
+      status = ((Entry11)entry)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10]);
+      break;
+    default:
+      PyErr_SetString(PyExc_ValueError, "fa4._fastpath.call: libfa4 has no entry with this many arguments");
+      return NULL;
+  }
+  return PyLong_FromLong(status);
+}
+
+static PyObject* fp_describe(PyObject* self, PyObject* x) {
+  (void)self;
+  if (require_init() < 0) return NULL;
+  fa4_tensor t;
+  StreamCache cache;
+  cache.n = 0;
+  const int rc = describe_one(x, &t, &cache);
+  if (rc == kPyError) return NULL;
+  if (rc == kFallBack) Py_RETURN_NONE;
+  return PyBytes_FromStringAndSize((const char*)&t, sizeof(t));
+}
+
+static PyMethodDef fp_methods[] = {
+    {"init", fp_init, METH_VARARGS, "init(dtype_codes: dict, raw_stream: callable | None) -> None"},
+    {"call", (PyCFunction)(void (*)(void))fp_call, METH_FASTCALL,
+     "call(entry: int, tensors: tuple, trailing: tuple) -> int | None"},
+    {"describe", fp_describe, METH_O, "describe(tensor) -> bytes | None"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef fp_module = {PyModuleDef_HEAD_INIT, "_fastpath",
+                                       "fa4's eager torch host path in C (python/fa4/_fastpath.c)", -1,
+                                       fp_methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__fastpath(void) {
+  s_data_ptr = PyUnicode_InternFromString("data_ptr");
+  s_shape = PyUnicode_InternFromString("shape");
+  s_stride = PyUnicode_InternFromString("stride");
+  s_dtype = PyUnicode_InternFromString("dtype");
+  s_is_cuda = PyUnicode_InternFromString("is_cuda");
+  s_is_cpu = PyUnicode_InternFromString("is_cpu");
+  s_get_device = PyUnicode_InternFromString("get_device");
+  if (!s_data_ptr || !s_shape || !s_stride || !s_dtype || !s_is_cuda || !s_is_cpu || !s_get_device) return NULL;
+  return PyModule_Create(&fp_module);
+}
