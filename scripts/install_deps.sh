@@ -3,7 +3,8 @@
 # Used by the README's set-up commands and by .ci/run, so the two cannot drift apart.
 #
 #   * Debian packages (apt-get, only the missing ones): cmake, g++ (with OpenMP), make, GoogleTest,
-#     CLI11, nlohmann-json.
+#     CLI11, nlohmann-json, and python3-dev (the headers the Python package's C host path,
+#     fa4._fastpath, compiles against when python3 is Debian's own).
 #   * If a CUDA compiler (nvcc) is present, CMake will build the Hopper kernels, which need the
 #     CuTe/CUTLASS 4.2 headers: they come from PyPI (nvidia-cutlass, headers only, no deps) into the
 #     python3 that CMake finds (src/hopper/hopper.cmake imports cutlass_library to locate them).
@@ -11,7 +12,7 @@
 # Runs as root, or as a user with sudo.
 set -euo pipefail
 
-APT_PACKAGES=(cmake g++ make libgtest-dev googletest libcli11-dev nlohmann-json3-dev)
+APT_PACKAGES=(cmake g++ make libgtest-dev googletest libcli11-dev nlohmann-json3-dev python3-dev)
 CUTLASS_PIP="nvidia-cutlass==4.2.0.0"
 
 SUDO=""

@@ -22,6 +22,7 @@ import importlib.util
 import os
 import pathlib
 import threading
+import warnings
 
 # ---- constants mirrored from c_api.h ------------------------------------------------------------
 C_API_VERSION = 3  # the FA4_C_API_VERSION this binding was written against
@@ -263,10 +264,14 @@ def fastpath():
         for suffix in importlib.machinery.EXTENSION_SUFFIXES:
             path = lib_dir / ("_fastpath" + suffix)
             if path.is_file():
-                spec = importlib.util.spec_from_file_location("fa4._fastpath", path)
-                module = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(module)
-                found = module
+                try:
+                    spec = importlib.util.spec_from_file_location("fa4._fastpath", path)
+                    module = importlib.util.module_from_spec(spec)
+                    spec.loader.exec_module(module)
+                    found = module
+                except (ImportError, OSError) as e:  # e.g. built for another Python
+                    warnings.warn(f"fa4: {path} could not be loaded ({e}); eager calls take the "
+                                  "ctypes path", RuntimeWarning, stacklevel=2)
                 break
         _fastpath_module = found
     return _fastpath_module or None

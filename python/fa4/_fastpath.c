@@ -4,7 +4,8 @@
  * Why: an eager attention call from Python spent ~7 us describing its five tensors through ctypes
  * (attribute reads, a ctypes struct and a struct.pack_into per tensor) and ~1 us in the ctypes
  * call itself, against ~6 us in libfa4 (bench/host_overhead.py). Here each tensor costs its
- * attribute reads only, and libfa4's entry point is called directly.
+ * attribute reads only (~0.5 us), and libfa4's entry point is called directly: 4-9 us less per
+ * eager call on the H200 machine.
  *
  * No torch headers: tensors are read through their Python attributes (data_ptr(), shape,
  * stride(), dtype, is_cuda / is_cpu, get_device()), as python/fa4/_core.py describe_torch does, so
@@ -18,11 +19,15 @@
  *   init(dtype_codes, raw_stream)  dtype_codes: {torch.dtype: fa4_dtype code}; raw_stream: callable
  *                                  (device index) -> cudaStream_t as an int (torch's current
  *                                  stream), or None when torch has no CUDA.
- *   call(entry, tensors, trailing) entry: address of an int32_t(const void*, ...) libfa4 function
- *                                  whose arguments are all pointers: the fa4_tensor of each item
- *                                  of `tensors` (None: NULL), then the addresses in `trailing`
- *                                  (ints; 0: NULL). Returns the status (int), or None when a
- *                                  tensor cannot be described (nothing was called).
+ *   call(entry, tensors, trailing) entry: address of libfa4's fa4_forward (5 tensors, trailing:
+ *                                  the fa4_options address), fa4_forward_with_kvcache (5; options,
+ *                                  fa4_kvcache_args) or fa4_backward (10, dsink None for NULL;
+ *                                  options), called through its own prototype (which one: by the
+ *                                  argument count) with the fa4_tensor of each item of `tensors`
+ *                                  and the addresses in `trailing`. Python's lock is released
+ *                                  during the library call, as ctypes does. Returns the status
+ *                                  (int), or None when a tensor cannot be described (nothing was
+ *                                  called).
  *   describe(tensor)               the fa4_tensor bytes call() would pass, or None (for tests).
  */
 #define PY_SSIZE_T_CLEAN
@@ -33,7 +38,7 @@
 
 #include "fa4/c_api.h"
 
-#define FA4_FASTPATH_MAX_ARGS 12  /* fa4_backward: 10 tensors + options (+ one spare) */
+#define FA4_FASTPATH_MAX_ARGS 10  /* tensors: fa4_backward takes 10 */
 #define FA4_FASTPATH_STREAM_SLOTS 16 /* devices whose stream one call remembers */
 
 static PyObject* g_dtype_codes = NULL; /* dict torch.dtype -> int */
@@ -65,11 +70,17 @@ static int stream_of(int index, StreamCache* cache, void** stream) {
       *stream = cache->stream[i];
       return kDescribed;
     }
-  if (g_raw_stream == NULL || g_raw_stream == Py_None) return kFallBack;
+  PyObject* get = g_raw_stream;
+  if (get == NULL || get == Py_None) return kFallBack;
+  Py_INCREF(get); /* (an init() from another thread may replace it during the call) */
   PyObject* idx = PyLong_FromLong(index);
-  if (idx == NULL) return kPyError;
-  PyObject* r = PyObject_CallOneArg(g_raw_stream, idx);
+  if (idx == NULL) {
+    Py_DECREF(get);
+    return kPyError;
+  }
+  PyObject* r = PyObject_CallOneArg(get, idx);
   Py_DECREF(idx);
+  Py_DECREF(get);
   if (r == NULL) return kPyError;
   void* s = PyLong_AsVoidPtr(r);
   Py_DECREF(r);
@@ -83,19 +94,30 @@ static int stream_of(int index, StreamCache* cache, void** stream) {
   return kDescribed;
 }
 
-static int describe_one(PyObject* x, fa4_tensor* t, StreamCache* cache) {
+static int describe_one(PyObject* x, PyObject* codes, fa4_tensor* t, StreamCache* cache) {
   memset(t, 0, sizeof(*t));
   int rc = kFallBack;
   PyObject *dtype = NULL, *shape = NULL, *stride = NULL, *flag = NULL, *index = NULL, *data = NULL;
 
   dtype = PyObject_GetAttr(x, s_dtype);
   if (dtype == NULL) goto not_a_tensor;
-  PyObject* code = PyDict_GetItemWithError(g_dtype_codes, dtype); /* borrowed */
+  PyObject* code = PyDict_GetItemWithError(codes, dtype); /* borrowed */
   if (code == NULL) {
-    rc = PyErr_Occurred() ? kPyError : kFallBack;
+    if (PyErr_Occurred()) { /* an unhashable "dtype": not a tensor */
+      if (!PyErr_ExceptionMatches(PyExc_TypeError)) {
+        rc = kPyError;
+        goto done;
+      }
+      PyErr_Clear();
+    }
     goto done;
   }
-  t->dtype = (int32_t)PyLong_AsLong(code);
+  const long code_value = PyLong_AsLong(code);
+  if (code_value < 0 || code_value > INT32_MAX) { /* (init's table is ours: never, but no garbage) */
+    PyErr_Clear();
+    goto done;
+  }
+  t->dtype = (int32_t)code_value;
 
   shape = PyObject_GetAttr(x, s_shape);
   if (shape == NULL) goto not_a_tensor;
@@ -137,11 +159,17 @@ static int describe_one(PyObject* x, fa4_tensor* t, StreamCache* cache) {
 
   data = PyObject_CallMethodNoArgs(x, s_data_ptr);
   if (data == NULL) goto not_a_tensor;
-  t->data = PyLong_AsVoidPtr(data);
-  if (t->data == NULL && PyErr_Occurred()) {
-    rc = kPyError;
+  if (!PyLong_Check(data)) goto done;
+  const unsigned long long address = PyLong_AsUnsignedLongLong(data);
+  if (address == (unsigned long long)-1 && PyErr_Occurred()) {
+    if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
+      rc = kPyError;
+      goto done;
+    }
+    PyErr_Clear(); /* a negative "address": the ctypes path refuses it */
     goto done;
   }
+  t->data = (void*)(uintptr_t)address;
   rc = kDescribed;
   goto done;
 
@@ -186,11 +214,14 @@ static PyObject* fp_init(PyObject* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
-typedef int32_t (*Entry6)(const void*, const void*, const void*, const void*, const void*, const void*);
-typedef int32_t (*Entry7)(const void*, const void*, const void*, const void*, const void*, const void*,
-                          const void*);
-typedef int32_t (*Entry11)(const void*, const void*, const void*, const void*, const void*, const void*,
-                           const void*, const void*, const void*, const void*, const void*);
+/* The entry points' own prototypes (include/fa4/c_api.h). */
+typedef int32_t (*ForwardFn)(const fa4_tensor*, const fa4_tensor*, const fa4_tensor*, const fa4_tensor*,
+                             const fa4_tensor*, const fa4_options*);
+typedef int32_t (*KVCacheFn)(const fa4_tensor*, const fa4_tensor*, const fa4_tensor*, const fa4_tensor*,
+                             const fa4_tensor*, const fa4_options*, const fa4_kvcache_args*);
+typedef int32_t (*BackwardFn)(const fa4_tensor*, const fa4_tensor*, const fa4_tensor*, const fa4_tensor*,
+                              const fa4_tensor*, const fa4_tensor*, const fa4_tensor*, const fa4_tensor*,
+                              const fa4_tensor*, const fa4_tensor*, const fa4_options*);
 
 static PyObject* fp_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   (void)self;
@@ -207,42 +238,52 @@ static PyObject* fp_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   PyObject* tensors = args[1];
   PyObject* trailing = args[2];
   const Py_ssize_t nt = PyTuple_GET_SIZE(tensors), nx = PyTuple_GET_SIZE(trailing);
-  if (nt + nx > FA4_FASTPATH_MAX_ARGS) {
-    PyErr_SetString(PyExc_ValueError, "fa4._fastpath.call: too many arguments");
+  if (!((nt == 5 && (nx == 1 || nx == 2)) || (nt == 10 && nx == 1))) {
+    PyErr_SetString(PyExc_ValueError,
+                    "fa4._fastpath.call: libfa4 has no entry point taking these arguments "
+                    "(5 tensors + options [+ kvcache args], or 10 tensors + options)");
     return NULL;
   }
   fa4_tensor t[FA4_FASTPATH_MAX_ARGS];
-  const void* a[FA4_FASTPATH_MAX_ARGS];
+  const fa4_tensor* a[FA4_FASTPATH_MAX_ARGS];
+  void* x[2] = {NULL, NULL}; /* the trailing addresses */
   StreamCache cache;
   cache.n = 0;
+  /* Own reference: reading a tensor's attributes may run Python code, and with it an init(). */
+  PyObject* codes = g_dtype_codes;
+  Py_INCREF(codes);
   for (Py_ssize_t i = 0; i < nt; ++i) {
-    PyObject* x = PyTuple_GET_ITEM(tensors, i);
-    if (x == Py_None) {
+    PyObject* item = PyTuple_GET_ITEM(tensors, i);
+    if (item == Py_None) {
       a[i] = NULL;
       continue;
     }
-    const int rc = describe_one(x, &t[i], &cache);
-    if (rc == kPyError) return NULL;
-    if (rc == kFallBack) Py_RETURN_NONE;
+    const int rc = describe_one(item, codes, &t[i], &cache);
+    if (rc != kDescribed) {
+      Py_DECREF(codes);
+      if (rc == kPyError) return NULL;
+      Py_RETURN_NONE;
+    }
     a[i] = &t[i];
   }
+  Py_DECREF(codes);
   for (Py_ssize_t i = 0; i < nx; ++i) {
-    PyObject* p = PyTuple_GET_ITEM(trailing, i);
-    void* v = PyLong_AsVoidPtr(p);
-    if (v == NULL && PyErr_Occurred()) return NULL;
-    a[nt + i] = v;
+    x[i] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(trailing, i));
+    if (x[i] == NULL && PyErr_Occurred()) return NULL;
   }
   int32_t status;
-  switch (nt + nx) {
-    case 6: status = ((Entry6)entry)(a[0], a[1], a[2], a[3], a[4], a[5]); break;
-    case 7: status = ((Entry7)entry)(a[0], a[1], a[2], a[3], a[4], a[5], a[6]); break;
-    case 11:
-      status = ((Entry11)entry)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10]);
-      break;
-    default:
-      PyErr_SetString(PyExc_ValueError, "fa4._fastpath.call: libfa4 has no entry with this many arguments");
-      return NULL;
-  }
+  /* The tensors stay alive through the caller's tuple, the descriptions are on this stack and
+   * libfa4 calls no Python: its work runs without Python's lock, as a ctypes call's does. */
+  Py_BEGIN_ALLOW_THREADS
+  if (nt == 10)
+    status = ((BackwardFn)entry)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9],
+                                 (const fa4_options*)x[0]);
+  else if (nx == 2)
+    status = ((KVCacheFn)entry)(a[0], a[1], a[2], a[3], a[4], (const fa4_options*)x[0],
+                                (const fa4_kvcache_args*)x[1]);
+  else
+    status = ((ForwardFn)entry)(a[0], a[1], a[2], a[3], a[4], (const fa4_options*)x[0]);
+  Py_END_ALLOW_THREADS
   return PyLong_FromLong(status);
 }
 
@@ -252,7 +293,10 @@ static PyObject* fp_describe(PyObject* self, PyObject* x) {
   fa4_tensor t;
   StreamCache cache;
   cache.n = 0;
-  const int rc = describe_one(x, &t, &cache);
+  PyObject* codes = g_dtype_codes;
+  Py_INCREF(codes);
+  const int rc = describe_one(x, codes, &t, &cache);
+  Py_DECREF(codes);
   if (rc == kPyError) return NULL;
   if (rc == kFallBack) Py_RETURN_NONE;
   return PyBytes_FromStringAndSize((const char*)&t, sizeof(t));

@@ -105,8 +105,9 @@ def _fwd_outputs(q: Tensor, v: Tensor, varlen: bool, fake: bool):
     if not varlen:
         # The cheapest allocations with the same result (host time per call, bench/host_overhead.py):
         # empty_like when out has q's shape (headdim_v = headdim), without the memory_format
-        # argument when q is contiguous (the preserved format is then the contiguous one); the
-        # factory with the sizes as arguments rather than new_empty with a shape tuple.
+        # argument when q is contiguous (out is then contiguous too; only the strides of size-1
+        # dims may differ); the factory with the sizes as arguments rather than new_empty with a
+        # shape tuple.
         if out_shape == q.shape:
             out = (torch.empty_like(q) if q.is_contiguous()
                    else torch.empty_like(q, memory_format=torch.contiguous_format))
@@ -146,8 +147,8 @@ def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tensor],
 
 
 # ---- the C host path (python/fa4/_fastpath.c) -----------------------------------------------------
-# fa4._fastpath describes the tensors and calls libfa4 in one call (~6 us less per eager call than
-# the ctypes path below, bench/host_overhead.py). Set up on the first call (libfa4 loads lazily);
+# fa4._fastpath describes the tensors and calls libfa4 in one call (4-9 us less per eager call than
+# the ctypes path below on the H200 machine, bench/host_overhead.py). Set up on the first call (libfa4 loads lazily);
 # None: no such module beside the library, and every call takes the ctypes path. A call it cannot
 # describe (a dtype, device or rank fa4 does not take) also takes the ctypes path, which raises the
 # error naming the tensor.
@@ -162,8 +163,10 @@ def _fast_setup():
     if module is None:
         _fast = None
         return None
+    # (Only CUDA tensors ask for a stream, and they exist only where CUDA does: no CUDA check here,
+    # which would start the driver in CPU-only processes.)
     raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _core.current_cuda_stream
-    module.init(dict(_core._torch_dtype_codes()), raw_stream if torch.cuda.is_available() else None)
+    module.init(dict(_core._torch_dtype_codes()), raw_stream)
     lib = _capi.library()
     entries = {name: _capi.entry_address(name)
                for name in ("fa4_forward", "fa4_backward", "fa4_forward_with_kvcache")

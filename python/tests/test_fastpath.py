@@ -42,6 +42,22 @@ def ctypes_path():
         _torch_ops._fast = saved
 
 
+@contextlib.contextmanager
+def c_path_only():
+    """Every call inside must take the C path: the ctypes path's library calls raise."""
+    def refuse(*args):
+        raise AssertionError("the ctypes path ran where the C path should have")
+
+    saved = {n: getattr(_capi, n) for n in ("forward", "backward", "forward_with_kvcache")}
+    for n in saved:
+        setattr(_capi, n, refuse)
+    try:
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(_capi, n, f)
+
+
 def _fast_in_use() -> bool:
     if _torch_ops._fast is _torch_ops._UNSET:
         _torch_ops._fast_setup()
@@ -89,7 +105,7 @@ def test_forward_backward_and_kvcache_bitwise_equal_ctypes():
     q, k, v = _qkv(gen, requires_grad=True)
     sink = torch.randn(4, generator=gen).requires_grad_(True)
     results = []
-    for ctx in (contextlib.nullcontext, ctypes_path):
+    for ctx in (c_path_only, ctypes_path):
         with ctx():
             out, lse = fa4.flash_attn_func(q, k, v, causal=True, softcap=2.0, sink=sink,
                                            return_lse=True)
@@ -113,7 +129,7 @@ def test_errors_equal_ctypes():
     q = torch.randn(2, 37, 4, 32, generator=gen).bfloat16()
     k, v = (torch.randn(2, 53, 3, 32, generator=gen).bfloat16() for _ in range(2))
     messages = []
-    for ctx in (contextlib.nullcontext, ctypes_path):
+    for ctx in (c_path_only, ctypes_path):
         with ctx(), pytest.raises(fa4.InvalidArgumentError) as e:
             fa4.flash_attn_func(q, k, v)
         messages.append(str(e.value))
@@ -152,5 +168,26 @@ def test_a_swapped_in_library_gets_its_own_entry_points(monkeypatch):
     _capi._declare(other)
     monkeypatch.setattr(_capi, "_lib", other)
     q = torch.randn(1, 8, 2, 16)
-    fa4.flash_attn_func(q, q, q)
+    with c_path_only():
+        fa4.flash_attn_func(q, q, q)
     assert _torch_ops._fast[2] is other
+
+
+@needs_fastpath
+def test_call_runs_the_entry_point_or_declines():
+    """call() returns libfa4's status after running it, None (nothing run) for what it cannot
+    describe, and refuses argument lists no entry point takes."""
+    assert _fast_in_use()
+    entry = _capi.entry_address("fa4_forward")
+    q = torch.randn(1, 4, 2, 16)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((1, 2, 4), float("nan"))
+    opts = _torch_ops._options("fa4::fwd", None, None, None, None, 0, 0, None, False, -1, -1, 0.0,
+                               None, None, "auto", False, {})
+    assert FASTPATH.call(entry, (q, q, q, out, lse), (opts.address,)) == 0
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    bad = torch.zeros(1, 4, 2, 16, dtype=torch.float64)
+    assert FASTPATH.call(entry, (q, q, bad, out, lse), (opts.address,)) is None
+    assert FASTPATH.call(entry, (q, q, q, out, lse[0]), (opts.address,)) == _capi.STATUS_INVALID_ARGUMENT
+    with pytest.raises(ValueError, match="no entry point"):
+        FASTPATH.call(entry, (q, q, q, out), (opts.address,))
