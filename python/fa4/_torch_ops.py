@@ -148,10 +148,10 @@ def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tensor],
 
 # ---- the C host path (python/fa4/_fastpath.c) -----------------------------------------------------
 # fa4._fastpath describes the tensors and calls libfa4 in one call (4-9 us less per eager call than
-# the ctypes path below on the H200 machine, bench/host_overhead.py). Set up on the first call (libfa4 loads lazily);
-# None: no such module beside the library, and every call takes the ctypes path. A call it cannot
-# describe (a dtype, device or rank fa4 does not take) also takes the ctypes path, which raises the
-# error naming the tensor.
+# the ctypes path below on the H200 machine, bench/host_overhead.py). Set up on the first call
+# (libfa4 loads lazily); None: no such module beside the library, and every call takes the ctypes
+# path. A call it cannot describe (a dtype, device or rank fa4 does not take) also takes the ctypes
+# path, which raises the error naming the tensor.
 _UNSET = object()
 # (fa4._fastpath.call, {C function name: address}, the library those addresses are in) or None
 _fast = _UNSET
