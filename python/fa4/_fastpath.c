@@ -28,6 +28,13 @@
  *                                  during the library call, as ctypes does. Returns the status
  *                                  (int), or None when a tensor cannot be described (nothing was
  *                                  called).
+ *   call(entry, tensors, (options, args), kv)
+ *                                  fa4_forward_with_kvcache with the fa4_kvcache_args at `args`
+ *                                  copied and its five tensor pointers (k_new, v_new,
+ *                                  cache_seqlens, cache_batch_idx, page_table) set to the
+ *                                  descriptions of kv's five items (None: NULL); `args` itself is
+ *                                  not written (one cached struct per num_splits serves every
+ *                                  call).
  *   describe(tensor)               the fa4_tensor bytes call() would pass, or None (for tests).
  */
 #define PY_SSIZE_T_CLEAN
@@ -223,10 +230,29 @@ typedef int32_t (*BackwardFn)(const fa4_tensor*, const fa4_tensor*, const fa4_te
                               const fa4_tensor*, const fa4_tensor*, const fa4_tensor*, const fa4_tensor*,
                               const fa4_tensor*, const fa4_tensor*, const fa4_options*);
 
+/* Describes the items of `tensors` (None: NULL) into t[i], their addresses into a[i]: kDescribed,
+ * kFallBack or kPyError. */
+static int describe_all(PyObject* tensors, PyObject* codes, fa4_tensor* t, const fa4_tensor** a,
+                        StreamCache* cache) {
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tensors); ++i) {
+    PyObject* item = PyTuple_GET_ITEM(tensors, i);
+    if (item == Py_None) {
+      a[i] = NULL;
+      continue;
+    }
+    const int rc = describe_one(item, codes, &t[i], cache);
+    if (rc != kDescribed) return rc;
+    a[i] = &t[i];
+  }
+  return kDescribed;
+}
+
 static PyObject* fp_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   (void)self;
-  if (nargs != 3 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2])) {
-    PyErr_SetString(PyExc_TypeError, "fa4._fastpath.call(entry, tensors: tuple, trailing: tuple)");
+  if ((nargs != 3 && nargs != 4) || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2]) ||
+      (nargs == 4 && !PyTuple_Check(args[3]))) {
+    PyErr_SetString(PyExc_TypeError,
+                    "fa4._fastpath.call(entry, tensors: tuple, trailing: tuple[, kv: tuple])");
     return NULL;
   }
   if (require_init() < 0) return NULL;
@@ -238,38 +264,48 @@ static PyObject* fp_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   PyObject* tensors = args[1];
   PyObject* trailing = args[2];
   const Py_ssize_t nt = PyTuple_GET_SIZE(tensors), nx = PyTuple_GET_SIZE(trailing);
-  if (!((nt == 5 && (nx == 1 || nx == 2)) || (nt == 10 && nx == 1))) {
+  PyObject* kv_tensors = nargs == 4 ? args[3] : NULL;
+  if (!((nt == 5 && (nx == 1 || nx == 2)) || (nt == 10 && nx == 1)) ||
+      (kv_tensors != NULL && !(nt == 5 && nx == 2 && PyTuple_GET_SIZE(kv_tensors) == 5))) {
     PyErr_SetString(PyExc_ValueError,
                     "fa4._fastpath.call: libfa4 has no entry point taking these arguments "
-                    "(5 tensors + options [+ kvcache args], or 10 tensors + options)");
+                    "(5 tensors + options [+ kvcache args [+ its 5 tensors]], or 10 tensors + options)");
     return NULL;
   }
-  fa4_tensor t[FA4_FASTPATH_MAX_ARGS];
+  fa4_tensor t[FA4_FASTPATH_MAX_ARGS], tk[5];
   const fa4_tensor* a[FA4_FASTPATH_MAX_ARGS];
+  const fa4_tensor* ak[5];
   void* x[2] = {NULL, NULL}; /* the trailing addresses */
+  for (Py_ssize_t i = 0; i < nx; ++i) {
+    x[i] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(trailing, i));
+    if (x[i] == NULL && PyErr_Occurred()) return NULL;
+  }
+  fa4_kvcache_args kv;
+  if (kv_tensors != NULL) {
+    if (x[1] == NULL || ((const fa4_kvcache_args*)x[1])->struct_size != sizeof(fa4_kvcache_args)) {
+      PyErr_SetString(PyExc_ValueError,
+                      "fa4._fastpath.call: args is not a fa4_kvcache_args of this module's size");
+      return NULL;
+    }
+    memcpy(&kv, x[1], sizeof(kv));
+  }
   StreamCache cache;
   cache.n = 0;
   /* Own reference: reading a tensor's attributes may run Python code, and with it an init(). */
   PyObject* codes = g_dtype_codes;
   Py_INCREF(codes);
-  for (Py_ssize_t i = 0; i < nt; ++i) {
-    PyObject* item = PyTuple_GET_ITEM(tensors, i);
-    if (item == Py_None) {
-      a[i] = NULL;
-      continue;
-    }
-    const int rc = describe_one(item, codes, &t[i], &cache);
-    if (rc != kDescribed) {
-      Py_DECREF(codes);
-      if (rc == kPyError) return NULL;
-      Py_RETURN_NONE;
-    }
-    a[i] = &t[i];
-  }
+  int rc = describe_all(tensors, codes, t, a, &cache);
+  if (rc == kDescribed && kv_tensors != NULL) rc = describe_all(kv_tensors, codes, tk, ak, &cache);
   Py_DECREF(codes);
-  for (Py_ssize_t i = 0; i < nx; ++i) {
-    x[i] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(trailing, i));
-    if (x[i] == NULL && PyErr_Occurred()) return NULL;
+  if (rc == kPyError) return NULL;
+  if (rc == kFallBack) Py_RETURN_NONE;
+  if (kv_tensors != NULL) {
+    kv.k_new = ak[0];
+    kv.v_new = ak[1];
+    kv.cache_seqlens = ak[2];
+    kv.cache_batch_idx = ak[3];
+    kv.page_table = ak[4];
+    x[1] = &kv;
   }
   int32_t status;
   /* The tensors stay alive through the caller's tuple, the descriptions are on this stack and

@@ -175,9 +175,10 @@ def _fast_setup():
     return _fast
 
 
-def _fast_call(name: str, tensors: tuple, trailing: tuple) -> bool:
+def _fast_call(name: str, tensors: tuple, trailing: tuple, kv: Optional[tuple] = None) -> bool:
     """True if fa4._fastpath ran libfa4's `name` (raising its error as the ctypes path would);
-    False if the caller must take the ctypes path."""
+    False if the caller must take the ctypes path. kv: the KV-cache call's five index / append
+    tensors (fa4_kvcache_args' pointers; trailing then holds the args struct they go into)."""
     fast = _fast if _fast is not _UNSET else _fast_setup()
     if fast is None:
         return False
@@ -186,7 +187,7 @@ def _fast_call(name: str, tensors: tuple, trailing: tuple) -> bool:
     entry = fast[1].get(name)
     if entry is None:
         return False
-    status = fast[0](entry, tensors, trailing)
+    status = fast[0](entry, tensors, trailing) if kv is None else fast[0](entry, tensors, trailing, kv)
     if status is None:
         return False
     if status:
@@ -411,21 +412,40 @@ def _kvcache_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Optional[T
     opts = _options(_FN_KV, sink, None, None, None, 0, 0, softmax_scale, causal,
                     window_size_left, window_size_right, softcap, rescale_threshold,
                     exp2_emulation_fraction, backend, False, streams)
-    args = _core.KVCacheCall(_FN_KV, k_new, v_new, cache_seqlens, cache_batch_idx, page_table,
-                             num_splits, streams)
+    base = _kvcache_base(num_splits)
+    kv = (k_new, v_new, cache_seqlens, cache_batch_idx, page_table)
     switch = _device_switch(q)
     if switch is None:
-        _run_kvcache(q, k_cache, v_cache, out, lse, opts, args, streams)
+        _run_kvcache(q, k_cache, v_cache, out, lse, opts, base, kv, num_splits, streams)
     else:
         with switch:
-            _run_kvcache(q, k_cache, v_cache, out, lse, opts, args, streams)
+            _run_kvcache(q, k_cache, v_cache, out, lse, opts, base, kv, num_splits, streams)
     return out, lse
 
 
-def _run_kvcache(q, k_cache, v_cache, out, lse, opts, args, streams):
+# fa4_kvcache_args without tensors (defaults + num_splits) by num_splits, for the C host path,
+# which copies one and points its copy at the call's tensors: a dict lookup instead of building the
+# struct and describing its tensors through ctypes (~4 us per call). At most 64 kept.
+_KVCACHE_BASES: dict = {}
+
+
+def _kvcache_base(num_splits) -> _core.KVCacheCall:
+    hit = _KVCACHE_BASES.get(num_splits) if type(num_splits) is int else None
+    if hit is not None:
+        return hit
+    base = _core.KVCacheCall(_FN_KV, num_splits=num_splits)  # (checks num_splits)
+    if type(num_splits) is int:
+        if len(_KVCACHE_BASES) >= 64:
+            _KVCACHE_BASES.clear()
+        _KVCACHE_BASES[num_splits] = base
+    return base
+
+
+def _run_kvcache(q, k_cache, v_cache, out, lse, opts, base, kv, num_splits, streams):
     if _fast_call("fa4_forward_with_kvcache", (q, k_cache, v_cache, out, lse),
-                  (opts.address, args.address)):
+                  (opts.address, base.address), kv):
         return
+    args = _core.KVCacheCall(_FN_KV, *kv, num_splits, streams)
     describe = _core.describe_torch
     _capi.forward_with_kvcache(describe(q, "q", _FN_KV, streams),
                                describe(k_cache, "k_cache", _FN_KV, streams),

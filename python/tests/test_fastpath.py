@@ -191,3 +191,40 @@ def test_call_runs_the_entry_point_or_declines():
     assert FASTPATH.call(entry, (q, q, q, out, lse[0]), (opts.address,)) == _capi.STATUS_INVALID_ARGUMENT
     with pytest.raises(ValueError, match="no entry point"):
         FASTPATH.call(entry, (q, q, q, out), (opts.address,))
+
+
+@needs_fastpath
+@pytest.mark.parametrize("layout", ["paged", "cache_batch_idx"])
+def test_kvcache_index_tensors_bitwise_equal_ctypes(layout):
+    """The KV-cache call's index tensors (page_table, cache_batch_idx, cache_seqlens) and appended
+    rows go through the C path's copy of fa4_kvcache_args: bitwise ctypes' results."""
+    assert _fast_in_use()
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 3, 4, 32, generator=gen).bfloat16()
+    k_new, v_new = (torch.randn(2, 2, 2, 32, generator=gen).bfloat16() for _ in range(2))
+    lens = torch.tensor([21, 6], dtype=torch.int32)
+    results = []
+    for ctx in (c_path_only, ctypes_path):
+        g = torch.Generator().manual_seed(9)
+        if layout == "paged":  # 8 pages of 8 rows, in shuffled order
+            kc, vc = (torch.randn(8, 8, 2, 32, generator=g).bfloat16() for _ in range(2))
+            extra = dict(page_table=torch.tensor([[5, 2, 7, 0], [3, 6, 1, 4]], dtype=torch.int32))
+        else:
+            kc, vc = (torch.randn(3, 32, 2, 32, generator=g).bfloat16() for _ in range(2))
+            extra = dict(cache_batch_idx=torch.tensor([2, 0], dtype=torch.int32))
+        with ctx():
+            out, lse = fa4.flash_attn_with_kvcache(q, kc, vc, k=k_new, v=v_new, cache_seqlens=lens,
+                                                   causal=True, num_splits=2, return_lse=True,
+                                                   **extra)
+        results.append((out, lse, kc, vc))
+    for i, (a, b) in enumerate(zip(*results)):
+        assert torch.equal(a, b), f"result {i} differs between the fast path and the ctypes path"
+
+
+@needs_fastpath
+def test_kvcache_index_tensor_it_cannot_describe_gets_the_ctypes_error():
+    assert _fast_in_use()
+    q = torch.randn(1, 1, 2, 16)
+    kc = torch.randn(1, 8, 2, 16)
+    with pytest.raises(fa4.InvalidArgumentError, match=r"cache_seqlens\.dtype = torch\.int64"):
+        fa4.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=torch.tensor([3]))
