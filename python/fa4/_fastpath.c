@@ -282,11 +282,9 @@ static PyObject* fp_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   }
   fa4_kvcache_args kv;
   if (kv_tensors != NULL) {
-    if (x[1] == NULL || ((const fa4_kvcache_args*)x[1])->struct_size != sizeof(fa4_kvcache_args)) {
-      PyErr_SetString(PyExc_ValueError,
-                      "fa4._fastpath.call: args is not a fa4_kvcache_args of this module's size");
-      return NULL;
-    }
+    /* Another size (a module and a binding of different ABI versions): the ctypes path's call. */
+    if (x[1] == NULL || ((const fa4_kvcache_args*)x[1])->struct_size != sizeof(fa4_kvcache_args))
+      Py_RETURN_NONE;
     memcpy(&kv, x[1], sizeof(kv));
   }
   StreamCache cache;
@@ -294,8 +292,10 @@ static PyObject* fp_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   /* Own reference: reading a tensor's attributes may run Python code, and with it an init(). */
   PyObject* codes = g_dtype_codes;
   Py_INCREF(codes);
-  int rc = describe_all(tensors, codes, t, a, &cache);
-  if (rc == kDescribed && kv_tensors != NULL) rc = describe_all(kv_tensors, codes, tk, ak, &cache);
+  /* The KV-cache call's own tensors first, in the ctypes path's order (an error reading one of
+   * them comes before one reading q's). */
+  int rc = kv_tensors != NULL ? describe_all(kv_tensors, codes, tk, ak, &cache) : kDescribed;
+  if (rc == kDescribed) rc = describe_all(tensors, codes, t, a, &cache);
   Py_DECREF(codes);
   if (rc == kPyError) return NULL;
   if (rc == kFallBack) Py_RETURN_NONE;
@@ -341,7 +341,7 @@ static PyObject* fp_describe(PyObject* self, PyObject* x) {
 static PyMethodDef fp_methods[] = {
     {"init", fp_init, METH_VARARGS, "init(dtype_codes: dict, raw_stream: callable | None) -> None"},
     {"call", (PyCFunction)(void (*)(void))fp_call, METH_FASTCALL,
-     "call(entry: int, tensors: tuple, trailing: tuple) -> int | None"},
+     "call(entry: int, tensors: tuple, trailing: tuple[, kv: tuple]) -> int | None"},
     {"describe", fp_describe, METH_O, "describe(tensor) -> bytes | None"},
     {NULL, NULL, 0, NULL},
 };

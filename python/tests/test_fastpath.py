@@ -228,3 +228,27 @@ def test_kvcache_index_tensor_it_cannot_describe_gets_the_ctypes_error():
     kc = torch.randn(1, 8, 2, 16)
     with pytest.raises(fa4.InvalidArgumentError, match=r"cache_seqlens\.dtype = torch\.int64"):
         fa4.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=torch.tensor([3]))
+
+
+@needs_fastpath
+def test_call_with_kvcache_args_leaves_the_base_struct_and_declines_what_it_cannot_take():
+    assert _fast_in_use()
+    entry = _capi.entry_address("fa4_forward_with_kvcache")
+    q = torch.randn(1, 1, 2, 16)
+    kc = torch.randn(1, 8, 2, 16)
+    out, lse = torch.empty_like(q), torch.empty(1, 2, 1)
+    opts = _torch_ops._options("fa4::fwd_kvcache", None, None, None, None, 0, 0, None, False, -1,
+                               -1, 0.0, None, None, "auto", False, {})
+    base = _core.KVCacheCall("test", num_splits=1)
+    before = bytes(base.struct)
+    lens = torch.tensor([5], dtype=torch.int32)
+    kv = (None, None, lens, None, None)
+    assert FASTPATH.call(entry, (q, kc, kc, out, lse), (opts.address, base.address), kv) == 0
+    assert bytes(base.struct) == before  # the C side filled a copy
+    assert torch.isfinite(out).all()
+    bad = (None, None, torch.tensor([5]), None, None)  # int64: no fa4 dtype
+    assert FASTPATH.call(entry, (q, kc, kc, out, lse), (opts.address, base.address), bad) is None
+    with pytest.raises(ValueError, match="no entry point"):
+        FASTPATH.call(entry, (q, kc, kc, out, lse), (opts.address, base.address), kv[:4])
+    with pytest.raises(ValueError, match="no entry point"):
+        FASTPATH.call(entry, (q, kc, kc, out, lse), (opts.address,), kv)
