@@ -167,23 +167,29 @@ def _fast_setup():
     # which would start the driver in CPU-only processes.)
     raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _core.current_cuda_stream
     module.init(dict(_core._torch_dtype_codes()), raw_stream)
+    _fast = _fast_entries(module.call)
+    return _fast
+
+
+def _fast_entries(call):
+    """(call, the loaded library's entry points by name, that library)."""
     lib = _capi.library()
     entries = {name: _capi.entry_address(name)
                for name in ("fa4_forward", "fa4_backward", "fa4_forward_with_kvcache")
                if hasattr(lib, name)}
-    _fast = (module.call, entries, lib)
-    return _fast
+    return (call, entries, lib)
 
 
 def _fast_call(name: str, tensors: tuple, trailing: tuple, kv: Optional[tuple] = None) -> bool:
     """True if fa4._fastpath ran libfa4's `name` (raising its error as the ctypes path would);
     False if the caller must take the ctypes path. kv: the KV-cache call's five index / append
     tensors (fa4_kvcache_args' pointers; trailing then holds the args struct they go into)."""
+    global _fast
     fast = _fast if _fast is not _UNSET else _fast_setup()
     if fast is None:
         return False
     if fast[2] is not _capi._lib:  # another libfa4 swapped in (bench/ab_variants.py): its entries
-        fast = _fast_setup()
+        fast = _fast = _fast_entries(fast[0])
     entry = fast[1].get(name)
     if entry is None:
         return False
