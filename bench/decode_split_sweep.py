@@ -8,6 +8,7 @@ caches swept here are larger than the L2 except the shortest), best of --repeats
 Usage (GPU machine, repo root):
     PYTHONPATH=python:bench FA4_LIBRARY=build-dev/src/libfa4.so python3 bench/decode_split_sweep.py OUT.json
     ... --shape 3,32768,1,32,8,128,0 --splits 0,4,5,8      (batch,seqlen_k,seqlen_q,heads,heads_kv,d,page)
+    ... --override decode_tile=64 --override decode_cluster=0   (libfa4 overrides during fa4's calls)
 Not causal: the split count reads only shapes, and SDPA's is_causal is not fa4's bottom-right mask.
 """
 import argparse
@@ -18,7 +19,7 @@ from torch.nn.attention import SDPBackend
 
 import fa4
 from bench_decode import _in, make_problem
-from bench_fwd import sdpa_fn
+from bench_fwd import hopper_overrides, sdpa_fn
 from kernel_times import kernel_times
 
 # (batch, seqlen_k, seqlen_q, heads, heads_kv, d, page_size), split counts (0 = automatic)
@@ -40,7 +41,10 @@ def main():
                     help="batch,seqlen_k,seqlen_q,heads,heads_kv,d,page_size (repeatable; the counts of --splits)")
     ap.add_argument("--splits", default="0,16,32", help="split counts for --shape (0 = automatic)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--override", action="append", default=[],
+                    help="name=value of a libfa4 override (src/common/overrides.h) held during fa4's calls")
     args = ap.parse_args()
+    overrides = dict(o.split("=", 1) for o in args.override)
     shapes = SHAPES
     if args.shape:
         splits = [int(x) for x in args.splits.split(",")]
@@ -52,12 +56,13 @@ def main():
         gb = batch * sk * hkv * 2 * d * 2 / 1e3  # K + V bytes / 1e3: GB/s from us
         cudnn = sdpa_fn(q, k, v, False, SDPBackend.CUDNN_ATTENTION)  # None where cuDNN refuses the shape
         r = {"batch": batch, "seqlen_k": sk, "seqlen_q": sq, "heads": h, "heads_kv": hkv, "hdim": d,
-             "page_size": page, "cudnn_us": cudnn and round(sum(kernel_times(
+             "page_size": page, "overrides": overrides, "cudnn_us": cudnn and round(sum(kernel_times(
                  lambda: _in(SDPBackend.CUDNN_ATTENTION, cudnn)).values()), 2), "fa4_us": {}}
         for _ in range(args.repeats):
             for n in splits:
-                t = sum(kernel_times(lambda: fa4.flash_attn_with_kvcache(
-                    q, kc, vc, cache_seqlens=lens, page_table=table, num_splits=n)).values())
+                with hopper_overrides(**overrides):
+                    t = sum(kernel_times(lambda: fa4.flash_attn_with_kvcache(
+                        q, kc, vc, cache_seqlens=lens, page_table=table, num_splits=n)).values())
                 r["fa4_us"][n] = min(r["fa4_us"].get(n, float("inf")), round(t, 2))
         r["fa4_GBs"] = {n: round(gb / t) for n, t in r["fa4_us"].items()}
         rows.append(r)

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Which kernel a batched forward with few query rows per KV head should run on: GPU time per call
 of fa4.flash_attn_func forced onto the forward kernel (override small_q = fwd) and onto the decode
-kernel (small_q = decode), next to SDPA cuDNN, from torch.profiler's kernel records
+kernel (small_q = decode; its row tile by the rows, and forced to 16 and to 64 rows: override
+decode_tile), next to SDPA cuDNN, from torch.profiler's kernel records
 (bench/kernel_times.py). The data behind the selector's rule (src/hopper/hopper_api.cu
-small_q_on_decode): the column "auto" says where the selector sends the shape.
+small_q_on_decode) and the decode's tile rule (decode/tuning_decode.h decode_tile): the column
+"auto_kernel" says where the selector sends the shape.
 
 Usage (GPU machine, repo root):
     PYTHONPATH=python:bench FA4_LIBRARY=build-dev/src/libfa4.so python3 bench/small_q_route.py OUT.json
@@ -22,6 +24,7 @@ from kernel_times import kernel_times
 # (batch, seqlen_q, seqlen_k, heads, heads_kv, headdim, causal)
 SHAPES = [(1, 1, 1024, 32, 8, 128, False), (1, 1, 8192, 32, 8, 128, False), (8, 1, 8192, 32, 8, 128, False),
           (64, 1, 2048, 32, 8, 128, False), (1, 4, 8192, 32, 8, 128, True), (8, 4, 4096, 32, 8, 128, True),
+          (1, 8, 8192, 32, 8, 128, True), (1, 12, 8192, 32, 8, 128, True),
           (1, 16, 4096, 32, 8, 128, True), (1, 32, 4096, 32, 8, 128, True), (1, 16, 4096, 8, 1, 128, True),
           (1, 128, 1024, 8, 8, 64, True), (1, 128, 4096, 8, 8, 128, True), (1, 128, 8192, 16, 16, 128, True),
           (4, 64, 4096, 16, 16, 128, True), (8, 128, 2048, 16, 16, 64, True), (1, 64, 16384, 32, 32, 128, True),
@@ -42,6 +45,9 @@ def main():
         for route in ("fwd", "decode"):
             with hopper_overrides(small_q=route):
                 row[route + "_us"] = round(sum(kernel_times(call).values()), 2)
+        for tile in ("16", "64"):
+            with hopper_overrides(small_q="decode", decode_tile=tile):
+                row["decode" + tile + "_us"] = round(sum(kernel_times(call).values()), 2)
         # cuDNN without a mask (its causal is top-left): the same work for one query, more for several
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             row["cudnn_us"] = round(sum(kernel_times(lambda: F.scaled_dot_product_attention(

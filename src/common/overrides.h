@@ -36,6 +36,9 @@ struct KernelOverrides {
   /// more waves than the plain launch (1), or always through global scratch (0); -1: where it
   /// pays (decode/launch_decode.h decode_cluster_size)
   int8_t decode_cluster = -1;
+  /// "decode_tile": the decode's row tiles of 16 rows ("16", 0) or of 64 where the bucket has them
+  /// ("64", 1); -1: by the rows (decode/tuning_decode.h decode_tile)
+  int8_t decode_tile = -1;
   /// "capture_scratch": the scratch of a call captured into a CUDA graph is kept by fa4 for the
   /// life of the process ("retained", 1: no CUDA user object, so a replay costs nothing more), or
   /// owned by the graph through a user object and reused once the graph is destroyed ("graph",
@@ -49,7 +52,8 @@ KernelOverrides kernel_overrides();
 
 /// Sets one override: name "lpt" (value "0" | "1"), "schedule" ("static" | "dynamic"), "epilogue"
 /// ("direct" | "tma"), "stream_k" ("0" | "1"), "small_q" ("fwd" | "decode"), "bwd_walk" ("asc" |
-/// "desc"), "decode_cluster" ("0" | "1"), "capture_scratch" ("graph" | "retained") or
+/// "desc"), "decode_cluster" ("0" | "1"), "decode_tile" ("16" | "64"), "capture_scratch" ("graph" |
+/// "retained") or
 /// "bwd_lpt_band" ("1" .. "64"); the value "auto" returns the choice to the selector. Throws
 /// fa4::Error(kInvalidArgument) naming the rule for any other name or value.
 void set_kernel_override(const char* name, const char* value);

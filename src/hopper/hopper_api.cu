@@ -434,7 +434,9 @@ void forward_kvcache(const detail::KVCacheParams& p, const char* fn) {
   ctx.num_sms = f.num_sms;
   ctx.l2_bytes = f.l2_bytes;
   ctx.fn = fn;
-  ctx.decode_cluster = detail::kernel_overrides().decode_cluster;
+  const detail::KernelOverrides overrides = detail::kernel_overrides();
+  ctx.decode_cluster = overrides.decode_cluster;
+  ctx.decode_tile = overrides.decode_tile;
   const ScopedDevice scoped_device(p.device.index, fn);
   ctx.async_error = async_error_word(p.device.index);
 

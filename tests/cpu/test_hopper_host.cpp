@@ -520,8 +520,11 @@ TEST(HopperHost, DecodeSplitCount) {
   const fa4::detail::HopperDecodeConfig c64 = fa4::detail::hopper_decode_config(64, 64);  // 3 CTAs/SM
   p.key_capacity = 1024;
   p.seqlen_q = 128;
-  p.num_heads = 8;  // a 128-query chunk, 8 tiles per KV head, 64 tiles: 2 splits
-  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c64, sms), 2);
+  p.num_heads = 8;  // a 128-query chunk: 8 full narrow tiles per KV head, 64 tiles: the wave (396 / 64 -> 4)
+  EXPECT_EQ(fa4::hopper::decode_tile(p, c64, sms).rows, fa4::detail::kDecodeRowsPerCta);
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c64, sms), 4);
+  // ... in wide tiles (forced): 16 tiles, 264 / 16 = 16, at most 8 blocks of 2, at most 8
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c64, sms, fa4::hopper::decode_tile(p, c64, sms, /*forced=*/1)), 8);
   p.seqlen_q = 1;
   p.key_capacity = 1 << 30;
   p.num_heads = 8;
@@ -545,7 +548,50 @@ TEST(HopperHost, DecodeSplitCount) {
   p.num_splits = 0;
   p.batch = 2;
   p.seqlen_q = 16;
-  p.num_heads = 128;  // 16 x 16 rows = 16 tiles per KV head, 256 tiles: no split
+  p.num_heads = 128;  // 16 x 16 rows: 4 wide tiles per KV head, 64 tiles at 1 CTA per SM: 2 splits
   p.num_heads_kv = 8;
-  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 1);
+  EXPECT_EQ(fa4::hopper::decode_tile(p, c, sms).rows, fa4::detail::kDecodeWideRows);
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 2);
+  // ... in narrow tiles: 16 per KV head, 256 tiles: no split
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms, fa4::hopper::decode_tile(p, c, sms, /*forced=*/0)), 1);
+  p.batch = 1;
+  p.seqlen_q = 16;
+  p.num_heads = 8;
+  p.num_heads_kv = 1;
+  p.key_capacity = 4096;  // GQA 8/1, 16 queries: 8 full narrow tiles, 264 / 8 -> 32, capped at 8
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 8);
+  p.seqlen_q = 1;
+  p.num_heads = 64;
+  p.num_heads_kv = 4;
+  p.key_capacity = 131072;  // group 16: 4 full tiles, 264 / 4 -> 64 splits of 32 blocks (past the cap of 8)
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 64);
+}
+
+TEST(HopperHost, DecodeTile) {
+  using fa4::hopper::decode_tile;
+  const fa4::detail::HopperDecodeConfig c128 = fa4::detail::hopper_decode_config(128, 128);
+  const fa4::detail::HopperDecodeConfig c256 = fa4::detail::hopper_decode_config(256, 256);
+  const int sms = 132;
+  fa4::detail::KVCacheParams p;
+  p.batch = 2;
+  p.seqlen_q = 8;
+  p.num_heads = 64;
+  p.num_heads_kv = 8;  // 64 rows per KV head
+  p.key_capacity = 32768;
+  // 64 narrow tiles x 512 key blocks = 248 steps per SM: wide, 16 tiles, 8 splits at 1 CTA per SM
+  EXPECT_EQ(decode_tile(p, c128, sms).rows, fa4::detail::kDecodeWideRows);
+  EXPECT_EQ(decode_tile(p, c128, sms).ctas_per_sm, c128.wide_ctas_per_sm);
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c128, sms), 8);
+  EXPECT_EQ(decode_tile(p, c256, sms).rows, fa4::detail::kDecodeRowsPerCta);  // no wide kernel at d256
+  p.batch = 1;  // 124 steps per SM: narrow
+  EXPECT_EQ(decode_tile(p, c128, sms).rows, fa4::detail::kDecodeRowsPerCta);
+  EXPECT_EQ(decode_tile(p, c128, sms).ctas_per_sm, c128.ctas_per_sm);
+  p.batch = 4;
+  p.seqlen_q = 7;  // 56 rows: narrow however many steps
+  EXPECT_EQ(decode_tile(p, c128, sms).rows, fa4::detail::kDecodeRowsPerCta);
+  // Forced (override decode_tile): either way where the bucket has both, narrow where it has one.
+  EXPECT_EQ(decode_tile(p, c128, sms, 1).rows, fa4::detail::kDecodeWideRows);
+  p.seqlen_q = 8;
+  EXPECT_EQ(decode_tile(p, c128, sms, 0).rows, fa4::detail::kDecodeRowsPerCta);
+  EXPECT_EQ(decode_tile(p, c256, sms, 1).rows, fa4::detail::kDecodeRowsPerCta);
 }

@@ -721,6 +721,52 @@ TEST(HopperDecode, ClusterMergeMatchesTheGlobalMerge) {
   }
 }
 
+// The wide row tile (64 rows, warp w takes rows 16w.. over every key of a block) and the narrow one
+// (16 rows, warp w takes keys 16w.. of each block), each forced onto the same calls: 1 to 140 rows
+// per KV head (a tile with one live row, partial tiles, several tiles), causal with fewer keys than
+// queries in the second sequence (masked rows), a window, softcap, sink, appended keys, a paged
+// cache of pages smaller than a block, 3 and automatic splits, the cluster merge (16 splits) and
+// fp16, at d128, d64 and d80 (padded to 128; d256 has no wide tile and runs narrow either way).
+TEST(HopperDecode, WideAndNarrowTilesOverTheOptions) {
+  REQUIRE_HOPPER();
+  struct Shape {
+    int seqlen_q, heads, heads_kv;
+  };
+  for (const Shape s : {Shape{1, 8, 8}, Shape{5, 16, 2}, Shape{16, 8, 2}, Shape{33, 8, 2}, Shape{70, 2, 2}})
+    for (const char* tile : {"64", "16"}) {
+      const fa4::test::ScopedOverride forced("decode_tile", tile);
+      KvCase c;
+      c.seqlen_q = s.seqlen_q;
+      c.heads = s.heads;
+      c.heads_kv = s.heads_kv;
+      c.capacity = 700;
+      c.cache_seqlens = {690, 40};
+      c.causal = true;
+      c.seed = 1000 + s.seqlen_q * 7 + s.heads + (tile[0] == '6');
+      if (fa4::test::leave_out(c.d, c.dv, fa4::test::kDecode)) continue;
+      run_case(c);
+      c.causal = false;
+      c.window_left = 50;
+      c.window_right = 0;
+      c.softcap = 20.f;
+      c.sink = true;
+      c.seqlen_new = 3;
+      c.page_size = 16;
+      c.num_splits = 3;
+      run_case(c);
+      c.dtype = DType::kFP16;
+      c.d = c.dv = 64;
+      c.page_size = 0;
+      c.num_splits = 0;
+      if (!fa4::test::leave_out(c.d, c.dv, fa4::test::kDecode)) run_case(c);
+      c.dtype = DType::kBF16;
+      c.d = c.dv = 80;
+      c.num_splits = 16;
+      const fa4::test::ScopedOverride cluster("decode_cluster", "1");
+      if (!fa4::test::leave_out(c.d, c.dv, fa4::test::kDecode)) run_case(c);
+    }
+}
+
 TEST(HopperDecode, ExplicitExp2EmulationIsAClearError) {
   REQUIRE_HOPPER();
   KvCase c;
@@ -757,6 +803,13 @@ TEST(HopperDecode, SanitizeSmall) {
     }
     c.bad_page_b = 0;
     for (int splits : {1, 4, 6}) {  // 6: a flagged cluster of 2 then arrives at the global merge
+      c.num_splits = splits;
+      run_case(c);
+    }
+    // The wide row tile: global merge, one cluster per tile, and the flagged cluster again.
+    const fa4::test::ScopedOverride wide("decode_tile", "64");
+    for (int splits : {3, 4, 6}) {
+      c.bad_page_b = splits == 6 ? 0 : -1;
       c.num_splits = splits;
       run_case(c);
     }

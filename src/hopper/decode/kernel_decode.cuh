@@ -20,9 +20,13 @@
 //   * gathers K/V rows one by one with cp.async (16 bytes per copy; a row's address comes from the
 //     page table when paged, so every page size works and pages may be in any order), into a ring
 //     of `stages` swizzled smem blocks;
-//   * computes on mma.sync m16n8k16: warp w of 4 takes keys 16w..16w+15 of each block with its own
-//     online-softmax state (lazy rescaling, FlashAttention-4 Sec. 3: the running max is raised only
-//     when it grows by more than tau), merged across the warps at the end.
+//   * computes on mma.sync m16n8k16 in one of two tile shapes (kRowWarps): a narrow tile of 16 rows
+//     whose warp w of 4 takes keys 16w..16w+15 of each block (decode steps: few rows, and the 4
+//     warps still share every K/V load), or a wide tile of 64 rows whose warp w takes rows
+//     16w..16w+15 and all 64 keys (chunked prefill, speculative decoding with many rows: a K/V
+//     block's copies then serve 4x the rows). Each warp keeps its own online-softmax state (lazy
+//     rescaling, FlashAttention-4 Sec. 3: the running max is raised only when it grows by more than
+//     tau); the warps that share rows merge at the end.
 // Device-resident indices are checked here (the host never reads them): cache_seqlens,
 // cache_batch_idx and the page-table entries of keys [0, seqlen_k) (each split checks its keys,
 // split 0 also those before the first visible one); a split that meets a broken rule writes
@@ -139,12 +143,12 @@ __device__ __forceinline__ int swz(int r, int c) {
 }
 
 /// Key of a decode kernel's once-per-device shared-memory raise (launch_common.cuh).
-template <bool kBF16, int kD>
+template <bool kBF16, int kD, int kRows>
 struct DecodeKernelKey {};
 
-template <int kD, int kBlockN, int kStages>
+template <int kD, int kBlockN, int kStages, int kRows>
 struct DecodeSmem {
-  static constexpr int kQElems = 16 * kD;
+  static constexpr int kQElems = kRows * kD;
   static constexpr int kStageElems = 2 * kBlockN * kD;  // K block then V block
   // + the K/V row offsets of every stage's block (int64, 2 x kBlockN per stage).
   static constexpr int kBytes = (kQElems + kStages * kStageElems) * 2 + kStages * 2 * kBlockN * 8;
@@ -152,20 +156,28 @@ struct DecodeSmem {
   // kD + 8 floats apart: a warp's float2 store of its O fragment writes 8 rows, which kD apart all
   // fall on the same 8 banks (8 wavefronts instead of 2).
   static constexpr int kOStride = kD + 8;
-  static constexpr int kMergeFloats = 4 * 16 * kOStride + 2 * 4 * 16 + 16;
+  static constexpr int kMergeFloats = 4 * 16 * kOStride + 2 * 4 * 16 + kRows;
   static_assert(kMergeFloats * 4 <= kStages * kStageElems * 2, "merge buffers do not fit");
   // A cluster launch adds, behind kBytes, the buffer into which the cluster's CTAs push their
-  // partials for this CTA's columns (cluster_merge): 16 rows x kD / cluster columns fp32 from each
-  // of `cluster` CTAs, their 16 log2-sum-exps each and their broken-index flags. It cannot share the
-  // ring: peers push while this CTA may still be walking its keys.
-  static constexpr int cluster_bytes(int cluster) { return kBytes + (ClusterRecv::bytes<kD>(cluster) + 15) / 16 * 16; }
+  // partials for this CTA's columns (cluster_merge): kRows rows x kD / cluster columns fp32 from
+  // each of `cluster` CTAs, their kRows log2-sum-exps each and their broken-index flags. It cannot
+  // share the ring: peers push while this CTA may still be walking its keys.
+  static constexpr int cluster_bytes(int cluster) {
+    return kBytes + (ClusterRecv::bytes<kD, kRows>(cluster) + 15) / 16 * 16;
+  }
 };
 
-template <bool kBF16, int kD, int kBlockN, int kStages>
+/// kRowWarps: 1 (narrow tile: 16 rows, warp w takes keys 16w.. of a block) or 4 (wide tile: 64
+/// rows, warp w takes rows 16w.. and every key of a block).
+template <bool kBF16, int kD, int kBlockN, int kStages, int kRowWarps>
 __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ DecodeArgs a) {
+  static_assert(kRowWarps == 1 || kRowWarps == 4, "16-row or 64-row tiles");
+  constexpr int kRows = 16 * kRowWarps;
+  constexpr int kKeyWarps = 4 / kRowWarps;  // warps sharing a row (each its own keys of a block)
+  constexpr int kKeyGroups = kRowWarps;     // 16-key groups of a block per warp
   using Elem = typename ElemOf<kBF16>::type;
-  using Smem = DecodeSmem<kD, kBlockN, kStages>;
-  static_assert(kBlockN == 64 && kD % 64 == 0, "4 warps x 16 keys; 8+ swizzled chunks per row");
+  using Smem = DecodeSmem<kD, kBlockN, kStages, kRows>;
+  static_assert(kBlockN == 64 && kD % 64 == 0, "4 x 16 keys per block; 8+ swizzled chunks per row");
   constexpr int kC = kD / 8;            // 16-byte chunks per row
   constexpr int kRowsPerPass = 128 / kC;
   extern __shared__ __align__(128) char smem_raw[];
@@ -174,10 +186,11 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
 
   const detail::KVCacheParams& p = a.p;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int rw = warp / kKeyWarps, kw = warp % kKeyWarps;  // the warp's 16 rows and its keys of a block
   const int32_t split = blockIdx.x, b = blockIdx.z;
   const int32_t kv_head = blockIdx.y / a.row_tiles, row_tile = blockIdx.y % a.row_tiles;
   const int32_t rows = p.seqlen_q * a.group;  // packed rows of this KV head
-  const int32_t row0 = row_tile * 16;
+  const int32_t row0 = row_tile * kRows;
 
   // A cluster's CTAs push their partials into each other's shared memory at the end; arriving here
   // makes the wait before the pushes a proof, at no cost by then, that every peer has started.
@@ -214,7 +227,7 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
   // This row tile's keys within the split.
   // Bottom-right masks: both ends of a row's range grow with the row, so the first and the last
   // row of the tile bound the keys any row sees (tile_keys) and those every row sees (all_keys).
-  const int32_t last_row = min(rows, row0 + 16) - 1;
+  const int32_t last_row = min(rows, row0 + kRows) - 1;
   const detail::KeyRange first_row_keys = detail::visible_key_range(row0 / a.group, p.seqlen_q, seqlen_k, p.mask);
   const detail::KeyRange last_row_keys = detail::visible_key_range(last_row / a.group, p.seqlen_q, seqlen_k, p.mask);
   const detail::KeyRange tile_keys{first_row_keys.first, last_row_keys.last};
@@ -230,7 +243,7 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
 
   // ---- Q tile (cp.async group 0, with the first K/V block) ----
   const Elem* q = static_cast<const Elem*>(p.q);
-  for (int idx = tid; idx < 16 * kC; idx += 128) {
+  for (int idx = tid; idx < kRows * kC; idx += 128) {
     const int r = idx / kC, c = idx % kC;
     const int32_t row = row0 + r;
     const bool valid = row < rows && c * 8 < p.headdim;
@@ -301,11 +314,11 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
     arch::cp_async_commit();
   }
 
-  // ---- per-thread row geometry: fragment rows lane/4 and lane/4 + 8 ----
+  // ---- per-thread row geometry: fragment rows lane/4 and lane/4 + 8 of the warp's 16 ----
   detail::KeyRange row_keys[2];
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
-    const int32_t row = row0 + lane / 4 + 8 * rr;
+    const int32_t row = row0 + 16 * rw + lane / 4 + 8 * rr;
     row_keys[rr] = row < rows ? detail::visible_key_range(row / a.group, p.seqlen_q, seqlen_k, p.mask)
                               : detail::KeyRange{0, 0};
   }
@@ -341,44 +354,61 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
     if constexpr (kQInRegs) {
       if (it == 0) {
 #pragma unroll
-        for (int ks = 0; ks < kD / 16; ++ks) arch::ldmatrix_x4<false>(q_frag[ks], sQ + swz<kD>(lane % 16, ks * 2 + lane / 16));
+        for (int ks = 0; ks < kD / 16; ++ks)
+          arch::ldmatrix_x4<false>(q_frag[ks], sQ + swz<kD>(16 * rw + lane % 16, ks * 2 + lane / 16));
       }
     }
-    // S = Q K^T for this warp's 16 keys: two n8 tiles, each accumulated in two chains (even and
-    // odd k steps) so that four independent mma.sync chains of kD/32 overlap their latency.
-    float sc[2][4], sc_odd[2][4];
+    // S = Q K^T for this warp's keys (kNt n8 tiles from key key0). A narrow tile's two n8 tiles
+    // accumulate in two chains each (even and odd k steps) so that four independent mma.sync chains
+    // of kD/32 overlap their latency; a wide tile has 8 independent chains already.
+    constexpr int kNt = 2 * kKeyGroups;
+    constexpr bool kOddChains = kKeyGroups == 1;
+    const int key0 = 16 * kKeyGroups * kw;  // the warp's first key of the block
+    float sc[kNt][4], sc_odd[kOddChains ? kNt : 1][4];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+    for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sc[nt][e] = sc_odd[nt][e] = 0.f;
+      for (int e = 0; e < 4; ++e) sc[nt][e] = 0.f;
+    if constexpr (kOddChains) {
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc_odd[nt][e] = 0.f;
+    }
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks) {
-      uint32_t qa[4], kb[4];
+      uint32_t qa[4];
       if constexpr (kQInRegs) {
 #pragma unroll
         for (int x = 0; x < 4; ++x) qa[x] = q_frag[ks][x];
       } else {
-        arch::ldmatrix_x4<false>(qa, sQ + swz<kD>(lane % 16, ks * 2 + lane / 16));
+        arch::ldmatrix_x4<false>(qa, sQ + swz<kD>(16 * rw + lane % 16, ks * 2 + lane / 16));
       }
-      arch::ldmatrix_x4<false>(kb, sK + swz<kD>(16 * warp + (lane / 16) * 8 + lane % 8, ks * 2 + (lane / 8) % 2));
-      float(*acc)[4] = ks % 2 ? sc_odd : sc;
-      arch::mma_m16n8k16<kBF16>(acc[0], qa, kb[0], kb[1]);
-      arch::mma_m16n8k16<kBF16>(acc[1], qa, kb[2], kb[3]);
+#pragma unroll
+      for (int g = 0; g < kKeyGroups; ++g) {
+        uint32_t kb[4];
+        arch::ldmatrix_x4<false>(kb, sK + swz<kD>(key0 + 16 * g + (lane / 16) * 8 + lane % 8, ks * 2 + (lane / 8) % 2));
+        float(*acc)[4] = kOddChains && ks % 2 ? sc_odd : sc;
+        arch::mma_m16n8k16<kBF16>(acc[2 * g], qa, kb[0], kb[1]);
+        arch::mma_m16n8k16<kBF16>(acc[2 * g + 1], qa, kb[2], kb[3]);
+      }
     }
+    if constexpr (kOddChains) {
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sc[nt][e] += sc_odd[nt][e];
+        for (int e = 0; e < 4; ++e) sc[nt][e] += sc_odd[nt][e];
+    }
 
     // Scores in log2 units, masked to -inf; the online softmax per row. Softcap and the mask are
     // CTA-uniform choices made per block, outside the element loop (a per-element select would
     // evaluate tanh and the two bounds for every score of every block).
     const int32_t blk_first = int32_t(seq_keys.first) + (t_lo + it) * kBlockN;
-    const int32_t key_w = blk_first + 16 * warp + 2 * (lane % 4);
+    const int32_t key_w = blk_first + key0 + 2 * (lane % 4);
     float row_max[2] = {-INFINITY, -INFINITY};
     auto scores = [&](auto capped, auto masked) {
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int rr = e / 2;
@@ -424,26 +454,29 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
         }
       }
     }
-    uint32_t pa[4];
+    uint32_t pa[kKeyGroups][4];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+    for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         const float ref = m[rr] == -INFINITY ? 0.f : m[rr];  // a row with no key yet: P = 2^-inf = 0
         const float p0 = arch::ex2_approx(sc[nt][2 * rr] - ref);
         const float p1 = arch::ex2_approx(sc[nt][2 * rr + 1] - ref);
         l[rr] += p0 + p1;
-        pa[nt * 2 + rr] = pack2<kBF16>(p0, p1);
+        pa[nt / 2][(nt % 2) * 2 + rr] = pack2<kBF16>(p0, p1);
       }
 
-    // O += P V: P is already the A fragment (rows lane/4, +8; keys 2(lane%4) and +8).
+    // O += P V: P is already the A fragment of each 16-key group (rows lane/4, +8; keys 2(lane%4)
+    // and +8).
 #pragma unroll
-    for (int np = 0; np < kD / 16; ++np) {
-      uint32_t vb[4];
-      arch::ldmatrix_x4<true>(vb, sV + swz<kD>(16 * warp + lane % 16, np * 2 + lane / 16));
-      arch::mma_m16n8k16<kBF16>(o[2 * np], pa, vb[0], vb[1]);
-      arch::mma_m16n8k16<kBF16>(o[2 * np + 1], pa, vb[2], vb[3]);
-    }
+    for (int np = 0; np < kD / 16; ++np)
+#pragma unroll
+      for (int g = 0; g < kKeyGroups; ++g) {
+        uint32_t vb[4];
+        arch::ldmatrix_x4<true>(vb, sV + swz<kD>(key0 + 16 * g + lane % 16, np * 2 + lane / 16));
+        arch::mma_m16n8k16<kBF16>(o[2 * np], pa[g], vb[0], vb[1]);
+        arch::mma_m16n8k16<kBF16>(o[2 * np + 1], pa[g], vb[2], vb[3]);
+      }
     if (prefetch) {
       const int st = (nxt + 1) % kStages;
       sOff[st * 2 * kBlockN + tid] = pre_k;
@@ -453,12 +486,14 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
   arch::cp_async_wait<0>();
   __syncthreads();  // the ring is free: it becomes the merge buffer
 
-  // ---- merge the 4 warps' states (core/softmax.h merge_weight) ----
+  // ---- merge the states of the warps that share rows (core/softmax.h merge_weight; a wide tile's
+  // warps hold rows of their own, weight 1) ----
   constexpr int kOStride = Smem::kOStride;
   float* sO = reinterpret_cast<float*>(sRing);  // [warp][16][kOStride]
   float* sM = sO + 4 * 16 * kOStride;            // [warp][16] the warps' row maxes
   float* sL = sM + 4 * 16;                       // [warp][16] their row sums, then weighted to sMax
-  float* sMax = sL + 4 * 16;                     // [16] the merged row maxes
+  float* sMax = sL + 4 * 16;                     // [kRows] the merged row maxes
+  const int w0 = rw * kKeyWarps;                 // the first warp of this warp's rows
   auto ex2 = [](float x) { return arch::ex2_approx(x); };
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
@@ -472,9 +507,9 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int r = lane / 4 + 8 * rr;
-    float mm = sM[r];
+    float mm = sM[w0 * 16 + r];
 #pragma unroll
-    for (int w = 1; w < 4; ++w) mm = fmaxf(mm, sM[w * 16 + r]);
+    for (int w = 1; w < kKeyWarps; ++w) mm = fmaxf(mm, sM[(w0 + w) * 16 + r]);
     const float wgt = detail::merge_weight(m[rr], mm, 1.f, ex2);
 #pragma unroll
     for (int n = 0; n < kD / 8; ++n)
@@ -482,27 +517,28 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
           make_float2(o[n][2 * rr] * wgt, o[n][2 * rr + 1] * wgt);
     if (lane % 4 == 0) {  // this warp's entries only: the reads above are of sM
       sL[warp * 16 + r] = l[rr] * wgt;
-      if (warp == 0) sMax[r] = mm;
+      if (kw == 0) sMax[16 * rw + r] = mm;
     }
   }
   __syncthreads();
 
   // ---- finalize (one split) or the normalised partial (several): pushed to the CTAs of the
   // cluster that merge its columns, else to the global scratch ----
-  // Row r's state over the 4 warps, columns c..c+3 (sums of their weighted states).
+  // Row r's state over the warps that hold it, columns c..c+3 (sums of their weighted states).
   auto row_state = [&](int r, int c, float& ll, float4& acc) {
     ll = 0.f;
     acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    const int r16 = r % 16, wr = (r / 16) * kKeyWarps;
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      ll += sL[w * 16 + r];
-      const float4 x = *reinterpret_cast<const float4*>(&sO[(w * 16 + r) * kOStride + c]);
+    for (int w = wr; w < wr + kKeyWarps; ++w) {
+      ll += sL[w * 16 + r16];
+      const float4 x = *reinterpret_cast<const float4*>(&sO[(w * 16 + r16) * kOStride + c]);
       acc.x += x.x; acc.y += x.y; acc.z += x.z; acc.w += x.w;
     }
   };
   if (a.cluster == 1) {
     const float* sink = p.sink;
-    for (int idx = tid; idx < 16 * (kD / 4); idx += 128) {
+    for (int idx = tid; idx < kRows * (kD / 4); idx += 128) {
       const int r = idx / (kD / 4), c = (idx % (kD / 4)) * 4;
       const int32_t row = row0 + r;
       if (row >= rows || c >= p.headdim_v) continue;
@@ -513,17 +549,17 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
       if (a.num_splits == 1) store_final<kBF16>(p, b, pr.i, pr.h, c, sMax[r], ll, acc, sink);
       else store_partial<kD>(a, split, b, pr.i, pr.h, c, sMax[r], ll, acc);
     }
-    if (a.num_splits > 1 && arrive_last(a, &s_last, false)) combine_tile<kBF16, kD>(a, b, kv_head, row0, rows);
+    if (a.num_splits > 1 && arrive_last(a, &s_last, false)) combine_tile<kBF16, kD, kRows>(a, b, kv_head, row0, rows);
     return;
   }
   // ---- with a cluster: push the partial's slices to the CTAs that merge them, merge this CTA's ----
   const uint32_t rank = arch::cluster_ctarank();
-  const ClusterRecv recv = ClusterRecv::at<kD>(smem_raw + Smem::kBytes, a.cluster, rank);
+  const ClusterRecv recv = ClusterRecv::at<kD, kRows>(smem_raw + Smem::kBytes, a.cluster, rank);
   const int cols = recv.width;  // columns each CTA of the cluster merges (>= 4)
   // This thread's slices (row, 4 columns) of the partial, read from shared memory kChunk at a time,
   // then pushed back to back. Rows past the tile's live ones are skipped: the CTA's tail is a chain
   // of latencies, and every slice adds to it.
-  constexpr int kPer = 16 * (kD / 4) / 128, kChunk = kPer <= 4 ? kPer : 2;
+  constexpr int kPer = kRows * (kD / 4) / 128, kChunk = kPer <= 4 ? kPer : 2;
   arch::cluster_wait();  // the kernel-start arrival: every peer has started
   if (tid < a.cluster) arch::st_peer(recv.bad + rank, uint32_t(tid), int32_t(bad != 0));
 #pragma unroll
@@ -545,9 +581,9 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
       const int idx = tid + 128 * (k0 + k), r = idx / (kD / 4), c = (idx % (kD / 4)) * 4;
       if (row0 + r >= rows) continue;
       const int owner = c / cols;
-      if ((c & (cols - 1)) == 0) arch::st_peer(recv.lse + rank * 16 + r, uint32_t(owner), lse[k]);
+      if ((c & (cols - 1)) == 0) arch::st_peer(recv.lse + rank * kRows + r, uint32_t(owner), lse[k]);
       if (c < p.headdim_v)
-        arch::st_peer(reinterpret_cast<float4*>(recv.o + (rank * 16 + r) * cols + (c & (cols - 1))), uint32_t(owner),
+        arch::st_peer(reinterpret_cast<float4*>(recv.o + (rank * kRows + r) * cols + (c & (cols - 1))), uint32_t(owner),
                       x[k]);
     }
   }
@@ -555,9 +591,9 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
   // another's shared memory after it: a CTA may exit without waiting for its peers' merges.
   arch::cluster_arrive_release();
   arch::cluster_wait();
-  const bool cluster_bad = cluster_merge<kBF16, kD>(a, b, kv_head, row0, rows, recv);
+  const bool cluster_bad = cluster_merge<kBF16, kD, kRows>(a, b, kv_head, row0, rows, recv);
   if (a.num_partials > 1 && arrive_last(a, &s_last, cluster_bad))
-    combine_tile<kBF16, kD>(a, b, kv_head, row0, rows);
+    combine_tile<kBF16, kD, kRows>(a, b, kv_head, row0, rows);
 }
 
 }  // namespace fa4::hopper::decode

@@ -77,12 +77,12 @@ DecodeClusterCapacity cluster_capacity_once(Kernel kernel, int device) {
 }
 }  // namespace
 
-template <int kDType, int kHeadDim, int kHeadDimV>
-void run_decode(const detail::KVCacheParams& p, const LaunchContext& ctx) {
-  static_assert(kHeadDim == kHeadDimV, "the decode kernel has one head dim for K and V");
-  constexpr bool kBF16 = kDType == int(DType::kBF16);
-  constexpr detail::HopperDecodeConfig c = detail::hopper_decode_config(kHeadDim, kHeadDimV);
-  using Smem = decode::DecodeSmem<kHeadDim, c.block_n, c.stages>;
+/// The decode launch with row tiles of 16 x kRowWarps rows (decode_kernel).
+template <bool kBF16, int kHeadDim, int kRowWarps>
+void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, const detail::DecodeTile& tile) {
+  constexpr detail::HopperDecodeConfig c = detail::hopper_decode_config(kHeadDim, kHeadDim);
+  constexpr int kRows = 16 * kRowWarps;
+  using Smem = decode::DecodeSmem<kHeadDim, c.block_n, c.stages, kRows>;
   static_assert(Smem::cluster_bytes(detail::kDecodeMaxCluster) + 1024 <= 227 * 1024,
                 "a CTA of the largest decode cluster must fit the 227 KB per-block limit, with room for static smem");
   using Elem = typename decode::ElemOf<kBF16>::type;
@@ -94,17 +94,17 @@ void run_decode(const detail::KVCacheParams& p, const LaunchContext& ctx) {
   a.async_error = ctx.async_error;
   a.group = p.num_heads / p.num_heads_kv;
   const int64_t rows = int64_t(p.seqlen_q) * a.group;
-  a.row_tiles = int32_t((rows + detail::kDecodeRowsPerCta - 1) / detail::kDecodeRowsPerCta);
-  a.num_splits = decode_num_splits(p, c, ctx.num_sms);
-  auto kernel = decode::decode_kernel<kBF16, kHeadDim, c.block_n, c.stages>;
-  using Key = decode::DecodeKernelKey<kBF16, kHeadDim>;
+  a.row_tiles = int32_t((rows + kRows - 1) / kRows);
+  a.num_splits = decode_num_splits(p, c, ctx.num_sms, tile);
+  auto kernel = decode::decode_kernel<kBF16, kHeadDim, c.block_n, c.stages, kRowWarps>;
+  using Key = decode::DecodeKernelKey<kBF16, kHeadDim, kRows>;
   check_cuda(raise_smem_limit_once<Key>(kernel, Smem::cluster_bytes(detail::kDecodeMaxCluster), p.device.index), kFn,
              "cudaFuncSetAttribute (decode shared memory)");
   const int64_t ctas = int64_t(a.num_splits) * p.num_heads_kv * a.row_tiles * p.batch;
-  const int64_t merge_bytes = int64_t(a.num_splits) * std::min<int64_t>(rows, detail::kDecodeRowsPerCta) *
-                              p.headdim_v * int64_t(sizeof(float));
+  const int64_t merge_bytes =
+      int64_t(a.num_splits) * std::min<int64_t>(rows, kRows) * p.headdim_v * int64_t(sizeof(float));
   a.cluster = ctx.decode_cluster != 0 && a.num_splits > 1
-                  ? decode_cluster_size(a.num_splits, ctas, int64_t(ctx.num_sms) * c.ctas_per_sm, merge_bytes,
+                  ? decode_cluster_size(a.num_splits, ctas, int64_t(ctx.num_sms) * tile.ctas_per_sm, merge_bytes,
                                         cluster_capacity_once<Key, Smem>(kernel, p.device.index),
                                         ctx.decode_cluster == 1, !p.paged && ctas * 2 <= ctx.num_sms)
                   : 1;
@@ -140,6 +140,18 @@ void run_decode(const detail::KVCacheParams& p, const LaunchContext& ctx) {
   }
   release_scratch(arrivals, stream);
   release_scratch(scratch, stream);
+}
+
+template <int kDType, int kHeadDim, int kHeadDimV>
+void run_decode(const detail::KVCacheParams& p, const LaunchContext& ctx) {
+  static_assert(kHeadDim == kHeadDimV, "the decode kernel has one head dim for K and V");
+  constexpr bool kBF16 = kDType == int(DType::kBF16);
+  constexpr detail::HopperDecodeConfig c = detail::hopper_decode_config(kHeadDim, kHeadDimV);
+  const detail::DecodeTile tile = decode_tile(p, c, ctx.num_sms, ctx.decode_tile);
+  if constexpr (c.wide_ctas_per_sm > 0) {
+    if (tile.rows == detail::kDecodeWideRows) return launch_decode<kBF16, kHeadDim, detail::kDecodeWideRows / 16>(p, ctx, tile);
+  }
+  launch_decode<kBF16, kHeadDim, 1>(p, ctx, tile);
 }
 
 }  // namespace fa4::hopper

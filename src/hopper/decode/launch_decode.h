@@ -13,8 +13,8 @@
 
 namespace fa4::hopper {
 
-/// Splits of the keys for p on the decode row c: p.num_splits if given, else, when the (kv head,
-/// row tile, sequence) tiles are fewer than half a wave, by the key blocks of the largest sequence
+/// Splits of the keys for p on the decode row c with row tile t: p.num_splits if given, else, when
+/// the (kv head, row tile, sequence) tiles are fewer than half a wave, by the key blocks of the largest sequence
 /// the cache can hold (key_capacity: the host never reads cache_seqlens, so a captured graph
 /// replays for any lengths):
 ///   * one CTA per SM (num_sms / tiles splits, at most one per key block, not rounded to a power
@@ -27,21 +27,36 @@ namespace fa4::hopper {
 ///     whose tiles, at kDecodePortableCluster splits each, leave half the SMs free takes that many
 ///     splits instead (up to 2 blocks each), to be merged in one cluster per tile
 ///     (decode_cluster_size);
-///   * else one wave (c.ctas_per_sm per SM), each split with at least kDecodeMinBlocksPerSplit
-///     blocks, rounded down to a power of two.
+///   * else one wave (t.ctas_per_sm per SM), each split with at least kDecodeMinBlocksPerSplit
+///     blocks, rounded down to a power of two;
+///   * and so wherever the tiles are full (at least t.rows packed rows per KV head), capped at
+///     kDecodeMaxAutoSplitsFullTile unless the splits keep kDecodeLongSplitBlocks blocks each: a
+///     full tile's CTA is not bandwidth-bound but a chain of latencies per block, which a second
+///     and third CTA on the SM overlap, and its merge reads 16 or 64 whole rows per split.
+///     Measured (H200, bench/decode_split_sweep.py, narrow tiles, against one CTA per SM): the
+///     wave's count was the best or within 2% at 32-256 tiles (a 128-query chunk over 1k keys, d64,
+///     10.8 -> 10.0 us; GQA 32/8, 16 queries over 32k keys 87.2 -> 67.9; 128 queries over 8k keys,
+///     8 heads, 48.5 -> 37.2), and at 8 tiles 8 splits were the best (GQA 8/1, 16 queries over 4k
+///     keys: 16 splits 14.3 us, 8 splits 11.4).
 /// At most kDecodeMaxAutoSplits (the merge reads every split's partial), or
 /// kDecodeMaxAutoSplitsOneTile for a single tile with at least kDecodeLongSplitBlocks blocks per
 /// split at that count. The measurements behind
 /// each choice (H200, bench/decode_split_sweep.py and bench/kernel_times.py) are in
 /// bench/results/history.md.
 inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::HopperDecodeConfig& c,
-                                 int32_t num_sms) {
+                                 int32_t num_sms, const detail::DecodeTile& t) {
   if (p.num_splits > 0) return p.num_splits;
   const int64_t rows = int64_t(p.seqlen_q) * (p.num_heads / p.num_heads_kv);
-  const int64_t tiles = int64_t(p.batch) * p.num_heads_kv * ((rows + detail::kDecodeRowsPerCta - 1) / detail::kDecodeRowsPerCta);
-  const int64_t wave = int64_t(num_sms) * c.ctas_per_sm;
+  const int64_t tiles = int64_t(p.batch) * p.num_heads_kv * ((rows + t.rows - 1) / t.rows);
+  const int64_t wave = int64_t(num_sms) * t.ctas_per_sm;
   if (tiles <= 0 || tiles * 2 > wave) return 1;
   const int64_t blocks = std::max<int64_t>(1, (int64_t(p.key_capacity) + c.block_n - 1) / c.block_n);
+  if (rows >= t.rows) {  // full tiles: the wave, capped
+    const int64_t s = std::min(wave / tiles, std::max<int64_t>(1, blocks / detail::kDecodeMinBlocksPerSplit));
+    const int64_t cap = std::min<int64_t>(detail::kDecodeMaxAutoSplits,
+                                          std::max<int64_t>(detail::kDecodeMaxAutoSplitsFullTile, blocks / detail::kDecodeLongSplitBlocks));
+    return int32_t(std::min<int64_t>(int64_t(std::bit_floor(uint64_t(s))), cap));
+  }
   const int64_t per_sm = num_sms / tiles;  // splits with one CTA per SM
   const bool short_cache = per_sm >= 1 && (blocks + per_sm - 1) / per_sm <= detail::kDecodeMinBlocksPerSplit;
   const bool dense_fill = !p.paged && per_sm >= 1 && tiles * per_sm * 3 >= int64_t(num_sms) * 2;
@@ -61,6 +76,29 @@ inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::H
   const bool long_one_tile =
       tiles == 1 && blocks >= int64_t(detail::kDecodeMaxAutoSplitsOneTile) * detail::kDecodeLongSplitBlocks;
   return int32_t(std::min<int64_t>(s, long_one_tile ? detail::kDecodeMaxAutoSplitsOneTile : detail::kDecodeMaxAutoSplits));
+}
+
+/// The row tile of p on the decode row c (tuning_decode.h kDecodeWideRows): wide where c has a wide
+/// kernel, p has at least kDecodeWideMinRows packed rows per KV head and the narrow tiles would
+/// take at least kDecodeWideMinBlockSteps (tile, key block) steps per SM, by the key capacity
+/// (shapes only, like the split count), else narrow. `forced` (override "decode_tile": 0 narrow, 1
+/// wide where c has it) for the tests and the A/B. Measured (H200, bench/decode_split_sweep.py,
+/// best split count of each tile; bench/results/history.md): the wide tile 1.1-1.5x faster at 248
+/// narrow steps per SM, within 6% either way at 124, and 1.2-1.4x slower below.
+inline detail::DecodeTile decode_tile(const detail::KVCacheParams& p, const detail::HopperDecodeConfig& c,
+                                      int32_t num_sms, int8_t forced = -1) {
+  const int64_t rows = int64_t(p.seqlen_q) * (p.num_heads / p.num_heads_kv);
+  if (forced >= 0) return detail::wide_decode_tile(c, forced == 1);
+  const int64_t narrow_tiles = int64_t(p.batch) * p.num_heads_kv * ((rows + detail::kDecodeRowsPerCta - 1) / detail::kDecodeRowsPerCta);
+  const int64_t blocks = std::max<int64_t>(1, (int64_t(p.key_capacity) + c.block_n - 1) / c.block_n);
+  return detail::wide_decode_tile(c, rows >= detail::kDecodeWideMinRows &&
+                                         narrow_tiles * blocks >= detail::kDecodeWideMinBlockSteps * num_sms);
+}
+
+/// decode_num_splits with the tile decode_tile picks for p.
+inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::HopperDecodeConfig& c,
+                                 int32_t num_sms) {
+  return decode_num_splits(p, c, num_sms, decode_tile(p, c, num_sms));
 }
 
 /// How many clusters of 2, 4, 8 and 16 CTAs of a decode kernel a device runs at once

@@ -136,18 +136,18 @@ __device__ __forceinline__ PackedRow packed_row(const DecodeArgs& a, int32_t kv_
 }
 
 /// Merges n partial states of this CTA's share of one tile's (row, 4 columns) slices of columns
-/// [c_lo, c_lo + width) (rows row0.. of kv_head in sequence b; slice idx = first, first + stride,
-/// ... of 16 x width / 4) with merge_partials, and writes each finished (part < 0: finalize_row,
+/// [c_lo, c_lo + width) (rows row0.. of kv_head in sequence b, kRows per tile; slice idx = first,
+/// first + stride, ... of kRows x width / 4) with merge_partials, and writes each finished (part < 0: finalize_row,
 /// the sink joins here, as one split would have been) or as global partial `part`.
 /// load(r, c, i, h, s, L_s, x_s) reads partial s of row r (token i, head h), columns c..c+3. Each
 /// thread merges 4 columns of one row and loads that row's L_s itself, kMergeBatch partials in
 /// flight at once.
-template <bool kBF16, int kD, class Load>
+template <bool kBF16, int kD, int kRows, class Load>
 __device__ __forceinline__ void merge_tile(const DecodeArgs& a, int32_t b, int32_t kv_head, int32_t row0,
                                            int32_t rows, int c_lo, int width, int first, int stride, int32_t n,
                                            int32_t part, Load load) {
   const detail::KVCacheParams& p = a.p;
-  const int32_t n_rows = min(16, rows - row0);
+  const int32_t n_rows = min(kRows, rows - row0);
   const int c4 = width / 4;
   for (int idx = first; idx < n_rows * c4; idx += stride) {
     const int r = idx / c4, c = c_lo + (idx % c4) * 4;
@@ -161,13 +161,13 @@ __device__ __forceinline__ void merge_tile(const DecodeArgs& a, int32_t b, int32
 
 /// Merges the global partials of one tile into out/lse (merge_tile over the whole CTA). Partials are
 /// read through L2 (ld.cg): other SMs wrote them during this launch.
-template <bool kBF16, int kD>
+template <bool kBF16, int kD, int kRows>
 __device__ __forceinline__ void combine_tile(const DecodeArgs& a, int32_t b, int32_t kv_head, int32_t row0,
                                              int32_t rows) {
   const detail::KVCacheParams& p = a.p;
   const int64_t lse_stride = int64_t(p.batch) * p.num_heads * p.seqlen_q;  // one partial's
   const int64_t o_stride = int64_t(p.batch) * p.seqlen_q * p.num_heads * kD;
-  merge_tile<kBF16, kD>(a, b, kv_head, row0, rows, 0, kD, threadIdx.x, blockDim.x, a.num_partials, -1,
+  merge_tile<kBF16, kD, kRows>(a, b, kv_head, row0, rows, 0, kD, threadIdx.x, blockDim.x, a.num_partials, -1,
                         [&](int r, int c, int32_t i, int32_t h, int32_t s, float& ls, float4& x) {
                           const float* lse_src = a.lse_partial + (int64_t(b) * p.num_heads + h) * p.seqlen_q + i;
                           const float* o_src = a.o_partial + ((int64_t(b) * p.seqlen_q + i) * p.num_heads + h) * kD + c;
@@ -178,7 +178,7 @@ __device__ __forceinline__ void combine_tile(const DecodeArgs& a, int32_t b, int
 
 /// Where the CTAs of a cluster push their partials for the CTA that merges columns
 /// [c_lo, c_lo + width) of the tile (in that CTA's shared memory, `bytes` long):
-/// o[(peer x 16 + row) x width + column - c_lo], lse[peer x 16 + row] and bad[peer] (16-byte
+/// o[(peer x kRows + row) x width + column - c_lo], lse[peer x kRows + row] and bad[peer] (16-byte
 /// aligned, kDecodeMaxCluster slots of which those past the cluster size are never written).
 struct ClusterRecv {
   float* o;
@@ -186,28 +186,29 @@ struct ClusterRecv {
   int32_t* bad;
   int c_lo, width;
 
-  /// The buffer at `base` of CTA `rank` of a cluster of `cluster`, a tile kD columns wide.
-  template <int kD>
+  /// The buffer at `base` of CTA `rank` of a cluster of `cluster`, a tile of kRows rows and kD
+  /// columns.
+  template <int kD, int kRows>
   __device__ static ClusterRecv at(void* base, int32_t cluster, uint32_t rank) {
     float* const o = static_cast<float*>(base);
     const int width = kD / cluster;
-    return {o, o + 16 * kD, reinterpret_cast<int32_t*>(o + 16 * kD + 16 * cluster), int(rank) * width, width};
+    return {o, o + kRows * kD, reinterpret_cast<int32_t*>(o + kRows * kD + kRows * cluster), int(rank) * width, width};
   }
   /// Its size in bytes.
-  template <int kD>
+  template <int kD, int kRows>
   static constexpr int bytes(int32_t cluster) {
-    return (16 * kD + 16 * cluster + detail::kDecodeMaxCluster) * 4;
+    return (kRows * kD + kRows * cluster + detail::kDecodeMaxCluster) * 4;
   }
 };
 
 /// The cluster merge of one tile: CTA `rank` of the cluster merges columns [rank x kD / cluster,
-/// +kD / cluster) of all 16 rows. Every CTA of the cluster (one split each) has pushed its
+/// +kD / cluster) of all kRows rows. Every CTA of the cluster (one split each) has pushed its
 /// normalised partial's share of those columns, its rows' log2-sum-exps and its broken-index flag
 /// into this CTA's `recv` (published by a cluster barrier): the merge reads only its own shared
 /// memory. Peers are merged in rank order (= split order) and the rows written finished (the
 /// cluster holds every split) or as the cluster's global partial. Returns true, writing nothing,
 /// when any CTA of the cluster met a broken index rule.
-template <bool kBF16, int kD>
+template <bool kBF16, int kD, int kRows>
 __device__ __forceinline__ bool cluster_merge(const DecodeArgs& a, int32_t b, int32_t kv_head, int32_t row0,
                                               int32_t rows, const ClusterRecv& recv) {
   int32_t bad = 0;  // the peers' flags 4 at a time (one load each instead of a dependent chain)
@@ -219,11 +220,11 @@ __device__ __forceinline__ bool cluster_merge(const DecodeArgs& a, int32_t b, in
     for (int k = 0; k < 4; ++k) bad |= 4 * q4 + k < a.cluster ? f[k] : 0;
   }
   if (bad) return true;
-  merge_tile<kBF16, kD>(a, b, kv_head, row0, rows, recv.c_lo, recv.width, int(threadIdx.x), int(blockDim.x),
+  merge_tile<kBF16, kD, kRows>(a, b, kv_head, row0, rows, recv.c_lo, recv.width, int(threadIdx.x), int(blockDim.x),
                         a.cluster, a.num_partials == 1 ? -1 : int32_t(blockIdx.x) / a.cluster,
                         [&](int r, int c, int32_t, int32_t, int32_t q, float& ls, float4& x) {
-                          ls = recv.lse[q * 16 + r];
-                          x = *reinterpret_cast<const float4*>(recv.o + (q * 16 + r) * recv.width + (c - recv.c_lo));
+                          ls = recv.lse[q * kRows + r];
+                          x = *reinterpret_cast<const float4*>(recv.o + (q * kRows + r) * recv.width + (c - recv.c_lo));
                         });
   return false;
 }

@@ -5,11 +5,13 @@
 // decode kernel has one head dim for K and V). Without a row the selector (hopper_api.cu
 // kvcache_support) reports the head dims unsupported.
 //
-// Geometry (decode/kernel_decode.cuh): a CTA owns 16 query rows of one KV head (pack-GQA: row =
-// query token x head of the group) and one split of the keys; its 4 warps take 16 keys each of
-// every 64-key block, so one K/V load serves the whole head group. The kernel is bandwidth-bound:
-// the stages keep (stages - 1) K/V blocks in flight per CTA while one is consumed, and the shared
-// memory they take decides how many CTAs fit an SM (228 KB per SM on the H200).
+// Geometry (decode/kernel_decode.cuh): a CTA owns the query rows of one tile of one KV head
+// (pack-GQA: row = query token x head of the group) and one split of the keys. A narrow tile has 16
+// rows and its 4 warps take 16 keys each of every 64-key block, so one K/V load serves the whole
+// head group; a wide tile (decode_tile) has 64 rows, one warp per 16 of them over all the keys. The
+// kernel is bandwidth-bound: the stages keep (stages - 1) K/V blocks in flight per CTA while one is
+// consumed, and the shared memory they take decides how many CTAs fit an SM (228 KB per SM on the
+// H200).
 #pragma once
 
 #include <cstdint>
@@ -25,21 +27,37 @@ struct HopperDecodeConfig {
   int32_t stages;      ///< cp.async ring depth
   int32_t ctas_per_sm; ///< what the shared memory allows (the automatic split count's wave, where
                        ///< one CTA per SM would leave too many SMs idle)
+  int32_t wide_ctas_per_sm;  ///< the same for the wide tile (its Q tile is 4x larger); 0: no wide kernel
 };
 
 // Internal linkage (not `inline`): see bwd/tuning_bwd.h (several libfa4 builds in one process).
 constexpr HopperDecodeConfig kHopperDecodeConfigs[] = {
-    // d, dv, block_n, stages, CTAs/SM: smem = stages x (2 x 64 x d x 2 B + 1 KB of row offsets) + the Q tile.
-    {64, 64, 64, 4, 3},     //  70 KB
-    {128, 128, 64, 3, 2},   // 103 KB
-    {256, 256, 64, 3, 1},   // 203 KB
+    // d, dv, block_n, stages, CTAs/SM narrow, wide: smem = stages x (2 x 64 x d x 2 B + 1 KB of row
+    // offsets) + the Q tile (16 or 64 rows x d x 2 B).
+    {64, 64, 64, 4, 3, 2},     //  70 KB, wide 76 KB
+    {128, 128, 64, 3, 2, 1},   // 103 KB, wide 115 KB
+    {256, 256, 64, 3, 1, 0},   // 203 KB (a wide tile would not fit)
 };
 inline constexpr int32_t kHopperNumDecodeConfigs =
     int32_t(sizeof(kHopperDecodeConfigs) / sizeof(kHopperDecodeConfigs[0]));
 
-/// Rows of Q per CTA (one m16 MMA tile) and warps per CTA.
+/// Rows of Q per CTA of the narrow tile (one m16 MMA tile) and warps per CTA.
 inline constexpr int32_t kDecodeRowsPerCta = 16;
 inline constexpr int32_t kDecodeWarps = 4;
+/// Rows of Q per CTA of the wide tile (one m16 tile per warp): its 4 warps share every K/V copy of
+/// a block, which the 16-row tiles of the same rows would each repeat, but each warp walks 4x the
+/// rows of a block in one dependent chain (a wide CTA takes 1.2-1.9 us per 64-key block where a
+/// narrow one alone on its SM takes 0.6). So the wide tile pays only where the narrow launch has
+/// far more block steps than the SMs can overlap (launch_decode.h decode_tile): from
+/// kDecodeWideMinRows packed rows per KV head (seqlen_q x group) and kDecodeWideMinBlockSteps
+/// narrow (tile, key block) steps per SM.
+inline constexpr int32_t kDecodeWideRows = 64;
+inline constexpr int32_t kDecodeWideMinRows = 64;
+inline constexpr int64_t kDecodeWideMinBlockSteps = 160;
+/// The automatic split count of a launch whose tiles are full (at least 16 live rows: chunked
+/// prefill, speculative decoding) fills the wave, with at most this many splits: each split adds a
+/// partial of 16 (or 64) whole rows to the merge.
+inline constexpr int32_t kDecodeMaxAutoSplitsFullTile = 8;
 /// Largest explicit num_splits (the merge reads every split's partial row).
 inline constexpr int32_t kDecodeMaxSplits = 256;
 /// The automatic split count gives each split at least this many key blocks.
@@ -79,6 +97,18 @@ constexpr const HopperDecodeConfig* find_hopper_decode_config(int32_t headdim, i
 constexpr const HopperDecodeConfig* hopper_decode_bucket(int32_t d, int32_t dv) {
   const int32_t w = d > dv ? d : dv;
   return smallest_fitting_row(kHopperDecodeConfigs, w, w);
+}
+
+/// The row tile of a decode launch: rows per CTA and the CTAs an SM holds.
+struct DecodeTile {
+  int32_t rows;
+  int32_t ctas_per_sm;
+};
+
+/// The narrow and the wide tile of row c (the wide one only where c has it: `wide` false otherwise).
+constexpr DecodeTile narrow_decode_tile(const HopperDecodeConfig& c) { return {kDecodeRowsPerCta, c.ctas_per_sm}; }
+constexpr DecodeTile wide_decode_tile(const HopperDecodeConfig& c, bool wide = true) {
+  return wide && c.wide_ctas_per_sm > 0 ? DecodeTile{kDecodeWideRows, c.wide_ctas_per_sm} : narrow_decode_tile(c);
 }
 
 constexpr HopperDecodeConfig hopper_decode_config(int32_t headdim, int32_t headdim_v) {

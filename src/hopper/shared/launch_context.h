@@ -40,6 +40,10 @@ struct LaunchContext {
   /// take no more waves than the plain launch (1), or never (0): override "decode_cluster", for
   /// the tests and the A/B.
   int8_t decode_cluster = -1;
+  /// Decode: the row tile (decode/tuning_decode.h decode_tile): by the rows (-1), narrow 16-row
+  /// tiles (0) or wide 64-row tiles where the bucket has them (1): override "decode_tile", for the
+  /// tests and the A/B.
+  int8_t decode_tile = -1;
   /// Varlen and KV-cache calls: the device's asynchronous error word (device_state.h); else nullptr.
   uint32_t* async_error = nullptr;
   /// The API call the decode launch names in CUDA errors (forward_with_kvcache, or fa4::forward
