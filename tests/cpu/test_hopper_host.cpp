@@ -420,6 +420,14 @@ TEST(HopperHost, DecodeClusterSize) {
   EXPECT_EQ(decode_cluster_size(2, 2, 264, 0, roomy, false, true), 2);
   EXPECT_EQ(decode_cluster_size(8, 64, 264, 0, roomy), 1);
   EXPECT_EQ(decode_cluster_size(16, 64, 264, 0, roomy, false, true), 1);
+  // Room for one cluster per tile: half the SMs free, or full tiles within 2/3 of the wave.
+  using fa4::hopper::decode_cluster_room;
+  EXPECT_TRUE(decode_cluster_room(66, 264, 132, false));
+  EXPECT_FALSE(decode_cluster_room(67, 264, 132, false));
+  EXPECT_FALSE(decode_cluster_room(176, 264, 132, false));
+  EXPECT_TRUE(decode_cluster_room(176, 264, 132, true));
+  EXPECT_TRUE(decode_cluster_room(256, 396, 132, true));  // a 128-query chunk at d64, 4 splits
+  EXPECT_FALSE(decode_cluster_room(256, 264, 132, true));
   EXPECT_EQ(decode_cluster_size(16, 64, 264, big, roomy, false, true), 16);
   EXPECT_EQ(decode_cluster_size(6, 48, 264, 0, roomy, false, true), 1);
   EXPECT_EQ(decode_cluster_size(8, 64, 264, 0, none, false, true), 1);

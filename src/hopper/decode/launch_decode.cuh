@@ -106,7 +106,9 @@ void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, con
   a.cluster = ctx.decode_cluster != 0 && a.num_splits > 1
                   ? decode_cluster_size(a.num_splits, ctas, int64_t(ctx.num_sms) * tile.ctas_per_sm, merge_bytes,
                                         cluster_capacity_once<Key, Smem>(kernel, p.device.index),
-                                        ctx.decode_cluster == 1, !p.paged && ctas * 2 <= ctx.num_sms)
+                                        ctx.decode_cluster == 1,
+                                        !p.paged && decode_cluster_room(ctas, int64_t(ctx.num_sms) * tile.ctas_per_sm,
+                                                                        ctx.num_sms, rows >= kRows))
                   : 1;
   a.num_partials = a.num_splits / a.cluster;
 

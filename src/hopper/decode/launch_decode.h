@@ -115,10 +115,10 @@ struct DecodeClusterCapacity {
 /// in one wave: clusters are placed whole within a GPC, so the device holds fewer CTAs in clusters
 /// than alone. A tile's global partials are splits / C. `forced` (override decode_cluster = 1,
 /// for the tests) drops the one-wave and merge-size conditions: the largest C that runs the launch
-/// in as many waves as the plain launch. `small_dense` (a dense cache whose launch leaves at least
-/// half the SMs free, so the clusters have room to spread): a tile's splits all in one cluster of up
-/// to kDecodePortableCluster CTAs whatever the merge size (no global partials, no arrival), where
-/// the device runs those clusters in one wave.
+/// in as many waves as the plain launch. `small_dense` (a dense cache whose launch has room for
+/// the clusters to spread: decode_cluster_room): a tile's splits all in one cluster of up to
+/// kDecodePortableCluster CTAs whatever the merge size (no global partials, no arrival), where the
+/// device runs those clusters in one wave.
 inline int32_t decode_cluster_size(int32_t splits, int64_t ctas, int64_t wave, int64_t merge_bytes,
                                    const DecodeClusterCapacity& cap, bool forced = false, bool small_dense = false) {
   auto waves = [](int64_t n, int64_t per) { return per > 0 ? (n + per - 1) / per : INT64_MAX; };
@@ -132,6 +132,19 @@ inline int32_t decode_cluster_size(int32_t splits, int64_t ctas, int64_t wave, i
   for (int32_t c = 2, i = 0; c <= detail::kDecodeMaxCluster && splits % c == 0; c *= 2, ++i)
     if (waves(ctas / c, cap.clusters[i]) <= plain) best = c;
   return best;
+}
+
+/// Whether a dense-cache launch of `ctas` CTAs (of a wave of `wave`) on `num_sms` SMs has room for
+/// a tile's splits to merge in one cluster whatever the merge size (decode_cluster_size's
+/// small_dense): at least half the SMs free, or, for full tiles (every tile's rows live: at least
+/// the tile's rows per KV head), at most 2/3 of the wave. Measured (H200,
+/// bench/decode_split_sweep.py, narrow tiles, one cluster per tile against the global merge): a
+/// 128-query chunk over 1k keys at d64, 4 splits (256 CTAs of a 396 wave), 8.8 vs 10.0 us; GQA 8/1,
+/// 16 queries over 4k keys, 8 splits (64 of 264) 11.5 vs 14.8; but at 256 CTAs of a 264 wave
+/// (d128: 16 queries of GQA 32/8 over 4k keys, 8 splits; 128 queries over 8k keys, 8 heads, 4
+/// splits) 20.5 vs 17.6 and 40.2 vs 37.5.
+inline bool decode_cluster_room(int64_t ctas, int64_t wave, int32_t num_sms, bool full_tiles) {
+  return ctas * 2 <= num_sms || (full_tiles && ctas * 3 <= wave * 2);
 }
 
 /// kDType: 0 = bf16, 1 = fp16 (values of fa4::DType). Enqueues the append (k_new/v_new given) and
