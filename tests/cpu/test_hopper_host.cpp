@@ -556,10 +556,10 @@ TEST(HopperHost, DecodeSplitCount) {
   p.num_splits = 0;
   p.batch = 2;
   p.seqlen_q = 16;
-  p.num_heads = 128;  // 16 x 16 rows: 4 wide tiles per KV head, 64 tiles at 1 CTA per SM: 2 splits
+  p.num_heads = 128;  // 16 x 16 rows: 4 wide tiles per KV head, 64 tiles at 2 CTAs per SM: 4 splits
   p.num_heads_kv = 8;
   EXPECT_EQ(fa4::hopper::decode_tile(p, c, sms).rows, fa4::detail::kDecodeWideRows);
-  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 2);
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 4);
   // ... in narrow tiles: 16 per KV head, 256 tiles: no split
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms, fa4::hopper::decode_tile(p, c, sms, /*forced=*/0)), 1);
   p.batch = 1;
@@ -586,10 +586,11 @@ TEST(HopperHost, DecodeTile) {
   p.num_heads = 64;
   p.num_heads_kv = 8;  // 64 rows per KV head
   p.key_capacity = 32768;
-  // 64 narrow tiles x 512 key blocks = 248 steps per SM: wide, 16 tiles, 8 splits at 1 CTA per SM
+  // 64 narrow tiles x 512 key blocks = 248 steps per SM: wide, 16 tiles, 16 splits at 2 CTAs per SM
+  // (32 blocks each: past the full tiles' cap of 8)
   EXPECT_EQ(decode_tile(p, c128, sms).rows, fa4::detail::kDecodeWideRows);
   EXPECT_EQ(decode_tile(p, c128, sms).ctas_per_sm, c128.wide_ctas_per_sm);
-  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c128, sms), 8);
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c128, sms), 16);
   EXPECT_EQ(decode_tile(p, c256, sms).rows, fa4::detail::kDecodeRowsPerCta);  // no wide kernel at d256
   p.batch = 1;  // 124 steps per SM: narrow
   EXPECT_EQ(decode_tile(p, c128, sms).rows, fa4::detail::kDecodeRowsPerCta);

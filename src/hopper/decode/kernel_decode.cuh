@@ -186,7 +186,9 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
 
   const detail::KVCacheParams& p = a.p;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int rw = warp / kKeyWarps, kw = warp % kKeyWarps;  // the warp's 16 rows and its keys of a block
+  // The warp's 16 rows and its keys of a block (spelled out per tile so that the narrow tile's
+  // index maths folds: warp < 4 is not known to the compiler).
+  const int rw = kRowWarps == 1 ? 0 : warp, kw = kRowWarps == 1 ? warp : 0;
   const int32_t split = blockIdx.x, b = blockIdx.z;
   const int32_t kv_head = blockIdx.y / a.row_tiles, row_tile = blockIdx.y % a.row_tiles;
   const int32_t rows = p.seqlen_q * a.group;  // packed rows of this KV head
@@ -528,7 +530,7 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
   auto row_state = [&](int r, int c, float& ll, float4& acc) {
     ll = 0.f;
     acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    const int r16 = r % 16, wr = (r / 16) * kKeyWarps;
+    const int r16 = kRowWarps == 1 ? r : r % 16, wr = kRowWarps == 1 ? 0 : r / 16;
 #pragma unroll
     for (int w = wr; w < wr + kKeyWarps; ++w) {
       ll += sL[w * 16 + r16];

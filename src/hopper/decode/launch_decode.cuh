@@ -82,7 +82,8 @@ template <bool kBF16, int kHeadDim, int kRowWarps>
 void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, const detail::DecodeTile& tile) {
   constexpr detail::HopperDecodeConfig c = detail::hopper_decode_config(kHeadDim, kHeadDim);
   constexpr int kRows = 16 * kRowWarps;
-  using Smem = decode::DecodeSmem<kHeadDim, c.block_n, c.stages, kRows>;
+  constexpr int kStages = kRowWarps > 1 ? c.wide_stages : c.stages;
+  using Smem = decode::DecodeSmem<kHeadDim, c.block_n, kStages, kRows>;
   static_assert(Smem::cluster_bytes(detail::kDecodeMaxCluster) + 1024 <= 227 * 1024,
                 "a CTA of the largest decode cluster must fit the 227 KB per-block limit, with room for static smem");
   using Elem = typename decode::ElemOf<kBF16>::type;
@@ -96,7 +97,7 @@ void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, con
   const int64_t rows = int64_t(p.seqlen_q) * a.group;
   a.row_tiles = int32_t((rows + kRows - 1) / kRows);
   a.num_splits = decode_num_splits(p, c, ctx.num_sms, tile);
-  auto kernel = decode::decode_kernel<kBF16, kHeadDim, c.block_n, c.stages, kRowWarps>;
+  auto kernel = decode::decode_kernel<kBF16, kHeadDim, c.block_n, kStages, kRowWarps>;
   using Key = decode::DecodeKernelKey<kBF16, kHeadDim, kRows>;
   check_cuda(raise_smem_limit_once<Key>(kernel, Smem::cluster_bytes(detail::kDecodeMaxCluster), p.device.index), kFn,
              "cudaFuncSetAttribute (decode shared memory)");

@@ -28,15 +28,19 @@ struct HopperDecodeConfig {
   int32_t ctas_per_sm; ///< what the shared memory allows (the automatic split count's wave, where
                        ///< one CTA per SM would leave too many SMs idle)
   int32_t wide_ctas_per_sm;  ///< the same for the wide tile (its Q tile is 4x larger); 0: no wide kernel
+  int32_t wide_stages;       ///< the wide tile's ring depth (its CTA computes longer on each block)
 };
 
 // Internal linkage (not `inline`): see bwd/tuning_bwd.h (several libfa4 builds in one process).
 constexpr HopperDecodeConfig kHopperDecodeConfigs[] = {
-    // d, dv, block_n, stages, CTAs/SM narrow, wide: smem = stages x (2 x 64 x d x 2 B + 1 KB of row
-    // offsets) + the Q tile (16 or 64 rows x d x 2 B).
-    {64, 64, 64, 4, 3, 2},     //  70 KB, wide 76 KB
-    {128, 128, 64, 3, 2, 1},   // 103 KB, wide 115 KB
-    {256, 256, 64, 3, 1, 0},   // 203 KB (a wide tile would not fit)
+    // d, dv, block_n, stages, CTAs/SM narrow, wide, wide stages: smem = stages x (2 x 64 x d x 2 B +
+    // 1 KB of row offsets) + the Q tile (16 or 64 rows x d x 2 B). The wide d128 tile runs 2 CTAs
+    // per SM on a ring of 2 rather than 1 on a ring of 3 (bench/decode_split_sweep.py: 0-5% faster
+    // where the wide tile is used; d64 on a ring of 3 at 3 CTAs per SM was 3% slower on one shape
+    // and spilled).
+    {64, 64, 64, 4, 3, 2, 4},     //  70 KB, wide 76 KB
+    {128, 128, 64, 3, 2, 2, 2},   // 103 KB, wide 82 KB
+    {256, 256, 64, 3, 1, 0, 0},   // 203 KB (a wide tile would not fit)
 };
 inline constexpr int32_t kHopperNumDecodeConfigs =
     int32_t(sizeof(kHopperDecodeConfigs) / sizeof(kHopperDecodeConfigs[0]));
