@@ -165,6 +165,23 @@ TEST(HopperHost, BackwardOrderOverrides) {
   EXPECT_EQ(kernel_overrides().bwd_descending, -1);
 }
 
+// The decode's row tile override: 16 (narrow), 64 (wide) or auto; anything else is refused and
+// leaves the setting as it was.
+TEST(HopperHost, DecodeTileOverride) {
+  using fa4::detail::kernel_overrides;
+  using fa4::detail::set_kernel_override;
+  set_kernel_override("decode_tile", "64");
+  EXPECT_EQ(kernel_overrides().decode_tile, 1);
+  for (const char* bad : {"32", "wide", ""}) {
+    EXPECT_THROW(set_kernel_override("decode_tile", bad), fa4::Error) << bad;
+    EXPECT_EQ(kernel_overrides().decode_tile, 1) << bad;
+  }
+  set_kernel_override("decode_tile", "16");
+  EXPECT_EQ(kernel_overrides().decode_tile, 0);
+  set_kernel_override("decode_tile", "auto");
+  EXPECT_EQ(kernel_overrides().decode_tile, -1);
+}
+
 // The backward's order: masked / varlen problems and deterministic mode longest first in the
 // row's bands and walk; other dense problems key block fastest, ascending; each override wins.
 TEST(HopperHost, BackwardOrderChoice) {
