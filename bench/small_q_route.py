@@ -4,7 +4,7 @@ of fa4.flash_attn_func forced onto the forward kernel (override small_q = fwd) a
 kernel (small_q = decode; its row tile by the rows, and forced to 16 and to 64 rows: override
 decode_tile), next to SDPA cuDNN, from torch.profiler's kernel records
 (bench/kernel_times.py). The data behind the selector's rule (src/hopper/hopper_api.cu
-small_q_on_decode) and the decode's tile rule (decode/tuning_decode.h decode_tile): the column
+small_q_on_decode) and the decode's tile rule (decode/launch_decode.h decode_tile): the column
 "auto_kernel" says where the selector sends the shape.
 
 Usage (GPU machine, repo root):

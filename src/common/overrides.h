@@ -37,7 +37,7 @@ struct KernelOverrides {
   /// pays (decode/launch_decode.h decode_cluster_size)
   int8_t decode_cluster = -1;
   /// "decode_tile": the decode's row tiles of 16 rows ("16", 0) or of 64 where the bucket has them
-  /// ("64", 1); -1: by the rows (decode/tuning_decode.h decode_tile)
+  /// ("64", 1); -1: the selector's (decode/launch_decode.h decode_tile)
   int8_t decode_tile = -1;
   /// "capture_scratch": the scratch of a call captured into a CUDA graph is kept by fa4 for the
   /// life of the process ("retained", 1: no CUDA user object, so a replay costs nothing more), or

@@ -179,7 +179,7 @@ class ScopedDevice {
 };
 
 /// Query rows per KV head (seqlen_q x group) up to which a batched forward may run on the decode
-/// kernel (decode/: 16-row pack-GQA tiles, keys split over CTAs); measured no further.
+/// kernel (decode/: pack-GQA row tiles, keys split over CTAs); measured no further.
 constexpr int64_t kSmallQMaxRows = 128;
 
 /// p as the decode kernel's call: k/v are a full dense cache (no cache_seqlens, no append), when
@@ -188,9 +188,11 @@ constexpr int64_t kSmallQMaxRows = 128;
 ///
 /// The rule (bench/small_q_route.py, H200): a forward tile holds tile_m query rows of one head and
 /// walks its keys alone at a fixed time per key block, so with T tiles the forward takes
-/// ceil(T / SMs) such walks. The decode kernel walks every key once per 16-row tile of a KV head's
+/// ceil(T / SMs) such walks. The decode kernel walks every key once per row tile of a KV head's
 /// rows (batch * num_heads_kv * row tiles walks, split over the SMs) at about the forward's time
-/// per walk once it fills the GPU. It is taken when its walks fit in the forward's waves: always
+/// per walk once it fills the GPU; the rule counts narrow 16-row tiles (what it was measured
+/// with; the wide tile, decode/launch_decode.h decode_tile, only takes launches with far more
+/// block steps than the SMs, where the decode kernel is the faster either way). It is taken when its walks fit in the forward's waves: always
 /// for one row tile (decode steps: 1.7-3.1x faster), and for up to 128 rows where the forward
 /// tiles leave SMs idle (1.4-1.6x at 8 forward tiles, 1.0-1.1x at 16-32); at 64 forward tiles of
 /// 64 rows the decode kernel took 1.7x the forward's time.
@@ -207,13 +209,13 @@ std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& 
     if (rows > kSmallQMaxRows) return std::nullopt;
     // Beyond one row tile the rule below was measured at unpadded widths only (d64, d128).
     const detail::HopperDecodeConfig* dc = detail::hopper_decode_bucket(p.headdim, p.headdim_v);
-    if (rows > detail::kDecodeRowsPerCta && (!dc || dc->headdim != std::max(p.headdim, p.headdim_v)))
+    if (rows > detail::kDecodeNarrowRows && (!dc || dc->headdim != std::max(p.headdim, p.headdim_v)))
       return std::nullopt;
     const int64_t tile_m = fc->tile_m;
     const int64_t sms = std::max(1, device_facts(p.device.index).num_sms);
     const int64_t fwd_waves = (int64_t(p.batch) * p.num_heads * ((p.seqlen_q + tile_m - 1) / tile_m) + sms - 1) / sms;
     const int64_t decode_walks = int64_t(p.batch) * p.num_heads_kv *
-                                 ((rows + detail::kDecodeRowsPerCta - 1) / detail::kDecodeRowsPerCta);
+                                 ((rows + detail::kDecodeNarrowRows - 1) / detail::kDecodeNarrowRows);
     if (decode_walks > sms * fwd_waves) return std::nullopt;
   }
   detail::KVCacheParams kp;
@@ -398,7 +400,9 @@ std::string kvcache_support(const detail::KVCacheParams& p, std::string* kernel_
     return "num_splits = " + std::to_string(p.num_splits) + " exceeds the decode kernel's maximum of " +
            std::to_string(detail::kDecodeMaxSplits);
   const int64_t rows = int64_t(p.seqlen_q) * (p.num_heads / p.num_heads_kv);
-  const int64_t row_tiles = (rows + detail::kDecodeRowsPerCta - 1) / detail::kDecodeRowsPerCta;
+  // Counted in narrow tiles: a wide tile's launch has fewer, and what the selector accepts does not
+  // depend on the tile choice or its override.
+  const int64_t row_tiles = (rows + detail::kDecodeNarrowRows - 1) / detail::kDecodeNarrowRows;
   if (p.batch > 65535 || p.num_heads_kv > 65535 || int64_t(p.num_heads_kv) * row_tiles > 65535)
     return "the Hopper decode kernel handles at most 65535 sequences and 65535 (kv head, 16-row query "
            "tile) pairs per sequence (num_heads_kv * ceil(seqlen_q * num_heads / num_heads_kv / 16))";

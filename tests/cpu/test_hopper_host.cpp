@@ -165,23 +165,6 @@ TEST(HopperHost, BackwardOrderOverrides) {
   EXPECT_EQ(kernel_overrides().bwd_descending, -1);
 }
 
-// The decode's row tile override: 16 (narrow), 64 (wide) or auto; anything else is refused and
-// leaves the setting as it was.
-TEST(HopperHost, DecodeTileOverride) {
-  using fa4::detail::kernel_overrides;
-  using fa4::detail::set_kernel_override;
-  set_kernel_override("decode_tile", "64");
-  EXPECT_EQ(kernel_overrides().decode_tile, 1);
-  for (const char* bad : {"32", "wide", ""}) {
-    EXPECT_THROW(set_kernel_override("decode_tile", bad), fa4::Error) << bad;
-    EXPECT_EQ(kernel_overrides().decode_tile, 1) << bad;
-  }
-  set_kernel_override("decode_tile", "16");
-  EXPECT_EQ(kernel_overrides().decode_tile, 0);
-  set_kernel_override("decode_tile", "auto");
-  EXPECT_EQ(kernel_overrides().decode_tile, -1);
-}
-
 // The backward's order: masked / varlen problems and deterministic mode longest first in the
 // row's bands and walk; other dense problems key block fastest, ascending; each override wins.
 TEST(HopperHost, BackwardOrderChoice) {
@@ -468,6 +451,8 @@ TEST(HopperHost, DecodeClusterSize) {
     EXPECT_EQ(kernel_overrides().*field, -1);
   };
   check_knob("decode_cluster", &fa4::detail::KernelOverrides::decode_cluster, "0", "1", "off");
+  // The decode's row tile (decode/launch_decode.h decode_tile): "16" (narrow) / "64" (wide).
+  check_knob("decode_tile", &fa4::detail::KernelOverrides::decode_tile, "16", "64", "32");
   // Who owns a captured call's scratch (hopper/shared/device_state.h): "graph" / "retained".
   check_knob("capture_scratch", &fa4::detail::KernelOverrides::capture_scratch, "graph", "retained", "1");
 }
@@ -476,7 +461,8 @@ TEST(HopperHost, DecodeClusterSize) {
 // 2/3 of the SMs with a dense cache, or when the keys are few (not rounded to a power of two;
 // 9-16 blocks of a dense cache in a small launch: 8 splits, one cluster), else one wave of CTAs
 // rounded down to a power of two, none when the tiles fill the GPU, never more splits than key
-// blocks; explicit counts win.
+// blocks; full tiles (seqlen_q > 1, a tile's rows per KV head) take the wave's count, at most 8
+// unless the splits keep 16 blocks each; explicit counts win.
 TEST(HopperHost, DecodeSplitCount) {
   fa4::detail::KVCacheParams p;
   p.batch = 1;
@@ -546,7 +532,7 @@ TEST(HopperHost, DecodeSplitCount) {
   p.key_capacity = 1024;
   p.seqlen_q = 128;
   p.num_heads = 8;  // a 128-query chunk: 8 full narrow tiles per KV head, 64 tiles: the wave (396 / 64 -> 4)
-  EXPECT_EQ(fa4::hopper::decode_tile(p, c64, sms).rows, fa4::detail::kDecodeRowsPerCta);
+  EXPECT_EQ(fa4::hopper::decode_tile(p, c64, sms).rows, fa4::detail::kDecodeNarrowRows);
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c64, sms), 4);
   // ... in wide tiles (forced): 16 tiles, 264 / 16 = 16, at most 8 blocks of 2, at most 8
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c64, sms, fa4::hopper::decode_tile(p, c64, sms, /*forced=*/1)), 8);
@@ -585,11 +571,21 @@ TEST(HopperHost, DecodeSplitCount) {
   p.num_heads_kv = 1;
   p.key_capacity = 4096;  // GQA 8/1, 16 queries: 8 full narrow tiles, 264 / 8 -> 32, capped at 8
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 8);
-  p.seqlen_q = 1;
+  p.seqlen_q = 4;
+  p.num_heads = 64;
+  p.num_heads_kv = 16;
+  p.key_capacity = 131072;  // 4 queries, group 4: 16 full tiles, 264 / 16 = 16 splits of 128 blocks
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 16);
+  p.key_capacity = 40 * 1024;  // 640 blocks: 264 / 16 = 16, under the cap 640 / 16 = 40 -> 16
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 16);
+  p.num_heads = 16;
+  p.num_heads_kv = 1;  // 64 rows, 4 full tiles: 264 / 4 = 66, 320 blocks of 2, cap 40 -> 32 (a power of two)
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 32);
   p.num_heads = 64;
   p.num_heads_kv = 4;
-  p.key_capacity = 131072;  // group 16: 4 full tiles, 264 / 4 -> 64 splits of 32 blocks (past the cap of 8)
-  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 64);
+  p.seqlen_q = 1;  // a decode step with a group of 16: one CTA per SM (132 / 4 = 33) as for any step
+  p.key_capacity = 131072;
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 33);
 }
 
 TEST(HopperHost, DecodeTile) {
@@ -608,16 +604,16 @@ TEST(HopperHost, DecodeTile) {
   EXPECT_EQ(decode_tile(p, c128, sms).rows, fa4::detail::kDecodeWideRows);
   EXPECT_EQ(decode_tile(p, c128, sms).ctas_per_sm, c128.wide_ctas_per_sm);
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c128, sms), 16);
-  EXPECT_EQ(decode_tile(p, c256, sms).rows, fa4::detail::kDecodeRowsPerCta);  // no wide kernel at d256
+  EXPECT_EQ(decode_tile(p, c256, sms).rows, fa4::detail::kDecodeNarrowRows);  // no wide kernel at d256
   p.batch = 1;  // 124 steps per SM: narrow
-  EXPECT_EQ(decode_tile(p, c128, sms).rows, fa4::detail::kDecodeRowsPerCta);
+  EXPECT_EQ(decode_tile(p, c128, sms).rows, fa4::detail::kDecodeNarrowRows);
   EXPECT_EQ(decode_tile(p, c128, sms).ctas_per_sm, c128.ctas_per_sm);
   p.batch = 4;
   p.seqlen_q = 7;  // 56 rows: narrow however many steps
-  EXPECT_EQ(decode_tile(p, c128, sms).rows, fa4::detail::kDecodeRowsPerCta);
+  EXPECT_EQ(decode_tile(p, c128, sms).rows, fa4::detail::kDecodeNarrowRows);
   // Forced (override decode_tile): either way where the bucket has both, narrow where it has one.
   EXPECT_EQ(decode_tile(p, c128, sms, 1).rows, fa4::detail::kDecodeWideRows);
   p.seqlen_q = 8;
-  EXPECT_EQ(decode_tile(p, c128, sms, 0).rows, fa4::detail::kDecodeRowsPerCta);
-  EXPECT_EQ(decode_tile(p, c256, sms, 1).rows, fa4::detail::kDecodeRowsPerCta);
+  EXPECT_EQ(decode_tile(p, c128, sms, 0).rows, fa4::detail::kDecodeNarrowRows);
+  EXPECT_EQ(decode_tile(p, c256, sms, 1).rows, fa4::detail::kDecodeNarrowRows);
 }

@@ -721,28 +721,25 @@ TEST(HopperDecode, ClusterMergeMatchesTheGlobalMerge) {
   }
 }
 
-// The wide row tile (64 rows, warp w takes rows 16w.. over every key of a block) and the narrow one
-// (16 rows, warp w takes keys 16w.. of each block), each forced onto the same calls: 1 to 140 rows
-// per KV head (a tile with one live row, partial tiles, several tiles), causal with fewer keys than
-// queries in the second sequence (masked rows), a window, softcap, sink, appended keys, a paged
-// cache of pages smaller than a block, 3 and automatic splits, the cluster merge (16 splits) and
-// fp16, at d128, d64 and d80 (padded to 128; d256 has no wide tile and runs narrow either way).
+// The wide row tile (64 rows, one warp per 16 over all keys of a block) and the narrow one (16
+// rows, one warp per 16 keys), each forced onto the same inputs and checked against the reference:
+// 1 to 132 rows per KV head (one live row, partial tiles, several tiles), causal with masked rows
+// (the second sequence has fewer keys than queries), a window, softcap, sink, appended keys, pages
+// of 16, 3 and automatic splits, the cluster merge (16 splits), fp16, d128 / d64 / d80 (padded).
 TEST(HopperDecode, WideAndNarrowTilesOverTheOptions) {
   REQUIRE_HOPPER();
-  struct Shape {
-    int seqlen_q, heads, heads_kv;
-  };
-  for (const Shape s : {Shape{1, 8, 8}, Shape{5, 16, 2}, Shape{16, 8, 2}, Shape{33, 8, 2}, Shape{70, 2, 2}})
+  const int shapes[][3] = {{1, 8, 8}, {5, 16, 2}, {16, 8, 2}, {33, 8, 2}, {66, 2, 1}};  // seqlen_q, heads, heads_kv
+  for (const auto& sh : shapes)
     for (const char* tile : {"64", "16"}) {
       const fa4::test::ScopedOverride forced("decode_tile", tile);
       KvCase c;
-      c.seqlen_q = s.seqlen_q;
-      c.heads = s.heads;
-      c.heads_kv = s.heads_kv;
+      c.seqlen_q = sh[0];
+      c.heads = sh[1];
+      c.heads_kv = sh[2];
       c.capacity = 700;
       c.cache_seqlens = {690, 40};
       c.causal = true;
-      c.seed = 1000 + s.seqlen_q * 7 + s.heads + (tile[0] == '6');
+      c.seed = 1000 + sh[0] * 7 + sh[1];
       if (fa4::test::leave_out(c.d, c.dv, fa4::test::kDecode)) continue;
       run_case(c);
       c.causal = false;
@@ -756,8 +753,7 @@ TEST(HopperDecode, WideAndNarrowTilesOverTheOptions) {
       run_case(c);
       c.dtype = DType::kFP16;
       c.d = c.dv = 64;
-      c.page_size = 0;
-      c.num_splits = 0;
+      c.page_size = c.num_splits = 0;
       if (!fa4::test::leave_out(c.d, c.dv, fa4::test::kDecode)) run_case(c);
       c.dtype = DType::kBF16;
       c.d = c.dv = 80;

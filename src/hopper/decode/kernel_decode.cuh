@@ -3,8 +3,9 @@
 //
 // Decode is bandwidth-bound: every K/V byte of the cache is read once per step and used by only the
 // few query rows of its head group. The kernel therefore
-//   * packs the group (pack-GQA): a CTA's 16 rows are (query token, query head of one KV head),
-//     row r -> token r / group, head kv_head * group + r % group, so one K/V load serves them all;
+//   * packs the group (pack-GQA): a CTA's rows (a tile of 16 or 64, below) are (query token, query
+//     head of one KV head), row r -> token r / group, head kv_head * group + r % group, so one K/V
+//     load serves them all;
 //   * splits the keys (split-KV, FlashDecoding): grid (split, kv head x row tile, batch), each CTA
 //     one range of 64-key blocks, merged with the shared merge maths (core/softmax.h). The splits
 //     of a tile that form one thread-block cluster (up to 16) merge through distributed shared

@@ -109,7 +109,7 @@ void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, con
                                         cluster_capacity_once<Key, Smem>(kernel, p.device.index),
                                         ctx.decode_cluster == 1,
                                         !p.paged && decode_cluster_room(ctas, int64_t(ctx.num_sms) * tile.ctas_per_sm,
-                                                                        ctx.num_sms, rows >= kRows))
+                                                                        ctx.num_sms, decode_full_tiles(p, tile)))
                   : 1;
   a.num_partials = a.num_splits / a.cluster;
 
@@ -152,7 +152,8 @@ void run_decode(const detail::KVCacheParams& p, const LaunchContext& ctx) {
   constexpr detail::HopperDecodeConfig c = detail::hopper_decode_config(kHeadDim, kHeadDimV);
   const detail::DecodeTile tile = decode_tile(p, c, ctx.num_sms, ctx.decode_tile);
   if constexpr (c.wide_ctas_per_sm > 0) {
-    if (tile.rows == detail::kDecodeWideRows) return launch_decode<kBF16, kHeadDim, detail::kDecodeWideRows / 16>(p, ctx, tile);
+    if (tile.rows == detail::kDecodeWideRows)
+      return launch_decode<kBF16, kHeadDim, detail::kDecodeWideRows / 16>(p, ctx, tile);
   }
   launch_decode<kBF16, kHeadDim, 1>(p, ctx, tile);
 }

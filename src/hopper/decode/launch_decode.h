@@ -13,6 +13,13 @@
 
 namespace fa4::hopper {
 
+/// Whether p's tiles of t.rows rows are full: several query tokens (chunked prefill, speculative
+/// decoding) and at least a tile's rows per KV head. Such a tile's CTA is not bandwidth-bound but
+/// a chain of latencies per block, and its split partials are whole rows.
+inline bool decode_full_tiles(const detail::KVCacheParams& p, const detail::DecodeTile& t) {
+  return p.seqlen_q > 1 && int64_t(p.seqlen_q) * (p.num_heads / p.num_heads_kv) >= t.rows;
+}
+
 /// Splits of the keys for p on the decode row c with row tile t: p.num_splits if given, else, when
 /// the (kv head, row tile, sequence) tiles are fewer than half a wave, by the key blocks of the largest sequence
 /// the cache can hold (key_capacity: the host never reads cache_seqlens, so a captured graph
@@ -29,15 +36,15 @@ namespace fa4::hopper {
 ///     (decode_cluster_size);
 ///   * else one wave (t.ctas_per_sm per SM), each split with at least kDecodeMinBlocksPerSplit
 ///     blocks, rounded down to a power of two;
-///   * and so wherever the tiles are full (at least t.rows packed rows per KV head), capped at
-///     kDecodeMaxAutoSplitsFullTile unless the splits keep kDecodeLongSplitBlocks blocks each: a
-///     full tile's CTA is not bandwidth-bound but a chain of latencies per block, which a second
-///     and third CTA on the SM overlap, and its merge reads 16 or 64 whole rows per split.
-///     Measured (H200, bench/decode_split_sweep.py, narrow tiles, against one CTA per SM): the
-///     wave's count was the best or within 2% at 32-256 tiles (a 128-query chunk over 1k keys, d64,
-///     10.8 -> 10.0 us; GQA 32/8, 16 queries over 32k keys 87.2 -> 67.9; 128 queries over 8k keys,
-///     8 heads, 48.5 -> 37.2), and at 8 tiles 8 splits were the best (GQA 8/1, 16 queries over 4k
-///     keys: 16 splits 14.3 us, 8 splits 11.4).
+///   * and so wherever the tiles are full (decode_full_tiles), capped at
+///     kDecodeMaxAutoSplitsFullTile unless the splits keep kDecodeLongSplitBlocks blocks each (the
+///     cap a power of two too): a full tile's latency chain per block is what a second and third
+///     CTA on the SM overlap, and its merge reads 16 or 64 whole rows per split. Measured (H200,
+///     bench/decode_split_sweep.py, narrow tiles, against one CTA per SM): the wave's count was the
+///     best or within 2% at 32-256 tiles (a 128-query chunk over 1k keys, d64, 10.8 -> 10.0 us;
+///     GQA 32/8, 16 queries over 32k keys 87.2 -> 67.9; 128 queries over 8k keys, 8 heads, 48.5 ->
+///     37.2), and at 8 tiles 8 splits were the best (GQA 8/1, 16 queries over 4k keys: 16 splits
+///     14.3 us, 8 splits 11.4). Decode steps (seqlen_q 1) keep the rules above whatever the group.
 /// At most kDecodeMaxAutoSplits (the merge reads every split's partial), or
 /// kDecodeMaxAutoSplitsOneTile for a single tile with at least kDecodeLongSplitBlocks blocks per
 /// split at that count. The measurements behind
@@ -51,11 +58,12 @@ inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::H
   const int64_t wave = int64_t(num_sms) * t.ctas_per_sm;
   if (tiles <= 0 || tiles * 2 > wave) return 1;
   const int64_t blocks = std::max<int64_t>(1, (int64_t(p.key_capacity) + c.block_n - 1) / c.block_n);
-  if (rows >= t.rows) {  // full tiles: the wave, capped
+  if (decode_full_tiles(p, t)) {  // the wave, capped
     const int64_t s = std::min(wave / tiles, std::max<int64_t>(1, blocks / detail::kDecodeMinBlocksPerSplit));
-    const int64_t cap = std::min<int64_t>(detail::kDecodeMaxAutoSplits,
-                                          std::max<int64_t>(detail::kDecodeMaxAutoSplitsFullTile, blocks / detail::kDecodeLongSplitBlocks));
-    return int32_t(std::min<int64_t>(int64_t(std::bit_floor(uint64_t(s))), cap));
+    const int64_t cap =
+        std::max<int64_t>(detail::kDecodeMaxAutoSplitsFullTile, blocks / detail::kDecodeLongSplitBlocks);
+    const int64_t pow2 = int64_t(std::bit_floor(uint64_t(std::min(s, cap))));
+    return int32_t(std::min<int64_t>(pow2, detail::kDecodeMaxAutoSplits));
   }
   const int64_t per_sm = num_sms / tiles;  // splits with one CTA per SM
   const bool short_cache = per_sm >= 1 && (blocks + per_sm - 1) / per_sm <= detail::kDecodeMinBlocksPerSplit;
@@ -82,16 +90,19 @@ inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::H
 /// kernel, p has at least kDecodeWideMinRows packed rows per KV head and the narrow tiles would
 /// take at least kDecodeWideMinBlockSteps (tile, key block) steps per SM, by the key capacity
 /// (shapes only, like the split count), else narrow. `forced` (override "decode_tile": 0 narrow, 1
-/// wide where c has it) for the tests and the A/B. Measured (H200, bench/decode_split_sweep.py,
-/// best split count of each tile; bench/results/history.md): the wide tile 1.1-1.5x faster at 248
-/// narrow steps per SM, within 6% either way at 124, and 1.2-1.4x slower below.
+/// wide where c has it) for the tests and the A/B. Measured (H200, bench/small_q_route.py, each
+/// tile at its automatic split count; bench/results/history.md): with 64 rows or more per KV head
+/// the wide tile was 1.16-1.55x faster at 248 narrow steps per SM, 1.15-1.75x slower at 31-62,
+/// and at 124 1.12x faster on one shape (128 queries over 8k keys, 16 heads) and 2% slower on
+/// another (64 queries over 4k keys, 16 heads, batch 4): the rule stays narrow there.
 inline detail::DecodeTile decode_tile(const detail::KVCacheParams& p, const detail::HopperDecodeConfig& c,
                                       int32_t num_sms, int8_t forced = -1) {
   const int64_t rows = int64_t(p.seqlen_q) * (p.num_heads / p.num_heads_kv);
-  if (forced >= 0) return detail::wide_decode_tile(c, forced == 1);
-  const int64_t narrow_tiles = int64_t(p.batch) * p.num_heads_kv * ((rows + detail::kDecodeRowsPerCta - 1) / detail::kDecodeRowsPerCta);
+  if (forced >= 0) return detail::decode_tile_of(c, forced == 1);
+  const int64_t narrow_tiles =
+      int64_t(p.batch) * p.num_heads_kv * ((rows + detail::kDecodeNarrowRows - 1) / detail::kDecodeNarrowRows);
   const int64_t blocks = std::max<int64_t>(1, (int64_t(p.key_capacity) + c.block_n - 1) / c.block_n);
-  return detail::wide_decode_tile(c, rows >= detail::kDecodeWideMinRows &&
+  return detail::decode_tile_of(c, rows >= detail::kDecodeWideMinRows &&
                                          narrow_tiles * blocks >= detail::kDecodeWideMinBlockSteps * num_sms);
 }
 
@@ -136,13 +147,12 @@ inline int32_t decode_cluster_size(int32_t splits, int64_t ctas, int64_t wave, i
 
 /// Whether a dense-cache launch of `ctas` CTAs (of a wave of `wave`) on `num_sms` SMs has room for
 /// a tile's splits to merge in one cluster whatever the merge size (decode_cluster_size's
-/// small_dense): at least half the SMs free, or, for full tiles (every tile's rows live: at least
-/// the tile's rows per KV head), at most 2/3 of the wave. Measured (H200,
-/// bench/decode_split_sweep.py, narrow tiles, one cluster per tile against the global merge): a
-/// 128-query chunk over 1k keys at d64, 4 splits (256 CTAs of a 396 wave), 8.8 vs 10.0 us; GQA 8/1,
-/// 16 queries over 4k keys, 8 splits (64 of 264) 11.5 vs 14.8; but at 256 CTAs of a 264 wave
-/// (d128: 16 queries of GQA 32/8 over 4k keys, 8 splits; 128 queries over 8k keys, 8 heads, 4
-/// splits) 20.5 vs 17.6 and 40.2 vs 37.5.
+/// small_dense): at least half the SMs free, or, for full tiles (decode_full_tiles), at most 2/3 of
+/// the wave. Measured (H200, bench/decode_split_sweep.py, narrow tiles, one cluster per tile against
+/// the global merge): a 128-query chunk over 1k keys at d64, 4 splits (256 CTAs of a 396 wave),
+/// 8.87 vs 9.99 us; GQA 8/1, 16 queries over 4k keys, 8 splits (64 of 264) 11.48 vs 14.57; but at
+/// 256 CTAs of a 264 wave (d128: 16 queries of GQA 32/8 over 4k keys, 8 splits; 128 queries over
+/// 8k keys, 8 heads, 4 splits) 20.5 vs 17.6 and 40.2 vs 37.5 us.
 inline bool decode_cluster_room(int64_t ctas, int64_t wave, int32_t num_sms, bool full_tiles) {
   return ctas * 2 <= num_sms || (full_tiles && ctas * 3 <= wave * 2);
 }

@@ -167,13 +167,14 @@ __device__ __forceinline__ void combine_tile(const DecodeArgs& a, int32_t b, int
   const detail::KVCacheParams& p = a.p;
   const int64_t lse_stride = int64_t(p.batch) * p.num_heads * p.seqlen_q;  // one partial's
   const int64_t o_stride = int64_t(p.batch) * p.seqlen_q * p.num_heads * kD;
-  merge_tile<kBF16, kD, kRows>(a, b, kv_head, row0, rows, 0, kD, threadIdx.x, blockDim.x, a.num_partials, -1,
-                        [&](int r, int c, int32_t i, int32_t h, int32_t s, float& ls, float4& x) {
-                          const float* lse_src = a.lse_partial + (int64_t(b) * p.num_heads + h) * p.seqlen_q + i;
-                          const float* o_src = a.o_partial + ((int64_t(b) * p.seqlen_q + i) * p.num_heads + h) * kD + c;
-                          ls = __ldcg(lse_src + s * lse_stride);
-                          x = __ldcg(reinterpret_cast<const float4*>(o_src + s * o_stride));
-                        });
+  merge_tile<kBF16, kD, kRows>(
+      a, b, kv_head, row0, rows, 0, kD, threadIdx.x, blockDim.x, a.num_partials, -1,
+      [&](int r, int c, int32_t i, int32_t h, int32_t s, float& ls, float4& x) {
+        const float* lse_src = a.lse_partial + (int64_t(b) * p.num_heads + h) * p.seqlen_q + i;
+        const float* o_src = a.o_partial + ((int64_t(b) * p.seqlen_q + i) * p.num_heads + h) * kD + c;
+        ls = __ldcg(lse_src + s * lse_stride);
+        x = __ldcg(reinterpret_cast<const float4*>(o_src + s * o_stride));
+      });
 }
 
 /// Where the CTAs of a cluster push their partials for the CTA that merges columns
@@ -220,12 +221,13 @@ __device__ __forceinline__ bool cluster_merge(const DecodeArgs& a, int32_t b, in
     for (int k = 0; k < 4; ++k) bad |= 4 * q4 + k < a.cluster ? f[k] : 0;
   }
   if (bad) return true;
-  merge_tile<kBF16, kD, kRows>(a, b, kv_head, row0, rows, recv.c_lo, recv.width, int(threadIdx.x), int(blockDim.x),
-                        a.cluster, a.num_partials == 1 ? -1 : int32_t(blockIdx.x) / a.cluster,
-                        [&](int r, int c, int32_t, int32_t, int32_t q, float& ls, float4& x) {
-                          ls = recv.lse[q * kRows + r];
-                          x = *reinterpret_cast<const float4*>(recv.o + (q * kRows + r) * recv.width + (c - recv.c_lo));
-                        });
+  merge_tile<kBF16, kD, kRows>(
+      a, b, kv_head, row0, rows, recv.c_lo, recv.width, int(threadIdx.x), int(blockDim.x), a.cluster,
+      a.num_partials == 1 ? -1 : int32_t(blockIdx.x) / a.cluster,
+      [&](int r, int c, int32_t, int32_t, int32_t q, float& ls, float4& x) {
+        ls = recv.lse[q * kRows + r];
+        x = *reinterpret_cast<const float4*>(recv.o + (q * kRows + r) * recv.width + (c - recv.c_lo));
+      });
   return false;
 }
 

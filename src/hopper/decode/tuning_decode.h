@@ -23,21 +23,21 @@ namespace fa4::detail {
 struct HopperDecodeConfig {
   int32_t headdim;     ///< compiled head dim of q, k and v
   int32_t headdim_v;   ///< = headdim (one width for K and V tiles)
-  int32_t block_n;     ///< keys per pipeline stage: 16 per warp
+  int32_t block_n;     ///< keys per pipeline stage (4 groups of 16)
   int32_t stages;      ///< cp.async ring depth
   int32_t ctas_per_sm; ///< what the shared memory allows (the automatic split count's wave, where
                        ///< one CTA per SM would leave too many SMs idle)
   int32_t wide_ctas_per_sm;  ///< the same for the wide tile (its Q tile is 4x larger); 0: no wide kernel
-  int32_t wide_stages;       ///< the wide tile's ring depth (its CTA computes longer on each block)
+  int32_t wide_stages;       ///< the wide tile's ring depth
 };
 
 // Internal linkage (not `inline`): see bwd/tuning_bwd.h (several libfa4 builds in one process).
 constexpr HopperDecodeConfig kHopperDecodeConfigs[] = {
     // d, dv, block_n, stages, CTAs/SM narrow, wide, wide stages: smem = stages x (2 x 64 x d x 2 B +
-    // 1 KB of row offsets) + the Q tile (16 or 64 rows x d x 2 B). The wide d128 tile runs 2 CTAs
-    // per SM on a ring of 2 rather than 1 on a ring of 3 (bench/decode_split_sweep.py: 0-5% faster
-    // where the wide tile is used; d64 on a ring of 3 at 3 CTAs per SM was 3% slower on one shape
-    // and spilled).
+    // 1 KB of row offsets) + the Q tile (16 or 64 rows x d x 2 B). A wide CTA computes on a block
+    // 2-3x as long as a narrow one waits for the next, so a ring of 2 keeps its loads ahead, and at
+    // d128 the smem saved lets a second CTA per SM overlap its latency chain (measurements:
+    // bench/results/history.md).
     {64, 64, 64, 4, 3, 2, 4},     //  70 KB, wide 76 KB
     {128, 128, 64, 3, 2, 2, 2},   // 103 KB, wide 82 KB
     {256, 256, 64, 3, 1, 0, 0},   // 203 KB (a wide tile would not fit)
@@ -46,7 +46,7 @@ inline constexpr int32_t kHopperNumDecodeConfigs =
     int32_t(sizeof(kHopperDecodeConfigs) / sizeof(kHopperDecodeConfigs[0]));
 
 /// Rows of Q per CTA of the narrow tile (one m16 MMA tile) and warps per CTA.
-inline constexpr int32_t kDecodeRowsPerCta = 16;
+inline constexpr int32_t kDecodeNarrowRows = 16;
 inline constexpr int32_t kDecodeWarps = 4;
 /// Rows of Q per CTA of the wide tile (one m16 tile per warp): its 4 warps share every K/V copy of
 /// a block, which the 16-row tiles of the same rows would each repeat, but each warp walks 4x the
@@ -58,9 +58,9 @@ inline constexpr int32_t kDecodeWarps = 4;
 inline constexpr int32_t kDecodeWideRows = 64;
 inline constexpr int32_t kDecodeWideMinRows = 64;
 inline constexpr int64_t kDecodeWideMinBlockSteps = 160;
-/// The automatic split count of a launch whose tiles are full (at least 16 live rows: chunked
-/// prefill, speculative decoding) fills the wave, with at most this many splits: each split adds a
-/// partial of 16 (or 64) whole rows to the merge.
+/// The automatic split count of a launch whose tiles are full (seqlen_q > 1 and at least a tile's
+/// rows per KV head: chunked prefill, speculative decoding) fills the wave, with at most this many
+/// splits: each split adds a partial of 16 (or 64) whole rows to the merge.
 inline constexpr int32_t kDecodeMaxAutoSplitsFullTile = 8;
 /// Largest explicit num_splits (the merge reads every split's partial row).
 inline constexpr int32_t kDecodeMaxSplits = 256;
@@ -109,10 +109,10 @@ struct DecodeTile {
   int32_t ctas_per_sm;
 };
 
-/// The narrow and the wide tile of row c (the wide one only where c has it: `wide` false otherwise).
-constexpr DecodeTile narrow_decode_tile(const HopperDecodeConfig& c) { return {kDecodeRowsPerCta, c.ctas_per_sm}; }
-constexpr DecodeTile wide_decode_tile(const HopperDecodeConfig& c, bool wide = true) {
-  return wide && c.wide_ctas_per_sm > 0 ? DecodeTile{kDecodeWideRows, c.wide_ctas_per_sm} : narrow_decode_tile(c);
+/// Row c's wide tile if `wide` and c has one, else its narrow tile.
+constexpr DecodeTile decode_tile_of(const HopperDecodeConfig& c, bool wide) {
+  return wide && c.wide_ctas_per_sm > 0 ? DecodeTile{kDecodeWideRows, c.wide_ctas_per_sm}
+                                        : DecodeTile{kDecodeNarrowRows, c.ctas_per_sm};
 }
 
 constexpr HopperDecodeConfig hopper_decode_config(int32_t headdim, int32_t headdim_v) {

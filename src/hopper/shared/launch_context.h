@@ -40,7 +40,7 @@ struct LaunchContext {
   /// take no more waves than the plain launch (1), or never (0): override "decode_cluster", for
   /// the tests and the A/B.
   int8_t decode_cluster = -1;
-  /// Decode: the row tile (decode/tuning_decode.h decode_tile): by the rows (-1), narrow 16-row
+  /// Decode: the row tile (decode/launch_decode.h decode_tile): the selector's (-1), narrow 16-row
   /// tiles (0) or wide 64-row tiles where the bucket has them (1): override "decode_tile", for the
   /// tests and the A/B.
   int8_t decode_tile = -1;
