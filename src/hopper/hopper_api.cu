@@ -205,7 +205,7 @@ std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& 
   const detail::HopperFwdConfig* fc = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
   if (!fc || !bucket_compiled(fc->headdim, fc->headdim_v)) return std::nullopt;
   if (forced < 0) {
-    const int64_t rows = int64_t(p.seqlen_q) * (p.num_heads / p.num_heads_kv);
+    const int64_t rows = decode_rows(p);
     if (rows > kSmallQMaxRows) return std::nullopt;
     // Beyond one row tile the rule below was measured at unpadded widths only (d64, d128).
     const detail::HopperDecodeConfig* dc = detail::hopper_decode_bucket(p.headdim, p.headdim_v);
@@ -214,9 +214,7 @@ std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& 
     const int64_t tile_m = fc->tile_m;
     const int64_t sms = std::max(1, device_facts(p.device.index).num_sms);
     const int64_t fwd_waves = (int64_t(p.batch) * p.num_heads * ((p.seqlen_q + tile_m - 1) / tile_m) + sms - 1) / sms;
-    const int64_t decode_walks = int64_t(p.batch) * p.num_heads_kv *
-                                 ((rows + detail::kDecodeNarrowRows - 1) / detail::kDecodeNarrowRows);
-    if (decode_walks > sms * fwd_waves) return std::nullopt;
+    if (decode_tiles(p, detail::kDecodeNarrowRows) > sms * fwd_waves) return std::nullopt;  // the decode's walks
   }
   detail::KVCacheParams kp;
   static_cast<detail::FwdParams&>(kp) = p;
@@ -399,10 +397,9 @@ std::string kvcache_support(const detail::KVCacheParams& p, std::string* kernel_
   if (p.num_splits > detail::kDecodeMaxSplits)
     return "num_splits = " + std::to_string(p.num_splits) + " exceeds the decode kernel's maximum of " +
            std::to_string(detail::kDecodeMaxSplits);
-  const int64_t rows = int64_t(p.seqlen_q) * (p.num_heads / p.num_heads_kv);
   // Counted in narrow tiles: a wide tile's launch has fewer, and what the selector accepts does not
   // depend on the tile choice or its override.
-  const int64_t row_tiles = (rows + detail::kDecodeNarrowRows - 1) / detail::kDecodeNarrowRows;
+  const int64_t row_tiles = (decode_rows(p) + detail::kDecodeNarrowRows - 1) / detail::kDecodeNarrowRows;
   if (p.batch > 65535 || p.num_heads_kv > 65535 || int64_t(p.num_heads_kv) * row_tiles > 65535)
     return "the Hopper decode kernel handles at most 65535 sequences and 65535 (kv head, 16-row query "
            "tile) pairs per sequence (num_heads_kv * ceil(seqlen_q * num_heads / num_heads_kv / 16))";

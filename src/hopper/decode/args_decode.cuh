@@ -22,7 +22,7 @@ struct DecodeArgs {
   int32_t cluster;        ///< CTAs (splits) per thread-block cluster, merged in DSMEM; divides num_splits
   int32_t num_partials;   ///< num_splits / cluster: the partials of a tile that meet in global scratch
   int32_t group;          ///< num_heads / num_heads_kv
-  int32_t row_tiles;      ///< ceil(seqlen_q * group / 16)
+  int32_t row_tiles;      ///< ceil(seqlen_q * group / the tile's rows)
 };
 
 /// The element type of the call's tensors (bf16, else fp16), and two floats rounded to a pair of it.

@@ -94,7 +94,7 @@ void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, con
   a.p = p;
   a.async_error = ctx.async_error;
   a.group = p.num_heads / p.num_heads_kv;
-  const int64_t rows = int64_t(p.seqlen_q) * a.group;
+  const int64_t rows = decode_rows(p);
   a.row_tiles = int32_t((rows + kRows - 1) / kRows);
   a.num_splits = decode_num_splits(p, c, ctx.num_sms, tile);
   auto kernel = decode::decode_kernel<kBF16, kHeadDim, c.block_n, kStages, kRowWarps>;
@@ -102,14 +102,14 @@ void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, con
   check_cuda(raise_smem_limit_once<Key>(kernel, Smem::cluster_bytes(detail::kDecodeMaxCluster), p.device.index), kFn,
              "cudaFuncSetAttribute (decode shared memory)");
   const int64_t ctas = int64_t(a.num_splits) * p.num_heads_kv * a.row_tiles * p.batch;
+  const int64_t wave = int64_t(ctx.num_sms) * tile.ctas_per_sm;
   const int64_t merge_bytes =
       int64_t(a.num_splits) * std::min<int64_t>(rows, kRows) * p.headdim_v * int64_t(sizeof(float));
   a.cluster = ctx.decode_cluster != 0 && a.num_splits > 1
-                  ? decode_cluster_size(a.num_splits, ctas, int64_t(ctx.num_sms) * tile.ctas_per_sm, merge_bytes,
+                  ? decode_cluster_size(a.num_splits, ctas, wave, merge_bytes,
                                         cluster_capacity_once<Key, Smem>(kernel, p.device.index),
                                         ctx.decode_cluster == 1,
-                                        !p.paged && decode_cluster_room(ctas, int64_t(ctx.num_sms) * tile.ctas_per_sm,
-                                                                        ctx.num_sms, decode_full_tiles(p, tile)))
+                                        !p.paged && decode_cluster_room(ctas, wave, ctx.num_sms, decode_full_tiles(p, tile)))
                   : 1;
   a.num_partials = a.num_splits / a.cluster;
 

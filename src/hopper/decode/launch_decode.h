@@ -13,11 +13,25 @@
 
 namespace fa4::hopper {
 
+/// Packed query rows per KV head (pack-GQA: seqlen_q x group).
+inline int64_t decode_rows(const detail::FwdParams& p) { return int64_t(p.seqlen_q) * (p.num_heads / p.num_heads_kv); }
+
+/// Row tiles of `tile_rows` rows over all sequences and KV heads.
+inline int64_t decode_tiles(const detail::FwdParams& p, int64_t tile_rows) {
+  return int64_t(p.batch) * p.num_heads_kv * ((decode_rows(p) + tile_rows - 1) / tile_rows);
+}
+
+/// Key blocks of the largest sequence the cache can hold (at least 1): shapes only, never
+/// cache_seqlens, so a captured graph replays for any lengths.
+inline int64_t decode_key_blocks(const detail::KVCacheParams& p, const detail::HopperDecodeConfig& c) {
+  return std::max<int64_t>(1, (int64_t(p.key_capacity) + c.block_n - 1) / c.block_n);
+}
+
 /// Whether p's tiles of t.rows rows are full: several query tokens (chunked prefill, speculative
 /// decoding) and at least a tile's rows per KV head. Such a tile's CTA is not bandwidth-bound but
 /// a chain of latencies per block, and its split partials are whole rows.
 inline bool decode_full_tiles(const detail::KVCacheParams& p, const detail::DecodeTile& t) {
-  return p.seqlen_q > 1 && int64_t(p.seqlen_q) * (p.num_heads / p.num_heads_kv) >= t.rows;
+  return p.seqlen_q > 1 && decode_rows(p) >= t.rows;
 }
 
 /// Splits of the keys for p on the decode row c with row tile t: p.num_splits if given, else, when
@@ -53,23 +67,16 @@ inline bool decode_full_tiles(const detail::KVCacheParams& p, const detail::Deco
 inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::HopperDecodeConfig& c,
                                  int32_t num_sms, const detail::DecodeTile& t) {
   if (p.num_splits > 0) return p.num_splits;
-  const int64_t rows = int64_t(p.seqlen_q) * (p.num_heads / p.num_heads_kv);
-  const int64_t tiles = int64_t(p.batch) * p.num_heads_kv * ((rows + t.rows - 1) / t.rows);
+  const int64_t tiles = decode_tiles(p, t.rows);
   const int64_t wave = int64_t(num_sms) * t.ctas_per_sm;
   if (tiles <= 0 || tiles * 2 > wave) return 1;
-  const int64_t blocks = std::max<int64_t>(1, (int64_t(p.key_capacity) + c.block_n - 1) / c.block_n);
-  if (decode_full_tiles(p, t)) {  // the wave, capped
-    const int64_t s = std::min(wave / tiles, std::max<int64_t>(1, blocks / detail::kDecodeMinBlocksPerSplit));
-    const int64_t cap =
-        std::max<int64_t>(detail::kDecodeMaxAutoSplitsFullTile, blocks / detail::kDecodeLongSplitBlocks);
-    const int64_t pow2 = int64_t(std::bit_floor(uint64_t(std::min(s, cap))));
-    return int32_t(std::min<int64_t>(pow2, detail::kDecodeMaxAutoSplits));
-  }
+  const int64_t blocks = decode_key_blocks(p, c);
+  const bool full = decode_full_tiles(p, t);
   const int64_t per_sm = num_sms / tiles;  // splits with one CTA per SM
   const bool short_cache = per_sm >= 1 && (blocks + per_sm - 1) / per_sm <= detail::kDecodeMinBlocksPerSplit;
   const bool dense_fill = !p.paged && per_sm >= 1 && tiles * per_sm * 3 >= int64_t(num_sms) * 2;
   int64_t s;
-  if (short_cache || dense_fill) {
+  if (!full && (short_cache || dense_fill)) {
     s = std::min(per_sm, blocks);
     // One block per split, 9 to 16 blocks, few tiles: up to 2 blocks in each of the splits of one
     // portable cluster (kDecodePortableCluster), which decode_cluster_size then merges in DSMEM.
@@ -80,6 +87,11 @@ inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::H
     // wave / tiles >= 2 here (tiles * 2 <= wave), so s >= 1 in both branches.
     s = std::min(wave / tiles, std::max<int64_t>(1, blocks / detail::kDecodeMinBlocksPerSplit));
     s = int64_t(std::bit_floor(uint64_t(s)));
+  }
+  if (full) {  // capped; bit_floor is monotone, so this is the power of two of the capped count
+    const int64_t cap =
+        std::max<int64_t>(detail::kDecodeMaxAutoSplitsFullTile, blocks / detail::kDecodeLongSplitBlocks);
+    return int32_t(std::min({s, int64_t(std::bit_floor(uint64_t(cap))), int64_t(detail::kDecodeMaxAutoSplits)}));
   }
   const bool long_one_tile =
       tiles == 1 && blocks >= int64_t(detail::kDecodeMaxAutoSplitsOneTile) * detail::kDecodeLongSplitBlocks;
@@ -97,13 +109,10 @@ inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::H
 /// another (64 queries over 4k keys, 16 heads, batch 4): the rule stays narrow there.
 inline detail::DecodeTile decode_tile(const detail::KVCacheParams& p, const detail::HopperDecodeConfig& c,
                                       int32_t num_sms, int8_t forced = -1) {
-  const int64_t rows = int64_t(p.seqlen_q) * (p.num_heads / p.num_heads_kv);
   if (forced >= 0) return detail::decode_tile_of(c, forced == 1);
-  const int64_t narrow_tiles =
-      int64_t(p.batch) * p.num_heads_kv * ((rows + detail::kDecodeNarrowRows - 1) / detail::kDecodeNarrowRows);
-  const int64_t blocks = std::max<int64_t>(1, (int64_t(p.key_capacity) + c.block_n - 1) / c.block_n);
-  return detail::decode_tile_of(c, rows >= detail::kDecodeWideMinRows &&
-                                         narrow_tiles * blocks >= detail::kDecodeWideMinBlockSteps * num_sms);
+  return detail::decode_tile_of(c, decode_rows(p) >= detail::kDecodeWideMinRows &&
+                                       decode_tiles(p, detail::kDecodeNarrowRows) * decode_key_blocks(p, c) >=
+                                           detail::kDecodeWideMinBlockSteps * num_sms);
 }
 
 /// decode_num_splits with the tile decode_tile picks for p.
