@@ -383,24 +383,37 @@ TEST(HopperHost, BackwardDqStagingIsABijection) {
 }  // namespace
 
 // The decode's cluster of splits (decode/launch_decode.h): the largest power of two up to 16 that
-// divides the split count and keeps the launch in as few waves as the plain launch; 1 (no
-// cluster) for odd counts or where no cluster size fits; all of a tile's splits (up to 8) in a
-// small dense launch. And its override.
+// divides the split count and keeps the launch in as few waves as the plain launch (forced), and
+// automatically the largest up to 8 where its partials fit one merge batch unless one cluster holds
+// every split; 1 (no cluster) for odd counts or where no cluster size fits; all of a tile's splits
+// (up to 8) in a small dense launch. And its override.
 TEST(HopperHost, DecodeClusterSize) {
   using fa4::hopper::decode_cluster_size;
   fa4::hopper::DecodeClusterCapacity roomy;  // sizes 2, 4, 8 hold 264 CTAs at once, 16 holds 256
   roomy.clusters[0] = 132; roomy.clusters[1] = 66; roomy.clusters[2] = 33; roomy.clusters[3] = 16;
-  const int expect[][2] = {{1, 1}, {2, 2}, {3, 1}, {4, 4}, {6, 2}, {7, 1}, {8, 8}, {12, 4},
-                           {16, 16}, {24, 8}, {32, 16}, {48, 16}, {64, 16}, {96, 16}, {256, 16}};
+  // {splits, forced, automatic (8 tiles within one wave)}
+  const int expect[][3] = {{1, 1, 1},   {2, 2, 2},   {3, 1, 1},   {4, 4, 4},   {6, 2, 2},
+                           {7, 1, 1},   {8, 8, 8},   {12, 4, 4},  {16, 16, 16}, {24, 8, 8},
+                           {32, 16, 8}, {48, 16, 0}, {64, 16, 0}, {96, 16, 0},  {256, 16, 0}};
   const int64_t big = fa4::detail::kDecodeClusterMinMergeBytes;  // a merge worth a cluster
   for (const auto& e : expect) {
     const int64_t ctas = 8 * e[0];  // 8 tiles
     EXPECT_EQ(decode_cluster_size(e[0], ctas, 264, 0, roomy, /*forced=*/true), e[1]) << e[0] << " splits";
     EXPECT_EQ(e[0] % decode_cluster_size(e[0], ctas, 264, 0, roomy, true), 0) << e[0];
-    // Automatic: only within one wave and for a merge of kDecodeClusterMinMergeBytes or more.
-    EXPECT_EQ(decode_cluster_size(e[0], ctas, 264, big, roomy), ctas <= 264 ? e[1] : 1) << e[0] << " splits";
-    EXPECT_EQ(decode_cluster_size(e[0], ctas, 264, big - 1, roomy), 1) << e[0] << " splits";
+    // Automatic: only within one wave and for a merge of kDecodeClusterMinMergeBytes or
+    // kDecodeClusterMinSplits partials or more.
+    EXPECT_EQ(decode_cluster_size(e[0], ctas, 264, big, roomy), ctas <= 264 ? e[2] : 1) << e[0] << " splits";
+    EXPECT_EQ(decode_cluster_size(e[0], ctas, 264, big - 1, roomy),
+              ctas <= 264 && e[0] >= fa4::detail::kDecodeClusterMinSplits ? e[2] : 1)
+        << e[0] << " splits";
   }
+  // One tile (GQA 8/1 at batch 1): 64 splits in 8 clusters of 8 (8 global partials: one batch),
+  // 112 in 7 of 16 (clusters of 8 would leave 14 partials).
+  EXPECT_EQ(decode_cluster_size(64, 64, 132, big, roomy), 8);
+  EXPECT_EQ(decode_cluster_size(112, 112, 132, big, roomy), 16);
+  EXPECT_EQ(decode_cluster_size(64, 64, 132, 0, roomy, /*forced=*/true), 16);
+  EXPECT_EQ(decode_cluster_size(64, 64, 132, big / 2, roomy), 8);  // d64: a small merge of many partials
+  EXPECT_EQ(decode_cluster_size(16, 64, 264, big / 2, roomy), 1);  // few partials, small: global
   // 256 CTAs fit one plain wave of 264; clusters of 16 hold 16 x 12 = 192 (a second wave): 8.
   fa4::hopper::DecodeClusterCapacity tight = roomy;
   tight.clusters[3] = 12;
@@ -545,10 +558,15 @@ TEST(HopperHost, DecodeSplitCount) {
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 112);
   p.paged = true;  // paged: one wave, 264 -> 256, capped alike
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 112);
-  p.key_capacity = 32768;  // 512 blocks: under 16 per split at 112, so 64
+  p.key_capacity = 16384;  // 256 blocks: at least 2 per split at 112
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 112);
+  p.paged = false;
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 112);
+  p.key_capacity = 14336 - 64;  // 223 blocks: under 2 per split at 112, so 64
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 64);
+  p.paged = true;
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 64);
   p.paged = false;
-  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 64);
   p.batch = 2;  // two tiles: 66 splits each, capped at 64
   p.key_capacity = 131072;
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 64);

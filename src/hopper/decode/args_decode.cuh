@@ -16,8 +16,8 @@ struct DecodeArgs {
   detail::KVCacheParams p;
   uint32_t* async_error;  ///< mapped error word (device_state.h)
   float* o_partial;       ///< num_partials > 1: (partial, batch, seqlen_q, num_heads, kD) fp32, normalised rows
-  float* lse_partial;     ///< num_partials > 1: (partial, batch, num_heads, seqlen_q), log2 units, -inf if empty
-  int32_t* arrivals;      ///< num_partials > 1: (batch, kv head x row tile) counters, zero between launches
+  float* lse_partial;     ///< num_partials > 1: (partial, cluster rank, batch, num_heads, seqlen_q), log2 units, -inf if empty
+  int32_t* arrivals;      ///< num_partials > 1: (batch, kv head x row tile, cluster rank) counters, zero between launches
   int32_t num_splits;
   int32_t cluster;        ///< CTAs (splits) per thread-block cluster, merged in DSMEM; divides num_splits
   int32_t num_partials;   ///< num_splits / cluster: the partials of a tile that meet in global scratch

@@ -13,10 +13,12 @@
 //     pushes its normalised partial's columns and log2-sum-exps to the CTA that merges them (remote
 //     stores need no round trip, remote loads would), so after one cluster barrier each merge reads
 //     only its own shared memory and no CTA waits for its peers' merges. Where a tile has
-//     more splits than a cluster (or no cluster launch), each cluster's (or split's) partial goes
-//     to global scratch and arrives at the tile's counter, and the CTA that arrives last merges
-//     them. No second kernel: a combine launch would cost more than the merge itself at batch 1,
-//     where split-KV matters most. A cluster holding all of a tile's splits skips the global round
+//     more splits than a cluster, CTA q of each cluster writes its merged columns to global
+//     scratch and arrives at the tile's counter q, and the last to arrive there merges those
+//     columns (all of the cluster's ranks at once); without a cluster launch each split's partial
+//     goes there and arrives at the tile's one counter, and the last CTA merges the tile. No
+//     second kernel: a combine launch would cost more than the merge itself at batch 1, where
+//     split-KV matters most. A cluster holding all of a tile's splits skips the global round
 //     trip and the atomic; clusters are used where the global merge is long (launch_decode.h);
 //   * gathers K/V rows one by one with cp.async (16 bytes per copy; a row's address comes from the
 //     page table when paged, so every page size works and pages may be in any order), into a ring
@@ -221,7 +223,7 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
   if (bad) {
     if (tid == 0) report(a.async_error, bad);
     if (a.cluster == 1) {
-      if (a.num_splits > 1) arrive_last(a, &s_last, true);  // never the merging CTA
+      if (a.num_splits > 1) arrive_last(a, &s_last, true, 0, a.num_splits);  // never the merging CTA
       return;
     }
     // In a cluster the CTA stays for its peers' barriers: it reads no key and flags its partial.
@@ -550,9 +552,10 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
       row_state(r, c, ll, acc);
       const PackedRow pr = packed_row(a, kv_head, row);
       if (a.num_splits == 1) store_final<kBF16>(p, b, pr.i, pr.h, c, sMax[r], ll, acc, sink);
-      else store_partial<kD>(a, split, b, pr.i, pr.h, c, sMax[r], ll, acc);
+      else store_partial<kD>(a, split, 0, b, pr.i, pr.h, c, c == 0, sMax[r], ll, acc);
     }
-    if (a.num_splits > 1 && arrive_last(a, &s_last, false)) combine_tile<kBF16, kD, kRows>(a, b, kv_head, row0, rows);
+    if (a.num_splits > 1 && arrive_last(a, &s_last, false, 0, a.num_splits))
+      combine_tile<kBF16, kD, kRows>(a, b, kv_head, row0, rows, 0, kD);
     return;
   }
   // ---- with a cluster: push the partial's slices to the CTAs that merge them, merge this CTA's ----
@@ -595,8 +598,10 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
   arch::cluster_arrive_release();
   arch::cluster_wait();
   const bool cluster_bad = cluster_merge<kBF16, kD, kRows>(a, b, kv_head, row0, rows, recv);
-  if (a.num_partials > 1 && arrive_last(a, &s_last, cluster_bad))
-    combine_tile<kBF16, kD, kRows>(a, b, kv_head, row0, rows);
+  // The clusters' partials of these columns meet at this rank's counter of the tile: the last of
+  // them merges only its columns, so the tile's global merge runs in a.cluster CTAs at once.
+  if (a.num_partials > 1 && arrive_last(a, &s_last, cluster_bad, int32_t(rank), a.num_partials))
+    combine_tile<kBF16, kD, kRows>(a, b, kv_head, row0, rows, recv.c_lo, recv.width);
 }
 
 }  // namespace fa4::hopper::decode

@@ -119,8 +119,9 @@ void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, con
   if (p.seqlen_q > 0 && a.num_partials > 1) {
     const size_t parts = size_t(a.num_partials), batch = size_t(p.batch);
     const size_t o_bytes = parts * batch * p.seqlen_q * p.num_heads * kHeadDim * sizeof(float);
-    const size_t lse_bytes = parts * batch * p.seqlen_q * p.num_heads * sizeof(float);
-    const size_t tiles = batch * size_t(p.num_heads_kv) * size_t(a.row_tiles);
+    const size_t lse_bytes = parts * size_t(a.cluster) * batch * p.seqlen_q * p.num_heads * sizeof(float);
+    // One counter per tile, or per tile and cluster rank (each rank's columns merge on their own).
+    const size_t tiles = batch * size_t(p.num_heads_kv) * size_t(a.row_tiles) * size_t(a.cluster);
     scratch = acquire_scratch(p.device.index, stream, o_bytes + lse_bytes, 0, ScratchKind::kDecode);
     arrivals = acquire_scratch(p.device.index, stream, tiles * sizeof(int32_t), tiles * sizeof(int32_t),
                                ScratchKind::kDecodeArrivals);

@@ -60,7 +60,7 @@ inline bool decode_full_tiles(const detail::KVCacheParams& p, const detail::Deco
 ///     37.2), and at 8 tiles 8 splits were the best (GQA 8/1, 16 queries over 4k keys: 16 splits
 ///     14.3 us, 8 splits 11.4). Decode steps (seqlen_q 1) keep the rules above whatever the group.
 /// At most kDecodeMaxAutoSplits (the merge reads every split's partial), or
-/// kDecodeMaxAutoSplitsOneTile for a single tile with at least kDecodeLongSplitBlocks blocks per
+/// kDecodeMaxAutoSplitsOneTile for a single tile with at least kDecodeOneTileMinBlocks blocks per
 /// split at that count. The measurements behind
 /// each choice (H200, bench/decode_split_sweep.py and bench/kernel_times.py) are in
 /// bench/results/history.md.
@@ -94,7 +94,7 @@ inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::H
     return int32_t(std::min({s, int64_t(std::bit_floor(uint64_t(cap))), int64_t(detail::kDecodeMaxAutoSplits)}));
   }
   const bool long_one_tile =
-      tiles == 1 && blocks >= int64_t(detail::kDecodeMaxAutoSplitsOneTile) * detail::kDecodeLongSplitBlocks;
+      tiles == 1 && blocks >= int64_t(detail::kDecodeMaxAutoSplitsOneTile) * detail::kDecodeOneTileMinBlocks;
   return int32_t(std::min<int64_t>(s, long_one_tile ? detail::kDecodeMaxAutoSplitsOneTile : detail::kDecodeMaxAutoSplits));
 }
 
@@ -130,10 +130,16 @@ struct DecodeClusterCapacity {
 /// CTAs per thread-block cluster for `splits` splits of each of a launch's `ctas / splits` tiles,
 /// whose partials then merge through distributed shared memory. 1 (no cluster: every split's
 /// partial goes through global scratch) unless the launch fits one wave of `wave` CTAs and one
-/// tile's global merge would read at least kDecodeClusterMinMergeBytes (`merge_bytes`); then the
-/// largest power of two C up to kDecodeMaxCluster that divides `splits` and still runs the launch
-/// in one wave: clusters are placed whole within a GPC, so the device holds fewer CTAs in clusters
-/// than alone. A tile's global partials are splits / C. `forced` (override decode_cluster = 1,
+/// tile's global merge would read at least kDecodeClusterMinMergeBytes (`merge_bytes`) or
+/// kDecodeClusterMinSplits partials; then the largest power of two C up to kDecodeMaxCluster that
+/// divides `splits` and still runs the launch in one wave (clusters are placed whole within a GPC,
+/// so the device holds fewer CTAs in clusters than alone), except that the largest such C up to
+/// kDecodePortableCluster is taken where its splits / C global partials fit one merge batch
+/// (kDecodeMergeBatch) and C = splits is not possible: each cluster rank's columns then merge in
+/// one round trip to L2, and the smaller cluster's barrier and its own merge are shorter (H200,
+/// GQA 8/1, batch 1, KV 8k, 64 splits: 8 clusters of 8 9.19 us against 4 of 16 9.82; at 112
+/// splits 16 stays: 7 partials against 14).
+/// A tile's global partials are splits / C. `forced` (override decode_cluster = 1,
 /// for the tests) drops the one-wave and merge-size conditions: the largest C that runs the launch
 /// in as many waves as the plain launch. `small_dense` (a dense cache whose launch has room for
 /// the clusters to spread: decode_cluster_room): a tile's splits all in one cluster of up to
@@ -147,11 +153,18 @@ inline int32_t decode_cluster_size(int32_t splits, int64_t ctas, int64_t wave, i
       std::has_single_bit(uint32_t(splits)) && splits > 1 &&
       waves(ctas / splits, cap.clusters[std::countr_zero(uint32_t(splits)) - 1]) <= 1)
     return splits;
-  if (!forced && (plain > 1 || merge_bytes < detail::kDecodeClusterMinMergeBytes)) return 1;
-  int32_t best = 1;
+  if (!forced && (plain > 1 || (merge_bytes < detail::kDecodeClusterMinMergeBytes &&
+                                 splits < detail::kDecodeClusterMinSplits)))
+    return 1;
+  int32_t best = 1, portable = 1;
   for (int32_t c = 2, i = 0; c <= detail::kDecodeMaxCluster && splits % c == 0; c *= 2, ++i)
-    if (waves(ctas / c, cap.clusters[i]) <= plain) best = c;
-  return best;
+    if (waves(ctas / c, cap.clusters[i]) <= plain) {
+      best = c;
+      if (c <= detail::kDecodePortableCluster && splits / c <= detail::kDecodeMergeBatch) portable = c;
+    }
+  // Automatic: a cluster of up to the portable size where its partials meet in one global merge
+  // batch, unless a larger cluster holds every split (then no global merge at all).
+  return forced || best == splits || portable == 1 ? best : portable;
 }
 
 /// Whether a dense-cache launch of `ctas` CTAs (of a wave of `wave`) on `num_sms` SMs has room for

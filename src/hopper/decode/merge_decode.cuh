@@ -19,18 +19,20 @@ constexpr int32_t kBadArrival = 1 << 16;
 static_assert(detail::kDecodeMaxSplits < kBadArrival && int64_t(detail::kDecodeMaxSplits) * kBadArrival < (1ll << 31),
               "arrival count and bad count must fit their fields");
 
-/// The CTA's arrival at its tile's counter, after its partial rows are written (or, bad, instead of
-/// them). True in the CTA that arrives last when no split was bad; the partials of every split are
-/// then visible to all its threads (the barrier before the release add orders the CTA's writes,
-/// the one after the acquiring add orders its reads). The last arrival resets the counter for the
-/// next launch.
-__device__ __forceinline__ bool arrive_last(const DecodeArgs& a, int32_t* s_last, bool bad) {
+/// The CTA's arrival at counter `slot` of its tile (a.arrivals: a.cluster slots per tile, see
+/// DecodeArgs), after its partial rows are written (or, bad, instead of them); `expected` CTAs
+/// arrive there. True in the CTA that arrives last when none was bad; the partials of every
+/// arrival are then visible to all its threads (the barrier before the release add orders the
+/// CTA's writes, the one after the acquiring add orders its reads). The last arrival resets the
+/// counter for the next launch.
+__device__ __forceinline__ bool arrive_last(const DecodeArgs& a, int32_t* s_last, bool bad, int32_t slot,
+                                            int32_t expected) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    int32_t* counter = a.arrivals + int64_t(blockIdx.z) * gridDim.y + blockIdx.y;
+    int32_t* counter = a.arrivals + (int64_t(blockIdx.z) * gridDim.y + blockIdx.y) * a.cluster + slot;
     const int32_t inc = bad ? 1 + kBadArrival : 1;
     const int32_t total = arch::fetch_add_acq_rel(counter, inc) + inc;
-    const bool last = (total & (kBadArrival - 1)) == a.num_splits;
+    const bool last = (total & (kBadArrival - 1)) == expected;
     if (last) *counter = 0;
     *s_last = last && total < kBadArrival;
   }
@@ -54,7 +56,7 @@ struct MergedSlice {
 /// bench/results/history.md). An empty partial (L_s = -inf) has weight 0 and its row is not used;
 /// fmaxf drops a NaN L_s from the max, but its weight is NaN and so is the row. The global and the
 /// cluster merge share this, so a tile merged either way is bitwise the same.
-constexpr int kMergeBatch = 8;
+constexpr int kMergeBatch = detail::kDecodeMergeBatch;
 template <class Load>
 __device__ __forceinline__ MergedSlice merge_partials(int32_t n, Load load) {
   auto ex2 = [](float x) { return arch::ex2_approx(x); };
@@ -98,15 +100,20 @@ __device__ __forceinline__ float4 normalised_row(float l, const float4& acc) {
 }
 __device__ __forceinline__ float partial_lse(float m, float l) { return l != 0.f ? m + log2f(l) : -INFINITY; }
 
-/// Stores a partial state of row (b, i, h), columns c..c+3, as partial `part` of the global scratch
-/// (the log2-sum-exp from the thread of column 0).
+/// Stores a partial state of row (b, i, h), columns c..c+3, as partial `part` of the global scratch,
+/// and, from the thread of the slice's first column (`first`), its log2-sum-exp into lse slot
+/// `slot` of the partial (a.cluster slots: every column slice of a cluster merge computes the same
+/// row lse and keeps its own copy, so the CTA that merges a slice's partials reads only what the
+/// CTAs that arrived at its counter wrote).
 template <int kD>
-__device__ __forceinline__ void store_partial(const DecodeArgs& a, int32_t part, int32_t b, int32_t i, int32_t h,
-                                              int c, float m, float l, const float4& acc) {
+__device__ __forceinline__ void store_partial(const DecodeArgs& a, int32_t part, int32_t slot, int32_t b, int32_t i,
+                                              int32_t h, int c, bool first, float m, float l, const float4& acc) {
   const detail::KVCacheParams& p = a.p;
   const int64_t prow = ((int64_t(part) * p.batch + b) * p.seqlen_q + i) * p.num_heads + h;
   *reinterpret_cast<float4*>(a.o_partial + prow * kD + c) = normalised_row(l, acc);
-  if (c == 0) a.lse_partial[((int64_t(part) * p.batch + b) * p.num_heads + h) * p.seqlen_q + i] = partial_lse(m, l);
+  if (first)
+    a.lse_partial[(((int64_t(part) * a.cluster + slot) * p.batch + b) * p.num_heads + h) * p.seqlen_q + i] =
+        partial_lse(m, l);
 }
 
 /// Writes one finished output slice: row (b, i, h), columns c..c+3 of out (o = acc / l with the
@@ -155,22 +162,24 @@ __device__ __forceinline__ void merge_tile(const DecodeArgs& a, int32_t b, int32
     const PackedRow pr = packed_row(a, kv_head, row0 + r);
     const MergedSlice ms = merge_partials(n, [&](int32_t s, float& ls, float4& x) { load(r, c, pr.i, pr.h, s, ls, x); });
     if (part < 0) store_final<kBF16>(p, b, pr.i, pr.h, c, ms.m, ms.l, ms.acc, p.sink);
-    else store_partial<kD>(a, part, b, pr.i, pr.h, c, ms.m, ms.l, ms.acc);
+    else store_partial<kD>(a, part, c_lo / width, b, pr.i, pr.h, c, c == c_lo, ms.m, ms.l, ms.acc);
   }
 }
 
-/// Merges the global partials of one tile into out/lse (merge_tile over the whole CTA). Partials are
-/// read through L2 (ld.cg): other SMs wrote them during this launch.
+/// Merges the global partials of columns [c_lo, c_lo + width) of one tile into out/lse (merge_tile
+/// over the whole CTA). Partials are read through L2 (ld.cg): other SMs wrote them during this
+/// launch.
 template <bool kBF16, int kD, int kRows>
 __device__ __forceinline__ void combine_tile(const DecodeArgs& a, int32_t b, int32_t kv_head, int32_t row0,
-                                             int32_t rows) {
+                                             int32_t rows, int c_lo, int width) {
   const detail::KVCacheParams& p = a.p;
-  const int64_t lse_stride = int64_t(p.batch) * p.num_heads * p.seqlen_q;  // one partial's
+  const int64_t lse_slot = int64_t(p.batch) * p.num_heads * p.seqlen_q;  // one slot of a partial
+  const int64_t lse_stride = lse_slot * a.cluster;                          // one partial's
   const int64_t o_stride = int64_t(p.batch) * p.seqlen_q * p.num_heads * kD;
   merge_tile<kBF16, kD, kRows>(
-      a, b, kv_head, row0, rows, 0, kD, threadIdx.x, blockDim.x, a.num_partials, -1,
+      a, b, kv_head, row0, rows, c_lo, width, threadIdx.x, blockDim.x, a.num_partials, -1,
       [&](int r, int c, int32_t i, int32_t h, int32_t s, float& ls, float4& x) {
-        const float* lse_src = a.lse_partial + (int64_t(b) * p.num_heads + h) * p.seqlen_q + i;
+        const float* lse_src = a.lse_partial + (c_lo / width) * lse_slot + (int64_t(b) * p.num_heads + h) * p.seqlen_q + i;
         const float* o_src = a.o_partial + ((int64_t(b) * p.seqlen_q + i) * p.num_heads + h) * kD + c;
         ls = __ldcg(lse_src + s * lse_stride);
         x = __ldcg(reinterpret_cast<const float4*>(o_src + s * o_stride));

@@ -69,10 +69,13 @@ inline constexpr int32_t kDecodeMinBlocksPerSplit = 2;
 /// ... and uses at most this many splits,
 inline constexpr int32_t kDecodeMaxAutoSplits = 64;
 /// ... or this many for a launch of one tile (e.g. batch 1, one KV head) whose splits each keep at
-/// least kDecodeLongSplitBlocks key blocks: 7 clusters of 16 (decode_cluster_size), each merging
-/// its partials in DSMEM, against 4 at 64 splits (bench/results/history.md: dense and paged KV 128k
-/// 10% / 24% faster at 112 than 64 splits; 96 / 128 / 132 slower than 112; KV 32k alike at all).
+/// least kDecodeOneTileMinBlocks key blocks: 7 clusters of 16 (decode_cluster_size), each merging
+/// its partials in DSMEM, then every cluster rank's columns merged from the 7 cluster partials by
+/// the last of them (bench/results/history.md: dense and paged KV 32k-128k faster at 112 than at
+/// 64 splits; 128 / 132 slower than 112: they take two waves of clusters).
 inline constexpr int32_t kDecodeMaxAutoSplitsOneTile = 112;
+inline constexpr int32_t kDecodeOneTileMinBlocks = 2;
+/// Blocks per split past which a full tile's split count may pass kDecodeMaxAutoSplitsFullTile.
 inline constexpr int32_t kDecodeLongSplitBlocks = 16;
 /// Splits of one tile that merge through distributed shared memory, as one thread-block cluster
 /// (decode/kernel_decode.cuh): at most this many (a power of two that divides the split count;
@@ -84,6 +87,10 @@ inline constexpr int32_t kDecodeMaxCluster = 16;
 /// loads. Below it the global merge is shorter than a cluster launch's own cost (its barriers and
 /// scheduling; decode/README.md has the measurements).
 inline constexpr int64_t kDecodeClusterMinMergeBytes = 192 * 1024;
+/// ... or at least this many partials (4 merge batches, one round trip each, in one CTA): at d64 a
+/// merge of 64 partials of 8 rows is 128 KB, and clusters of 8 took GQA 8/1 at batch 1 from 9.84
+/// to 8.23 us at KV 8k and from 9.48 to 7.70 at 4k (GQA 32/8, 32 splits at KV 2k: 8.13 / 8.18).
+inline constexpr int32_t kDecodeClusterMinSplits = 32;
 /// The largest cluster every Hopper device schedules (CUDA's portable size). Where a launch leaves
 /// at least half the SMs free and a dense tile's splits fit one cluster of at most this many,
 /// that cluster merges them however short the merge (launch_decode.h decode_cluster_size), and
@@ -92,6 +99,10 @@ inline constexpr int64_t kDecodeClusterMinMergeBytes = 192 * 1024;
 /// 1.0 us faster than the global merge of as many splits, while clusters of 16 were not
 /// (bench/results/history.md).
 inline constexpr int32_t kDecodePortableCluster = 8;
+
+/// Partials a merge reads per round trip (decode/merge_decode.cuh merge_partials: all loads of a
+/// batch are issued before the first is used).
+inline constexpr int32_t kDecodeMergeBatch = 8;
 
 constexpr const HopperDecodeConfig* find_hopper_decode_config(int32_t headdim, int32_t headdim_v) {
   return find_bucket_row(kHopperDecodeConfigs, headdim, headdim_v);
