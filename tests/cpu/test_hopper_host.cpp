@@ -398,41 +398,41 @@ TEST(HopperHost, DecodeClusterSize) {
   const int64_t big = fa4::detail::kDecodeClusterMinMergeBytes;  // a merge worth a cluster
   for (const auto& e : expect) {
     const int64_t ctas = 8 * e[0];  // 8 tiles
-    EXPECT_EQ(decode_cluster_size(e[0], ctas, 264, 0, roomy, /*forced=*/true), e[1]) << e[0] << " splits";
-    EXPECT_EQ(e[0] % decode_cluster_size(e[0], ctas, 264, 0, roomy, true), 0) << e[0];
-    // Automatic: only within one wave and for a merge of kDecodeClusterMinMergeBytes or
-    // kDecodeClusterMinSplits partials or more.
-    EXPECT_EQ(decode_cluster_size(e[0], ctas, 264, big, roomy), ctas <= 264 ? e[2] : 1) << e[0] << " splits";
-    EXPECT_EQ(decode_cluster_size(e[0], ctas, 264, big - 1, roomy),
-              ctas <= 264 && e[0] >= fa4::detail::kDecodeClusterMinSplits ? e[2] : 1)
-        << e[0] << " splits";
+    EXPECT_EQ(decode_cluster_size(e[0], ctas, 264, 132, 0, roomy, /*forced=*/true), e[1]) << e[0] << " splits";
+    EXPECT_EQ(e[0] % decode_cluster_size(e[0], ctas, 264, 132, 0, roomy, true), 0) << e[0];
+    // Automatic: only within one wave and for a merge of kDecodeClusterMinMergeBytes or more (or
+    // of kDecodeClusterMinSplits partials at one CTA per SM: not these 8 tiles).
+    EXPECT_EQ(decode_cluster_size(e[0], ctas, 264, 132, big, roomy), ctas <= 264 ? e[2] : 1) << e[0] << " splits";
+    EXPECT_EQ(decode_cluster_size(e[0], ctas, 264, 132, big - 1, roomy), 1) << e[0] << " splits";
   }
   // One tile (GQA 8/1 at batch 1): 64 splits in 8 clusters of 8 (8 global partials: one batch),
   // 112 in 7 of 16 (clusters of 8 would leave 14 partials).
-  EXPECT_EQ(decode_cluster_size(64, 64, 132, big, roomy), 8);
-  EXPECT_EQ(decode_cluster_size(112, 112, 132, big, roomy), 16);
-  EXPECT_EQ(decode_cluster_size(64, 64, 132, 0, roomy, /*forced=*/true), 16);
-  EXPECT_EQ(decode_cluster_size(64, 64, 132, big / 2, roomy), 8);  // d64: a small merge of many partials
-  EXPECT_EQ(decode_cluster_size(16, 64, 264, big / 2, roomy), 1);  // few partials, small: global
+  EXPECT_EQ(decode_cluster_size(64, 64, 132, 132, big, roomy), 8);
+  EXPECT_EQ(decode_cluster_size(112, 112, 132, 132, big, roomy), 16);
+  EXPECT_EQ(decode_cluster_size(64, 64, 132, 132, 0, roomy, /*forced=*/true), 16);
+  EXPECT_EQ(decode_cluster_size(64, 64, 132, 132, big / 2, roomy), 8);  // d64: a small merge of many partials
+  EXPECT_EQ(decode_cluster_size(40, 120, 132, 132, big / 2, roomy), 8);  // 3 tiles at one CTA per SM
+  EXPECT_EQ(decode_cluster_size(64, 256, 264, 132, big / 2, roomy), 1);  // 4 tiles, 2 CTAs per SM: global
+  EXPECT_EQ(decode_cluster_size(16, 64, 264, 132, big / 2, roomy), 1);  // few partials, small: global
   // 256 CTAs fit one plain wave of 264; clusters of 16 hold 16 x 12 = 192 (a second wave): 8.
   fa4::hopper::DecodeClusterCapacity tight = roomy;
   tight.clusters[3] = 12;
-  EXPECT_EQ(decode_cluster_size(32, 256, 264, big, tight), 8);
+  EXPECT_EQ(decode_cluster_size(32, 256, 264, 132, big, tight), 8);
   tight.clusters[2] = 20;  // clusters of 8 hold 160: 4
-  EXPECT_EQ(decode_cluster_size(32, 256, 264, big, tight), 4);
+  EXPECT_EQ(decode_cluster_size(32, 256, 264, 132, big, tight), 4);
   // Forced, more than one plain wave: clusters may take as many waves (512 CTAs: 2).
-  EXPECT_EQ(decode_cluster_size(64, 512, 264, 0, tight, true), 4);
-  EXPECT_EQ(decode_cluster_size(64, 512, 264, big, tight), 1);
+  EXPECT_EQ(decode_cluster_size(64, 512, 264, 132, 0, tight, true), 4);
+  EXPECT_EQ(decode_cluster_size(64, 512, 264, 132, big, tight), 1);
   fa4::hopper::DecodeClusterCapacity none;  // no cluster launches at all
-  EXPECT_EQ(decode_cluster_size(16, 128, 264, big, none), 1);
-  EXPECT_EQ(decode_cluster_size(16, 128, 264, big, none, true), 1);
+  EXPECT_EQ(decode_cluster_size(16, 128, 264, 132, big, none), 1);
+  EXPECT_EQ(decode_cluster_size(16, 128, 264, 132, big, none, true), 1);
   // A small dense launch (half the SMs free): a tile's splits in one cluster of at most 8 whatever
   // the merge size; not 16, not a count that is no power of two, not where the clusters do not fit.
-  EXPECT_EQ(decode_cluster_size(8, 64, 264, 0, roomy, false, /*small_dense=*/true), 8);
-  EXPECT_EQ(decode_cluster_size(4, 32, 264, 0, roomy, false, true), 4);
-  EXPECT_EQ(decode_cluster_size(2, 2, 264, 0, roomy, false, true), 2);
-  EXPECT_EQ(decode_cluster_size(8, 64, 264, 0, roomy), 1);
-  EXPECT_EQ(decode_cluster_size(16, 64, 264, 0, roomy, false, true), 1);
+  EXPECT_EQ(decode_cluster_size(8, 64, 264, 132, 0, roomy, false, /*small_dense=*/true), 8);
+  EXPECT_EQ(decode_cluster_size(4, 32, 264, 132, 0, roomy, false, true), 4);
+  EXPECT_EQ(decode_cluster_size(2, 2, 264, 132, 0, roomy, false, true), 2);
+  EXPECT_EQ(decode_cluster_size(8, 64, 264, 132, 0, roomy), 1);
+  EXPECT_EQ(decode_cluster_size(16, 64, 264, 132, 0, roomy, false, true), 1);
   // Room for one cluster per tile: half the SMs free, or full tiles within 2/3 of the wave.
   using fa4::hopper::decode_cluster_room;
   EXPECT_TRUE(decode_cluster_room(66, 264, 132, false));
@@ -441,12 +441,12 @@ TEST(HopperHost, DecodeClusterSize) {
   EXPECT_TRUE(decode_cluster_room(176, 264, 132, true));
   EXPECT_TRUE(decode_cluster_room(256, 396, 132, true));  // a 128-query chunk at d64, 4 splits
   EXPECT_FALSE(decode_cluster_room(256, 264, 132, true));
-  EXPECT_EQ(decode_cluster_size(16, 64, 264, big, roomy, false, true), 16);
-  EXPECT_EQ(decode_cluster_size(6, 48, 264, 0, roomy, false, true), 1);
-  EXPECT_EQ(decode_cluster_size(8, 64, 264, 0, none, false, true), 1);
+  EXPECT_EQ(decode_cluster_size(16, 64, 264, 132, big, roomy, false, true), 16);
+  EXPECT_EQ(decode_cluster_size(6, 48, 264, 132, 0, roomy, false, true), 1);
+  EXPECT_EQ(decode_cluster_size(8, 64, 264, 132, 0, none, false, true), 1);
   fa4::hopper::DecodeClusterCapacity few = roomy;
   few.clusters[2] = 7;  // 8 tiles need 8 clusters of 8
-  EXPECT_EQ(decode_cluster_size(8, 64, 264, 0, few, false, true), 1);
+  EXPECT_EQ(decode_cluster_size(8, 64, 264, 132, 0, few, false, true), 1);
   // An on/off override: auto (-1), its off and on values, a bad value refused and leaving it as was.
   auto check_knob = [](const char* name, int8_t fa4::detail::KernelOverrides::*field, const char* off,
                        const char* on, const char* bad) {
@@ -601,9 +601,15 @@ TEST(HopperHost, DecodeSplitCount) {
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 32);
   p.num_heads = 64;
   p.num_heads_kv = 4;
-  p.seqlen_q = 1;  // a decode step with a group of 16: one CTA per SM (132 / 4 = 33) as for any step
-  p.key_capacity = 131072;
-  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 33);
+  p.seqlen_q = 1;  // a decode step with a group of 16: one CTA per SM (132 / 4 = 33) as for any
+  p.key_capacity = 131072;  // step, cut to a multiple of 8 for the cluster merge: 32
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 32);
+  p.num_heads_kv = 5;  // 5 tiles: 26 splits, no cluster merge at that count: kept
+  p.num_heads = 80;
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 26);
+  p.num_heads_kv = 3;  // 3 tiles: 44 -> 40
+  p.num_heads = 48;
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 40);
 }
 
 TEST(HopperHost, DecodeTile) {

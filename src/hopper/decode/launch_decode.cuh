@@ -106,7 +106,7 @@ void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, con
   const int64_t merge_bytes =
       int64_t(a.num_splits) * std::min<int64_t>(rows, kRows) * p.headdim_v * int64_t(sizeof(float));
   a.cluster = ctx.decode_cluster != 0 && a.num_splits > 1
-                  ? decode_cluster_size(a.num_splits, ctas, wave, merge_bytes,
+                  ? decode_cluster_size(a.num_splits, ctas, wave, ctx.num_sms, merge_bytes,
                                         cluster_capacity_once<Key, Smem>(kernel, p.device.index),
                                         ctx.decode_cluster == 1,
                                         !p.paged && decode_cluster_room(ctas, wave, ctx.num_sms, decode_full_tiles(p, tile)))

@@ -87,9 +87,13 @@ inline constexpr int32_t kDecodeMaxCluster = 16;
 /// loads. Below it the global merge is shorter than a cluster launch's own cost (its barriers and
 /// scheduling; decode/README.md has the measurements).
 inline constexpr int64_t kDecodeClusterMinMergeBytes = 192 * 1024;
-/// ... or at least this many partials (4 merge batches, one round trip each, in one CTA): at d64 a
-/// merge of 64 partials of 8 rows is 128 KB, and clusters of 8 took GQA 8/1 at batch 1 from 9.84
-/// to 8.23 us at KV 8k and from 9.48 to 7.70 at 4k (GQA 32/8, 32 splits at KV 2k: 8.13 / 8.18).
+/// ... or, in a launch of at most one CTA per SM, at least this many partials (4 merge batches, one
+/// round trip each, in one CTA): at d64 a merge of 64 partials of 8 rows is 128 KB, and clusters
+/// of 8 took GQA 8/1 at batch 1 from 9.84 to 8.23 us at KV 8k and from 9.48 to 7.70 at 4k; GQA 8/1
+/// d128 at batch 3 (40 splits, 180 KB) 13.79 -> 10.75 (GQA 32/8 at batch 1, 32 splits: equal).
+/// With 2 CTAs per SM (paged GQA 32/8 at batch 1: 4 tiles of 64 splits) clusters lost 5% at KV 8k.
+/// The one-CTA-per-SM split count is cut to a multiple of kDecodePortableCluster from this many
+/// (launch_decode.h decode_num_splits).
 inline constexpr int32_t kDecodeClusterMinSplits = 32;
 /// The largest cluster every Hopper device schedules (CUDA's portable size). Where a launch leaves
 /// at least half the SMs free and a dense tile's splits fit one cluster of at most this many,
