@@ -117,6 +117,10 @@ TEST(HopperDecode, HeadDimsAndPadding) {
     const fa4::test::ScopedOverride cluster("decode_cluster", "1");
     c.num_splits = 16;
     run_case(c);
+    // More splits than a cluster: CTA q of each cluster writes its columns' partial and the last
+    // to arrive at the tile's counter q merges them, padding-only ranks included (they write none).
+    c.num_splits = 32;
+    run_case(c);
   }
 }
 
