@@ -383,18 +383,18 @@ TEST(HopperHost, BackwardDqStagingIsABijection) {
 }  // namespace
 
 // The decode's cluster of splits (decode/launch_decode.h): the largest power of two up to 16 that
-// divides the split count and keeps the launch in as few waves as the plain launch (forced), and
-// automatically the largest up to 8 where its partials fit one merge batch unless one cluster holds
-// every split; 1 (no cluster) for odd counts or where no cluster size fits; all of a tile's splits
+// divides the split count and keeps the launch in as few waves as the plain launch (forced, and
+// automatically past one CTA per SM), at one CTA per SM the largest up to 8 where its partials fit
+// one merge batch unless one cluster holds every split; 1 (no cluster) for odd counts or where no cluster size fits; all of a tile's splits
 // (up to 8) in a small dense launch. And its override.
 TEST(HopperHost, DecodeClusterSize) {
   using fa4::hopper::decode_cluster_size;
   fa4::hopper::DecodeClusterCapacity roomy;  // sizes 2, 4, 8 hold 264 CTAs at once, 16 holds 256
   roomy.clusters[0] = 132; roomy.clusters[1] = 66; roomy.clusters[2] = 33; roomy.clusters[3] = 16;
-  // {splits, forced, automatic (8 tiles within one wave)}
+  // {splits, forced, automatic (8 tiles, within one wave: up to 32 splits; 0 unused)}
   const int expect[][3] = {{1, 1, 1},   {2, 2, 2},   {3, 1, 1},   {4, 4, 4},   {6, 2, 2},
                            {7, 1, 1},   {8, 8, 8},   {12, 4, 4},  {16, 16, 16}, {24, 8, 8},
-                           {32, 16, 8}, {48, 16, 0}, {64, 16, 0}, {96, 16, 0},  {256, 16, 0}};
+                           {32, 16, 16}, {48, 16, 0}, {64, 16, 0}, {96, 16, 0},  {256, 16, 0}};
   const int64_t big = fa4::detail::kDecodeClusterMinMergeBytes;  // a merge worth a cluster
   for (const auto& e : expect) {
     const int64_t ctas = 8 * e[0];  // 8 tiles
@@ -413,6 +413,7 @@ TEST(HopperHost, DecodeClusterSize) {
   EXPECT_EQ(decode_cluster_size(64, 64, 132, 132, big / 2, roomy), 8);  // d64: a small merge of many partials
   EXPECT_EQ(decode_cluster_size(40, 120, 132, 132, big / 2, roomy), 8);  // 3 tiles at one CTA per SM
   EXPECT_EQ(decode_cluster_size(64, 256, 264, 132, big / 2, roomy), 1);  // 4 tiles, 2 CTAs per SM: global
+  EXPECT_EQ(decode_cluster_size(32, 256, 264, 132, big, roomy), 16);     // ... and its big merges keep 16
   EXPECT_EQ(decode_cluster_size(16, 64, 264, 132, big / 2, roomy), 1);  // few partials, small: global
   // 256 CTAs fit one plain wave of 264; clusters of 16 hold 16 x 12 = 192 (a second wave): 8.
   fa4::hopper::DecodeClusterCapacity tight = roomy;
@@ -604,12 +605,14 @@ TEST(HopperHost, DecodeSplitCount) {
   p.seqlen_q = 1;  // a decode step with a group of 16: one CTA per SM (132 / 4 = 33) as for any
   p.key_capacity = 131072;  // step, cut to a multiple of 8 for the cluster merge: 32
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 32);
-  p.num_heads_kv = 5;  // 5 tiles: 26 splits, no cluster merge at that count: kept
+  p.num_heads_kv = 5;  // 5 tiles: 26 splits, under kDecodeClusterMinSplits: not cut
   p.num_heads = 80;
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 26);
   p.num_heads_kv = 3;  // 3 tiles: 44 -> 40
   p.num_heads = 48;
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 40);
+  p.key_capacity = 35 * 64;  // ... but 35 blocks: 35 splits of one block each, not cut (32 would
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 35);  // leave 18 splits of 2 and 14 empty)
 }
 
 TEST(HopperHost, DecodeTile) {

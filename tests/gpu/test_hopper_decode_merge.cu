@@ -97,9 +97,9 @@ TEST(HopperDecode, GraphReplayFollowsCacheSeqlens) {
 // in split order: bitwise the result of the global merge (override decode_cluster = 0) for split
 // counts one cluster of the portable size holds whole (2, 4, 8; clusters forced: decode_cluster =
 // 1). With 16 (one cluster of 16 where the device schedules it, else two of 8 and a global merge of
-// their partials), 24, 64 and 112 (clusters of 8 and 16, then the global merge; at 64 and 112 the
-// automatic rule picks the clusters itself, 256 / 448 KB of partials per tile), and with the global
-// merge alone, each within the accuracy rule (run_case). A call whose splits form one cluster of 8
+// their partials), 24, 64 and 112 (clusters of 8 and 16, then the global merge; at 64 the
+// automatic rule picks clusters itself, 256 KB of partials per tile; at 112, two waves, it does
+// not), and with the global merge alone, each within the accuracy rule (run_case). A call whose splits form one cluster of 8
 // per tile needs no scratch: captured, it is one kernel node (this also proves the clusters were
 // used).
 TEST(HopperDecode, ClusterMergeMatchesTheGlobalMerge) {

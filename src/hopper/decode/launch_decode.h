@@ -39,7 +39,8 @@ inline bool decode_full_tiles(const detail::KVCacheParams& p, const detail::Deco
 /// the cache can hold (key_capacity: the host never reads cache_seqlens, so a captured graph
 /// replays for any lengths):
 ///   * one CTA per SM (num_sms / tiles splits, at most one per key block, not rounded to a power
-///     of two, but from kDecodeClusterMinSplits down to a multiple of 8) for a dense cache wherever that covers at least 2/3 of the SMs, and for any cache
+///     of two, but from kDecodeClusterMinSplits down to a multiple of 8 unless there are no
+///     more splits than blocks) for a dense cache wherever that covers at least 2/3 of the SMs, and for any cache
 ///     whose keys fit in kDecodeMinBlocksPerSplit blocks per split: a CTA alone on its SM streams
 ///     as fast as two sharing it, the merge reads half the partials, and a short split's first
 ///     block waits for DRAM with nothing to overlap while a second CTA would only share the SM's
@@ -86,7 +87,8 @@ inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::H
     // Enough splits for a cluster merge (decode_cluster_size): a multiple of the portable cluster,
     // so that the partials merge in clusters instead of all in one CTA (33 -> 32 at 4 tiles, equal
     // time; 44 -> 40 at 3 tiles, GQA 8/1 batch 3 KV 8k 13.79 -> 10.75 us).
-    if (s >= detail::kDecodeClusterMinSplits) s -= s % detail::kDecodePortableCluster;
+    // Not where the splits take one block each: the cut would double a split's blocks.
+    if (s >= detail::kDecodeClusterMinSplits && s < blocks) s -= s % detail::kDecodePortableCluster;
   } else {
     // wave / tiles >= 2 here (tiles * 2 <= wave), so s >= 1 in both branches.
     s = std::min(wave / tiles, std::max<int64_t>(1, blocks / detail::kDecodeMinBlocksPerSplit));
@@ -136,14 +138,14 @@ struct DecodeClusterCapacity {
 /// partial goes through global scratch) unless the launch fits one wave of `wave` CTAs and one
 /// tile's global merge would read at least kDecodeClusterMinMergeBytes (`merge_bytes`), or
 /// kDecodeClusterMinSplits partials where the launch has at most one CTA per SM (of `num_sms`);
-/// then the largest power of two C up to kDecodeMaxCluster that
-/// divides `splits` and still runs the launch in one wave (clusters are placed whole within a GPC,
-/// so the device holds fewer CTAs in clusters than alone), except that the largest such C up to
-/// kDecodePortableCluster is taken where its splits / C global partials fit one merge batch
-/// (kDecodeMergeBatch) and C = splits is not possible: each cluster rank's columns then merge in
-/// one round trip to L2, and the smaller cluster's barrier and its own merge are shorter (H200,
-/// GQA 8/1, batch 1, KV 8k, 64 splits: 8 clusters of 8 9.19 us against 4 of 16 9.82; at 112
-/// splits 16 stays: 7 partials against 14).
+/// then the largest power of two C up to kDecodeMaxCluster that divides `splits` and still runs
+/// the launch in one wave (clusters are placed whole within a GPC, so the device holds fewer CTAs
+/// in clusters than alone). Except, at one CTA per SM where C = splits is not possible: the largest
+/// such C up to kDecodePortableCluster whose splits / C global partials fit one merge batch
+/// (kDecodeMergeBatch), so that each cluster rank's columns merge in one round trip to L2 and the
+/// smaller cluster's barrier and its own merge are shorter (H200, GQA 8/1, batch 1, KV 8k, 64
+/// splits: 8 clusters of 8 9.19 us against 4 of 16 9.82; at 112 splits 16 stays: 7 partials
+/// against 14).
 /// A tile's global partials are splits / C. `forced` (override decode_cluster = 1,
 /// for the tests) drops the one-wave and merge-size conditions: the largest C that runs the launch
 /// in as many waves as the plain launch. `small_dense` (a dense cache whose launch has room for
@@ -166,9 +168,10 @@ inline int32_t decode_cluster_size(int32_t splits, int64_t ctas, int64_t wave, i
       best = c;
       if (c <= detail::kDecodePortableCluster && splits / c <= detail::kDecodeMergeBatch) portable = c;
     }
-  // Automatic: a cluster of up to the portable size where its partials meet in one global merge
-  // batch, unless a larger cluster holds every split (then no global merge at all).
-  return forced || best == splits || portable == 1 ? best : portable;
+  // Automatic, at one CTA per SM (where it was measured): a cluster of up to the portable size
+  // where its partials meet in one global merge batch, unless a larger cluster holds every split
+  // (then no global merge at all).
+  return forced || ctas > num_sms || best == splits || portable == 1 ? best : portable;
 }
 
 /// Whether a dense-cache launch of `ctas` CTAs (of a wave of `wave`) on `num_sms` SMs has room for

@@ -1,7 +1,7 @@
 // src/hopper/decode/merge_decode.cuh — the split-KV merge of the decode kernel (kernel_decode.cuh):
-// through global scratch by the last CTA of each (sequence, kv head x row tile) to arrive, or
-// through distributed shared memory within a thread-block cluster, both with the shared merge maths
-// of core/softmax.h.
+// through distributed shared memory within a thread-block cluster, and through global scratch by
+// the last CTA of each (sequence, kv head x row tile) to arrive, or, after clusters, of each (tile,
+// cluster rank) for that rank's columns; all with the shared merge maths of core/softmax.h.
 #pragma once
 
 #include <cstdint>

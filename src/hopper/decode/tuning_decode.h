@@ -90,7 +90,8 @@ inline constexpr int64_t kDecodeClusterMinMergeBytes = 192 * 1024;
 /// ... or, in a launch of at most one CTA per SM, at least this many partials (4 merge batches, one
 /// round trip each, in one CTA): at d64 a merge of 64 partials of 8 rows is 128 KB, and clusters
 /// of 8 took GQA 8/1 at batch 1 from 9.84 to 8.23 us at KV 8k and from 9.48 to 7.70 at 4k; GQA 8/1
-/// d128 at batch 3 (40 splits, 180 KB) 13.79 -> 10.75 (GQA 32/8 at batch 1, 32 splits: equal).
+/// d128 at batch 3 (44 splits merged in one CTA -> 40 in clusters of 8, 160 KB) 13.79 -> 10.75
+/// (GQA 32/8 at batch 1, 33 -> 32 splits: equal).
 /// With 2 CTAs per SM (paged GQA 32/8 at batch 1: 4 tiles of 64 splits) clusters lost 5% at KV 8k.
 /// The one-CTA-per-SM split count is cut to a multiple of kDecodePortableCluster from this many
 /// (launch_decode.h decode_num_splits).
