@@ -39,9 +39,10 @@ inline bool decode_full_tiles(const detail::KVCacheParams& p, const detail::Deco
 /// the cache can hold (key_capacity: the host never reads cache_seqlens, so a captured graph
 /// replays for any lengths):
 ///   * one CTA per SM (num_sms / tiles splits, at most one per key block, not rounded to a power
-///     of two, but from kDecodeClusterMinSplits down to a multiple of 8 unless there are no
-///     more splits than blocks) for a dense cache wherever that covers at least 2/3 of the SMs, and for any cache
-///     whose keys fit in kDecodeMinBlocksPerSplit blocks per split: a CTA alone on its SM streams
+///     of two, but from kDecodeClusterMinSplits down to a multiple of 8 where there are more
+///     blocks than splits) for a dense cache wherever that covers at least 2/3 of the SMs, and
+///     for any cache whose keys fit in kDecodeMinBlocksPerSplit blocks per split: a CTA alone on
+///     its SM streams
 ///     as fast as two sharing it, the merge reads half the partials, and a short split's first
 ///     block waits for DRAM with nothing to overlap while a second CTA would only share the SM's
 ///     issue slots. Below 2/3 the busy SMs cannot draw the HBM bandwidth; a paged CTA also waits
