@@ -192,10 +192,11 @@ constexpr int64_t kSmallQMaxRows = 128;
 /// rows (batch * num_heads_kv * row tiles walks, split over the SMs) at about the forward's time
 /// per walk once it fills the GPU; the rule counts narrow 16-row tiles (what it was measured
 /// with; the wide tile, decode/launch_decode.h decode_tile, only takes launches with far more
-/// block steps than the SMs, where the decode kernel is the faster either way). It is taken when its walks fit in the forward's waves: always
-/// for one row tile (decode steps: 1.7-3.1x faster), and for up to 128 rows where the forward
-/// tiles leave SMs idle (1.4-1.6x at 8 forward tiles, 1.0-1.1x at 16-32); at 64 forward tiles of
-/// 64 rows the decode kernel took 1.7x the forward's time.
+/// block steps than the SMs, where the decode kernel is the faster either way). It is taken when
+/// its walks fit in the forward's waves: always for one row tile (decode steps: 1.7-3.1x faster),
+/// and for up to 128 rows where the forward tiles leave SMs idle (1.4-1.6x at 8 forward tiles,
+/// 1.0-1.1x at 16-32); at 64 forward tiles of 64 rows the decode kernel took 1.7x the forward's
+/// time.
 std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& p, std::string* name) {
   const int8_t forced = detail::kernel_overrides().small_q_decode;
   if (forced == 0 || p.is_varlen || p.seqlen_q <= 0 || p.seqlen_k <= 0) return std::nullopt;
@@ -399,7 +400,7 @@ std::string kvcache_support(const detail::KVCacheParams& p, std::string* kernel_
            std::to_string(detail::kDecodeMaxSplits);
   // Counted in narrow tiles: a wide tile's launch has fewer, and what the selector accepts does not
   // depend on the tile choice or its override.
-  const int64_t row_tiles = (decode_rows(p) + detail::kDecodeNarrowRows - 1) / detail::kDecodeNarrowRows;
+  const int64_t row_tiles = decode_row_tiles(p, detail::kDecodeNarrowRows);
   if (p.batch > 65535 || p.num_heads_kv > 65535 || int64_t(p.num_heads_kv) * row_tiles > 65535)
     return "the Hopper decode kernel handles at most 65535 sequences and 65535 (kv head, 16-row query "
            "tile) pairs per sequence (num_heads_kv * ceil(seqlen_q * num_heads / num_heads_kv / 16))";

@@ -95,7 +95,7 @@ void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, con
   a.async_error = ctx.async_error;
   a.group = p.num_heads / p.num_heads_kv;
   const int64_t rows = decode_rows(p);
-  a.row_tiles = int32_t((rows + kRows - 1) / kRows);
+  a.row_tiles = int32_t(decode_row_tiles(p, kRows));
   a.num_splits = decode_num_splits(p, c, ctx.num_sms, tile);
   auto kernel = decode::decode_kernel<kBF16, kHeadDim, c.block_n, kStages, kRowWarps>;
   using Key = decode::DecodeKernelKey<kBF16, kHeadDim, kRows>;

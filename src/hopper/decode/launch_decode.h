@@ -16,9 +16,14 @@ namespace fa4::hopper {
 /// Packed query rows per KV head (pack-GQA: seqlen_q x group).
 inline int64_t decode_rows(const detail::FwdParams& p) { return int64_t(p.seqlen_q) * (p.num_heads / p.num_heads_kv); }
 
+/// Row tiles of `tile_rows` rows per KV head.
+inline int64_t decode_row_tiles(const detail::FwdParams& p, int64_t tile_rows) {
+  return (decode_rows(p) + tile_rows - 1) / tile_rows;
+}
+
 /// Row tiles of `tile_rows` rows over all sequences and KV heads.
 inline int64_t decode_tiles(const detail::FwdParams& p, int64_t tile_rows) {
-  return int64_t(p.batch) * p.num_heads_kv * ((decode_rows(p) + tile_rows - 1) / tile_rows);
+  return int64_t(p.batch) * p.num_heads_kv * decode_row_tiles(p, tile_rows);
 }
 
 /// Key blocks of the largest sequence the cache can hold (at least 1): shapes only, never
