@@ -35,20 +35,20 @@ struct NaiveMirrors {
 };
 
 /// exact: the float64 oracle. Otherwise the same-precision baseline: every intermediate rounded
-/// to the dtype; for fp32 with an exp2 emulation share it uses the polynomial for EVERY P (the worst split),
+/// to the dtype; for fp32 with an exp2 emulation share it uses the polynomial for EVERY P (the worst share),
 /// so the rule compares against an fp32 naive attention built from the same exp2 primitive (16-bit
 /// inputs round P to 2^-9 / 2^-12 anyway, which dominates; their baseline keeps std::exp).
 /// d_from_stored_out (exact only): the oracle's backward takes D from the stored out (see
 /// stored_out_slack).
 inline NaiveMirrors run_naive(const detail::BwdParams& p, const OutputSet& shapes, bool exact,
-                              bool backward, Exp2Emulation split, bool d_from_stored_out = false) {
+                              bool backward, Exp2Emulation emulation, bool d_from_stored_out = false) {
   NaiveMirrors m(shapes);
   MirrorWriter w = m.writer();
   if (exact) {
     cpu::naive::forward<double>(p, cpu::naive::NoRounding{}, w);
     if (backward) cpu::naive::backward<double>(p, cpu::naive::NoRounding{}, w, d_from_stored_out);
   } else {
-    const cpu::naive::RoundToDtype rnd{p.dtype, p.dtype == DType::kFP32 && split.emulated > 0};
+    const cpu::naive::RoundToDtype rnd{p.dtype, p.dtype == DType::kFP32 && emulation.emulated > 0};
     cpu::naive::forward<float>(p, rnd, w);
     if (backward) cpu::naive::backward<float>(p, rnd, w);
   }
@@ -87,11 +87,11 @@ struct FirstOrderSlack {
   double grad(const Mirror& ref) const { return (2 * eps + lse_rel) * max_abs_written(ref); }
 };
 
-inline FirstOrderSlack first_order_slack(DType dtype, Exp2Emulation split, double vmax,
+inline FirstOrderSlack first_order_slack(DType dtype, Exp2Emulation emulation, double vmax,
                                          const Mirror& ref_lse) {
   FirstOrderSlack s;
   if (dtype != DType::kFP32) return s;
-  if (split.emulated > 0) {
+  if (emulation.emulated > 0) {
     s.eps = Exp2Poly3::max_rel_error;
     s.vmax = vmax;
   }
@@ -156,30 +156,54 @@ inline double stored_out_slack(const Mirror& got, const Mirror& exact) {
   return r;
 }
 
+/// Query and key rows the call writes, over all sequences, from the shapes and the host-readable
+/// cu_seqlens / seqused_k directly (not core/params.h's seq_info_host, which the oracle uses): a
+/// query row gets out, lse and dq whether or not it sees a key; a key row inside its sequence
+/// (below seqused_k) gets dk and dv, zero where no query sees it.
+struct WrittenRows {
+  int64_t q = 0, k = 0;
+};
+inline WrittenRows written_rows(const detail::BwdParams& p) {
+  WrittenRows r;
+  if (!p.is_varlen) return {int64_t(p.batch) * p.seqlen_q, int64_t(p.batch) * p.seqlen_k};
+  for (int32_t b = 0; b < p.batch; ++b) {
+    r.q += p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+    r.k += p.seqused_k ? p.seqused_k[b] : p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+  }
+  return r;
+}
+
 /// Checks out and lse (and dq, dk, dv, dsink with `backward`) of `tested` against the oracle;
 /// `poisoned` holds the outputs as they were before the run (for the untouched check). p: the
-/// validated params of the problem (host pointers, inputs only are read); split: the exp2 emulation share
+/// validated params of the problem (host pointers, inputs only are read); emulation: the exp2 emulation share
 /// the tested implementation used; vmax: max|v| over the value tensor.
 inline std::vector<Accuracy> check_outputs(const detail::BwdParams& p, const OutputSet& tested,
                                            const OutputSet& poisoned, bool backward, bool sink,
-                                           Exp2Emulation split, double vmax) {
-  const NaiveMirrors ref = run_naive(p, tested, true, backward, split);
-  const NaiveMirrors nv = run_naive(p, tested, false, backward, split);
-  const FirstOrderSlack sl = first_order_slack(p.dtype, split, vmax, ref.l);
+                                           Exp2Emulation emulation, double vmax) {
+  const NaiveMirrors ref = run_naive(p, tested, true, backward, emulation);
+  const NaiveMirrors nv = run_naive(p, tested, false, backward, emulation);
+  const FirstOrderSlack sl = first_order_slack(p.dtype, emulation, vmax, ref.l);
   const DType dt = p.dtype;
   std::vector<Accuracy> acc;
-  acc.push_back(check_accuracy("out", *tested.out, *poisoned.out, ref.o, nv.o, dt, sl.out(ref.o)));
-  acc.push_back(check_accuracy("lse", *tested.lse, *poisoned.lse, ref.l, nv.l, DType::kFP32, sl.lse()));
+  const WrittenRows rows = written_rows(p);
+  // The forward writes nothing when there is no query row; the backward then still zeroes dk / dv
+  // (and dsink).
+  const int64_t heads = p.num_heads, heads_kv = p.num_heads_kv;
+  acc.push_back(check_accuracy("out", *tested.out, *poisoned.out, ref.o, nv.o, dt, sl.out(ref.o),
+                               rows.q * heads * p.headdim_v));
+  acc.push_back(check_accuracy("lse", *tested.lse, *poisoned.lse, ref.l, nv.l, DType::kFP32, sl.lse(), rows.q * heads));
   if (backward) {
-    const NaiveMirrors ref_stored_o = run_naive(p, tested, true, backward, split, /*d_from_stored_out=*/true);
+    const NaiveMirrors ref_stored_o = run_naive(p, tested, true, backward, emulation, /*d_from_stored_out=*/true);
     acc.push_back(check_accuracy("dq", *tested.dq, *poisoned.dq, ref.gq, nv.gq, dt,
-                                 sl.grad(ref.gq) + stored_out_slack(ref_stored_o.gq, ref.gq)));
+                                 sl.grad(ref.gq) + stored_out_slack(ref_stored_o.gq, ref.gq), rows.q * heads * p.headdim));
     acc.push_back(check_accuracy("dk", *tested.dk, *poisoned.dk, ref.gk, nv.gk, dt,
-                                 sl.grad(ref.gk) + stored_out_slack(ref_stored_o.gk, ref.gk)));
-    acc.push_back(check_accuracy("dv", *tested.dv, *poisoned.dv, ref.gv, nv.gv, dt, sl.grad(ref.gv)));
+                                 sl.grad(ref.gk) + stored_out_slack(ref_stored_o.gk, ref.gk),
+                                 rows.k * heads_kv * p.headdim));
+    acc.push_back(check_accuracy("dv", *tested.dv, *poisoned.dv, ref.gv, nv.gv, dt, sl.grad(ref.gv),
+                                 rows.k * heads_kv * p.headdim_v));
     if (sink)
       acc.push_back(check_accuracy("dsink", *tested.dsink, *poisoned.dsink, ref.gs, nv.gs,
-                                   DType::kFP32, sl.grad(ref.gs) + dsink_propagated_slack(p, ref.o, ref.l)));
+                                   DType::kFP32, sl.grad(ref.gs) + dsink_propagated_slack(p, ref.o, ref.l), heads));
   }
   return acc;
 }

@@ -142,14 +142,20 @@ struct Accuracy {
   std::string name;
   double err = 0, naive_err = 0, atol = 0, extra = 0;  // extra: documented algorithmic slack
   int64_t checked = 0, bad_nonfinite = 0, touched_outside = 0, naive_nonfinite = 0;
+  /// Elements the problem's shape says the call writes, counted from the shapes and indices on
+  /// their own (not from the oracle); -1: not given. A check where the oracle wrote fewer (say,
+  /// none) would otherwise pass on an output that was never written.
+  int64_t expected = -1;
   double bound() const { return 2.0 * naive_err + atol + extra; }
   bool ok() const {
-    return bad_nonfinite == 0 && touched_outside == 0 && naive_nonfinite == 0 && err <= bound();
+    return bad_nonfinite == 0 && touched_outside == 0 && naive_nonfinite == 0 && err <= bound() &&
+           (expected < 0 || checked == expected);
   }
   std::string str() const {
     std::ostringstream s;
     s << name << ": err " << err << " naive " << naive_err << " atol " << atol << " extra " << extra
-      << " bound " << bound() << " (n=" << checked << ", nonfinite " << bad_nonfinite
+      << " bound " << bound() << " (n=" << checked << (expected >= 0 && checked != expected ? " of expected " : "")
+      << (expected >= 0 && checked != expected ? std::to_string(expected) : std::string()) << ", nonfinite " << bad_nonfinite
       << ", touched outside " << touched_outside << ", naive nonfinite " << naive_nonfinite << ")";
     return s.str();
   }
@@ -157,13 +163,15 @@ struct Accuracy {
 
 /// Applies the rule to `out` (the tested tensor) against ref64 and the same-precision naive run.
 /// Elements the oracle did not write must still equal `poisoned` bitwise (untouched). Where ref64
-/// is NaN the output must be NaN; where it is +-inf the output must equal it exactly.
+/// is NaN the output must be NaN; where it is +-inf the output must equal it exactly. expected:
+/// the count of elements the call must write (Accuracy::expected), -1 if not given.
 inline Accuracy check_accuracy(const std::string& name, const HostTensor& out,
                                const HostTensor& poisoned, const Mirror& ref, const Mirror& naive,
-                               DType out_dtype, double extra = 0.0) {
+                               DType out_dtype, double extra = 0.0, int64_t expected = -1) {
   Accuracy a;
   a.name = name;
   a.extra = extra;
+  a.expected = expected;
   for (int64_t i = 0; i < out.numel(); ++i) {
     if (!ref.written[size_t(i)]) {
       if (!out.element_bits_equal(poisoned, i)) ++a.touched_outside;

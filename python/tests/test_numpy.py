@@ -193,7 +193,23 @@ def test_varlen_forward(rng, dtype, opts):
 
 
 # ---- backward -----------------------------------------------------------------------------------
-def _check_backward(rng, dtype, q, k, v, *, varlen_rows=None, **opts):
+def _varlen_inside_rows(n_q, n_k, cu_seqlens_q, cu_seqlens_k, seqused_k=None):
+    """(q rows, k rows) bool masks of the varlen rows inside a sequence: q rows in
+    [cu_seqlens_q[b], cu_seqlens_q[b+1]), k rows in [cu_seqlens_k[b], cu_seqlens_k[b+1]) (only the
+    first seqused_k[b] of them when seqused_k is given). The library writes exactly these rows of
+    dq / dk, dv (zeros for keys no query sees) and leaves every other row untouched."""
+    inside_q = np.zeros(n_q, dtype=bool)
+    inside_k = np.zeros(n_k, dtype=bool)
+    for b in range(len(cu_seqlens_q) - 1):
+        inside_q[int(cu_seqlens_q[b]):int(cu_seqlens_q[b + 1])] = True
+        k0, k1 = int(cu_seqlens_k[b]), int(cu_seqlens_k[b + 1])
+        if seqused_k is not None:
+            k1 = k0 + int(seqused_k[b])
+        inside_k[k0:k1] = True
+    return inside_q, inside_k
+
+
+def _check_backward(rng, dtype, q, k, v, **opts):
     sink = opts.get("sink")
     fwd_opts = {**_exp2_opts(dtype), **opts}
     out = np.full(q.shape[:-1] + (v.shape[-1],), POISON, dtype=dtype)
@@ -209,14 +225,22 @@ def _check_backward(rng, dtype, q, k, v, *, varlen_rows=None, **opts):
     ref_opts = {kk: vv for kk, vv in opts.items() if kk not in ("max_seqlen_q", "max_seqlen_k")}
     r64 = ref.attention(q, k, v, dout=dout, **ref_opts)
     rp = ref.attention(q, k, v, dout=dout, precision="plain", **ref_opts)
-    rows = slice(None) if varlen_rows is None else slice(0, varlen_rows)
-    for name, got, i in (("dq", dq, 2), ("dk", dk, 3), ("dv", dv, 4)):
-        sel = rows if name == "dq" else slice(None)
-        if name != "dq" and varlen_rows is not None:
-            # dk/dv rows outside sequences / past seqused_k: untouched by contract.
-            touched = got != POISON
-            got = np.where(touched, got, 0)
-        ref.assert_close_rule(name, got[sel], r64[i][sel], rp[i][sel], dtype, atol_scale=4.0)
+    if opts.get("cu_seqlens_q") is not None:
+        inside_q, inside_k = _varlen_inside_rows(q.shape[0], k.shape[0], opts["cu_seqlens_q"],
+                                                 opts["cu_seqlens_k"], opts.get("seqused_k"))
+    else:  # batched: every row is inside
+        inside_q = np.ones(q.shape[0], dtype=bool)
+        inside_k = np.ones(k.shape[0], dtype=bool)
+    for name, got, i, inside in (("dq", dq, 2, inside_q), ("dk", dk, 3, inside_k),
+                                 ("dv", dv, 4, inside_k)):
+        # Rows outside every sequence (and dk/dv rows past seqused_k) are untouched by contract;
+        # every row inside is written, a zero gradient included (keys no query sees), so no
+        # POISON may survive there. (A zero check alone would pass an unwritten row whose true
+        # gradient is 0 if the accuracy rule were applied to POISON replaced by 0.)
+        assert np.all(got[~inside] == POISON), f"{name}: a row outside every sequence was written"
+        assert not np.any(got[inside] == POISON), f"{name}: a row inside a sequence was not written"
+        ref.assert_close_rule(name, got[inside], r64[i][inside], rp[i][inside], dtype,
+                              atol_scale=4.0)
     if sink is not None:
         ref.assert_close_rule("dsink", dsink, r64[5], rp[5], np.float32, atol_scale=4.0)
 
@@ -236,13 +260,15 @@ def test_backward_matches_fp64(rng, dtype, opts):
     _check_backward(rng, dtype, q, k, v, **opts)
 
 
+@pytest.mark.parametrize("seqused", [None, [7, 3, 50, 0]], ids=["all_keys", "seqused_k"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=_dtype_id)
-def test_varlen_backward(rng, dtype):
+def test_varlen_backward(rng, dtype, seqused):
+    # Sequence 1 has no query and 5 keys: its dk/dv rows must be written, as zeros.
     lens_q, lens_k = [7, 0, 40, 16], [7, 5, 60, 16]
     q, k, v, cu_q, cu_k = _varlen_inputs(rng, dtype, lens_q, lens_k, 4, 1, 32, 32)
-    _check_backward(rng, dtype, q, k, v, varlen_rows=int(cu_q[-1]), cu_seqlens_q=cu_q,
-                    cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
-                    causal=True)
+    extra = {} if seqused is None else dict(seqused_k=np.array(seqused, dtype=np.int32))
+    _check_backward(rng, dtype, q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                    max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k), causal=True, **extra)
 
 
 def test_deterministic_backward_is_bitwise_reproducible(rng):
@@ -310,6 +336,25 @@ def test_python_side_errors(rng):
     ref = fa4.flash_attn_func(q, k, v, causal=True)
     for flag in (1, np.bool_(True), np.int64(1)):
         np.testing.assert_array_equal(fa4.flash_attn_func(q, k, v, causal=flag), ref)
+    # Float options: numbers only, with an error naming the option (float() would parse a string
+    # and raise its own TypeError for None). return_lse is a flag like causal.
+    for name, bad in (("softcap", None), ("softcap", "3"), ("softcap", True),
+                      ("softmax_scale", "0.5"), ("exp2_emulation_fraction", b"0")):
+        with pytest.raises(fa4.InvalidArgumentError,
+                           match=rf"^fa4.flash_attn_func: {name} = .* must be a float$"):
+            fa4.flash_attn_func(q, k, v, **{name: bad})
+    kv = dict(cache_seqlens=np.array([q.shape[1]], np.int32))
+    for call in (lambda **kw: fa4.flash_attn_func(q, k, v, **kw),
+                 lambda **kw: fa4.flash_attn_varlen_func(
+                     q[0], k[0], v[0], np.array([0, 16], np.int32), np.array([0, 16], np.int32),
+                     16, 16, **kw),
+                 lambda **kw: fa4.flash_attn_with_kvcache(q, k, v, **kv, **kw)):
+        with pytest.raises(fa4.InvalidArgumentError, match=r"softcap = None must be a float$"):
+            call(softcap=None)
+        with pytest.raises(fa4.InvalidArgumentError, match=r"return_lse = 'yes' must be a bool$"):
+            call(return_lse="yes")
+        out, lse = call(softcap=np.float32(3.0), return_lse=np.True_)
+        np.testing.assert_array_equal(call(softcap=3, return_lse=0), out)
     # An index tensor of the wrong dtype is told the index rule, not the value dtypes.
     cu = np.array([0, q.shape[1]], np.int64)
     with pytest.raises(fa4.InvalidArgumentError, match=r"cu_seqlens_q must be int32$"):

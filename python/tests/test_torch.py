@@ -3,8 +3,10 @@ with no graph break, CUDA (where a GPU is present). Skipped, loudly, where torch
 
 from __future__ import annotations
 
+import re
 import zlib
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: torch tests skipped")
@@ -138,6 +140,58 @@ def test_errors_are_fa4_errors(gen):
     with pytest.raises(fa4.InvalidArgumentError,
                        match=r"^fa4::forward_with_kvcache: v_cache\.ndim = 3 .* must be 4: v_cache is"):
         fa4.flash_attn_with_kvcache(q, q, q[0])
+
+
+def test_scalar_options_are_checked(gen):
+    # Float options are checked as the NumPy path checks them, with an error naming the option and
+    # the function: never float()'s TypeError for None, never a string silently parsed. return_lse
+    # is a flag (a bool or 0 / 1), never Python truthiness.
+    q = _randn(gen, (1, 8, 2, 16), torch.float32)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    calls = {
+        "fa4.flash_attn_func": lambda **kw: fa4.flash_attn_func(q, q, q, **kw),
+        "fa4.flash_attn_varlen_func": lambda **kw: fa4.flash_attn_varlen_func(
+            q[0], q[0], q[0], cu, cu, 8, 8, **kw),
+        "fa4.flash_attn_with_kvcache": lambda **kw: fa4.flash_attn_with_kvcache(q, q, q, **kw),
+    }
+    for fn, call in calls.items():
+        for name, bad in (("softcap", None), ("softcap", "3"), ("softcap", True),
+                          ("softmax_scale", "0.5"), ("rescale_threshold", "8"),
+                          ("exp2_emulation_fraction", [0.5])):
+            with pytest.raises(fa4.InvalidArgumentError,
+                               match=rf"^{re.escape(fn)}: {name} = {re.escape(repr(bad))} must be a float$"):
+                call(**{name: bad})
+        for bad in ("yes", None, 2):
+            with pytest.raises(fa4.InvalidArgumentError,
+                               match=rf"^{re.escape(fn)}: return_lse = {re.escape(repr(bad))} must be a bool$"):
+                call(return_lse=bad)
+        # Numbers of other types are taken as their float value; 0 / 1 (and NumPy's) as flags.
+        ref_out, ref_lse = call(softcap=3.0, softmax_scale=0.5, return_lse=True)
+        for softcap, scale, flag in ((3, np.float32(0.5), 1), (np.float64(3.0), 0.5, np.True_)):
+            out, lse = call(softcap=softcap, softmax_scale=scale, return_lse=flag)
+            assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+        assert torch.equal(call(softcap=3, softmax_scale=0.5, return_lse=0), ref_out)
+
+
+def test_compile_fullgraph_float_options(gen):
+    # The option checks run in traced Python: float options given as the compiled function's
+    # arguments (dynamo may make them symbolic after the first recompilation) and ints / NumPy
+    # scalars as constants compile with no graph break and equal the eager calls.
+    q = _randn(gen, (1, 16, 2, 32), torch.float32)
+
+    def f(q, scale, softcap):
+        return fa4.flash_attn_func(q, q, q, softmax_scale=scale, softcap=softcap, causal=True,
+                                   exp2_emulation_fraction=0.0)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    for scale, softcap in ((0.25, 3.0), (0.3, 4.0), (0.35, 5.0)):
+        torch.testing.assert_close(compiled(q, scale, softcap), f(q, scale, softcap), rtol=0, atol=0)
+    g = torch.compile(lambda q: fa4.flash_attn_func(q, q, q, softcap=3, softmax_scale=np.float32(0.5),
+                                                    return_lse=1)[0], fullgraph=True,
+                      backend="aot_eager")
+    torch.testing.assert_close(g(q), fa4.flash_attn_func(q, q, q, softcap=3.0, softmax_scale=0.5),
+                               rtol=0, atol=0)
 
 
 def test_describe_torch_packs_every_field():
@@ -281,13 +335,21 @@ CUDA_CASES = [
 CUDA_IDS = ["gqa", "causal_mqa", "window", "decode", "softcap_sink"]
 
 
+# The library's reason for a head-dim bucket left out of a partial build (src/hopper/hopper_api.cu);
+# the C++ GPU tests skip on the same substring (tests/gpu/gpu_test_util.cuh).
+_NOT_COMPILED = "was not compiled in this build"
+
+
 def _skip_without_forward_kernel(q, k, v, opts):
-    """Skips (naming the reason) a case whose forward this libfa4 has no kernel for, e.g. a head-dim
-    bucket left out of a partial build (CMake FA4_HOPPER_HEADDIMS)."""
+    """Skips (naming the reason) a case whose forward kernel this build left out: a head-dim bucket
+    of a partial build (CMake FA4_HOPPER_HEADDIMS). Any other refusal fails the test: a full build
+    has a kernel for every case here, so a refusal is a regression, never a skip."""
     ok, why = fa4.forward_support(q, k, v, torch.empty_like(q), torch.empty(
         q.shape[0], q.shape[2], q.shape[1], device="cuda"), **opts)
     if not ok:
-        pytest.skip(f"no Hopper kernel for this case: {why}")
+        if _NOT_COMPILED in why:
+            pytest.skip(f"no Hopper kernel for this case in this build: {why}")
+        pytest.fail(f"fa4.forward_support refused a case the Hopper kernels must run: {why}")
 
 
 @needs_cuda
@@ -323,6 +385,8 @@ def test_cuda_runs_on_current_stream(gen):
 @pytest.mark.parametrize("cfg", CUDA_CASES, ids=CUDA_IDS)
 def test_cuda_autograd_matches_fp64(gen, dtype, cfg):
     # The Hopper backward through torch autograd: dq, dk, dv (and dsink) against float64 autograd.
+    if not fa4.has_cuda():
+        pytest.fail("a CUDA GPU is present but libfa4 was built without CUDA")
     q, k, v, opts = _run_case(gen, dtype, "cuda", cfg)
     _skip_without_forward_kernel(q, k, v, opts)
     out = fa4.flash_attn_func(q, k, v, **opts)

@@ -569,12 +569,37 @@ TEST(CpuApi, PublicEntryPointsRunTheCpuImplementations) {
       EXPECT_TRUE(pr.dv.bitwise_equal(dv0));
       EXPECT_TRUE(pr.dsink.bitwise_equal(ds0));
     } else {
-      HostTensor out_ref = pr.out;
+      const HostTensor out_api = pr.out, lse_api = pr.lse, dq_api = pr.dq, dk_api = pr.dk, dv_api = pr.dv,
+                       ds_api = pr.dsink;
       pr.poison_outputs();
       cpu::reference_forward(pr.p);
-      EXPECT_TRUE(pr.out.bitwise_equal(out_ref));
+      cpu::reference_backward(pr.p);
+      EXPECT_TRUE(pr.out.bitwise_equal(out_api));
+      EXPECT_TRUE(pr.lse.bitwise_equal(lse_api));
+      EXPECT_TRUE(pr.dq.bitwise_equal(dq_api));
+      EXPECT_TRUE(pr.dk.bitwise_equal(dk_api));
+      EXPECT_TRUE(pr.dv.bitwise_equal(dv_api));
+      EXPECT_TRUE(pr.dsink.bitwise_equal(ds_api));
+      // And the oracle is not the CPU FA4 implementation (a dispatch that ran kCpu would pass the
+      // comparisons above only if the two agreed bitwise, which 16-bit rounding rules out here).
+      EXPECT_FALSE(out_api.bitwise_equal(out0));
     }
   }
+}
+
+// Accuracy::ok() needs the expected count of written elements: an output the oracle did not
+// write either (say, after a regression in the shared sequence bounds) fails instead of passing
+// with nothing checked.
+TEST(CpuApi, AccuracyCheckNeedsTheExpectedElements) {
+  HostTensor out(DType::kFP32, {4}), poisoned(DType::kFP32, {4});
+  fill_poison(out);
+  fill_poison(poisoned);
+  const Mirror none(4);
+  const Accuracy a = check_accuracy("out", out, poisoned, none, none, DType::kFP32, 0.0, 4);
+  EXPECT_EQ(a.checked, 0);
+  EXPECT_FALSE(a.ok()) << a.str();
+  const Accuracy b = check_accuracy("out", out, poisoned, none, none, DType::kFP32, 0.0, 0);
+  EXPECT_TRUE(b.ok()) << b.str();
 }
 
 }  // namespace

@@ -426,10 +426,14 @@ TEST(HopperBwd, VarlenNaNInTheNextSequenceStaysThere) {
       // Sequence 1's input rows to NaN (0xFF bytes) and the gradients poisoned again, then the
       // backward again (out and lse of the finite forward: sequence 1's gradients become NaN, the
       // others' must come out bitwise as before).
-      auto poison_seq1 = [&](void* ptr, const fa4::test::HostTensor& t, const std::vector<int32_t>& cu, int64_t total) {
+      auto fill_seq1 = [&](void* ptr, const fa4::test::HostTensor& t, const std::vector<int32_t>& cu, int64_t total,
+                           int byte) {
         const size_t row = size_t(t.numel()) * fa4::dtype_size(t.dtype()) / size_t(total);
-        ASSERT_EQ(cudaMemset(static_cast<char*>(ptr) + size_t(cu[1]) * row, 0xFF, size_t(cu[2] - cu[1]) * row),
+        ASSERT_EQ(cudaMemset(static_cast<char*>(ptr) + size_t(cu[1]) * row, byte, size_t(cu[2] - cu[1]) * row),
                   cudaSuccess);
+      };
+      auto poison_seq1 = [&](void* ptr, const fa4::test::HostTensor& t, const std::vector<int32_t>& cu, int64_t total) {
+        fill_seq1(ptr, t, cu, total, 0xFF);
       };
       poison_seq1(at.q, p.q, p.seq.cu_q, p.seq.total_q());
       poison_seq1(at.dout, p.dout, p.seq.cu_q, p.seq.total_q());
@@ -437,6 +441,11 @@ TEST(HopperBwd, VarlenNaNInTheNextSequenceStaysThere) {
       poison_seq1(at.v, p.v, p.seq.cu_k, p.seq.total_k());
       for (auto [ptr, t] : {std::pair{at.dq, &p.dq}, std::pair{at.dk, &p.dk}, std::pair{at.dv, &p.dv}})
         ASSERT_EQ(cudaMemset(ptr, 0xFF, size_t(t->numel()) * fa4::dtype_size(t->dtype())), cudaSuccess);
+      // Sequence 1's gradient rows start finite (0), not as the 0xFF poison (itself a NaN), so a NaN
+      // found there below was written by the kernel.
+      fill_seq1(at.dq, p.dq, p.seq.cu_q, p.seq.total_q(), 0);
+      fill_seq1(at.dk, p.dk, p.seq.cu_k, p.seq.total_k(), 0);
+      fill_seq1(at.dv, p.dv, p.seq.cu_k, p.seq.total_k(), 0);
       fa4::cli::run_backward(p, dp.placement(), fa4::Backend::kCuda);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       dp.download_outputs();
@@ -455,17 +464,22 @@ TEST(HopperBwd, VarlenNaNInTheNextSequenceStaysThere) {
       same_outside_seq1(good_dq, p.dq, p.seq.cu_q, p.seq.total_q(), "dq");
       same_outside_seq1(good_dk, p.dk, p.seq.cu_k, p.seq.total_k(), "dk");
       same_outside_seq1(good_dv, p.dv, p.seq.cu_k, p.seq.total_k(), "dv");
-      // The poisoning reached the kernel: sequence 1's dq holds NaN (its rows with keys).
-      const std::vector<char> dq1 = tensor_bytes(p.dq);
-      const size_t q_row = dq1.size() / size_t(p.seq.total_q());
-      bool nan_seen = false;
-      for (int64_t r = p.seq.cu_q[1]; r < p.seq.cu_q[2] && !nan_seen; ++r)
-        for (int64_t c = 0; c < int64_t(q_row / 2) && !nan_seen; ++c) {
-          uint16_t x;  // bf16: NaN when the exponent is all ones and the mantissa is not zero
-          std::memcpy(&x, dq1.data() + size_t(r) * q_row + 2 * size_t(c), 2);
-          nan_seen = (x & 0x7F80) == 0x7F80 && (x & 0x007F) != 0;
-        }
-      EXPECT_TRUE(nan_seen) << "sequence 1's dq has no NaN: " << s.describe();
+      // The poisoning reached the kernel: sequence 1's dq, dk and dv rows (zeroed above) hold NaN
+      // (its rows that see a key, its keys that a query sees).
+      auto seq1_has_nan = [&](const fa4::test::HostTensor& t, const std::vector<int32_t>& cu, int64_t total) {
+        const std::vector<char> got = tensor_bytes(t);
+        const size_t row = got.size() / size_t(total);
+        for (int64_t r = cu[1]; r < cu[2]; ++r)
+          for (size_t c = 0; c + 2 <= row; c += 2) {
+            uint16_t x;  // bf16: NaN when the exponent is all ones and the mantissa is not zero
+            std::memcpy(&x, got.data() + size_t(r) * row + c, 2);
+            if ((x & 0x7F80) == 0x7F80 && (x & 0x007F) != 0) return true;
+          }
+        return false;
+      };
+      EXPECT_TRUE(seq1_has_nan(p.dq, p.seq.cu_q, p.seq.total_q())) << "sequence 1's dq has no NaN: " << s.describe();
+      EXPECT_TRUE(seq1_has_nan(p.dk, p.seq.cu_k, p.seq.total_k())) << "sequence 1's dk has no NaN: " << s.describe();
+      EXPECT_TRUE(seq1_has_nan(p.dv, p.seq.cu_k, p.seq.total_k())) << "sequence 1's dv has no NaN: " << s.describe();
     }
 }
 
