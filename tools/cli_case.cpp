@@ -63,7 +63,7 @@ std::string CaseSpec::describe() const {
     for (size_t i = 0; i < values->size(); ++i) s << (i ? "," : "") << (*values)[i];
   }
   if (rescale_threshold != 8.0f) s << " tau=" << rescale_threshold;
-  if (exp2_fraction) s << " exp2_fraction=" << *exp2_fraction;
+  if (exp2_emulation_fraction) s << " exp2_emulation_fraction=" << *exp2_emulation_fraction;
   if (backward) s << (deterministic ? " +bwd(deterministic)" : " +bwd");
   s << " device=" << device << " seed=" << seed;
   return s.str();
@@ -184,7 +184,7 @@ BackwardOptions make_options(const Problem& p, const Placement& at, Backend back
     if (at.used_k) o.seqused_k = view_at(p.seqused_k, at.used_k, at.device);
   }
   o.rescale_threshold = s.rescale_threshold;
-  o.exp2_emulation_fraction = s.exp2_fraction;
+  o.exp2_emulation_fraction = s.exp2_emulation_fraction;
   o.backend = backend;
   o.deterministic = s.deterministic;
   return o;

@@ -40,7 +40,7 @@ struct CaseSpec {
   std::vector<int32_t> lens_k;             ///< varlen: these key lengths (one per sequence) instead
   std::vector<int32_t> used_k;             ///< varlen: seqused_k (one per sequence, <= its length)
   float rescale_threshold = 8.0f;
-  std::optional<float> exp2_fraction;
+  std::optional<float> exp2_emulation_fraction;
   std::string device = "cpu";
   uint64_t seed = 0;
   bool backward = false;

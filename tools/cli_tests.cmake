@@ -20,7 +20,7 @@ add_test(NAME cli.check.fp16_sq_gt_sk_causal_dv
          COMMAND ${_fa4} check --dtype fp16 --seqlen-q 300 --seqlen-k 100 --causal --headdim 40
                  --headdim-v 72 --backward --seed 3)
 add_test(NAME cli.check.exp2_all_emulated_tau0
-         COMMAND ${_fa4} check --exp2-fraction 1 --rescale-threshold 0 --seed 4)
+         COMMAND ${_fa4} check --exp2-emulation-fraction 1 --rescale-threshold 0 --seed 4)
 set_tests_properties(cli.check.default cli.check.bwd_gqa_varlen_causal_sink
   cli.check.fp32_window_softcap_bwd cli.check.fp16_sq_gt_sk_causal_dv cli.check.exp2_all_emulated_tau0
   PROPERTIES LABELS "cpu;cli")

@@ -46,14 +46,14 @@ constexpr int kGpuWarmup = 10, kGpuReps = 50;
 struct CaseFlags {
   CaseSpec spec;
   float softmax_scale = 0.0f;
-  float exp2_fraction = 0.0f;
+  float exp2_emulation_fraction = 0.0f;
   CLI::Option* scale_opt = nullptr;
   CLI::Option* exp2_opt = nullptr;
 
   CaseSpec resolve() const {
     CaseSpec s = spec;
     if (scale_opt->count() > 0) s.softmax_scale = softmax_scale;
-    if (exp2_opt->count() > 0) s.exp2_fraction = exp2_fraction;
+    if (exp2_opt->count() > 0) s.exp2_emulation_fraction = exp2_emulation_fraction;
     return s;
   }
 };
@@ -80,7 +80,7 @@ void add_case_options(CLI::App* app, CaseFlags& f) {
   app->add_flag("--varlen", s.varlen, "packed layout with random lengths in [1, seqlen]");
   app->add_option("--rescale-threshold", s.rescale_threshold, "lazy-rescaling threshold tau (log2 units)")
       ->capture_default_str();
-  f.exp2_opt = app->add_option("--exp2-fraction", f.exp2_fraction,
+  f.exp2_opt = app->add_option("--exp2-emulation-fraction", f.exp2_emulation_fraction,
                                "share of exp2 done by the FMA polynomial (multiple of 1/16); "
                                "default: the kernel's tuned value");
   app->add_option("--device", s.device, "where the implementation under test runs")
@@ -99,7 +99,7 @@ json spec_json(const CaseSpec& s) {
             {"varlen", s.varlen}, {"rescale_threshold", s.rescale_threshold},
             {"device", s.device}, {"seed", s.seed}, {"backward", s.backward},
             {"deterministic", s.deterministic}};
-  j["exp2_fraction"] = s.exp2_fraction ? json(*s.exp2_fraction) : json(nullptr);
+  j["exp2_emulation_fraction"] = s.exp2_emulation_fraction ? json(*s.exp2_emulation_fraction) : json(nullptr);
   return j;
 }
 

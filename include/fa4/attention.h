@@ -108,9 +108,13 @@ struct AttentionOptions {
 };
 
 struct BackwardOptions : AttentionOptions {
-  /// Bitwise-reproducible dq/dk/dv (fixed summation order).
+  /// Bitwise-reproducible dq/dk/dv (fixed summation order). (forward() and forward_with_kvcache()
+  /// are bitwise repeatable on one device always: their partial results merge in a fixed order.)
   bool deterministic = false;
 };
+
+/// The largest explicit KVCacheOptions::num_splits (the decode merge reads one partial per split).
+inline constexpr int32_t kMaxNumSplits = 256;
 
 /// Options of forward_with_kvcache (flash-attn's flash_attn_with_kvcache): everything of
 /// AttentionOptions except varlen (cu_seqlens_q/k, seqused_k, max_seqlen_q/k must stay unset),
@@ -135,10 +139,10 @@ struct KVCacheOptions : AttentionOptions {
   /// j % page_size of page page_table[b][j / page_size]; entries for p >= ceil(seqlen_k(b) /
   /// page_size) are never read (may hold anything, e.g. -1).
   std::optional<TensorView> page_table;
-  /// Split-KV count of the CUDA decode kernel: 0 = automatic, >= 1 exactly that many key splits
-  /// (then combined; above the kernel's maximum the CUDA selector answers kUnsupported). Must be
-  /// >= 0. The CPU implementations ignore it (any value >= 0 gives the
-  /// same result); on CUDA, results of different split counts agree up to rounding, and one
+  /// Split-KV count of the CUDA decode kernel: 0 = automatic, 1..kMaxNumSplits exactly that many
+  /// key splits (then combined). Outside [0, kMaxNumSplits]: kInvalidArgument, on every backend.
+  /// The CPU implementations need no split (any valid count gives the same result, as a split
+  /// count does up to rounding); on CUDA, results of different split counts agree up to rounding, and one
   /// count's result is bitwise repeatable on one device (the order in which the splits merge can
   /// depend on how many thread-block clusters the device schedules, so two GPU models may differ
   /// in the last bits).
@@ -194,7 +198,7 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
 /// ERRORS. fa4::Error, nothing written, for every rule above plus: any varlen option set
 /// ("varlen q is not supported by forward_with_kvcache"), k_new without v_new (or the reverse),
 /// k_new without cache_seqlens, page_table together with cache_batch_idx, seqlen_new >
-/// key_capacity, num_splits < 0, and (k_new given) a k_cache/v_cache stride of 0 on a dim of
+/// key_capacity, num_splits outside [0, kMaxNumSplits], and (k_new given) a k_cache/v_cache stride of 0 on a dim of
 /// size > 1 (they are outputs then).
 /// CPU (host-resident) index tensors are checked before anything is written: cache_seqlens[b] in
 /// [0, key_capacity - seqlen_new]; cache_batch_idx[b] in [0, batch_cache), distinct with k_new;
@@ -221,8 +225,9 @@ void forward_with_kvcache(const TensorView& q, const TensorView& k_cache,
 /// wait for the GPU: synchronise the stream first to see the calls issued on it. Every CUDA
 /// forward() that launches a kernel calls it first, so an earlier error fails the next such call
 /// on the device (which then writes nothing), whichever stream or thread made the earlier one;
-/// (forward_with_kvcache() too); forward_support() does not report it. Without CUDA, or before
-/// any such CUDA call, a no-op.
+/// (forward_with_kvcache() and backward() too); forward_support() does not report it. Without
+/// CUDA, or before any such CUDA call, a no-op. Throws fa4::Error(kInvalidArgument) for a negative
+/// device_index, and, with CUDA, fa4::Error(kNoDevice) for an index no visible device has.
 void check_async_errors(int device_index);
 
 /// Answers "would forward() run on these arguments, and with which kernel?" without running.

@@ -128,7 +128,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
             query i sees key j iff i + sk - sq - left <= j <= i + sk - sq + right.
         softcap: 0 = off; else scores s -> softcap * tanh(s / softcap).
         sink: fp32 (num_heads,) learnable sink logits (joins the softmax denominator only).
-        deterministic: bitwise-reproducible backward.
+        deterministic: bitwise-reproducible backward (autograd on torch tensors); the forward is so
+            always (on one device), so a forward-only call (NumPy) needs nothing more.
         return_lse: also return lse.
         rescale_threshold: FA4 lazy-rescaling threshold tau in log2 units (paper Sec. 3);
             default the library's (8).
@@ -149,6 +150,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     Algorithm: FlashAttention-4 (arXiv 2603.05451): tiled online softmax with software exp2 and
     lazy rescaling; see include/fa4/attention.h for the full semantics.
     """
+    if return_lse is not True and return_lse is not False:  # a flag, never truthiness
+        return_lse = _core._bool(return_lse, "return_lse", "fa4.flash_attn_func")
     if _torch_ops is not None and (isinstance(q, _Tensor) or isinstance(k, _Tensor)
                                    or isinstance(v, _Tensor)):
         # _dispatch's torch branch with positional arguments (host time per call matters here)
@@ -184,6 +187,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         out (total_q, num_heads, headdim_v); with return_lse also lse (num_heads, total_q) fp32.
         Rows outside every sequence: out 0, lse -inf.
     """
+    if return_lse is not True and return_lse is not False:  # a flag, never truthiness
+        return_lse = _core._bool(return_lse, "return_lse", "fa4.flash_attn_varlen_func")
     if _torch_ops is not None and (isinstance(q, _Tensor) or isinstance(k, _Tensor)
                                    or isinstance(v, _Tensor)):
         out, lse = _torch_ops.attention(q, k, v, "fa4.flash_attn_varlen_func", cu_seqlens_q,
@@ -234,7 +239,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlen
         exp2_emulation_fraction, backend: as :func:`flash_attn_func`. Masks are bottom-right
             aligned per sequence against seqlen_k(b) = cache_seqlens[b] + seqlen_new, so with
             causal=True the last query sees every cached key.
-        num_splits: split-KV count of the CUDA decode kernel; 0 = automatic. No effect on CPU.
+        num_splits: split-KV count of the CUDA decode kernel, 0 (automatic) to 256; any valid
+            count gives the CPU's result (it needs no split).
         return_lse: also return lse.
 
     Returns:
@@ -250,6 +256,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlen
     only out and lse, so the call can be captured in a CUDA graph (with a tensor cache_seqlens).
     """
     fn = "fa4.flash_attn_with_kvcache"
+    if return_lse is not True and return_lse is not False:  # a flag, never truthiness
+        return_lse = _core._bool(return_lse, "return_lse", fn)
     if _torch_ops is not None and any(isinstance(x, _Tensor) for x in (q, k_cache, v_cache, k, v)):
         out, lse = _torch_ops.kvcache_attention(
             q, k_cache, v_cache, fn, k, v, cache_seqlens, cache_batch_idx, page_table,

@@ -226,12 +226,21 @@ def _bool(value, what: str, fn: str) -> bool:
 
 
 def _float(value, what: str, fn: str) -> float:
-    if type(value) is float:
+    """A real number as a Python float (ints and NumPy scalars too). Strings are refused although
+    float() would parse them (softcap="3" is a mistake, not a number), and so are bools (the flags'
+    type); None and other non-numbers get this message naming the option, not float()'s."""
+    if type(value) is float:  # the common cases, first
         return value
-    try:
+    if type(value) is int:
         return float(value)
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(f"{fn}: {what} = {value!r} must be a float") from None
+    if not isinstance(value, (str, bytes, bytearray, bool)):
+        np = sys.modules.get("numpy")
+        if np is None or not isinstance(value, np.bool_):
+            try:
+                return float(value)
+            except (TypeError, ValueError):
+                pass
+    raise InvalidArgumentError(f"{fn}: {what} = {value!r} must be a float")
 
 
 def normalize_window(window_size, fn: str):

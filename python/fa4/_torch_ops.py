@@ -358,6 +358,21 @@ class _FwdFunction(torch.autograd.Function):
 
 
 # ---- the user-facing torch path -------------------------------------------------------------------
+def _float_options(fn, softmax_scale, softcap, rescale_threshold, exp2_emulation_fraction):
+    """The float options as the NumPy path checks them (_core._float: the error names the option
+    and fn; None or a string is never float()'d). Plain floats and None (the library's default)
+    skip the check: host time per eager call matters here."""
+    if type(softmax_scale) is not float and softmax_scale is not None:
+        softmax_scale = _core._float(softmax_scale, "softmax_scale", fn)
+    if type(softcap) is not float:
+        softcap = _core._float(softcap, "softcap", fn)
+    if type(rescale_threshold) is not float and rescale_threshold is not None:
+        rescale_threshold = _core._float(rescale_threshold, "rescale_threshold", fn)
+    if type(exp2_emulation_fraction) is not float and exp2_emulation_fraction is not None:
+        exp2_emulation_fraction = _core._float(exp2_emulation_fraction, "exp2_emulation_fraction", fn)
+    return softmax_scale, softcap, rescale_threshold, exp2_emulation_fraction
+
+
 def attention(q, k, v, fn, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
               max_seqlen_q=0, max_seqlen_k=0, softmax_scale=None, causal=False,
               window_size=(-1, -1), softcap=0.0, sink=None, deterministic=False,
@@ -372,12 +387,11 @@ def attention(q, k, v, fn, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
                     "all numpy.ndarray")
     left, right = _core.normalize_window(window_size, fn)
     _core.backend_code(backend, fn)  # reject a bad name here, with this function's name
-    scalars = (max_seqlen_q, max_seqlen_k,
-               None if softmax_scale is None else float(softmax_scale),
-               _core._bool(causal, "causal", fn), left, right, float(softcap),
-               None if rescale_threshold is None else float(rescale_threshold),
-               None if exp2_emulation_fraction is None else float(exp2_emulation_fraction),
-               backend, _core._bool(deterministic, "deterministic", fn))
+    softmax_scale, softcap, rescale_threshold, exp2_emulation_fraction = _float_options(
+        fn, softmax_scale, softcap, rescale_threshold, exp2_emulation_fraction)
+    scalars = (max_seqlen_q, max_seqlen_k, softmax_scale, _core._bool(causal, "causal", fn), left,
+               right, softcap, rescale_threshold, exp2_emulation_fraction, backend,
+               _core._bool(deterministic, "deterministic", fn))
     if _use_custom_op(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k):
         return torch.ops.fa4.fwd(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, *scalars)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
@@ -488,11 +502,10 @@ def kvcache_attention(q, k_cache, v_cache, fn, k=None, v=None, cache_seqlens=Non
         # kernel on CUDA; under CUDA graph capture pass a tensor instead).
         value = _core._int32(int(cache_seqlens), "cache_seqlens", fn)
         cache_seqlens = torch.full((q.shape[0],), value, dtype=torch.int32, device=q.device)
-    scalars = (None if softmax_scale is None else float(softmax_scale),
-               _core._bool(causal, "causal", fn), left, right, float(softcap), num_splits,
-               None if rescale_threshold is None else float(rescale_threshold),
-               None if exp2_emulation_fraction is None else float(exp2_emulation_fraction),
-               backend)
+    softmax_scale, softcap, rescale_threshold, exp2_emulation_fraction = _float_options(
+        fn, softmax_scale, softcap, rescale_threshold, exp2_emulation_fraction)
+    scalars = (softmax_scale, _core._bool(causal, "causal", fn), left, right, softcap, num_splits,
+               rescale_threshold, exp2_emulation_fraction, backend)
     tensors = (q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, page_table, sink)
     if _use_custom_op(*tensors):
         return torch.ops.fa4.fwd_kvcache(*tensors, *scalars)

@@ -31,8 +31,8 @@ data stays NaN. The backward runs fa4's backward on each block with the final ou
 backward rebuilds P from lse and takes D = rowsum(dout * out) from the final out, so block gradients
 add up exactly). Transfers are ``torch.distributed`` P2P ops (``batch_isend_irecv``), started before
 the step's compute and waited for after it: on gloo (CPU tensors) they run beside the CPU compute;
-on NCCL they are meant to run on NCCL's streams, overlapped with the kernels — that path has not
-yet been run on several GPUs (tests: gloo, 2 and 4 CPU processes).
+on NCCL they are meant to run on NCCL's streams, overlapped with the kernels. The NCCL path is not
+tested on more than one GPU (the tests run gloo, in 2 and 4 CPU processes).
 
 Not checked (it would cost a collective per call): that every rank passes slices of one shape and
 the same options, and that causal inputs really are zigzag slices. A shape mismatch fails in gloo
@@ -464,6 +464,18 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, group=None, causal: bool 
     varlen = cu_seqlens is not None
     causal = _core._bool(causal, "causal", _FN)
     deterministic = _core._bool(deterministic, "deterministic", _FN)
+    return_lse = _core._bool(return_lse, "return_lse", _FN)
+    # The scalar options, checked as flash_attn_func checks them (the error names the option),
+    # before anything touches the process group.
+    o = dict(softmax_scale=None if softmax_scale is None
+             else _core._float(softmax_scale, "softmax_scale", _FN),
+             softcap=_core._float(softcap, "softcap", _FN), deterministic=deterministic,
+             backend=backend,
+             rescale_threshold=None if rescale_threshold is None
+             else _core._float(rescale_threshold, "rescale_threshold", _FN),
+             exp2_emulation_fraction=None if exp2_emulation_fraction is None
+             else _core._float(exp2_emulation_fraction, "exp2_emulation_fraction", _FN))
+    _core.backend_code(backend, _FN)  # a bad name is told with this function's name
     dims = 3 if varlen else 4
     layout = "(total, heads, headdim) with cu_seqlens" if varlen else "(batch, seqlen, heads, headdim)"
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -503,11 +515,6 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, group=None, causal: bool 
             f"{_FN}: sink must be an fp32 tensor of shape (num_heads,) = ({q.shape[-2]},) on q's "
             "device")
     ring = _Ring(group)
-    o = dict(softmax_scale=None if softmax_scale is None else float(softmax_scale),
-             softcap=float(softcap), deterministic=deterministic, backend=backend,
-             rescale_threshold=None if rescale_threshold is None else float(rescale_threshold),
-             exp2_emulation_fraction=(None if exp2_emulation_fraction is None
-                                      else float(exp2_emulation_fraction)))
     needs_grad = q.requires_grad or k.requires_grad or v.requires_grad or (
         sink is not None and sink.requires_grad)
     if torch.is_grad_enabled() and needs_grad:

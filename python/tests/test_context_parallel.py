@@ -193,6 +193,25 @@ def test_merge_weights_empty_parts_and_nan():
     assert torch.allclose(out, torch.tensor(2.0)) and torch.allclose(lse, torch.log(torch.tensor(2.0)))
 
 
+def test_ring_attention_checks_scalar_options():
+    # The options are checked before the process group is touched (none is initialised here), as
+    # flash_attn_func checks them: the error names the option and the function.
+    ring = fa4.context_parallel.ring_attention
+    fn = r"fa4\.context_parallel\.ring_attention"
+    q = torch.zeros(1, 4, 2, 16)
+    for name, bad in (("softcap", None), ("softcap", "3"), ("softmax_scale", "0.5"),
+                      ("rescale_threshold", "8"), ("exp2_emulation_fraction", True)):
+        with pytest.raises(fa4.InvalidArgumentError, match=rf"^{fn}: {name} = .* must be a float$"):
+            ring(q, q, q, **{name: bad})
+    with pytest.raises(fa4.InvalidArgumentError, match=rf"^{fn}: return_lse = 'yes' must be a bool$"):
+        ring(q, q, q, return_lse="yes")
+    with pytest.raises(fa4.InvalidArgumentError, match=rf"^{fn}: backend = 'gpu' must be one of"):
+        ring(q, q, q, backend="gpu")
+    if not dist.is_initialized():  # valid options reach the process-group check
+        with pytest.raises(fa4.InvalidArgumentError, match="not initialized"):
+            ring(q, q, q, softcap=3, softmax_scale=0.5, return_lse=1)
+
+
 def _spawn(world, seed):
     with tempfile.TemporaryDirectory() as d:
         mp.spawn(_worker, args=(world, os.path.join(d, "init"), seed), nprocs=world, join=True)

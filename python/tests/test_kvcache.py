@@ -214,7 +214,9 @@ def test_cpu_errors_name_the_tensor_and_write_nothing(gen):
          "cache_seqlens.dtype"),
         (dict(page_table=cache.table), "k_new/v_new need options.cache_seqlens"),
         (dict(cache_seqlens=3, page_table=cache.table, num_splits=-2),
-         "options.num_splits = -2 must be >= 0"),
+         "options.num_splits = -2 must be in [0, 256]"),
+        (dict(cache_seqlens=3, page_table=cache.table, num_splits=257),
+         "options.num_splits = 257 must be in [0, 256]"),
     ]
     for kwargs, needle in cases:
         with pytest.raises(fa4.InvalidArgumentError) as e:
@@ -262,8 +264,8 @@ CUDA_LAYOUT_IDS = ["dense", "paged16", "paged1"]
 @pytest.mark.parametrize("new,sq,causal", [(0, 1, False), (1, 1, True), (4, 4, True)],
                          ids=["decode", "append1", "append4_causal"])
 def test_cuda_kvcache_matches_fp64(gen, layout, num_splits, new, sq, causal):
-    if not fa4.has_cuda():
-        pytest.skip("libfa4 was built without CUDA")
+    if not fa4.has_cuda():  # (needs_cuda: a GPU is present, so the build is what is wrong)
+        pytest.fail("a CUDA GPU is present but libfa4 was built without CUDA")
     dtype = torch.bfloat16
     b, h, hkv, d = 4, 8, 2, 128
     cap = layout.get("capacity") or layout["page_size"] * layout["max_pages"]
@@ -289,8 +291,8 @@ def test_cuda_kvcache_matches_fp64(gen, layout, num_splits, new, sq, causal):
 def test_cuda_kvcache_graph_capture(gen):
     # Device-resident indices are not read by the host: the decode step captures in a CUDA graph
     # and every replay equals an eager call bitwise.
-    if not fa4.has_cuda():
-        pytest.skip("libfa4 was built without CUDA")
+    if not fa4.has_cuda():  # (needs_cuda: a GPU is present, so the build is what is wrong)
+        pytest.fail("a CUDA GPU is present but libfa4 was built without CUDA")
     dtype = torch.bfloat16
     cache = Cache(gen, b=2, h=8, hkv=2, d=128, dtype=dtype, lens=[100, 300], new=1, page_size=16,
                   max_pages=32, device="cuda")

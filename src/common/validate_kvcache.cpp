@@ -131,8 +131,9 @@ KVCacheParams make_kvcache_params(const TensorView& q_in, const TensorView& k_ca
   if (o.page_table.has_value() && o.cache_batch_idx.has_value())
     c.invalid("options.cache_batch_idx cannot be combined with options.page_table: a paged "
               "cache maps each sequence to its pages through page_table alone");
-  if (o.num_splits < 0)
-    c.invalid("options.num_splits = ", o.num_splits, " must be >= 0 (0 = automatic)");
+  if (o.num_splits < 0 || o.num_splits > kMaxNumSplits)
+    c.invalid("options.num_splits = ", o.num_splits, " must be in [0, ", kMaxNumSplits,
+              "] (0 = automatic)");
 
   // ---- each view on its own; the caches are outputs when appended to ----
   const Named q{"q", check_view(c, q_in, "q")};

@@ -14,7 +14,7 @@
 //     2^((m_old - m_new) * mult).
 //   * SOFTWARE exp2: for key column c of a tile (c relative to the tile start), P uses the FMA
 //     polynomial fa4::exp2_emulated when Exp2Emulation::uses_emulation(c), otherwise std::exp2 (the
-//     "hardware" unit). The split is p.exp2_emulation if the caller gave a fraction, else
+//     "hardware" unit). The emulation share is p.exp2_emulation if the caller gave a fraction, else
 //     default_exp2_emulation(dtype) (none for fp32). Key tiles start at multiples of kCpuTileN, as on the GPU.
 //
 // Per (batch, head, tile of kCpuTileM queries), key tiles of kCpuTileN:
@@ -65,7 +65,7 @@ struct FwdScratch {
 
 /// One score tile folded into the running (m, l, acc) of each row.
 template <class Acc>
-void accumulate_tile(const detail::FwdParams& p, Exp2Emulation split, int64_t rows, int64_t cols,
+void accumulate_tile(const detail::FwdParams& p, Exp2Emulation emulation, int64_t rows, int64_t cols,
                      FwdScratch<Acc>& t) {
   const int64_t dv = p.headdim_v;
   const float mult = tile::score_mult(p);
@@ -95,7 +95,7 @@ void accumulate_tile(const detail::FwdParams& p, Exp2Emulation split, int64_t ro
     for (int64_t j = 0; j < cols; ++j) {
       if (!vrow[j]) continue;  // masked: P is exactly 0 and the V row is not read
       const float x = std::fma(srow[j], mult, -m_scaled);
-      const float pj = split.uses_emulation(int32_t(j)) ? exp2_emulated(x) : std::exp2(x);
+      const float pj = emulation.uses_emulation(int32_t(j)) ? exp2_emulated(x) : std::exp2(x);
       rowsum += pj;
       const float pv = round_p ? detail::round_to(p.dtype, pj) : pj;
       const float* vj = t.v.data() + j * dv;
@@ -130,7 +130,7 @@ void finalize_tile(const detail::FwdParams& p, const detail::SeqInfo& si, const 
 }
 
 template <class Acc>
-void forward_tile(const detail::FwdParams& p, Exp2Emulation split, const tile::Work& w,
+void forward_tile(const detail::FwdParams& p, Exp2Emulation emulation, const tile::Work& w,
                   FwdScratch<Acc>& t) {
   const detail::SeqInfo si = detail::seq_info_host(p, w.b);
   const int64_t rows = std::min<int64_t>(kCpuTileM, si.seqlen_q - w.row0);
@@ -148,18 +148,18 @@ void forward_tile(const detail::FwdParams& p, Exp2Emulation split, const tile::W
     tile::load_rows(p, p.v, p.v_stride, w.b, si.k_row0 + n0, kvh, cols, dv, t.v.data());
     tile::score_tile(p, si, w.row0, n0, rows, cols, t.q.data(), t.kt.data(), t.s.data(),
                      t.vis.data(), nullptr);
-    accumulate_tile(p, split, rows, cols, t);
+    accumulate_tile(p, emulation, rows, cols, t);
   }
   finalize_tile(p, si, w, rows, t);
 }
 
 template <class Acc>
-void run_tiles(const detail::FwdParams& p, Exp2Emulation split, const std::vector<tile::Work>& work) {
+void run_tiles(const detail::FwdParams& p, Exp2Emulation emulation, const std::vector<tile::Work>& work) {
 #pragma omp parallel
   {
     FwdScratch<Acc> t(p);
 #pragma omp for schedule(dynamic)
-    for (size_t wi = 0; wi < work.size(); ++wi) forward_tile(p, split, work[wi], t);
+    for (size_t wi = 0; wi < work.size(); ++wi) forward_tile(p, emulation, work[wi], t);
   }
 }
 
@@ -167,13 +167,13 @@ void run_tiles(const detail::FwdParams& p, Exp2Emulation split, const std::vecto
 
 void flash_forward(const detail::FwdParams& p) {
   if (p.batch == 0 || p.total_q == 0 || p.num_heads == 0) return;
-  const Exp2Emulation split = p.exp2_fraction_given ? p.exp2_emulation : default_exp2_emulation(p.dtype);
+  const Exp2Emulation emulation = p.exp2_fraction_given ? p.exp2_emulation : default_exp2_emulation(p.dtype);
   const std::vector<tile::Work> work =
       tile::make_work(p, p.num_heads, kCpuTileM, [](const detail::SeqInfo& si) { return si.seqlen_q; });
   if (p.dtype == DType::kFP32)
-    run_tiles<double>(p, split, work);
+    run_tiles<double>(p, emulation, work);
   else
-    run_tiles<float>(p, split, work);
+    run_tiles<float>(p, emulation, work);
 }
 
 }  // namespace fa4::cpu

@@ -395,9 +395,6 @@ std::string kvcache_support(const detail::KVCacheParams& p, std::string* kernel_
   if (p.exp2_fraction_given && p.exp2_emulation.emulated > 0)
     return "exp2_emulation_fraction > 0 is not supported by the Hopper decode kernel (it is bandwidth-"
            "bound and computes every exponential on the MUFU unit); pass 0 or leave it unset";
-  if (p.num_splits > detail::kDecodeMaxSplits)
-    return "num_splits = " + std::to_string(p.num_splits) + " exceeds the decode kernel's maximum of " +
-           std::to_string(detail::kDecodeMaxSplits);
   // Counted in narrow tiles: a wide tile's launch has fewer, and what the selector accepts does not
   // depend on the tile choice or its override.
   const int64_t row_tiles = decode_row_tiles(p, detail::kDecodeNarrowRows);

@@ -211,25 +211,25 @@ TEST(Exp2Emulation, PatternIsPeriodicAndLaneUniform) {
   constexpr int kTileN = 128;
   constexpr int kGroup = 8;  // columns that share accumulator registers across MMA lanes
   for (int emulated = 0; emulated <= 16; ++emulated) {
-    const fa4::Exp2Emulation split{16, emulated};
-    EXPECT_DOUBLE_EQ(split.fraction(), emulated / 16.0);
+    const fa4::Exp2Emulation share{16, emulated};
+    EXPECT_DOUBLE_EQ(share.fraction(), emulated / 16.0);
     // Same share in every 128-column tile of a wider key block (col_in_tile up to 512).
     for (int tile = 0; tile < 4; ++tile) {
       int count = 0;
-      for (int c = 0; c < kTileN; ++c) count += split.uses_emulation(tile * kTileN + c);
+      for (int c = 0; c < kTileN; ++c) count += share.uses_emulation(tile * kTileN + c);
       EXPECT_EQ(count, emulated * kTileN / 16) << "emulated " << emulated << " tile " << tile;
     }
     for (int c = 0; c < 4 * kTileN; ++c) {
-      ASSERT_EQ(split.uses_emulation(c), split.uses_emulation(c - c % kGroup)) << c;
+      ASSERT_EQ(share.uses_emulation(c), share.uses_emulation(c - c % kGroup)) << c;
     }
   }
   // The emulated groups are the LAST ones of each period (the pattern the doc comment states).
-  const fa4::Exp2Emulation split{16, 2};
-  for (int c = 0; c < kTileN; ++c) EXPECT_EQ(split.uses_emulation(c), c >= 112) << c;
+  const fa4::Exp2Emulation share{16, 2};
+  for (int c = 0; c < kTileN; ++c) EXPECT_EQ(share.uses_emulation(c), c >= 112) << c;
   // Another period: 8 groups, 3 emulated -> 3/8 of the columns.
-  const fa4::Exp2Emulation split8{8, 3};
+  const fa4::Exp2Emulation share8{8, 3};
   int count = 0;
-  for (int c = 0; c < kTileN; ++c) count += split8.uses_emulation(c);
+  for (int c = 0; c < kTileN; ++c) count += share8.uses_emulation(c);
   EXPECT_EQ(count, 3 * kTileN / 8);
 }
 

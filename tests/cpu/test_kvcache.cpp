@@ -187,7 +187,7 @@ struct OffsetWriter {
 
 /// The oracle (exact) or the plain baseline over every sequence, from the expected caches.
 void reference(const KvProblem& pr, const HostTensor& ek, const HostTensor& ev, bool exact,
-               Exp2Emulation split, Mirror& mo, Mirror& ml) {
+               Exp2Emulation emulation, Mirror& mo, Mirror& ml) {
   const KvCase& c = pr.c;
   for (int b = 0; b < c.batch; ++b) {
     const int64_t sk = pr.seqlen_k(b);
@@ -231,7 +231,7 @@ void reference(const KvProblem& pr, const HostTensor& ek, const HostTensor& ev, 
     if (exact) {
       cpu::naive::forward<double>(f, cpu::naive::NoRounding{}, w);
     } else {
-      const cpu::naive::RoundToDtype rnd{c.dtype, c.dtype == DType::kFP32 && split.emulated > 0};
+      const cpu::naive::RoundToDtype rnd{c.dtype, c.dtype == DType::kFP32 && emulation.emulated > 0};
       cpu::naive::forward<float>(f, rnd, w);
     }
   }
@@ -250,16 +250,17 @@ void run_case(const KvCase& cs) {
   EXPECT_TRUE(pr.kc.bitwise_equal(ek)) << c.name << ": k_cache differs from the expected append";
   EXPECT_TRUE(pr.vc.bitwise_equal(ev)) << c.name << ": v_cache differs from the expected append";
 
-  const Exp2Emulation split = c.exp2_fraction
+  const Exp2Emulation emulation = c.exp2_fraction
                                   ? Exp2Emulation{16, int32_t(std::lround(*c.exp2_fraction * 16))}
                                   : cpu::default_exp2_emulation(c.dtype);
   Mirror ro(pr.out.numel()), rl(pr.lse.numel()), no(pr.out.numel()), nl(pr.lse.numel());
-  reference(pr, ek, ev, true, split, ro, rl);
-  reference(pr, ek, ev, false, split, no, nl);
+  reference(pr, ek, ev, true, emulation, ro, rl);
+  reference(pr, ek, ev, false, emulation, no, nl);
   const double vmax = std::max(max_abs_finite(pr.vc), c.seqlen_new ? max_abs_finite(pr.vn) : 0.0);
-  const FirstOrderSlack sl = first_order_slack(c.dtype, split, vmax, rl);
-  const Accuracy ao = check_accuracy("out", pr.out, out0, ro, no, c.dtype, sl.out(ro));
-  const Accuracy al = check_accuracy("lse", pr.lse, lse0, rl, nl, DType::kFP32, sl.lse());
+  const FirstOrderSlack sl = first_order_slack(c.dtype, emulation, vmax, rl);
+  // Every element of out and lse is written (no varlen: every query row of every sequence).
+  const Accuracy ao = check_accuracy("out", pr.out, out0, ro, no, c.dtype, sl.out(ro), pr.out.numel());
+  const Accuracy al = check_accuracy("lse", pr.lse, lse0, rl, nl, DType::kFP32, sl.lse(), pr.lse.numel());
   EXPECT_TRUE(ao.ok()) << c.name << " " << ao.str();
   EXPECT_TRUE(al.ok()) << c.name << " " << al.str();
   std::printf("[kvcache] %s | out %.2e/%.2e | lse %.2e/%.2e\n", c.name.c_str(), ao.err, ao.bound(),
@@ -370,15 +371,20 @@ TEST(KvCache, AppendWithoutQueries) {
   EXPECT_TRUE(pr.vc.bitwise_equal(ev));
 }
 
-// batch 0: nothing is read or written (null data is fine for empty tensors).
+// batch 0: nothing is read or written (null data is fine for empty tensors). Through
+// cache_batch_idx the cache keeps rows (batch_cache = 2), so "nothing written" is checked on real
+// elements.
 TEST(KvCache, EmptyBatchIsANoOp) {
-  KvCase c{.name = "b0", .batch = 0, .sq = 1, .seqlens = {}, .seqlen_new = 1};
+  KvCase c{.name = "b0", .batch = 0, .sq = 1, .seqlens = {}, .seqlen_new = 1, .batch_idx = true};
   KvProblem pr(c);
   pr.seqlens = HostTensor(DType::kInt32, {0});
   pr.opt.cache_seqlens = pr.seqlens.view();
-  const HostTensor k0 = pr.kc;
+  const HostTensor k0 = pr.kc, v0 = pr.vc;
+  ASSERT_GT(pr.kc.numel(), 0);
+  ASSERT_GT(pr.vc.numel(), 0);
   EXPECT_NO_THROW(pr.run(Backend::kCpu));
   EXPECT_TRUE(pr.kc.bitwise_equal(k0));
+  EXPECT_TRUE(pr.vc.bitwise_equal(v0));
 }
 
 // A sequence with no key at all: out 0 and lse -inf (or the sink), never NaN.

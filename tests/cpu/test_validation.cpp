@@ -321,3 +321,35 @@ INSTANTIATE_TEST_SUITE_P(Validation, BadInput, ::testing::ValuesIn(bad_cases()),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
+
+namespace {
+
+// check_async_errors takes an existing device's index: a negative one is an invalid argument in
+// every build, and with CUDA an index past the visible devices is NO_DEVICE (an index no kernel
+// could have run on; a silent "no error" would hide the caller's mistake).
+TEST(Validation, CheckAsyncErrorsNamesABadDeviceIndex) {
+  try {
+    fa4::check_async_errors(-1);
+    ADD_FAILURE() << "no fa4::Error for device_index -1";
+  } catch (const fa4::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("fa4::check_async_errors: device_index = -1 must be >= 0"),
+              std::string::npos)
+        << e.what();
+  }
+#if FA4_WITH_CUDA
+  {
+    try {
+      fa4::check_async_errors(1 << 20);
+      ADD_FAILURE() << "no fa4::Error for device_index 2^20";
+    } catch (const fa4::Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kNoDevice) << e.what();
+      EXPECT_NE(std::string(e.what()).find("cuda:1048576 does not exist"), std::string::npos) << e.what();
+    }
+  }
+#else
+  EXPECT_NO_THROW(fa4::check_async_errors(1 << 20));  // no kernel ever ran: nothing to report
+#endif
+}
+
+}  // namespace

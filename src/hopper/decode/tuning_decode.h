@@ -16,6 +16,7 @@
 
 #include <cstdint>
 
+#include "fa4/attention.h"
 #include "hopper/buckets.h"
 
 namespace fa4::detail {
@@ -62,8 +63,9 @@ inline constexpr int64_t kDecodeWideMinBlockSteps = 160;
 /// rows per KV head: chunked prefill, speculative decoding) fills the wave, with at most this many
 /// splits: each split adds a partial of 16 (or 64) whole rows to the merge.
 inline constexpr int32_t kDecodeMaxAutoSplitsFullTile = 8;
-/// Largest explicit num_splits (the merge reads every split's partial row).
-inline constexpr int32_t kDecodeMaxSplits = 256;
+/// Largest explicit num_splits: the API's (validated before selection), which the merge's
+/// arrival counters are sized for (merge_decode.cuh).
+inline constexpr int32_t kDecodeMaxSplits = kMaxNumSplits;
 /// The automatic split count gives each split at least this many key blocks.
 inline constexpr int32_t kDecodeMinBlocksPerSplit = 2;
 /// ... and uses at most this many splits,

@@ -16,7 +16,7 @@
 //     is exact. In the key loop's steady state the test runs on the exponentials themselves
 //     (step_from_running_max): no block max sits in front of the exps, and a moved max is read off
 //     them (up to the ex2/log2 rounding, which l and O share).
-//   * split exp2: entries of 8-column groups picked by Exp2Emulation::uses_emulation (same rule as the
+//   * exp2 emulation: entries of 8-column groups picked by Exp2Emulation::uses_emulation (same rule as the
 //     CPU) use the FMA-pipe polynomial fa4::exp2_emulated, the rest MUFU ex2.approx; the two pipes
 //     run in parallel.
 #pragma once
@@ -43,8 +43,8 @@ struct StaticExp2Emulation {
 /// Emulation share given per call (options.exp2_emulation_fraction): a branch per 8-column group
 /// whose condition is the same in every thread (uniform, no divergence).
 struct RuntimeExp2Emulation {
-  Exp2Emulation split;
-  __device__ __forceinline__ bool emulate(int group) const { return split.uses_emulation(group * 8); }
+  Exp2Emulation emulation;
+  __device__ __forceinline__ bool emulate(int group) const { return emulation.uses_emulation(group * 8); }
 };
 
 /// Period of every emulation share fa4::forward makes from an exp2_emulation_fraction (multiples
@@ -73,23 +73,23 @@ struct OnlineSoftmax {
   }
 
   /// Exponentials of one block: S -> P = 2^(s * scale_log2 + neg_m_scaled[r]) in place; this
-  /// thread's sums of its P per row go to `sum` (the caller adds them to row_sum). The split rule is
+  /// thread's sums of its P per row go to `sum` (the caller adds them to row_sum). The emulation rule is
   /// a compile-time property of each register for StaticExp2Emulation, a uniform branch for
   /// RuntimeExp2Emulation.
   /// kUnbounded: x may exceed 127 (step_from_running_max), where fa4::exp2_emulated's exponent
   /// bit-add would wrap into garbage; its input is then capped at 127 (p = 2^127 flags the block
   /// as overflowed; a NaN passes the comparison unchanged). MUFU saturates to +inf by itself.
-  template <bool kUnbounded = false, class Frag, class Split>
+  template <bool kUnbounded = false, class Frag, class Emulation>
   __device__ __forceinline__ static void exp_pass(Frag& s, float scale_log2, const float (&neg_m_scaled)[2],
-                                                  const Split& split, float (&sum)[2]) {
+                                                  const Emulation& emulation, float (&sum)[2]) {
     // Accumulated in locals, written out once: accumulating through the reference kept the sums in
-    // local memory (a store per exponential) in the runtime-split branch.
+    // local memory (a store per exponential) in the per-call emulation branch.
     float acc0 = 0.f, acc1 = 0.f;
 #pragma unroll
     for (int v = 0; v < kFragSize; ++v) {
       float x = fmaf(s(v), scale_log2, neg_m_scaled[(v >> 1) & 1]);
-      if (kUnbounded && split.emulate(v >> 2)) x = x > kMaxEmulatedInput ? kMaxEmulatedInput : x;
-      const float p = split.emulate(v >> 2) ? fa4::exp2_emulated(x) : arch::ex2_approx(x);
+      if (kUnbounded && emulation.emulate(v >> 2)) x = x > kMaxEmulatedInput ? kMaxEmulatedInput : x;
+      const float p = emulation.emulate(v >> 2) ? fa4::exp2_emulated(x) : arch::ex2_approx(x);
       s(v) = p;
       if ((v >> 1) & 1) acc1 += p; else acc0 += p;
     }
@@ -97,26 +97,27 @@ struct OnlineSoftmax {
     sum[1] = acc1;
   }
 
-  /// exp_pass with the split in force: the config table's (kPeriod, kEmulated), or `split` when
-  /// runtime_split (a per-call exp2 fraction). The shares the benchmark ablates (0, 1/8, 1/4, 1/2 of
-  /// a 16-group period) get compile-time per-register choices too: a per-register runtime branch
-  /// breaks the MUFU/FMA interleaving the split exists for (measured 2.5-6x slower). Other shares
-  /// take the uniform runtime branch.
+  /// exp_pass with the emulation share in force: the config table's (kPeriod, kEmulated), or
+  /// `emulation` when runtime_emulation (a per-call exp2 fraction). The shares the benchmark
+  /// ablates (0, 1/8, 1/4, 1/2 of a 16-group period) get compile-time per-register choices too: a
+  /// per-register runtime branch breaks the MUFU/FMA interleaving the emulation exists for
+  /// (measured 2.5-6x slower). Other shares take the uniform runtime branch.
   template <int kPeriod, int kEmulated, bool kUnbounded = false, class Frag>
-  __device__ __forceinline__ static void exp_pass_split(Frag& s, float scale_log2, const float (&neg_m_scaled)[2],
-                                                        bool runtime_split, Exp2Emulation split, float (&sum)[2]) {
-    if (!runtime_split) {
+  __device__ __forceinline__ static void exp_pass_dispatch(Frag& s, float scale_log2, const float (&neg_m_scaled)[2],
+                                                           bool runtime_emulation, Exp2Emulation emulation,
+                                                           float (&sum)[2]) {
+    if (!runtime_emulation) {
       exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, StaticExp2Emulation<kPeriod, kEmulated>{}, sum);
-    } else if (split.period == kRuntimeExp2Period) {
-      switch (split.emulated) {
+    } else if (emulation.period == kRuntimeExp2Period) {
+      switch (emulation.emulated) {
         case 0: exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, StaticExp2Emulation<kRuntimeExp2Period, 0>{}, sum); break;
         case 2: exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, StaticExp2Emulation<kRuntimeExp2Period, 2>{}, sum); break;
         case 4: exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, StaticExp2Emulation<kRuntimeExp2Period, 4>{}, sum); break;
         case 8: exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, StaticExp2Emulation<kRuntimeExp2Period, 8>{}, sum); break;
-        default: exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, RuntimeExp2Emulation{split}, sum); break;
+        default: exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, RuntimeExp2Emulation{emulation}, sum); break;
       }
     } else {
-      exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, RuntimeExp2Emulation{split}, sum);
+      exp_pass<kUnbounded>(s, scale_log2, neg_m_scaled, RuntimeExp2Emulation{emulation}, sum);
     }
   }
 
@@ -131,7 +132,7 @@ struct OnlineSoftmax {
   /// move).
   template <int kPeriod, int kEmulated, class Frag>
   __device__ __forceinline__ bool step(Frag& s, float scale_log2, float tau, float (&o_scale)[2],
-                                       bool runtime_split, Exp2Emulation split) {
+                                       bool runtime_emulation, Exp2Emulation emulation) {
     // Block max in 4 independent FMNMX chains per row (by v&1 and the parity of v>>2), joined at
     // the end: one chain per row was a kFragSize/2-deep dependent sequence on the softmax's
     // critical path (ncu: FMNMX 16% of the d128 main loop's stall samples, mostly fixed-latency
@@ -172,7 +173,7 @@ struct OnlineSoftmax {
 #pragma unroll
     for (int r = 0; r < 2; ++r) neg_m_scaled[r] = row_max[r] == kNegInf ? 0.f : -row_max[r] * scale_log2;
     float sum[2];
-    exp_pass_split<kPeriod, kEmulated>(s, scale_log2, neg_m_scaled, runtime_split, split, sum);
+    exp_pass_dispatch<kPeriod, kEmulated>(s, scale_log2, neg_m_scaled, runtime_emulation, emulation, sum);
     row_sum[0] += sum[0];
     row_sum[1] += sum[1];
     return rescale;
@@ -199,13 +200,15 @@ struct OnlineSoftmax {
   /// (src/hopper/fwd/tuning_fwd.h).
   template <int kPeriod, int kEmulated, class Frag, class ScoreAt>
   __device__ __forceinline__ void step_from_running_max(Frag& s, float scale_log2, float sum_limit,
-                                                        float (&o_scale)[2], bool runtime_split, Exp2Emulation split,
-                                                        bool& rescale, const ScoreAt& score_at) {
+                                                        float (&o_scale)[2], bool runtime_emulation,
+                                                        Exp2Emulation emulation, bool& rescale,
+                                                        const ScoreAt& score_at) {
     float neg_m_scaled[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) neg_m_scaled[r] = -row_max[r] * scale_log2;
     float sum[2];
-    exp_pass_split<kPeriod, kEmulated, /*kUnbounded=*/true>(s, scale_log2, neg_m_scaled, runtime_split, split, sum);
+    exp_pass_dispatch<kPeriod, kEmulated, /*kUnbounded=*/true>(s, scale_log2, neg_m_scaled, runtime_emulation,
+                                                               emulation, sum);
     o_scale[0] = o_scale[1] = 1.f;
     rescale = false;
     // (A NaN sum compares false: NaN scores propagate to O and l as in step().)
