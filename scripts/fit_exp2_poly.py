@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fit the polynomial of fa4's software exp2 (include/fa4/exp2.h, exp2_emulated).
+"""Fit the polynomial of fa4's software exp2 (src/core/exp2.h, exp2_emulated).
 
     p(f) = 1 + c1*f + c2*f^2 + c3*f^3  ~  2^f   on [0, 1]
 

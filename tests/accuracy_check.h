@@ -10,7 +10,7 @@
 
 #include "cpu/naive_attention.h"
 #include "core/params.h"
-#include "fa4/exp2.h"
+#include "core/exp2.h"
 #include "test_util.h"
 
 namespace fa4::test {

@@ -99,9 +99,10 @@ struct AttentionOptions {
   /// by more than tau; 0 = classic always-rescale. Must be in [0, 8] (P <= 2^tau must stay
   /// representable in bf16/fp16; the same bound applies to fp32); default 8.
   float rescale_threshold = 8.0f;
-  /// Share of exp2 evaluations done by the FMA-pipe polynomial (fa4/exp2.h) instead of the
-  /// hardware unit, picked by key-column position within a key tile. Must be a multiple of 1/16 in
-  /// [0, 1]. Unset = the tuned default of the kernel that runs (hopper/fwd/tuning_fwd.h).
+  /// Share of exp2 evaluations done by FlashAttention-4's software exp2 (a degree-3 polynomial on
+  /// the FMA pipe, src/core/exp2.h) instead of the hardware unit, picked by key-column position
+  /// within a key tile. Must be a multiple of 1/16 in [0, 1]. Unset = the tuned default of the
+  /// kernel that runs (src/hopper/fwd/tuning_fwd.h).
   std::optional<float> exp2_emulation_fraction;
 
   Backend backend = Backend::kAuto;

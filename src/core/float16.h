@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "fa4/detail/bit_cast.h"
+#include "core/bit_cast.h"
 #include "fa4/tensor.h"
 
 namespace fa4::detail {

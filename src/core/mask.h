@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "fa4/detail/macros.h"
+#include "core/macros.h"
 
 namespace fa4::detail {
 

@@ -8,9 +8,9 @@
 
 #include <cstdint>
 
-#include "fa4/detail/macros.h"
+#include "core/macros.h"
 #include "core/mask.h"
-#include "fa4/exp2.h"
+#include "core/exp2.h"
 #include "fa4/tensor.h"
 
 namespace fa4::detail {

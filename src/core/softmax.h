@@ -12,7 +12,7 @@
 #include <cmath>
 
 #include "core/constants.h"
-#include "fa4/detail/macros.h"
+#include "core/macros.h"
 
 namespace fa4::detail {
 

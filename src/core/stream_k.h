@@ -24,7 +24,7 @@
 #include <cstdint>
 #include <climits>
 
-#include "fa4/detail/macros.h"
+#include "core/macros.h"
 
 namespace fa4::detail {
 

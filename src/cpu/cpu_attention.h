@@ -14,7 +14,7 @@ void reference_backward(const detail::BwdParams& p);
 /// FlashAttention-4 algorithm on the CPU (float32 accumulation; for fp32 inputs the forward's row
 /// sums and output accumulators are float64): tiled online softmax in the log2 domain, lazy
 /// rescaling (threshold p.rescale_threshold), exp2 emulation share between std::exp2 and the
-/// software polynomial (fa4/exp2.h) by key-column position. Threaded with OpenMP over (batch,
+/// software polynomial (core/exp2.h) by key-column position. Threaded with OpenMP over (batch,
 /// head, query tile).
 void flash_forward(const detail::FwdParams& p);
 void flash_backward(const detail::BwdParams& p);

@@ -36,7 +36,7 @@
 #include "cpu/cpu_attention.h"
 #include "core/softmax.h"
 #include "cpu/flash_tile.h"
-#include "fa4/exp2.h"
+#include "core/exp2.h"
 
 namespace fa4::cpu {
 namespace {

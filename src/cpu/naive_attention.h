@@ -25,7 +25,7 @@
 #include "core/constants.h"
 #include "core/float16.h"
 #include "core/params.h"
-#include "fa4/exp2.h"
+#include "core/exp2.h"
 
 namespace fa4::cpu::naive {
 

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "fa4/detail/bit_cast.h"
+#include "core/bit_cast.h"
 
 namespace fa4::test {
 

@@ -22,7 +22,7 @@
 #include "cpu/naive_attention.h"
 #include "fa4/attention.h"
 #include "fa4/error.h"
-#include "fa4/exp2.h"
+#include "core/exp2.h"
 #include "accuracy_check.h"
 #include "test_util.h"
 

@@ -1,4 +1,4 @@
-// tests/cpu/test_exp2.cpp — the software exp2 (fa4/exp2.h exp2_emulated) against a correctly
+// tests/cpu/test_exp2.cpp — the software exp2 (core/exp2.h exp2_emulated) against a correctly
 // rounded reference, its special values, and the Exp2Emulation column pattern.
 //
 // Main check: EVERY float32 x in [-127, 0] (1.12e9 values; ~10-20 s on 2 cores in Release with
@@ -19,7 +19,7 @@
 
 #include "common/bf16_reference.h"
 #include "core/float16.h"
-#include "fa4/exp2.h"
+#include "core/exp2.h"
 
 namespace {
 

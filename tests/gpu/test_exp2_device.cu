@@ -17,7 +17,7 @@
 
 #include "common/bf16_reference.h"
 #include "core/float16.h"
-#include "fa4/exp2.h"
+#include "core/exp2.h"
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "core/mask.h"
-#include "fa4/detail/macros.h"
+#include "core/macros.h"
 
 namespace fa4::hopper {
 

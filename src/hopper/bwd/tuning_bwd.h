@@ -44,7 +44,7 @@
 #include <cstdint>
 
 #include "common/overrides.h"
-#include "fa4/exp2.h"
+#include "core/exp2.h"
 #include "hopper/buckets.h"
 
 namespace fa4::detail {
@@ -72,7 +72,7 @@ struct HopperBwdConfig {
   /// after the wait for S^T, and then queue behind dP^T's operand reads (mainloop_bwd_mma.cuh
   /// load_lse). Each costs two registers across the wait.
   int32_t lse_early_pairs;
-  /// Share of P^T's exponentials computed on the FMA pipe (fa4/exp2.h exp2_emulated; FA4 Sec. 3),
+  /// Share of P^T's exponentials computed on the FMA pipe (core/exp2.h exp2_emulated; FA4 Sec. 3),
   /// by 8-query-column groups of S^T, the rest on MUFU (16 per clock per SM).
   Exp2Emulation exp2_emulation;
   int32_t consumer_regs;  ///< setmaxnreg of the two MMA warpgroups

@@ -16,7 +16,7 @@
 
 #include "hopper/fwd/tuning_fwd.h"
 #include "core/mask.h"
-#include "fa4/exp2.h"
+#include "core/exp2.h"
 #include "hopper/shared/tile_scheduler.cuh"
 
 namespace fa4::hopper {

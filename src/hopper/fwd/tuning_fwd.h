@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-#include "fa4/exp2.h"
+#include "core/exp2.h"
 #include "hopper/buckets.h"
 
 namespace fa4::detail {
@@ -68,7 +68,7 @@ static_assert(hopper_cta_registers(384) == 64512 && hopper_cta_registers(512) ==
 inline constexpr int32_t kHopperTileM = 128;      ///< two consumer warpgroups
 inline constexpr int32_t kHopperTileM3WG = 192;   ///< three consumer warpgroups
 
-// Exp2 emulation shares are in 8-column groups out of a period of 16 groups (fa4/exp2.h). Emulation pays
+// Exp2 emulation shares are in 8-column groups out of a period of 16 groups (core/exp2.h). Emulation pays
 // where the MUFU unit (16 ex2/clk/SM) is the bottleneck and the FMA pipe has room: d96/d128. d128,
 // measured with the exponentials started from the running max (bench/results/history.md), x cuDNN
 // non-causal 4k/8k/16k | causal 4k/8k/16k | Llama: 0 -> 1.061/1.071/1.079 | 1.071/1.128/1.133 | 1.088,

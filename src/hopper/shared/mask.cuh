@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "fa4/detail/macros.h"
+#include "core/macros.h"
 #include "core/mask.h"
 
 namespace fa4::hopper {

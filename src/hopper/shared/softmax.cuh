@@ -4,7 +4,7 @@
 // t of a warpgroup holds, at flat index v,
 //     row = 16*(warp%4) + (lane/4) + 8*((v/2)%2),     col = 8*(v/4) + 2*(lane%4) + (v%2).
 // So each thread owns 2 rows (r = (v/2)%2), a row is spread over the 4 lanes of a quad, and the
-// 8-column group v/4 is the SAME for every lane: the exp2 emulation share by column group (fa4/exp2.h) is a
+// 8-column group v/4 is the SAME for every lane: the exp2 emulation share by column group (core/exp2.h) is a
 // compile-time property of the register, with no lane divergence.
 //
 // FA4 techniques (arXiv 2603.05451, Sec. 3):
@@ -26,7 +26,7 @@
 
 #include "core/constants.h"
 #include "core/softmax.h"
-#include "fa4/exp2.h"
+#include "core/exp2.h"
 #include "hopper/arch/arch.cuh"
 
 namespace fa4::hopper {

@@ -34,7 +34,7 @@
 
 #include <cstdint>
 
-#include "fa4/detail/macros.h"
+#include "core/macros.h"
 #include "core/stream_k.h"
 
 #if defined(__CUDACC__)

@@ -1,6 +1,6 @@
-// fa4/exp2.h — software exp2 on the FMA pipe and the rule that picks which softmax entries use it.
+// src/core/exp2.h — software exp2 on the FMA pipe and the rule that picks which softmax entries use it.
 // Host and device (nvcc) code include this one header, so the CPU implementation and the GPU
-// kernels make the same choice for the same (column, split).
+// kernels make the same choice for the same (column, emulation share).
 //
 // Source: FlashAttention-4 (arXiv 2603.05451), Sec. 3 "software-emulated exponential": on GPUs
 // whose exponential unit (MUFU, 16 ops/clk/SM on Hopper) is slower than the matrix units, a share
@@ -11,8 +11,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "fa4/detail/bit_cast.h"
-#include "fa4/detail/macros.h"
+#include "core/bit_cast.h"
+#include "core/macros.h"
 
 namespace fa4 {
 

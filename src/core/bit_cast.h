@@ -1,12 +1,12 @@
-// fa4/detail/bit_cast.h — float <-> uint32 bit casts for host and device code (nvcc device code
-// has no std::bit_cast). Used by the software exp2 (fa4/exp2.h) and the host bf16/fp16
+// src/core/bit_cast.h — float <-> uint32 bit casts for host and device code (nvcc device code
+// has no std::bit_cast). Used by the software exp2 (core/exp2.h) and the host bf16/fp16
 // conversions (src/core/float16.h).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
-#include "fa4/detail/macros.h"
+#include "core/macros.h"
 
 namespace fa4::detail {
 
