@@ -59,8 +59,26 @@
 //
 // ERRORS. fa4::Error (fa4/error.h). Every argument is validated before anything is written, except
 // the contents of device-resident varlen indices (above) and of device-resident KV-cache indices
-// (forward_with_kvcache). The other exception: ErrorCode::kInternal from the CPU backward's consistency check (P = exp(s - lse)
-// must be <= 1, i.e. lse belongs to these inputs and options) is raised after dq/dk/dv were written.
+// (forward_with_kvcache). The other exception: ErrorCode::kInternal from the CPU backward's
+// consistency check (P = exp(s - lse) must be <= 1, i.e. lse belongs to these inputs and options)
+// is raised after dq/dk/dv were written. Codes: kInvalidArgument (a rule of this header),
+// kUnsupported (valid, but no implementation for it: the CUDA rules below), kNoDevice (CUDA
+// tensors and no usable GPU, or a build without CUDA), kCudaError, kInternal.
+//
+// CUDA (the Hopper kernels). Valid inputs the CUDA kernels refuse with kUnsupported
+// (forward_support() & co. name the rule):
+//   * a GPU of compute capability 9.0 (H100 / H200); a device index no visible GPU has is kNoDevice;
+//   * dtype bf16 or fp16 (fp32 runs on CPU tensors only);
+//   * headdim and headdim_v multiples of 8, on a compiled head-dim bucket: forward headdim ==
+//     headdim_v <= 256, or headdim <= 192 with headdim_v <= 128; backward up to 256 (buckets 64,
+//     128, 192 x 128, 192, 256); KV cache both <= 256. An input runs on the smallest bucket that
+//     holds it (padded); a build configured with FA4_HOPPER_HEADDIMS lacks the others;
+//   * q, k and v (the backward also dout; forward_with_kvcache q, k_cache, v_cache, out, k_new
+//     and v_new) 16-byte aligned with positive strides that are multiples of 16 bytes on every
+//     dimension of extent > 1 (TMA and 16-byte copies; the other outputs may be strided freely);
+//   * an explicit exp2_emulation_fraction > 0 where the kernel has no FMA share (forward buckets
+//     whose key tile is not a multiple of 128; the KV-cache kernel);
+//   * size limits (at most 2^31 - 1 rows of q and of k/v; tile counts in the messages).
 #pragma once
 
 #include <optional>
@@ -154,9 +172,12 @@ struct KVCacheOptions : AttentionOptions {
 void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
              const TensorView& lse, const AttentionOptions& options = {});
 
-/// Backward. dout and out: layout of out; lse: as returned by forward(). Writes dq (layout of q),
-/// dk (of k), dv (of v); dk/dv are summed over the query heads that share each KV head. dsink:
-/// fp32 (num_heads,), required iff options.sink is set. Fully masked rows give zero gradients.
+/// Backward. dout and out: layout of out, dtype of q; lse: as returned by forward(). Writes dq
+/// (layout and dtype of q), dk (of k), dv (of v); dk/dv are summed over the query heads that share
+/// each KV head. dsink: fp32 (num_heads,), required iff options.sink is set. Fully masked rows give
+/// zero gradients. Throws fa4::Error (nothing written; CPU kInternal: see ERRORS) on bad input.
+/// Algorithm: FlashAttention-2's backward (Dao 2023) in FlashAttention-3's Hopper form (arXiv
+/// 2407.08608), deterministic mode as in FlashAttention-4 (arXiv 2603.05451).
 void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
               const TensorView& v, const TensorView& out, const TensorView& lse,
               const TensorView& dq, const TensorView& dk, const TensorView& dv,
@@ -233,7 +254,8 @@ void check_async_errors(int device_index);
 
 /// Answers "would forward() run on these arguments, and with which kernel?" without running.
 /// Returns an empty string if supported plus the kernel name in *kernel_name; otherwise the
-/// message forward() would throw.
+/// message forward() would throw (the C ABI's fa4_forward_support also returns its ErrorCode).
+/// Never throws; reads host-resident index contents as the call's validation does.
 std::string forward_support(const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& out, const TensorView& lse,
                             const AttentionOptions& options = {},

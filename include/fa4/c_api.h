@@ -18,8 +18,10 @@
  *
  * ERRORS
  *   Every function that can fail returns an fa4_status. On failure nothing was written (all
- *   arguments are validated first; the contents of device-resident varlen indices are checked by
- *   the kernel instead and reported by a later call, see fa4_check_async_errors), and
+ *   arguments are validated first; the contents of device-resident varlen and KV-cache indices
+ *   are checked by the kernel instead and reported by a later call, see fa4_check_async_errors;
+ *   the one exception is FA4_STATUS_INTERNAL from the CPU backward's consistency check, raised
+ *   after dq/dk/dv were written, as fa4/attention.h says under ERRORS), and
  *   fa4_last_error() returns a message that names the function, the tensor and the rule, e.g.
  *     "fa4::forward: k.shape[3] (headdim) = 72 must equal q.shape[3] = 64".
  *   The message is THREAD-LOCAL: it belongs to the calling thread's most recent fa4 call, stays

@@ -427,13 +427,16 @@ def test_cuda_compile_fullgraph(gen):
 
 @needs_cuda
 def test_cuda_graph_capture_and_replay_split_kv(gen):
-    # Few query tiles and long keys: the Hopper kernel splits the keys over the idle SMs (a
-    # cooperative launch with scratch the kernel leaves zeroed, src/hopper/shared/device_state.h).
-    # Both must be capturable in a CUDA graph, and every replay must give the eager result bitwise,
-    # on fresh inputs copied into the captured buffers.
-    q = _randn(gen, (1, 128, 4, 128), torch.bfloat16, "cuda")
+    # Few query tiles and long keys: the Hopper forward splits the keys over the idle SMs (stream-K,
+    # a cooperative launch with scratch the kernel leaves zeroed, src/hopper/shared/device_state.h).
+    # It must be capturable in a CUDA graph, and every replay must give the eager result bitwise,
+    # on fresh inputs copied into the captured buffers. 256 query rows per KV head: more than the
+    # selector sends to the decode kernel (hopper_api.cu kSmallQMaxRows), so the forward runs.
+    q = _randn(gen, (1, 256, 4, 128), torch.bfloat16, "cuda")
     k = _randn(gen, (1, 8192, 4, 128), torch.bfloat16, "cuda")
     v = _randn(gen, (1, 8192, 4, 128), torch.bfloat16, "cuda")
+    ok, kernel = fa4.forward_support(q, k, v, torch.empty_like(q), torch.empty(1, 4, 256, device="cuda"))
+    assert ok and kernel.startswith("hopper::fwd_"), kernel
     for out in _replays_on_fresh_inputs(gen, lambda: fa4.flash_attn_func(q, k, v), (q, k, v)):
         o64, _ = ref_attention(q, k, v)
         op, _ = ref_attention(q, k, v, upcast=False)
