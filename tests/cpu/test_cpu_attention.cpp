@@ -548,8 +548,21 @@ TEST(CpuApi, PublicEntryPointsRunTheCpuImplementations) {
   const Case c{.name = "api", .dtype = DType::kBF16, .batch = 2, .sq = 65, .sk = 129, .h = 4, .hkv = 2,
                .d = 64, .causal = true, .sink = true, .exp2_fraction = 0.125f};
   Problem pr(c);
+  // Every output of pr, copied; `same` checks that pr's outputs equal a copy bitwise.
+  struct Outputs {
+    HostTensor out, lse, dq, dk, dv, dsink;
+    explicit Outputs(const Problem& p) : out(p.out), lse(p.lse), dq(p.dq), dk(p.dk), dv(p.dv), dsink(p.dsink) {}
+    void same(const Problem& p, const char* what) const {
+      EXPECT_TRUE(p.out.bitwise_equal(out)) << what;
+      EXPECT_TRUE(p.lse.bitwise_equal(lse)) << what;
+      EXPECT_TRUE(p.dq.bitwise_equal(dq)) << what;
+      EXPECT_TRUE(p.dk.bitwise_equal(dk)) << what;
+      EXPECT_TRUE(p.dv.bitwise_equal(dv)) << what;
+      EXPECT_TRUE(p.dsink.bitwise_equal(dsink)) << what;
+    }
+  };
   run_flash(pr);
-  const HostTensor out0 = pr.out, lse0 = pr.lse, dq0 = pr.dq, dk0 = pr.dk, dv0 = pr.dv, ds0 = pr.dsink;
+  const Outputs flash(pr);
 
   BackwardOptions o;
   o.causal = true;
@@ -562,27 +575,16 @@ TEST(CpuApi, PublicEntryPointsRunTheCpuImplementations) {
     backward(pr.dout.view(), pr.q.view(), pr.k.view(), pr.v.view(), pr.out.view(), pr.lse.view(),
              pr.dq.view(), pr.dk.view(), pr.dv.view(), o, pr.dsink.view());
     if (be == Backend::kCpu) {
-      EXPECT_TRUE(pr.out.bitwise_equal(out0));
-      EXPECT_TRUE(pr.lse.bitwise_equal(lse0));
-      EXPECT_TRUE(pr.dq.bitwise_equal(dq0));
-      EXPECT_TRUE(pr.dk.bitwise_equal(dk0));
-      EXPECT_TRUE(pr.dv.bitwise_equal(dv0));
-      EXPECT_TRUE(pr.dsink.bitwise_equal(ds0));
+      flash.same(pr, "kCpu vs cpu::flash_forward / flash_backward");
     } else {
-      const HostTensor out_api = pr.out, lse_api = pr.lse, dq_api = pr.dq, dk_api = pr.dk, dv_api = pr.dv,
-                       ds_api = pr.dsink;
+      const Outputs api(pr);
       pr.poison_outputs();
       cpu::reference_forward(pr.p);
       cpu::reference_backward(pr.p);
-      EXPECT_TRUE(pr.out.bitwise_equal(out_api));
-      EXPECT_TRUE(pr.lse.bitwise_equal(lse_api));
-      EXPECT_TRUE(pr.dq.bitwise_equal(dq_api));
-      EXPECT_TRUE(pr.dk.bitwise_equal(dk_api));
-      EXPECT_TRUE(pr.dv.bitwise_equal(dv_api));
-      EXPECT_TRUE(pr.dsink.bitwise_equal(ds_api));
+      api.same(pr, "kCpuReference vs cpu::reference_forward / reference_backward");
       // And the oracle is not the CPU FA4 implementation (a dispatch that ran kCpu would pass the
       // comparisons above only if the two agreed bitwise, which 16-bit rounding rules out here).
-      EXPECT_FALSE(out_api.bitwise_equal(out0));
+      EXPECT_FALSE(api.out.bitwise_equal(flash.out));
     }
   }
 }
