@@ -225,7 +225,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlen
             when k/v are given.
         k, v: optional (batch, seqlen_new, num_heads_kv, headdim / headdim_v), both or neither:
             row t of sequence b is copied into the cache at key position cache_seqlens[b] + t
-            before attending. Requires cache_seqlens.
+            before attending. Requires cache_seqlens. (The library's errors call them k_new and
+            v_new, their name in the C++ and C APIs.)
         cache_seqlens: keys already in the cache per sequence: an int32 tensor (batch,) on q's
             device, or an int (the same value for every sequence; an int32 tensor is then
             allocated on q's device, so CUDA-graph users should pass a tensor). None: every
