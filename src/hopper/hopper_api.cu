@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/stream_k.h"
 #include "hopper/bwd/launch_bwd.h"
 #include "hopper/bwd/tuning_bwd.h"
 #include "hopper/decode/launch_decode.h"
@@ -196,7 +197,10 @@ constexpr int64_t kSmallQMaxRows = 128;
 /// its walks fit in the forward's waves: always for one row tile (decode steps: 1.7-3.1x faster),
 /// and for up to 128 rows where the forward tiles leave SMs idle (1.4-1.6x at 8 forward tiles,
 /// 1.0-1.1x at 16-32); at 64 forward tiles of 64 rows the decode kernel took 1.7x the forward's
-/// time.
+/// time. Those forwards were causal; a dense one with fewer tiles than SMs splits its keys over the
+/// idle SMs (stream-K), and then the decode kernel, which re-reads a KV head's keys for every row
+/// tile, is taken only while its tiles are few (launch_decode.h small_q_decode_beats_split_forward;
+/// always for one row tile per KV head).
 std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& p, std::string* name) {
   const int8_t forced = detail::kernel_overrides().small_q_decode;
   if (forced == 0 || p.is_varlen || p.seqlen_q <= 0 || p.seqlen_k <= 0) return std::nullopt;
@@ -214,8 +218,17 @@ std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& 
       return std::nullopt;
     const int64_t tile_m = fc->tile_m;
     const int64_t sms = std::max(1, device_facts(p.device.index).num_sms);
-    const int64_t fwd_waves = (int64_t(p.batch) * p.num_heads * ((p.seqlen_q + tile_m - 1) / tile_m) + sms - 1) / sms;
+    const int64_t fwd_tiles = int64_t(p.batch) * p.num_heads * ((p.seqlen_q + tile_m - 1) / tile_m);
+    const int64_t fwd_waves = (fwd_tiles + sms - 1) / sms;
     if (decode_tiles(p, detail::kDecodeNarrowRows) > sms * fwd_waves) return std::nullopt;  // the decode's walks
+    // A dense forward with fewer tiles than SMs splits its keys over the idle ones (stream-K, as
+    // launch_fwd.cuh plans it): then it is the faster unless the decode's tiles are few.
+    if (!p.mask.is_local()) {
+      const int32_t fwd_blocks = int32_t((int64_t(p.seqlen_k) + fc->tile_n - 1) / fc->tile_n);
+      const detail::StreamKPlan sk =
+          detail::plan_stream_k(fwd_tiles, int32_t(sms), fwd_blocks, detail::kernel_overrides().stream_k);
+      if (sk.tail_ctas > 0 && !small_q_decode_beats_split_forward(p, fwd_tiles)) return std::nullopt;
+    }
   }
   detail::KVCacheParams kp;
   static_cast<detail::FwdParams&>(kp) = p;

@@ -16,6 +16,7 @@
 
 #include "common/overrides.h"
 #include "core/mask.h"
+#include "core/stream_k.h"
 #include "fa4/error.h"
 #include "hopper/bwd/schedule_bwd.h"
 #include "hopper/bwd/tuning_bwd.h"
@@ -643,4 +644,36 @@ TEST(HopperHost, DecodeTile) {
   p.seqlen_q = 8;
   EXPECT_EQ(decode_tile(p, c128, sms, 0).rows, fa4::detail::kDecodeNarrowRows);
   EXPECT_EQ(decode_tile(p, c256, sms, 1).rows, fa4::detail::kDecodeNarrowRows);
+}
+
+// The small-query route against a forward that splits its keys (hopper_api.cu small_q_on_decode):
+// the decode is kept while its narrow tiles are at most kSmallQSplitForwardTiles times the
+// forward's (d128: forward tiles of 128 rows and 128 keys; 132 SMs). Each shape also checks that
+// the automatic stream-K plan splits that forward, so the rule is the one that applies.
+TEST(HopperHost, SmallQueryRouteAgainstTheSplitForward) {
+  struct Shape {
+    int32_t batch, seqlen_q, seqlen_k, heads, heads_kv;
+    bool decode;
+  };
+  const Shape shapes[] = {
+      {1, 128, 32768, 16, 16, false},  // 128 narrow tiles against 16: measured 3x slower on the decode
+      {1, 128, 8192, 16, 16, false},
+      {1, 64, 16384, 32, 32, false},   // 128 against 32
+      {1, 32, 8192, 32, 8, true},      // 64 against 32: 2x
+      {1, 16, 32768, 32, 8, true},     // 32 against 32
+      {1, 4, 32768, 32, 8, true},      // one row tile per KV head: always the decode
+  };
+  for (const Shape& s : shapes) {
+    fa4::detail::FwdParams p;
+    p.batch = s.batch;
+    p.seqlen_q = s.seqlen_q;
+    p.seqlen_k = s.seqlen_k;
+    p.num_heads = s.heads;
+    p.num_heads_kv = s.heads_kv;
+    const int64_t fwd_tiles = int64_t(s.batch) * s.heads * ((s.seqlen_q + 127) / 128);
+    const fa4::detail::StreamKPlan plan = fa4::detail::plan_stream_k(fwd_tiles, 132, (s.seqlen_k + 127) / 128, -1);
+    EXPECT_GT(plan.tail_ctas, 0) << s.seqlen_q << " x " << s.seqlen_k << ": the forward would not split";
+    EXPECT_EQ(fa4::hopper::small_q_decode_beats_split_forward(p, fwd_tiles), s.decode)
+        << s.seqlen_q << " x " << s.seqlen_k << ", heads " << s.heads << "/" << s.heads_kv;
+  }
 }

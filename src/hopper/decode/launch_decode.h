@@ -26,6 +26,13 @@ inline int64_t decode_tiles(const detail::FwdParams& p, int64_t tile_rows) {
   return int64_t(p.batch) * p.num_heads_kv * decode_row_tiles(p, tile_rows);
 }
 
+/// Whether the small-query route still takes the decode kernel where the forward would split its
+/// keys over the idle SMs (stream-K): its narrow row tiles at most kSmallQSplitForwardTiles times
+/// the forward's fwd_tiles tiles.
+inline bool small_q_decode_beats_split_forward(const detail::FwdParams& p, int64_t fwd_tiles) {
+  return decode_tiles(p, detail::kDecodeNarrowRows) <= detail::kSmallQSplitForwardTiles * fwd_tiles;
+}
+
 /// Key blocks of the largest sequence the cache can hold (at least 1): shapes only, never
 /// cache_seqlens, so a captured graph replays for any lengths.
 inline int64_t decode_key_blocks(const detail::KVCacheParams& p, const detail::HopperDecodeConfig& c) {

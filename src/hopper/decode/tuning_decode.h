@@ -63,6 +63,15 @@ inline constexpr int64_t kDecodeWideMinBlockSteps = 160;
 /// rows per KV head: chunked prefill, speculative decoding) fills the wave, with at most this many
 /// splits: each split adds a partial of 16 (or 64) whole rows to the merge.
 inline constexpr int32_t kDecodeMaxAutoSplitsFullTile = 8;
+/// Small-query route (hopper_api.cu small_q_on_decode) against a forward whose few tiles split
+/// their keys over the idle SMs (stream-K, core/stream_k.h: non-causal, no window): the decode
+/// kernel walks a KV head's keys once per narrow row tile, the forward once per tile of tile_m
+/// rows, at about twice the decode's time per key (H200, bench/results/h200_small_q_route_*.json:
+/// 0.37-0.65 us per 64 keys of a 16-row tile per SM, against ~1.5 us per 128 keys of a 128-row
+/// forward tile). So the decode is taken only while its narrow tiles are at most this many times
+/// the forward's: 1 x 128 queries x 32k keys, 16 heads, ran on the decode at 107 TFLOP/s (128
+/// narrow tiles against 16 forward tiles), the split forward at 262-373.
+inline constexpr int64_t kSmallQSplitForwardTiles = 2;
 /// Largest explicit num_splits: the API's (validated before selection), which the merge's
 /// arrival counters are sized for (merge_decode.cuh).
 inline constexpr int32_t kDecodeMaxSplits = kMaxNumSplits;
