@@ -25,6 +25,7 @@
 
 namespace fa4::hopper {
 namespace {
+std::atomic<uint64_t> g_fwd_tma_epilogue_calls{0};
 std::atomic<uint64_t> g_bwd_tma_epilogue_calls{0};
 
 constexpr int64_t kTmaAlignBytes = 16;   // TMA: global base and every stride, in bytes
@@ -346,6 +347,7 @@ void forward(const detail::FwdParams& p) {
   ctx.tma_epilogue = pick_override(o.tma_epilogue, true) && !p.is_varlen &&
                      check_tma_tensor("out", p.out, p.out_stride, p.seqlen_q, p.num_heads, p.batch,
                                       false, dtype_size(p.dtype)).empty();
+  if (ctx.tma_epilogue) g_fwd_tma_epilogue_calls.fetch_add(1, std::memory_order_relaxed);
   // Stream-K split-KV (core/stream_k.h): automatic (-1) for dense problems with fewer tiles
   // than SMs; the override forces it off (0), or on for any partial last round (1).
   ctx.stream_k = o.stream_k;
@@ -460,6 +462,7 @@ void forward_kvcache(const detail::KVCacheParams& p, const char* fn) {
   throw Error(ErrorCode::kInternal, "fa4::forward_with_kvcache (hopper): selector and dispatcher disagree");
 }
 
+uint64_t fwd_tma_epilogue_calls() { return g_fwd_tma_epilogue_calls.load(std::memory_order_relaxed); }
 uint64_t bwd_tma_epilogue_calls() { return g_bwd_tma_epilogue_calls.load(std::memory_order_relaxed); }
 
 }  // namespace fa4::hopper

@@ -29,8 +29,10 @@ std::string backward_support(const detail::BwdParams& p, std::string* kernel_nam
 /// Precondition: backward_support(p) == "".
 void backward(const detail::BwdParams& p);
 
-/// Backward calls so far whose dK / dV left through TMA stores (bwd/mainloop_bwd_mma.cuh
-/// store_dkdv_tma): the tests check that their comparison with the direct stores took that path.
+/// Forward-kernel calls so far whose O left through the TMA store (fwd/epilogue_fwd.cuh), and
+/// backward calls whose dK / dV did (bwd/mainloop_bwd_mma.cuh store_dkdv_tma): the tests check
+/// that their comparisons with the direct stores took that path.
+uint64_t fwd_tma_epilogue_calls();
 uint64_t bwd_tma_epilogue_calls();
 
 /// The KV-cache (decode) selector: "" and the kernel name if the decode kernel (decode/) runs p on

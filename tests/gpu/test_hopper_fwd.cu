@@ -26,6 +26,7 @@
 #include "core/constants.h"
 #include "core/float16.h"
 #include "hopper/fwd/tuning_fwd.h"
+#include "hopper/hopper_api.h"
 #include "gpu/gpu_reference.cuh"
 
 #include "gpu_test_util.cuh"
@@ -465,14 +466,18 @@ TEST(HopperFwd, OutputStorePaths) {
   Case p; p.d = 192; p.dv = 128; p.seqlen_q = 77; p.seqlen_k = 500; p.out_offset = 2; run_case(p, 1);
   p.out_offset = 0; run_case(p, 1);
   // The TMA and the direct store of the same O must agree bitwise (override epilogue = direct
-  // forces the direct path where TMA would run).
+  // forces the direct path where TMA would run); each run counted on the path it should take.
   for (int d : {64, 128, 256}) {
     Case c; c.batch = 2; c.heads = c.heads_kv = 2; c.seqlen_q = 333; c.seqlen_k = 257; c.d = c.dv = d; c.causal = true;
     Result tma, direct;
+    const uint64_t before = fa4::hopper::fwd_tma_epilogue_calls();
     if (!run_case(c, 1, &tma)) continue;  // left out: nothing to compare
+    EXPECT_EQ(fa4::hopper::fwd_tma_epilogue_calls() - before, 1u) << c.name() << ": the TMA path";
     {
       fa4::test::ScopedOverride direct_store("epilogue", "direct");
+      const uint64_t before_direct = fa4::hopper::fwd_tma_epilogue_calls();
       run_case(c, 1, &direct);
+      EXPECT_EQ(fa4::hopper::fwd_tma_epilogue_calls(), before_direct) << c.name() << ": the direct path";
     }
     EXPECT_EQ(0, std::memcmp(tma.out.data(), direct.out.data(), tma.out.size() * 2)) << c.name();
   }
