@@ -6,6 +6,7 @@
 // "is it supported?" and decides which implementation runs) -> return early on an empty problem
 // -> run. forward_support() runs the same two steps and reports instead of running, so it can
 // never disagree with forward() (forward_with_kvcache_support likewise for forward_with_kvcache).
+#include <algorithm>
 #include <string>
 
 #include "common/validate.h"
@@ -154,8 +155,20 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
   const Selection s = select(p, options.backend, Direction::kBackward, kFn, false, &p);
   throw_if_rejected(s);
   // With no queries but some keys, dk/dv (and dsink) are exactly zero and must be written
-  // (case C28: empty gradients, never garbage); only a problem with neither is a no-op.
-  if (detail::is_empty_problem(p) && (p.total_k == 0 || p.batch == 0 || p.num_heads == 0)) return;
+  // (case C28: empty gradients, never garbage); with neither, dk/dv have no element and only
+  // dsink (the sink's gradient, num_heads zeros) is written.
+  if (detail::is_empty_problem(p) && (p.total_k == 0 || p.batch == 0 || p.num_heads == 0)) {
+    if (p.dsink && p.num_heads > 0) {
+#if FA4_WITH_CUDA
+      if (s.impl == Impl::kHopper) {
+        hopper::zero_dsink(p);
+        return;
+      }
+#endif
+      std::fill(p.dsink, p.dsink + p.num_heads, 0.f);
+    }
+    return;
+  }
   switch (s.impl) {
     case Impl::kCpuFlash: cpu::flash_backward(p); return;
     case Impl::kCpuReference: cpu::reference_backward(p); return;

@@ -363,6 +363,17 @@ void forward(const detail::FwdParams& p) {
   throw Error(ErrorCode::kInternal, "fa4::forward (hopper): selector and dispatcher disagree");
 }
 
+void zero_dsink(const detail::BwdParams& p) {
+  if (!p.dsink || p.num_heads == 0) return;
+  const ScopedDevice scoped_device(p.device.index, "fa4::backward");
+  // Stream-ordered and capturable, as the kernels' launches.
+  if (cudaMemsetAsync(p.dsink, 0, size_t(p.num_heads) * sizeof(float), static_cast<cudaStream_t>(p.device.stream)) !=
+      cudaSuccess) {
+    cudaGetLastError();
+    throw Error(ErrorCode::kCudaError, "fa4::backward (hopper): cudaMemsetAsync of dsink failed");
+  }
+}
+
 void backward(const detail::BwdParams& p) {
   // The selector (backward_support) has accepted p. Earlier invalid varlen indices: report now.
   check_async_errors(p.device.index);

@@ -29,6 +29,10 @@ std::string backward_support(const detail::BwdParams& p, std::string* kernel_nam
 /// Precondition: backward_support(p) == "".
 void backward(const detail::BwdParams& p);
 
+/// p.dsink (if any) set to zero on p's stream: the backward of a problem with no keys or no
+/// sequence, which launches no kernel.
+void zero_dsink(const detail::BwdParams& p);
+
 /// Forward-kernel calls so far whose O left through the TMA store (fwd/epilogue_fwd.cuh), and
 /// backward calls whose dK / dV did (bwd/mainloop_bwd_mma.cuh store_dkdv_tma): the tests check
 /// that their comparisons with the direct stores took that path.

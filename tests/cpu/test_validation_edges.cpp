@@ -260,6 +260,29 @@ TEST(Validation, C28_EmptyProblemsWriteNothing) {
   EXPECT_NO_THROW(p.backward());
 }
 
+// C28 with a sink: the backward of any empty problem writes dsink = 0 (the sink's gradient is
+// exactly zero; an optimizer must never get the poison), whether or not any kernel runs (batch 0,
+// no keys and no queries: none does; no queries but keys: dk/dv are zeroed too).
+TEST(Validation, C28_EmptyProblemsZeroTheSinkGradient) {
+  const std::vector<std::pair<const char*, std::function<Problem()>>> cases = {
+      {"batch0", [] { return batched(DType::kFP32, 0, 5, 3); }},
+      {"seqlen_q0_seqlen_k0", [] { return batched(DType::kFP32, 2, 0, 0); }},
+      {"seqlen_q0", [] { return batched(DType::kFP32, 2, 0, kSk); }},
+  };
+  for (const auto& [name, make_problem] : cases)
+    for (Backend b : {Backend::kAuto, Backend::kCpuReference}) {
+      SCOPED_TRACE(std::string(name) + (b == Backend::kAuto ? " auto" : " reference"));
+      Problem p = make_problem();
+      p.opt.backend = b;
+      p.sink = make(DType::kFP32, {kH});
+      p.dsink = make(DType::kFP32, {kH});
+      poison_outputs(p);
+      EXPECT_NO_THROW(p.backward());
+      const float* ds = static_cast<const float*>(p.dsink->t.data);
+      for (int h = 0; h < kH; ++h) EXPECT_EQ(ds[h], 0.f) << "dsink[" << h << "]";
+    }
+}
+
 // C28: seqlen_k == 0 with seqlen_q > 0 -> fully masked rows: out = 0, lse = -inf (= sink_h with a
 // sink), dq = 0. Needs the CPU implementations.
 TEST(Validation, C28_SeqlenK0GivesFullyMaskedRows) {
