@@ -255,8 +255,9 @@ std::string forward_support(const detail::FwdParams& p, std::string* kernel_name
            std::to_string(p.headdim_v) + " (supported: headdim = headdim_v <= 256, or headdim <= 192 "
            "with headdim_v <= 128, multiples of 8)";
   if (!bucket_compiled(c->headdim, c->headdim_v)) return not_compiled("forward", c->headdim, c->headdim_v);
-  // The persistent grid numbers tiles with int32 (launch_fwd.cuh); max_seqlen_q bounds the rows.
-  const int64_t m_blocks = (int64_t(p.seqlen_q) + c->tile_m - 1) / c->tile_m;
+  // The persistent grid numbers tiles with int32 (launch_fwd.cuh); max_seqlen_q bounds the rows
+  // (varlen: and the packed rows, fwd_query_rows).
+  const int64_t m_blocks = (fwd_query_rows(p) + c->tile_m - 1) / c->tile_m;
   if (m_blocks * p.num_heads * p.batch > kMaxTiles)
     return "the Hopper kernels handle at most 2^31 - 2^16 query tiles (batch * num_heads * "
            "ceil(max_seqlen_q / " + std::to_string(c->tile_m) + ")); lower max_seqlen_q to the real maximum";

@@ -5,6 +5,7 @@
 // is a bijection that the postprocess reads back as the wgmma fragment map.
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cstdint>
 #include <set>
 #include <string>
@@ -21,6 +22,7 @@
 #include "hopper/bwd/schedule_bwd.h"
 #include "hopper/bwd/tuning_bwd.h"
 #include "hopper/decode/launch_decode.h"
+#include "hopper/fwd/launch_fwd.h"
 #include "hopper/shared/mask.cuh"
 #include "hopper/shared/tile_scheduler.cuh"
 
@@ -676,4 +678,18 @@ TEST(HopperHost, SmallQueryRouteAgainstTheSplitForward) {
     EXPECT_EQ(fa4::hopper::small_q_decode_beats_split_forward(p, fwd_tiles), s.decode)
         << s.seqlen_q << " x " << s.seqlen_k << ", heads " << s.heads << "/" << s.heads_kv;
   }
+}
+
+// The forward's query rows per (sequence, head): varlen's max_seqlen_q bounded by the packed rows,
+// so a loose bound (INT32_MAX) neither overflows the block count nor adds empty tiles.
+TEST(HopperHost, ForwardQueryRows) {
+  fa4::detail::FwdParams p;
+  p.seqlen_q = 300;
+  EXPECT_EQ(fa4::hopper::fwd_query_rows(p), 300);
+  p.is_varlen = true;
+  p.seqlen_q = INT32_MAX;
+  p.total_q = 1000;
+  EXPECT_EQ(fa4::hopper::fwd_query_rows(p), 1000);
+  p.seqlen_q = 200;
+  EXPECT_EQ(fa4::hopper::fwd_query_rows(p), 200);
 }

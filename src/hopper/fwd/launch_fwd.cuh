@@ -112,11 +112,14 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   p.exp2_runtime = fp.exp2_fraction_given &&
                    !(fp.exp2_emulation.period == Kt::kExp2Period && fp.exp2_emulation.emulated == Kt::kExp2Emulated);
 
-  p.num_m_blocks = (fp.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM;
-  const int64_t num_tiles = int64_t(p.num_m_blocks) * fp.num_heads * fp.batch;
+  // Varlen: no sequence is longer than the packed rows (fwd_query_rows), so a larger max_seqlen_q
+  // adds no tiles; in int64, as the selector counted them.
+  const int64_t m_blocks = (fwd_query_rows(fp) + Kt::kBlockM - 1) / Kt::kBlockM;
+  const int64_t num_tiles = m_blocks * fp.num_heads * fp.batch;
   if (num_tiles == 0) return;
   if (num_tiles > kMaxTiles)
     throw Error(ErrorCode::kUnsupported, "fa4::forward (hopper): more than 2^31 - 2^16 tiles");
+  p.num_m_blocks = int32_t(m_blocks);
   p.num_tiles = int32_t(num_tiles);
   p.lpt = ctx.lpt;
   // L2 section: heads whose K+V (all of seqlen_k) together fill about half the L2.

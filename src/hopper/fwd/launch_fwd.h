@@ -10,6 +10,12 @@
 
 namespace fa4::hopper {
 
+/// Query rows the forward's grid covers per (sequence, head): seqlen_q, or for varlen
+/// max_seqlen_q bounded by the packed rows (no sequence is longer than total_q), in int64.
+inline int64_t fwd_query_rows(const detail::FwdParams& p) {
+  return p.is_varlen ? (p.seqlen_q < p.total_q ? int64_t(p.seqlen_q) : p.total_q) : int64_t(p.seqlen_q);
+}
+
 /// kDType: 0 = bf16, 1 = fp16 (values of fa4::DType). Defined in launch_fwd.cuh; explicitly
 /// instantiated once per compiled bucket. Throws fa4::Error(kCudaError) if a CUDA call fails.
 template <int kDType, int kHeadDim, int kHeadDimV>
