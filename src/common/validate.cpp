@@ -37,6 +37,19 @@ TensorView check_view(const Checker& c, const TensorView& t, const char* name, b
       c.invalid(name, ".stride[", d, "] = 0 on a dim of size ", t.shape[d], ": an output must not "
                 "map two elements to one address");
   }
+  if (dtype_size(t.dtype) == 0)
+    c.invalid(name, ".dtype = ", static_cast<int>(t.dtype), " is not an fa4::DType value");
+  // The bytes the view spans from its first element, overflow-checked: the implementations and
+  // the TMA descriptors address with int64 byte offsets.
+  if (numel != 0) {
+    int64_t span = 0, step = 0;
+    for (int d = 0; d < t.ndim; ++d)
+      if (t.shape[d] > 1 && (__builtin_mul_overflow(t.shape[d] - 1, t.stride[d], &step) ||
+                             __builtin_add_overflow(span, step, &span)))
+        c.invalid(name, " has shape ", t.shape_string(), " and strides whose address range overflows int64");
+    if (__builtin_mul_overflow(span, dtype_size(t.dtype), &span))
+      c.invalid(name, " has shape ", t.shape_string(), " and strides whose byte range overflows int64");
+  }
   if (t.data != nullptr && reinterpret_cast<uintptr_t>(t.data) % uintptr_t(dtype_size(t.dtype)) != 0)
     c.invalid(name, ".data is not aligned to its element size (", dtype_size(t.dtype), " bytes)");
   if (t.data == nullptr && numel > 0)
