@@ -69,10 +69,11 @@
 // (forward_support() & co. name the rule):
 //   * a GPU of compute capability 9.0 (H100 / H200); a device index no visible GPU has is kNoDevice;
 //   * dtype bf16 or fp16 (fp32 runs on CPU tensors only);
-//   * headdim and headdim_v multiples of 8, on a compiled head-dim bucket: forward headdim ==
-//     headdim_v <= 256, or headdim <= 192 with headdim_v <= 128; backward up to 256 (buckets 64,
-//     128, 192 x 128, 192, 256); KV cache both <= 256. An input runs on the smallest bucket that
-//     holds it (padded); a build configured with FA4_HOPPER_HEADDIMS lacks the others;
+//   * headdim and headdim_v multiples of 8 up to 256, run on the smallest compiled head-dim bucket
+//     that holds both (padded): forward buckets 64, 96, 128, 192 x 128, 192 and 256, backward 64,
+//     128, 192 x 128, 192 and 256, KV cache 64, 128 and 256 (src/hopper/buckets.h
+//     and each direction's tuning table); a build configured with FA4_HOPPER_HEADDIMS lacks the
+//     buckets it leaves out;
 //   * q, k and v (the backward also dout; forward_with_kvcache q, k_cache, v_cache, out, k_new
 //     and v_new) 16-byte aligned with positive strides that are multiples of 16 bytes on every
 //     dimension of extent > 1 (TMA and 16-byte copies; the other outputs may be strided freely);
@@ -128,11 +129,14 @@ struct AttentionOptions {
 
 struct BackwardOptions : AttentionOptions {
   /// Bitwise-reproducible dq/dk/dv (fixed summation order). (forward() and forward_with_kvcache()
-  /// are bitwise repeatable on one device always: their partial results merge in a fixed order.)
+  /// are bitwise repeatable on one device without it: their partial results merge in a fixed
+  /// order. The exception: a stream-K forward whose cooperative launch the device refuses, e.g.
+  /// under MPS, runs whole tiles instead, which round differently.)
   bool deterministic = false;
 };
 
-/// The largest explicit KVCacheOptions::num_splits (the decode merge reads one partial per split).
+/// The largest explicit KVCacheOptions::num_splits the CUDA decode kernel runs (its merge reads one
+/// partial per split).
 inline constexpr int32_t kMaxNumSplits = 256;
 
 /// Options of forward_with_kvcache (flash-attn's flash_attn_with_kvcache): everything of
@@ -158,10 +162,10 @@ struct KVCacheOptions : AttentionOptions {
   /// j % page_size of page page_table[b][j / page_size]; entries for p >= ceil(seqlen_k(b) /
   /// page_size) are never read (may hold anything, e.g. -1).
   std::optional<TensorView> page_table;
-  /// Split-KV count of the CUDA decode kernel: 0 = automatic, 1..kMaxNumSplits exactly that many
-  /// key splits (then combined). Outside [0, kMaxNumSplits]: kInvalidArgument, on every backend.
-  /// The CPU implementations need no split (any valid count gives the same result, as a split
-  /// count does up to rounding); on CUDA, results of different split counts agree up to rounding, and one
+  /// Split-KV count of the CUDA decode kernel: 0 = automatic, >= 1 exactly that many key splits
+  /// (then combined). Must be >= 0; on CUDA at most kMaxNumSplits (above it kUnsupported). The
+  /// CPU implementations need no split (any count >= 0 gives the same result, as a split count
+  /// does up to rounding); on CUDA, results of different split counts agree up to rounding, and one
   /// count's result is bitwise repeatable on one device (the order in which the splits merge can
   /// depend on how many thread-block clusters the device schedules, so two GPU models may differ
   /// in the last bits).
@@ -220,7 +224,7 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
 /// ERRORS. fa4::Error, nothing written, for every rule above plus: any varlen option set
 /// ("varlen q is not supported by forward_with_kvcache"), k_new without v_new (or the reverse),
 /// k_new without cache_seqlens, page_table together with cache_batch_idx, seqlen_new >
-/// key_capacity, num_splits outside [0, kMaxNumSplits], and (k_new given) a k_cache/v_cache stride of 0 on a dim of
+/// key_capacity, num_splits < 0, and (k_new given) a k_cache/v_cache stride of 0 on a dim of
 /// size > 1 (they are outputs then).
 /// CPU (host-resident) index tensors are checked before anything is written: cache_seqlens[b] in
 /// [0, key_capacity - seqlen_new]; cache_batch_idx[b] in [0, batch_cache), distinct with k_new;
@@ -248,8 +252,8 @@ void forward_with_kvcache(const TensorView& q, const TensorView& k_cache,
 /// forward() that launches a kernel calls it first, so an earlier error fails the next such call
 /// on the device (which then writes nothing), whichever stream or thread made the earlier one;
 /// (forward_with_kvcache() and backward() too); forward_support() does not report it. Without
-/// CUDA, or before any such CUDA call, a no-op. Throws fa4::Error(kInvalidArgument) for a negative
-/// device_index, and, with CUDA, fa4::Error(kNoDevice) for an index no visible device has.
+/// CUDA, before any such CUDA call, or for an index no kernel ran on (negative, or no such device:
+/// nothing is recorded there), a no-op.
 void check_async_errors(int device_index);
 
 /// Answers "would forward() run on these arguments, and with which kernel?" without running.

@@ -101,7 +101,7 @@ typedef struct fa4_tensor {
   int64_t shape[FA4_MAX_DIMS];
   int64_t stride[FA4_MAX_DIMS]; /**< elements, not bytes */
   int32_t device_type;  /**< fa4_device_type */
-  int32_t device_index; /**< CUDA ordinal; must be 0 for CPU */
+  int32_t device_index; /**< CUDA ordinal; not read for CPU tensors (taken as 0) */
   void* stream;         /**< cudaStream_t for CUDA tensors; ignored for CPU */
 } fa4_tensor;
 
@@ -117,7 +117,7 @@ typedef struct fa4_tensor {
 typedef struct fa4_options {
   uint32_t struct_size;           /**< sizeof(fa4_options) as the caller compiled it */
   int32_t has_softmax_scale;      /**< 0: default 1/sqrt(headdim) */
-  float softmax_scale;            /**< finite, > 0 with has_softmax_scale; else must be 0 */
+  float softmax_scale;            /**< finite, > 0; read only when has_softmax_scale */
   int32_t causal;                 /**< bottom-right aligned; same as window (-1, 0) */
   int32_t window_size_left;       /**< -1 = unbounded */
   int32_t window_size_right;      /**< -1 = unbounded */
@@ -126,7 +126,7 @@ typedef struct fa4_options {
   int32_t max_seqlen_k;           /**< varlen: upper bound of the k lengths */
   float rescale_threshold;        /**< lazy-rescaling tau, log2 units; default 8 */
   int32_t has_exp2_emulation_fraction; /**< 0: the running kernel's tuned default */
-  float exp2_emulation_fraction;  /**< multiple of 1/16 in [0, 1] with the flag; else must be 0 */
+  float exp2_emulation_fraction;  /**< multiple of 1/16 in [0, 1]; read only with its has_ flag */
   int32_t backend;                /**< fa4_backend */
   int32_t deterministic;          /**< bitwise-reproducible dq/dk/dv; the forwards are so always */
   const fa4_tensor* sink;         /**< nullable: fp32 (num_heads,) learnable sink logits */
@@ -178,7 +178,7 @@ typedef struct fa4_kvcache_args {
   const fa4_tensor* cache_seqlens;   /**< int32 (batch,): keys already cached; required with k_new */
   const fa4_tensor* cache_batch_idx; /**< int32 (batch,): dense cache only; cache row of sequence b */
   const fa4_tensor* page_table;      /**< int32 (batch, max_pages): paged cache */
-  int32_t num_splits;                /**< 0 = automatic; 1..256 the exact CUDA split-KV count */
+  int32_t num_splits;                /**< 0 = automatic; >= 1 the exact CUDA split-KV count (at most 256 on CUDA) */
   int32_t reserved;                  /**< must be 0: fills what would be tail padding, so a field
                                           added later always grows sizeof (and struct_size) */
 } fa4_kvcache_args;
@@ -214,8 +214,8 @@ FA4_C_EXPORT int32_t fa4_forward_with_kvcache_support(const fa4_tensor* q, const
 
 /** Since ABI 2. fa4::check_async_errors (fa4/attention.h): INVALID_ARGUMENT, with the message, if an earlier
  *  kernel on CUDA device `device_index` met invalid device-resident varlen (or, since ABI 3, KV-cache) indices (the record is
- *  then cleared); OK otherwise. Does not wait for the GPU. A negative device_index is INVALID_ARGUMENT; with
- *  CUDA, an index no visible device has is NO_DEVICE. */
+ *  then cleared); OK otherwise, including for an index no kernel ran on (negative, or no such
+ *  device: nothing is recorded there). Does not wait for the GPU. */
 FA4_C_EXPORT int32_t fa4_check_async_errors(int32_t device_index);
 
 /** Message of the calling thread's most recent failed fa4 call; "" after a success. Never NULL. */

@@ -240,8 +240,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlen
         exp2_emulation_fraction, backend: as :func:`flash_attn_func`. Masks are bottom-right
             aligned per sequence against seqlen_k(b) = cache_seqlens[b] + seqlen_new, so with
             causal=True the last query sees every cached key.
-        num_splits: split-KV count of the CUDA decode kernel, 0 (automatic) to 256; any valid
-            count gives the CPU's result (it needs no split).
+        num_splits: split-KV count of the CUDA decode kernel; 0 = automatic, at most 256 on CUDA.
+            Any count >= 0 gives the CPU's result (it needs no split).
         return_lse: also return lse.
 
     Returns:

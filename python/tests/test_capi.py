@@ -85,10 +85,6 @@ def test_options_struct_size_rules():
     ("causal", 2, b"options.causal = 2 must be 0 or 1"),
     ("has_softmax_scale", -1, b"options.has_softmax_scale = -1 must be 0 or 1"),
     ("backend", 9, b"options.backend = 9 is not an fa4_backend value"),
-    # A value without its has_* flag is refused, not ignored.
-    ("softmax_scale", 0.5, b"options.softmax_scale = 0.5 is set but options.has_softmax_scale = 0"),
-    ("exp2_emulation_fraction", 0.25,
-     b"options.exp2_emulation_fraction = 0.25 is set but options.has_exp2_emulation_fraction = 0"),
 ])
 def test_option_ranges(field, value, message):
     arrays, views = _views()
@@ -112,11 +108,6 @@ def test_tensor_field_ranges():
     views[4].device_type = 5
     assert _call(views, None) == _capi.STATUS_INVALID_ARGUMENT
     assert b"lse.device_type = 5" in _capi.library().fa4_last_error()
-    arrays, views = _views()  # a CPU tensor names no device ordinal
-    views[1].device_index = 3
-    assert _call(views, None) == _capi.STATUS_INVALID_ARGUMENT
-    assert b"k.device_index = 3 must be 0 for a CPU tensor" in _capi.library().fa4_last_error()
-    assert np.all(arrays[3] == 7.0)
 
 
 def test_last_error_is_thread_local_and_cleared_by_success():
@@ -326,10 +317,17 @@ def test_kvcache_support_name_and_status():
     assert not ok and why.startswith("fa4::forward_with_kvcache: options.backend = kCuda")
 
 
-def test_check_async_errors_device_index():
-    # A negative index is an invalid argument in every build; with CUDA, an index no visible device
-    # has is NO_DEVICE (never a silent "no error").
-    assert _capi.library().fa4_check_async_errors(-1) == _capi.STATUS_INVALID_ARGUMENT
-    assert b"device_index = -1 must be >= 0" in _capi.library().fa4_last_error()
-    expected = _capi.STATUS_NO_DEVICE if fa4.has_cuda() else _capi.STATUS_OK
-    assert _capi.library().fa4_check_async_errors(1 << 20) == expected
+def test_documented_leniencies_of_abi_v3():
+    # What ABI v3 callers may rely on (c_api.h): a value without its has_ flag is not read, a CPU
+    # tensor's device_index is not read, and check_async_errors of an index no kernel ran on is OK.
+    arrays, views = _views()
+    o = _capi.default_options()
+    o.softmax_scale = 0.5  # has_softmax_scale = 0: the default scale
+    assert _call(views, o) == _capi.STATUS_OK
+    out_default = arrays[3].copy()
+    arrays, views2 = _views()
+    views2[1].device_index = 3
+    assert _call(views2, None) == _capi.STATUS_OK
+    np.testing.assert_array_equal(arrays[3], out_default)
+    assert _capi.library().fa4_check_async_errors(-1) == _capi.STATUS_OK
+    assert _capi.library().fa4_check_async_errors(1 << 20) == _capi.STATUS_OK

@@ -118,11 +118,6 @@ fa4::TensorView to_view(const fa4_tensor* t, const char* fn, const char* name) {
       << " is not an fa4_device_type value (0 = CPU, 1 = CUDA)";
     fail(ErrorCode::kInvalidArgument, s.str());
   }
-  if (t->device_type == FA4_DEVICE_CPU && t->device_index != 0) {
-    std::ostringstream s;
-    s << fn << ": " << name << ".device_index = " << t->device_index << " must be 0 for a CPU tensor";
-    fail(ErrorCode::kInvalidArgument, s.str());
-  }
   fa4::TensorView v;
   v.data = t->data;
   v.dtype = static_cast<fa4::DType>(t->dtype);
@@ -132,7 +127,7 @@ fa4::TensorView to_view(const fa4_tensor* t, const char* fn, const char* name) {
     v.stride[d] = d < t->ndim ? t->stride[d] : 0;
   }
   v.device.type = static_cast<fa4::DeviceType>(t->device_type);
-  v.device.index = t->device_index;
+  v.device.index = t->device_type == FA4_DEVICE_CUDA ? t->device_index : 0;
   v.device.stream = t->stream;
   return v;
 }
@@ -201,15 +196,7 @@ fa4_options read_options(const fa4_options* given, const char* fn) {
 fa4::BackwardOptions to_cpp_options(const fa4_options* given, const char* fn) {
   const fa4_options o = read_options(given, fn);
   fa4::BackwardOptions r;
-  // A value without its has_* flag would be ignored: refused instead (all-zero bytes are the default).
-  auto unflagged = [&](const char* field, const char* flag, float value) {
-    std::ostringstream s;
-    s << fn << ": options." << field << " = " << value << " is set but options." << flag
-      << " = 0; set " << flag << " = 1 to use it, or leave " << field << " 0";
-    fail(ErrorCode::kInvalidArgument, s.str());
-  };
   if (to_bool(o.has_softmax_scale, fn, "has_softmax_scale")) r.softmax_scale = o.softmax_scale;
-  else if (o.softmax_scale != 0.0f) unflagged("softmax_scale", "has_softmax_scale", o.softmax_scale);
   r.causal = to_bool(o.causal, fn, "causal");
   r.window_size_left = o.window_size_left;
   r.window_size_right = o.window_size_right;
@@ -223,8 +210,6 @@ fa4::BackwardOptions to_cpp_options(const fa4_options* given, const char* fn) {
   r.rescale_threshold = o.rescale_threshold;
   if (to_bool(o.has_exp2_emulation_fraction, fn, "has_exp2_emulation_fraction")) {
     r.exp2_emulation_fraction = o.exp2_emulation_fraction;
-  } else if (o.exp2_emulation_fraction != 0.0f) {
-    unflagged("exp2_emulation_fraction", "has_exp2_emulation_fraction", o.exp2_emulation_fraction);
   }
   if (o.backend < FA4_BACKEND_AUTO || o.backend > FA4_BACKEND_CUDA) {
     std::ostringstream s;

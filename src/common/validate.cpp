@@ -11,7 +11,9 @@
 #include "common/validate_checks.h"
 #include "core/constants.h"
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <cstring>
 #include <limits>
 #include <sstream>
@@ -20,6 +22,47 @@
 
 namespace fa4::detail {
 namespace checks {
+namespace {
+
+/// The dims of extent > 1 of t, by increasing stride (ties: the inner dim first).
+std::vector<int> dims_by_stride(const TensorView& t) {
+  std::vector<int> dims;
+  for (int d = t.ndim - 1; d >= 0; --d)
+    if (t.shape[d] > 1) dims.push_back(d);
+  std::stable_sort(dims.begin(), dims.end(), [&](int a, int b) { return t.stride[a] < t.stride[b]; });
+  return dims;
+}
+
+/// Sufficient for no two elements of t to share an address: each dim, by increasing stride, steps
+/// past every element of the dims before it. (Strides are checked non-negative and their span
+/// fits int64 before this runs.)
+bool distinct_addresses(const TensorView& t) {
+  int64_t reach = 0;  // the inner dims' largest offset
+  for (int d : dims_by_stride(t)) {
+    if (t.stride[d] <= reach) return false;
+    reach += (t.shape[d] - 1) * t.stride[d];
+  }
+  return true;
+}
+
+/// The bytes [lo, hi] of a non-empty view and whether its elements fill them.
+struct ByteRange {
+  uintptr_t lo = 0, hi = 0;
+  bool dense = false;
+};
+ByteRange byte_range(const TensorView& t) {
+  int64_t span = 0;  // the largest element offset
+  for (int d = 0; d < t.ndim; ++d)
+    if (t.shape[d] > 1) span += (t.shape[d] - 1) * t.stride[d];
+  const int64_t elem = dtype_size(t.dtype);
+  ByteRange r;
+  r.lo = reinterpret_cast<uintptr_t>(t.data);
+  r.hi = r.lo + uintptr_t((span + 1) * elem - 1);
+  r.dense = span + 1 == t.numel() && distinct_addresses(t);
+  return r;
+}
+
+}  // namespace
 
 TensorView check_view(const Checker& c, const TensorView& t, const char* name, bool is_output) {
   if (t.ndim < 0 || t.ndim > TensorView::kMaxDims)
@@ -68,6 +111,38 @@ TensorView check_view(const Checker& c, const TensorView& t, const char* name, b
     inner = n.stride[d] * (n.shape[d] > 1 ? n.shape[d] : 1);
   }
   return n;
+}
+
+void check_outputs_apart(const Checker& c, std::initializer_list<const Named*> outputs,
+                         std::initializer_list<const Named*> inputs) {
+  auto usable = [](const Named* x) { return x != nullptr && x->t.data != nullptr && x->t.numel() > 0; };
+  auto overlap = [](const ByteRange& a, const ByteRange& b) {
+    if (a.hi < b.lo || b.hi < a.lo) return false;
+    auto inside = [](uintptr_t p, const ByteRange& r) { return p >= r.lo && p <= r.hi; };
+    return (a.dense && b.dense) || (a.dense && (inside(b.lo, a) || inside(b.hi, a))) ||
+           (b.dense && (inside(a.lo, b) || inside(a.hi, b)));
+  };
+  for (auto o = outputs.begin(); o != outputs.end(); ++o) {
+    if (!usable(*o)) continue;
+    const TensorView& t = (*o)->t;
+    if (!distinct_addresses(t)) {
+      std::ostringstream strides;
+      for (int d = 0; d < t.ndim; ++d) strides << (d ? ", " : "(") << t.stride[d];
+      strides << (t.ndim ? ")" : "()");
+      c.invalid((*o)->name, " has shape ", t.shape_string(), " and strides ", strides.str(),
+                " under which elements may share an address: an output's dims, taken by increasing "
+                "stride, must each step past every element of the dims inside them");
+    }
+    const ByteRange ro = byte_range(t);
+    auto check = [&](const Named* x) {
+      if (!usable(x) || x->t.device.type != (*o)->t.device.type || x->t.device.index != (*o)->t.device.index) return;
+      if (overlap(ro, byte_range(x->t)))
+        c.invalid((*o)->name, " and ", x->name, " share memory: an output must not overlap another "
+                  "tensor of the call");
+    };
+    for (auto x = std::next(o); x != outputs.end(); ++x) check(*x);
+    for (const Named* x : inputs) check(x);
+  }
 }
 
 void check_dtype_is(const Checker& c, const Named& x, DType want, const char* why) {
@@ -413,6 +488,7 @@ FwdParams make_fwd_params(const TensorView& q_in, const TensorView& k_in, const 
   p.v = v.t.data;
   p.out = out.t.data;
   p.lse = static_cast<float*>(lse.t.data);
+  check_outputs_apart(c, {&out, &lse}, {&q, &k, &v});
   return p;
 }
 
@@ -453,8 +529,9 @@ BwdParams make_bwd_params(const TensorView& dout_in, const TensorView& q_in,
     c.invalid(o.sink ? "dsink is missing: options.sink is set, so backward needs dsink "
                        "(fp32, (num_heads,))"
                      : "dsink is given but options.sink is not set");
+  std::optional<Named> dsink_named;
   if (dsink_in.has_value()) {
-    const Named dsink{"dsink", check_view(c, *dsink_in, "dsink", /*is_output=*/true)};
+    const Named& dsink = dsink_named.emplace(Named{"dsink", check_view(c, *dsink_in, "dsink", /*is_output=*/true)});
     check_ndim(c, dsink, 1, "dsink is (num_heads,)");
     check_dtype_is(c, dsink, DType::kFP32, "dsink is always fp32");
     check_same_device(c, dsink, Named{"q", q_in});
@@ -477,6 +554,9 @@ BwdParams make_bwd_params(const TensorView& dout_in, const TensorView& q_in,
   p.dk_stride = rows(dk.t);
   p.dv_stride = rows(dv.t);
   p.deterministic = o.deterministic;
+  // The gradients apart from each other and from every input (out and lse are inputs here).
+  const Named q{"q", q_in}, k{"k", k_in}, v{"v", v_in}, out{"out", out_in}, lse{"lse", lse_in};
+  check_outputs_apart(c, {&dq, &dk, &dv, dsink_named ? &*dsink_named : nullptr}, {&dout, &q, &k, &v, &out, &lse});
   return p;
 }
 

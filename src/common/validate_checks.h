@@ -62,6 +62,16 @@ void check_ndim(const Checker& c, const Named& x, int want, const char* layout);
 /// Implementations index the last dim (head dim, or a 1-D tensor) with unit stride.
 void check_last_contiguous(const Checker& c, const Named& x);
 
+/// Outputs apart from every other tensor of the call, checked after every other rule: no two
+/// elements of an output share an address (its dims, by increasing stride, each step past every
+/// element of the dims inside them; a sufficient rule), and no output shares an address with
+/// another output or an input. Provable cases only: two tensors that each fill their address range
+/// (dense) overlap iff the ranges intersect; where only one is dense, an end element of the other
+/// inside its range is an overlap. Interleaved views (e.g. q, k, v slices of one packed tensor)
+/// are not dense and pass. Null tensors (nullptr entries) and empty views are skipped.
+void check_outputs_apart(const Checker& c, std::initializer_list<const Named*> outputs,
+                         std::initializer_list<const Named*> inputs);
+
 /// q.dtype is bf16, fp16 or fp32 (fp8 is reserved: kUnsupported), and every tensor of `same`
 /// has q's dtype.
 void check_float_dtypes(const Checker& c, const Named& q,

@@ -131,9 +131,8 @@ KVCacheParams make_kvcache_params(const TensorView& q_in, const TensorView& k_ca
   if (o.page_table.has_value() && o.cache_batch_idx.has_value())
     c.invalid("options.cache_batch_idx cannot be combined with options.page_table: a paged "
               "cache maps each sequence to its pages through page_table alone");
-  if (o.num_splits < 0 || o.num_splits > kMaxNumSplits)
-    c.invalid("options.num_splits = ", o.num_splits, " must be in [0, ", kMaxNumSplits,
-              "] (0 = automatic)");
+  if (o.num_splits < 0)
+    c.invalid("options.num_splits = ", o.num_splits, " must be >= 0 (0 = automatic)");
 
   // ---- each view on its own; the caches are outputs when appended to ----
   const Named q{"q", check_view(c, q_in, "q")};
@@ -268,6 +267,13 @@ KVCacheParams make_kvcache_params(const TensorView& q_in, const TensorView& k_ca
     p.v_new_stride = {vn->t.stride[0], vn->t.stride[1], vn->t.stride[2]};
   }
   p.num_splits = o.num_splits;
+
+  // ---- outputs apart from everything else (the caches are outputs when appended to) ----
+  auto opt = [](const std::optional<Named>& x) { return x ? &*x : nullptr; };
+  if (append)
+    check_outputs_apart(c, {&out, &lse, &kc, &vc}, {&q, opt(kn), opt(vn), opt(seqlens), opt(bidx), opt(pt)});
+  else
+    check_outputs_apart(c, {&out, &lse}, {&q, &kc, &vc, opt(seqlens), opt(bidx), opt(pt)});
 
   // ---- contents of host-resident indices (device-resident: checked by the kernel) ----
   if (!q.t.is_cuda()) check_host_indices(c, p, seqlens, bidx, pt);

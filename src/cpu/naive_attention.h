@@ -186,7 +186,11 @@ void forward(const detail::FwdParams& p, const Round& rnd, W& w) {
 template <class Real, class Round, class W>
 void backward(const detail::BwdParams& p, const Round& rnd, W& w, bool d_from_stored_out = false) {
   // total_q == 0 still runs: with no queries dK/dV (and dsink) are exactly 0 and are written.
-  if (p.batch == 0 || p.num_heads == 0) return;
+  if (p.batch == 0 || p.num_heads == 0) {
+    if (p.dsink)  // no sequence: the sink's gradient is exactly 0 (fa4::backward writes it)
+      for (int32_t h = 0; h < p.num_heads; ++h) w.dsink(h, Real(0));
+    return;
+  }
   const int32_t group = p.num_heads / p.num_heads_kv;
   const int64_t d = p.headdim, dv = p.headdim_v;
   // dsink partials per (batch, head), reduced in a fixed order afterwards (deterministic).

@@ -252,8 +252,7 @@ std::string forward_support(const detail::FwdParams& p, std::string* kernel_name
   const detail::HopperFwdConfig* c = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
   if (!c)
     return "no Hopper kernel for headdim " + std::to_string(p.headdim) + ", headdim_v " +
-           std::to_string(p.headdim_v) + " (supported: headdim = headdim_v <= 256, or headdim <= 192 "
-           "with headdim_v <= 128, multiples of 8)";
+           std::to_string(p.headdim_v) + " (supported: both <= 256, multiples of 8)";
   if (!bucket_compiled(c->headdim, c->headdim_v)) return not_compiled("forward", c->headdim, c->headdim_v);
   // The persistent grid numbers tiles with int32 (launch_fwd.cuh); max_seqlen_q bounds the rows
   // (varlen: and the packed rows, fwd_query_rows).
@@ -419,6 +418,9 @@ std::string kvcache_support(const detail::KVCacheParams& p, std::string* kernel_
     return "no Hopper decode kernel for headdim " + std::to_string(p.headdim) + ", headdim_v " +
            std::to_string(p.headdim_v) + " (supported: both <= 256, multiples of 8)";
   if (!bucket_compiled(c->headdim, c->headdim_v)) return not_compiled("decode", c->headdim, c->headdim_v);
+  if (p.num_splits > detail::kDecodeMaxSplits)
+    return "num_splits = " + std::to_string(p.num_splits) + " exceeds the decode kernel's maximum of " +
+           std::to_string(detail::kDecodeMaxSplits);
   if (p.exp2_fraction_given && p.exp2_emulation.emulated > 0)
     return "exp2_emulation_fraction > 0 is not supported by the Hopper decode kernel (it is bandwidth-"
            "bound and computes every exponential on the MUFU unit); pass 0 or leave it unset";

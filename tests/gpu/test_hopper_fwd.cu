@@ -709,6 +709,10 @@ TEST(HopperFwd, SmallQueryForwardsRunOnTheDecodeKernel) {
     c.d = c.dv = 128; c.seqlen_q = 16; c.exp2_fraction = 0.5f; routes.push_back({c, false});
     c.exp2_fraction.reset(); c.out_offset = 2; routes.push_back({c, false});  // decode needs 16-byte rows
     c.out_offset = 0; c.softcap = 10.f; c.window_left = 5; c.window_right = 0; routes.push_back({c, true});
+    // Non-causal with few forward tiles: the forward splits its keys over the idle SMs (stream-K),
+    // and the decode kernel's 128 narrow tiles (8 per KV head, each re-reading its keys) are more
+    // than twice the forward's 16 (launch_decode.h small_q_decode_beats_split_forward).
+    Case f; f.seqlen_q = 128; f.seqlen_k = 8192; f.heads = f.heads_kv = 16; routes.push_back({f, false});
   }
   for (const Route& r : routes) {
     Result res;

@@ -72,8 +72,8 @@ inline constexpr int32_t kDecodeMaxAutoSplitsFullTile = 8;
 /// the forward's: 1 x 128 queries x 32k keys, 16 heads, ran on the decode at 107 TFLOP/s (128
 /// narrow tiles against 16 forward tiles), the split forward at 262-373.
 inline constexpr int64_t kSmallQSplitForwardTiles = 2;
-/// Largest explicit num_splits: the API's (validated before selection), which the merge's
-/// arrival counters are sized for (merge_decode.cuh).
+/// Largest explicit num_splits (fa4::kMaxNumSplits; more is kUnsupported on CUDA): the merge's
+/// arrival counters are sized for it (merge_decode.cuh).
 inline constexpr int32_t kDecodeMaxSplits = kMaxNumSplits;
 /// The automatic split count gives each split at least this many key blocks.
 inline constexpr int32_t kDecodeMinBlocksPerSplit = 2;
