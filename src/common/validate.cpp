@@ -114,7 +114,19 @@ TensorView check_view(const Checker& c, const TensorView& t, const char* name, b
 }
 
 void check_outputs_apart(const Checker& c, std::initializer_list<const Named*> outputs,
-                         std::initializer_list<const Named*> inputs) {
+                         std::initializer_list<const Named*> inputs,
+                         std::initializer_list<std::pair<const Named*, const Named*>> in_place) {
+  auto same_view = [](const TensorView& a, const TensorView& b) {
+    if (a.data != b.data || a.dtype != b.dtype || a.ndim != b.ndim) return false;
+    for (int d = 0; d < a.ndim; ++d)
+      if (a.shape[d] != b.shape[d] || (a.shape[d] > 1 && a.stride[d] != b.stride[d])) return false;
+    return true;
+  };
+  auto allowed = [&](const Named* o, const Named* x) {
+    for (const auto& [po, px] : in_place)
+      if (po == o && px == x) return same_view(o->t, x->t);
+    return false;
+  };
   auto usable = [](const Named* x) { return x != nullptr && x->t.data != nullptr && x->t.numel() > 0; };
   auto overlap = [](const ByteRange& a, const ByteRange& b) {
     if (a.hi < b.lo || b.hi < a.lo) return false;
@@ -136,6 +148,7 @@ void check_outputs_apart(const Checker& c, std::initializer_list<const Named*> o
     const ByteRange ro = byte_range(t);
     auto check = [&](const Named* x) {
       if (!usable(x) || x->t.device.type != (*o)->t.device.type || x->t.device.index != (*o)->t.device.index) return;
+      if (allowed(*o, x)) return;
       if (overlap(ro, byte_range(x->t)))
         c.invalid((*o)->name, " and ", x->name, " share memory: an output must not overlap another "
                   "tensor of the call");
@@ -488,7 +501,9 @@ FwdParams make_fwd_params(const TensorView& q_in, const TensorView& k_in, const 
   p.v = v.t.data;
   p.out = out.t.data;
   p.lse = static_cast<float*>(lse.t.data);
-  check_outputs_apart(c, {&out, &lse}, {&q, &k, &v});
+  // out may be q itself (in place, same layout): a query row is read before its output row is
+  // written, by every implementation.
+  check_outputs_apart(c, {&out, &lse}, {&q, &k, &v}, {{&out, &q}});
   return p;
 }
 
@@ -556,7 +571,11 @@ BwdParams make_bwd_params(const TensorView& dout_in, const TensorView& q_in,
   p.deterministic = o.deterministic;
   // The gradients apart from each other and from every input (out and lse are inputs here).
   const Named q{"q", q_in}, k{"k", k_in}, v{"v", v_in}, out{"out", out_in}, lse{"lse", lse_in};
-  check_outputs_apart(c, {&dq, &dk, &dv, dsink_named ? &*dsink_named : nullptr}, {&dout, &q, &k, &v, &out, &lse});
+  // dq may be q itself (in place): dq is written once q's rows are read (the CUDA postprocess;
+  // the CPU's dq pass reads only the rows it writes). dk / dv in place of k / v are not: the
+  // CPU's dq pass reads k after dk is written.
+  check_outputs_apart(c, {&dq, &dk, &dv, dsink_named ? &*dsink_named : nullptr}, {&dout, &q, &k, &v, &out, &lse},
+                      {{&dq, &q}});
   return p;
 }
 

@@ -9,6 +9,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/params.h"
@@ -68,9 +69,12 @@ void check_last_contiguous(const Checker& c, const Named& x);
 /// another output or an input. Provable cases only: two tensors that each fill their address range
 /// (dense) overlap iff the ranges intersect; where only one is dense, an end element of the other
 /// inside its range is an overlap. Interleaved views (e.g. q, k, v slices of one packed tensor)
-/// are not dense and pass. Null tensors (nullptr entries) and empty views are skipped.
+/// are not dense and pass. Null tensors (nullptr entries) and empty views are skipped. `in_place`:
+/// (output, input) pairs that may be the same view exactly (same data, dtype, shape and strides),
+/// where every implementation has read an input row before it writes the output row.
 void check_outputs_apart(const Checker& c, std::initializer_list<const Named*> outputs,
-                         std::initializer_list<const Named*> inputs);
+                         std::initializer_list<const Named*> inputs,
+                         std::initializer_list<std::pair<const Named*, const Named*>> in_place = {});
 
 /// q.dtype is bf16, fp16 or fp32 (fp8 is reserved: kUnsupported), and every tensor of `same`
 /// has q's dtype.

@@ -374,3 +374,43 @@ TEST(Validation, PackedInputsAndInterleavedOutputsPass) {
 }
 
 }  // namespace
+
+namespace {
+
+// out may be q itself, and dq may be q itself (the same view: every implementation reads a query
+// row before it writes that row's output): the results equal those into separate buffers. dk in
+// place of k is refused (tested in the table above).
+TEST(Validation, InPlaceOutAndDqOverQ) {
+  auto bytes = [](const Tensor& x) {
+    const uint8_t* d = static_cast<const uint8_t*>(x.t.data);
+    return std::vector<uint8_t>(d, d + x.t.numel() * fa4::dtype_size(x.t.dtype));
+  };
+  auto copy_of = [](const Tensor& x) {
+    Tensor c = x;
+    c.mem = std::make_shared<std::vector<uint8_t>>(*x.mem);
+    c.t.data = c.mem->data();
+    return c;
+  };
+  for (Backend b : {Backend::kCpu, Backend::kCpuReference}) {
+    SCOPED_TRACE(b == Backend::kCpu ? "cpu" : "reference");
+    Problem p = batched(DType::kFP32, kB, kSq, kSk, kD, kD);  // headdim_v == headdim: out has q's layout
+    p.opt.backend = b;
+    p.forward();
+    const std::vector<uint8_t> out_apart = bytes(p.out);
+    p.backward();
+    const std::vector<uint8_t> dq_apart = bytes(p.dq);
+    // dq written over (a copy of) q: the backward reads q, out and lse of the forward above.
+    const Tensor q = p.q;
+    p.q = copy_of(q);
+    p.dq = p.q;
+    ASSERT_NO_THROW(p.backward());
+    EXPECT_EQ(bytes(p.dq), dq_apart);
+    // out written over (a copy of) q.
+    p.q = copy_of(q);
+    p.out = p.q;
+    ASSERT_NO_THROW(p.forward());
+    EXPECT_EQ(bytes(p.out), out_apart);
+  }
+}
+
+}  // namespace
