@@ -24,21 +24,22 @@ namespace fa4::detail {
 namespace checks {
 namespace {
 
-/// The dims of extent > 1 of t, by increasing stride (ties: the inner dim first).
-std::vector<int> dims_by_stride(const TensorView& t) {
-  std::vector<int> dims;
-  for (int d = t.ndim - 1; d >= 0; --d)
-    if (t.shape[d] > 1) dims.push_back(d);
-  std::stable_sort(dims.begin(), dims.end(), [&](int a, int b) { return t.stride[a] < t.stride[b]; });
-  return dims;
-}
-
-/// Sufficient for no two elements of t to share an address: each dim, by increasing stride, steps
-/// past every element of the dims before it. (Strides are checked non-negative and their span
-/// fits int64 before this runs.)
+/// Sufficient for no two elements of t to share an address: each dim of extent > 1, by
+/// increasing stride (ties: the inner dim first), steps past every element of the dims before it.
+/// (Strides are checked non-negative and their span fits int64 before this runs.) No allocation:
+/// it runs on every call.
 bool distinct_addresses(const TensorView& t) {
+  int dims[TensorView::kMaxDims];
+  int n = 0;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    if (t.shape[d] <= 1) continue;
+    int i = n++;  // insertion sort, stable
+    for (; i > 0 && t.stride[dims[i - 1]] > t.stride[d]; --i) dims[i] = dims[i - 1];
+    dims[i] = d;
+  }
   int64_t reach = 0;  // the inner dims' largest offset
-  for (int d : dims_by_stride(t)) {
+  for (int i = 0; i < n; ++i) {
+    const int d = dims[i];
     if (t.stride[d] <= reach) return false;
     reach += (t.shape[d] - 1) * t.stride[d];
   }
