@@ -46,20 +46,24 @@ bool distinct_addresses(const TensorView& t) {
   return true;
 }
 
-/// The bytes [lo, hi] of a non-empty view and whether its elements fill them.
+/// The bytes [lo, hi] of a view and whether its elements fill them; empty: no data or no element.
 struct ByteRange {
   uintptr_t lo = 0, hi = 0;
-  bool dense = false;
+  bool dense = false, empty = true;
 };
 ByteRange byte_range(const TensorView& t) {
-  int64_t span = 0;  // the largest element offset
-  for (int d = 0; d < t.ndim; ++d)
-    if (t.shape[d] > 1) span += (t.shape[d] - 1) * t.stride[d];
-  const int64_t elem = dtype_size(t.dtype);
   ByteRange r;
+  int64_t span = 0, numel = 1;  // the largest element offset; the element count
+  for (int d = 0; d < t.ndim; ++d) {
+    numel *= t.shape[d];
+    if (t.shape[d] > 1) span += (t.shape[d] - 1) * t.stride[d];
+  }
+  if (t.data == nullptr || numel == 0) return r;
+  const int64_t elem = dtype_size(t.dtype);
+  r.empty = false;
   r.lo = reinterpret_cast<uintptr_t>(t.data);
   r.hi = r.lo + uintptr_t((span + 1) * elem - 1);
-  r.dense = span + 1 == t.numel() && distinct_addresses(t);
+  r.dense = span + 1 == numel && distinct_addresses(t);
   return r;
 }
 
@@ -117,6 +121,18 @@ TensorView check_view(const Checker& c, const TensorView& t, const char* name, b
 void check_outputs_apart(const Checker& c, std::initializer_list<const Named*> outputs,
                          std::initializer_list<const Named*> inputs,
                          std::initializer_list<std::pair<const Named*, const Named*>> in_place) {
+  // Runs on every call: fixed arrays, each range computed once, messages built only on failure.
+  constexpr int kMax = 16;
+  const Named* named[kMax];
+  ByteRange range[kMax];
+  int n = 0;
+  const int n_out = int(outputs.size());
+  for (std::initializer_list<const Named*> list : {outputs, inputs})
+    for (const Named* x : list) {
+      if (n == kMax) c.fail(ErrorCode::kInternal, "check_outputs_apart: more than ", kMax, " tensors");
+      named[n] = x;
+      range[n++] = x ? byte_range(x->t) : ByteRange{};
+    }
   auto same_view = [](const TensorView& a, const TensorView& b) {
     if (a.data != b.data || a.dtype != b.dtype || a.ndim != b.ndim) return false;
     for (int d = 0; d < a.ndim; ++d)
@@ -128,34 +144,31 @@ void check_outputs_apart(const Checker& c, std::initializer_list<const Named*> o
       if (po == o && px == x) return same_view(o->t, x->t);
     return false;
   };
-  auto usable = [](const Named* x) { return x != nullptr && x->t.data != nullptr && x->t.numel() > 0; };
   auto overlap = [](const ByteRange& a, const ByteRange& b) {
     if (a.hi < b.lo || b.hi < a.lo) return false;
     auto inside = [](uintptr_t p, const ByteRange& r) { return p >= r.lo && p <= r.hi; };
     return (a.dense && b.dense) || (a.dense && (inside(b.lo, a) || inside(b.hi, a))) ||
            (b.dense && (inside(a.lo, b) || inside(a.hi, b)));
   };
-  for (auto o = outputs.begin(); o != outputs.end(); ++o) {
-    if (!usable(*o)) continue;
-    const TensorView& t = (*o)->t;
-    if (!distinct_addresses(t)) {
+  for (int i = 0; i < n_out; ++i) {
+    if (range[i].empty) continue;
+    const Named* o = named[i];
+    const TensorView& t = o->t;
+    if (!range[i].dense && !distinct_addresses(t)) {
       std::ostringstream strides;
       for (int d = 0; d < t.ndim; ++d) strides << (d ? ", " : "(") << t.stride[d];
       strides << (t.ndim ? ")" : "()");
-      c.invalid((*o)->name, " has shape ", t.shape_string(), " and strides ", strides.str(),
+      c.invalid(o->name, " has shape ", t.shape_string(), " and strides ", strides.str(),
                 " under which elements may share an address: an output's dims, taken by increasing "
                 "stride, must each step past every element of the dims inside them");
     }
-    const ByteRange ro = byte_range(t);
-    auto check = [&](const Named* x) {
-      if (!usable(x) || x->t.device.type != (*o)->t.device.type || x->t.device.index != (*o)->t.device.index) return;
-      if (allowed(*o, x)) return;
-      if (overlap(ro, byte_range(x->t)))
-        c.invalid((*o)->name, " and ", x->name, " share memory: an output must not overlap another "
+    for (int j = i + 1; j < n; ++j) {
+      const Named* x = named[j];
+      if (range[j].empty || x->t.device.type != t.device.type || x->t.device.index != t.device.index) continue;
+      if (overlap(range[i], range[j]) && !allowed(o, x))
+        c.invalid(o->name, " and ", x->name, " share memory: an output must not overlap another "
                   "tensor of the call");
-    };
-    for (auto x = std::next(o); x != outputs.end(); ++x) check(*x);
-    for (const Named* x : inputs) check(x);
+    }
   }
 }
 
