@@ -39,6 +39,12 @@
 //     writes zeros to dk/dv (and dsink), whose gradient is then exactly 0.
 //   * varlen: rows of out/lse/dq/dk/dv outside every [cu_seqlens[b], cu_seqlens[b+1]) range, and
 //     dk/dv rows past seqused_k, are left untouched.
+//   * outputs (out, lse, dq, dk, dv, dsink; the caches when appended to) must not overlap: no two
+//     elements of one output share an address (its dims, by increasing stride, each step past the
+//     elements of the dims inside them), and no output shares memory with another tensor of the
+//     call (kInvalidArgument, for the overlaps the strides prove: interleaved views such as q, k,
+//     v or dq, dk, dv slices of one packed tensor pass). Allowed in place: out = q (the same view;
+//     batched forward) and dq = q (the same view; backward).
 //   * varlen on CUDA: device-resident cu_seqlens/seqused_k are checked by the kernel, not before
 //     the call (see check_async_errors): a sequence breaking a rule is skipped and reported by the
 //     next call on the device. Nothing is ever read or written out of bounds.

@@ -128,7 +128,7 @@ typedef struct fa4_options {
   int32_t has_exp2_emulation_fraction; /**< 0: the running kernel's tuned default */
   float exp2_emulation_fraction;  /**< multiple of 1/16 in [0, 1]; read only with its has_ flag */
   int32_t backend;                /**< fa4_backend */
-  int32_t deterministic;          /**< bitwise-reproducible dq/dk/dv; the forwards are so always */
+  int32_t deterministic;          /**< bitwise-reproducible dq/dk/dv (forwards: see fa4/attention.h) */
   const fa4_tensor* sink;         /**< nullable: fp32 (num_heads,) learnable sink logits */
   const fa4_tensor* cu_seqlens_q; /**< nullable: int32 (batch + 1); varlen iff both cu_seqlens */
   const fa4_tensor* cu_seqlens_k; /**< nullable: int32 (batch + 1) */

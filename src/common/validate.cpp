@@ -146,6 +146,7 @@ void check_outputs_apart(const Checker& c, std::initializer_list<const Named*> o
   };
   auto overlap = [](const ByteRange& a, const ByteRange& b) {
     if (a.hi < b.lo || b.hi < a.lo) return false;
+    if (a.lo == b.lo) return true;  // the first elements share an address, dense or not
     auto inside = [](uintptr_t p, const ByteRange& r) { return p >= r.lo && p <= r.hi; };
     return (a.dense && b.dense) || (a.dense && (inside(b.lo, a) || inside(b.hi, a))) ||
            (b.dense && (inside(a.lo, b) || inside(a.hi, b)));
@@ -164,7 +165,7 @@ void check_outputs_apart(const Checker& c, std::initializer_list<const Named*> o
     }
     for (int j = i + 1; j < n; ++j) {
       const Named* x = named[j];
-      if (range[j].empty || x->t.device.type != t.device.type || x->t.device.index != t.device.index) continue;
+      if (range[j].empty || !(x->t.device == t.device)) continue;
       if (overlap(range[i], range[j]) && !allowed(o, x))
         c.invalid(o->name, " and ", x->name, " share memory: an output must not overlap another "
                   "tensor of the call");
@@ -515,9 +516,21 @@ FwdParams make_fwd_params(const TensorView& q_in, const TensorView& k_in, const 
   p.v = v.t.data;
   p.out = out.t.data;
   p.lse = static_cast<float*>(lse.t.data);
-  // out may be q itself (in place, same layout): a query row is read before its output row is
-  // written, by every implementation.
-  check_outputs_apart(c, {&out, &lse}, {&q, &k, &v}, {{&out, &q}});
+  // The other tensors the kernels read: the sink and the varlen indices (the CPU re-reads them
+  // per tile, so an output over them would change its own bounds mid-call).
+  const Named sink{"sink", o.sink ? *o.sink : TensorView{}};
+  const Named cu_seqlens_q{"cu_seqlens_q", o.cu_seqlens_q ? *o.cu_seqlens_q : TensorView{}};
+  const Named cu_seqlens_k{"cu_seqlens_k", o.cu_seqlens_k ? *o.cu_seqlens_k : TensorView{}};
+  const Named seqused_k{"seqused_k", o.seqused_k ? *o.seqused_k : TensorView{}};
+  // out may be q itself (in place, same layout, batched): a query row is read before its output
+  // row is written, by every implementation. Not varlen: the CUDA forward's last query block of a
+  // sequence loads the next sequence's first rows as padding, which in place may be output
+  // already, and they join the block's rescale votes (the result would still be right, but not
+  // bitwise repeatable).
+  if (varlen)
+    check_outputs_apart(c, {&out, &lse}, {&q, &k, &v, &sink, &cu_seqlens_q, &cu_seqlens_k, &seqused_k});
+  else
+    check_outputs_apart(c, {&out, &lse}, {&q, &k, &v, &sink}, {{&out, &q}});
   return p;
 }
 
@@ -588,8 +601,12 @@ BwdParams make_bwd_params(const TensorView& dout_in, const TensorView& q_in,
   // dq may be q itself (in place): dq is written once q's rows are read (the CUDA postprocess;
   // the CPU's dq pass reads only the rows it writes). dk / dv in place of k / v are not: the
   // CPU's dq pass reads k after dk is written.
-  check_outputs_apart(c, {&dq, &dk, &dv, dsink_named ? &*dsink_named : nullptr}, {&dout, &q, &k, &v, &out, &lse},
-                      {{&dq, &q}});
+  const Named sink{"sink", o.sink ? *o.sink : TensorView{}};
+  const Named cu_seqlens_q{"cu_seqlens_q", o.cu_seqlens_q ? *o.cu_seqlens_q : TensorView{}};
+  const Named cu_seqlens_k{"cu_seqlens_k", o.cu_seqlens_k ? *o.cu_seqlens_k : TensorView{}};
+  const Named seqused_k{"seqused_k", o.seqused_k ? *o.seqused_k : TensorView{}};
+  check_outputs_apart(c, {&dq, &dk, &dv, dsink_named ? &*dsink_named : nullptr},
+                      {&dout, &q, &k, &v, &out, &lse, &sink, &cu_seqlens_q, &cu_seqlens_k, &seqused_k}, {{&dq, &q}});
   return p;
 }
 

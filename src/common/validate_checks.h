@@ -63,7 +63,8 @@ void check_ndim(const Checker& c, const Named& x, int want, const char* layout);
 /// Implementations index the last dim (head dim, or a 1-D tensor) with unit stride.
 void check_last_contiguous(const Checker& c, const Named& x);
 
-/// Outputs apart from every other tensor of the call, checked after every other rule: no two
+/// Outputs apart from every other tensor of the call, checked after the rules on each tensor's own
+/// layout, shape and dtype: no two
 /// elements of an output share an address (its dims, by increasing stride, each step past every
 /// element of the dims inside them; a sufficient rule), and no output shares an address with
 /// another output or an input. Provable cases only: two tensors that each fill their address range

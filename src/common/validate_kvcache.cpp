@@ -270,10 +270,11 @@ KVCacheParams make_kvcache_params(const TensorView& q_in, const TensorView& k_ca
 
   // ---- outputs apart from everything else (the caches are outputs when appended to) ----
   auto opt = [](const std::optional<Named>& x) { return x ? &*x : nullptr; };
+  const Named sink{"sink", o.sink ? *o.sink : TensorView{}};
   if (append)
-    check_outputs_apart(c, {&out, &lse, &kc, &vc}, {&q, opt(kn), opt(vn), opt(seqlens), opt(bidx), opt(pt)});
+    check_outputs_apart(c, {&out, &lse, &kc, &vc}, {&q, opt(kn), opt(vn), opt(seqlens), opt(bidx), opt(pt), &sink});
   else
-    check_outputs_apart(c, {&out, &lse}, {&q, &kc, &vc, opt(seqlens), opt(bidx), opt(pt)});
+    check_outputs_apart(c, {&out, &lse}, {&q, &kc, &vc, opt(seqlens), opt(bidx), opt(pt), &sink});
 
   // ---- contents of host-resident indices (device-resident: checked by the kernel) ----
   if (!q.t.is_cuda()) check_host_indices(c, p, seqlens, bidx, pt);

@@ -293,6 +293,15 @@ std::vector<BadCase> bad_cases() {
        kInv, {"dq and dv share memory"}},
       {"dq_overlaps_dout", F::kBackward, false, [](Problem& p) { p.dq.t.data = p.dout.t.data; },
        kInv, {"dq and dout share memory"}},
+      {"varlen_out_in_place_of_q", F::kForward, true,
+       [](Problem& p) {
+         reshape(p.out, {kTotalQ, kH, kD});  // out with q's layout (headdim_v = headdim here)
+         reshape(p.v, {kTotalK, kHkv, kD});
+         p.out.t.data = p.q.t.data;
+       },
+       kInv, {"out and q share memory"}},
+      {"lse_over_cu_seqlens_k", F::kForward, true, [](Problem& p) { p.lse.t.data = p.cu_k->t.data; },
+       kInv, {"lse and cu_seqlens_k share memory"}},
       {"dq_other_device", F::kBackward, false,
        [](Problem& p) { p.dq.t.device = Device::cuda(0); }, kInv, {"dq is on cuda:0"}},
       {"backward_forward_rules_apply", F::kBackward, false,
@@ -371,6 +380,14 @@ TEST(Validation, PackedInputsAndInterleavedOutputsPass) {
   EXPECT_NO_THROW(fa4::forward(slice(qkv, 0), slice(qkv, 1), slice(qkv, 2), out.t, lse.t, o));
   EXPECT_NO_THROW(fa4::backward(dout.t, slice(qkv, 0), slice(qkv, 1), slice(qkv, 2), out.t, lse.t,
                                 slice(dqkv, 0), slice(dqkv, 1), slice(dqkv, 2), o));
+  // ... but dk written over the packed k slice itself (neither view dense: the same first address).
+  try {
+    fa4::backward(dout.t, slice(qkv, 0), slice(qkv, 1), slice(qkv, 2), out.t, lse.t, slice(dqkv, 0), slice(qkv, 1),
+                  slice(dqkv, 2), o);
+    ADD_FAILURE() << "dk over the packed k accepted";
+  } catch (const fa4::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dk and k share memory"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -514,12 +514,13 @@ TEST(HopperFwd, NaNInQueryPropagates) {  // C03(b): data NaN must come out as Na
 
 TEST(HopperFwd, MisalignedStrideIsAClearError) {
   REQUIRE_HOPPER();
-  DevBuf<uint16_t> buf(4 * 100 * 2 * 72);
+  DevBuf<uint16_t> buf(4 * 100 * 2 * 72), obuf(100 * 2 * 64), lbuf(2 * 2 * 100);
   const auto dev = fa4::Device::cuda(0);
   // Row stride 2*68+4 = 140 elements = 280 bytes: not a multiple of 16 -> TMA cannot load it.
+  // (out and lse in buffers of their own: outputs must not overlap another tensor.)
   auto q = TensorView::strided(buf.ptr, DType::kBF16, {1, 100, 2, 64}, {100 * 140, 140, 68, 1}, dev);
-  auto out = TensorView::contiguous(buf.ptr, DType::kBF16, {1, 100, 2, 64}, dev);
-  auto lse = TensorView::contiguous(buf.ptr, DType::kFP32, {1, 2, 100}, dev);
+  auto out = TensorView::contiguous(obuf.ptr, DType::kBF16, {1, 100, 2, 64}, dev);
+  auto lse = TensorView::contiguous(lbuf.ptr, DType::kFP32, {1, 2, 100}, dev);
   fa4::AttentionOptions opt; opt.backend = fa4::Backend::kCuda;
   const std::string why = fa4::forward_support(q, q, q, out, lse, opt);
   EXPECT_NE(why.find("16 bytes"), std::string::npos) << why;
