@@ -44,7 +44,7 @@
 //     elements of the dims inside them), and no output shares memory with another tensor of the
 //     call (kInvalidArgument, for the overlaps the strides prove: interleaved views such as q, k,
 //     v or dq, dk, dv slices of one packed tensor pass). Allowed in place: out = q (the same view;
-//     batched forward) and dq = q (the same view; backward).
+//     forward() with the batched layout) and dq = q (the same view; backward()).
 //   * varlen on CUDA: device-resident cu_seqlens/seqused_k are checked by the kernel, not before
 //     the call (see check_async_errors): a sequence breaking a rule is skipped and reported by the
 //     next call on the device. Nothing is ever read or written out of bounds.

@@ -53,12 +53,14 @@ struct ByteRange {
 };
 ByteRange byte_range(const TensorView& t) {
   ByteRange r;
+  if (t.data == nullptr) return r;
+  for (int d = 0; d < t.ndim; ++d)
+    if (t.shape[d] == 0) return r;  // (an empty view's strides are not checked: never used here)
   int64_t span = 0, numel = 1;  // the largest element offset; the element count
   for (int d = 0; d < t.ndim; ++d) {
     numel *= t.shape[d];
     if (t.shape[d] > 1) span += (t.shape[d] - 1) * t.stride[d];
   }
-  if (t.data == nullptr || numel == 0) return r;
   const int64_t elem = dtype_size(t.dtype);
   r.empty = false;
   r.lo = reinterpret_cast<uintptr_t>(t.data);

@@ -300,7 +300,16 @@ std::vector<BadCase> bad_cases() {
          p.out.t.data = p.q.t.data;
        },
        kInv, {"out and q share memory"}},
-      {"lse_over_cu_seqlens_k", F::kForward, true, [](Problem& p) { p.lse.t.data = p.cu_k->t.data; },
+      {"lse_over_cu_seqlens_k", F::kForward, true,
+       [](Problem& p) {
+         // cu_seqlens_k as the first entries of a buffer at least as large as lse (96 bytes), so
+         // lse overlaps it alone whatever the allocator puts next.
+         std::vector<int32_t> cu(kCuK.begin(), kCuK.end());
+         cu.resize(32, 0);
+         p.cu_k = make_int32(cu);
+         p.cu_k->t.shape[0] = int64_t(kCuK.size());
+         p.lse.t.data = p.cu_k->t.data;
+       },
        kInv, {"lse and cu_seqlens_k share memory"}},
       {"dq_other_device", F::kBackward, false,
        [](Problem& p) { p.dq.t.device = Device::cuda(0); }, kInv, {"dq is on cuda:0"}},
