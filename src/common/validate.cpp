@@ -520,19 +520,16 @@ FwdParams make_fwd_params(const TensorView& q_in, const TensorView& k_in, const 
   p.lse = static_cast<float*>(lse.t.data);
   // The other tensors the kernels read: the sink and the varlen indices (the CPU re-reads them
   // per tile, so an output over them would change its own bounds mid-call).
-  const Named sink{"sink", o.sink ? *o.sink : TensorView{}};
-  const Named cu_seqlens_q{"cu_seqlens_q", o.cu_seqlens_q ? *o.cu_seqlens_q : TensorView{}};
-  const Named cu_seqlens_k{"cu_seqlens_k", o.cu_seqlens_k ? *o.cu_seqlens_k : TensorView{}};
-  const Named seqused_k{"seqused_k", o.seqused_k ? *o.seqused_k : TensorView{}};
+  const OptionInputs in(o);
   // out may be q itself (in place, same layout, batched): a query row is read before its output
   // row is written, by every implementation. Not varlen: the CUDA forward's last query block of a
   // sequence loads the next sequence's first rows as padding, which in place may be output
   // already, and they join the block's rescale votes (the result would still be right, but not
   // bitwise repeatable).
   if (varlen)
-    check_outputs_apart(c, {&out, &lse}, {&q, &k, &v, &sink, &cu_seqlens_q, &cu_seqlens_k, &seqused_k});
+    check_outputs_apart(c, {&out, &lse}, {&q, &k, &v, &in.sink, &in.cu_seqlens_q, &in.cu_seqlens_k, &in.seqused_k});
   else
-    check_outputs_apart(c, {&out, &lse}, {&q, &k, &v, &sink}, {{&out, &q}});
+    check_outputs_apart(c, {&out, &lse}, {&q, &k, &v, &in.sink}, {{&out, &q}});
   return p;
 }
 
@@ -603,12 +600,10 @@ BwdParams make_bwd_params(const TensorView& dout_in, const TensorView& q_in,
   // dq may be q itself (in place): dq is written once q's rows are read (the CUDA postprocess;
   // the CPU's dq pass reads only the rows it writes). dk / dv in place of k / v are not: the
   // CPU's dq pass reads k after dk is written.
-  const Named sink{"sink", o.sink ? *o.sink : TensorView{}};
-  const Named cu_seqlens_q{"cu_seqlens_q", o.cu_seqlens_q ? *o.cu_seqlens_q : TensorView{}};
-  const Named cu_seqlens_k{"cu_seqlens_k", o.cu_seqlens_k ? *o.cu_seqlens_k : TensorView{}};
-  const Named seqused_k{"seqused_k", o.seqused_k ? *o.seqused_k : TensorView{}};
+  const OptionInputs in(o);
   check_outputs_apart(c, {&dq, &dk, &dv, dsink_named ? &*dsink_named : nullptr},
-                      {&dout, &q, &k, &v, &out, &lse, &sink, &cu_seqlens_q, &cu_seqlens_k, &seqused_k}, {{&dq, &q}});
+                      {&dout, &q, &k, &v, &out, &lse, &in.sink, &in.cu_seqlens_q, &in.cu_seqlens_k, &in.seqused_k},
+                      {{&dq, &q}});
   return p;
 }
 

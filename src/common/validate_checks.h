@@ -7,6 +7,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -73,6 +74,20 @@ void check_last_contiguous(const Checker& c, const Named& x);
 /// are not dense and pass. Null tensors (nullptr entries) and empty views are skipped. `in_place`:
 /// (output, input) pairs that may be the same view exactly (same data, dtype, shape and strides),
 /// where every implementation has read an input row before it writes the output row.
+/// An optional tensor of the options as a check_outputs_apart input (an empty view when unset).
+inline Named named_option(const char* name, const std::optional<TensorView>& t) { return {name, t ? *t : TensorView{}}; }
+
+/// The options' tensors every forward and backward kernel reads besides q/k/v: the sink and the
+/// varlen indices (the CPU re-reads the indices per tile).
+struct OptionInputs {
+  Named sink, cu_seqlens_q, cu_seqlens_k, seqused_k;
+  explicit OptionInputs(const AttentionOptions& o)
+      : sink(named_option("sink", o.sink)),
+        cu_seqlens_q(named_option("cu_seqlens_q", o.cu_seqlens_q)),
+        cu_seqlens_k(named_option("cu_seqlens_k", o.cu_seqlens_k)),
+        seqused_k(named_option("seqused_k", o.seqused_k)) {}
+};
+
 void check_outputs_apart(const Checker& c, std::initializer_list<const Named*> outputs,
                          std::initializer_list<const Named*> inputs,
                          std::initializer_list<std::pair<const Named*, const Named*>> in_place = {});

@@ -270,7 +270,7 @@ KVCacheParams make_kvcache_params(const TensorView& q_in, const TensorView& k_ca
 
   // ---- outputs apart from everything else (the caches are outputs when appended to) ----
   auto opt = [](const std::optional<Named>& x) { return x ? &*x : nullptr; };
-  const Named sink{"sink", o.sink ? *o.sink : TensorView{}};
+  const Named sink = named_option("sink", o.sink);
   if (append)
     check_outputs_apart(c, {&out, &lse, &kc, &vc}, {&q, opt(kn), opt(vn), opt(seqlens), opt(bidx), opt(pt), &sink});
   else
