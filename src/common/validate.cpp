@@ -11,9 +11,7 @@
 #include "common/validate_checks.h"
 #include "core/constants.h"
 
-#include <algorithm>
 #include <cmath>
-#include <iterator>
 #include <cstring>
 #include <limits>
 #include <sstream>
