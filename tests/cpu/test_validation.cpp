@@ -13,7 +13,6 @@ using namespace fa4::test::validation;
 // ------------------------------------------------------------------------------------------------
 // The bad-input matrix.
 
-
 struct BadCase {
   const char* name;
   Call call;
@@ -357,20 +356,12 @@ TEST_P(BadInput, ThrowsNamedErrorAndWritesNothing) {
 INSTANTIATE_TEST_SUITE_P(Validation, BadInput, ::testing::ValuesIn(bad_cases()),
                          [](const auto& info) { return std::string(info.param.name); });
 
-}  // namespace
-
-namespace {
-
 // check_async_errors reports what kernels recorded on a device: for an index no kernel ran on
 // (negative, or no such device) there is nothing, in every build (the C ABI's v2 contract).
 TEST(Validation, CheckAsyncErrorsOfAnIndexWithoutKernels) {
   EXPECT_NO_THROW(fa4::check_async_errors(-1));
   EXPECT_NO_THROW(fa4::check_async_errors(1 << 20));
 }
-
-}  // namespace
-
-namespace {
 
 // Inputs may share memory (packed qkv), and outputs may interleave as slices of one packed buffer
 // (packed dqkv): neither is refused by the overlap rule, which refuses provable overlaps only.
@@ -398,10 +389,6 @@ TEST(Validation, PackedInputsAndInterleavedOutputsPass) {
     EXPECT_NE(std::string(e.what()).find("dk and k share memory"), std::string::npos) << e.what();
   }
 }
-
-}  // namespace
-
-namespace {
 
 // out may be q itself, and dq may be q itself (the same view: every implementation reads a query
 // row before it writes that row's output): the results equal those into separate buffers. dk in
