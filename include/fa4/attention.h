@@ -63,6 +63,17 @@
 // captured graph at a time (CUDA orders the replays of one instance): two instances of one captured
 // graph replayed concurrently would share that scratch.
 //
+// SCRATCH MEMORY (CUDA). Besides the caller's tensors, a CUDA call needs device scratch: tile
+// counters and split flags (KBs), split-KV and stream-K partials, the backward's workspace (an fp32
+// dQ accumulator and row statistics: about 4 * (headdim + 2) bytes per query row and head, the
+// query rows padded to the backward's row tile; GBs for a training shape). fa4 keeps it between eager calls, so that a call neither
+// allocates nor waits: per (device, stream), what must start zeroed and buffers up to 4 MiB (a
+// destroyed stream's stay allocated, at most about 8 MiB per kind); larger scratch from a
+// per-device stream-ordered memory pool (cudaMallocFromPoolAsync / cudaFreeAsync on the call's
+// stream), which keeps what calls gave back for any stream's next call, so it holds the most
+// that calls used at once. release_cached_memory() gives all of it back to CUDA. Captured calls'
+// scratch (CUDA GRAPHS above) is not part of it.
+//
 // ERRORS. fa4::Error (fa4/error.h). Every argument is validated before anything is written, except
 // the contents of device-resident varlen indices (above) and of device-resident KV-cache indices
 // (forward_with_kvcache). The other exception: ErrorCode::kInternal from the CPU backward's
@@ -261,6 +272,16 @@ void forward_with_kvcache(const TensorView& q, const TensorView& k_cache,
 /// CUDA, before any such CUDA call, or for an index no kernel ran on (negative, or no such device:
 /// nothing is recorded there), a no-op.
 void check_async_errors(int device_index);
+
+/// Frees the scratch fa4 keeps for eager CUDA calls on device `device_index` (SCRATCH MEMORY
+/// above), as torch.cuda.empty_cache() does for PyTorch's cache: it waits for the device
+/// (cudaDeviceSynchronize), then frees every stream's cached buffers that no call in another
+/// thread is using at that moment and trims the memory pool. Later calls allocate again (the
+/// next call on each stream, and on the pool, is slower). Captured calls' scratch is kept (graphs
+/// may still replay). A no-op (no wait) when nothing is kept there: without CUDA, or before any
+/// CUDA call on that device. Errors: kInvalidArgument for device_index < 0; kCudaError if CUDA
+/// refuses the wait or a free (e.g. while a stream of the device is being captured into a graph).
+void release_cached_memory(int device_index);
 
 /// Answers "would forward() run on these arguments, and with which kernel?" without running.
 /// Returns an empty string if supported plus the kernel name in *kernel_name; otherwise the

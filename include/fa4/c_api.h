@@ -11,7 +11,8 @@
  *     new things are only ADDED: new functions, new enum values, new fields at the END of
  *     fa4_options (its `struct_size` field tells the library which fields the caller knows).
  *     Version 2 added fa4_check_async_errors. Version 3 added fa4_forward_with_kvcache,
- *     fa4_forward_with_kvcache_support, fa4_kvcache_args and fa4_kvcache_args_init.
+ *     fa4_forward_with_kvcache_support, fa4_kvcache_args and fa4_kvcache_args_init. Version 4
+ *     added fa4_release_cached_memory.
  *   * fa4_abi_version() returns the version the library was built with. A caller compiled
  *     against version N works with any library whose fa4_abi_version() >= N.
  *   * Every exported symbol starts with "fa4_"; every macro with "FA4_".
@@ -56,7 +57,7 @@ extern "C" {
 #endif
 
 /** Version of this ABI (see STABILITY above). */
-#define FA4_C_API_VERSION 3
+#define FA4_C_API_VERSION 4
 
 /** Most dimensions an fa4_tensor holds. */
 #define FA4_MAX_DIMS 4
@@ -217,6 +218,11 @@ FA4_C_EXPORT int32_t fa4_forward_with_kvcache_support(const fa4_tensor* q, const
  *  then cleared); OK otherwise, including for an index no kernel ran on (negative, or no such
  *  device: nothing is recorded there). Does not wait for the GPU. */
 FA4_C_EXPORT int32_t fa4_check_async_errors(int32_t device_index);
+
+/** Since ABI 4. fa4::release_cached_memory (fa4/attention.h): waits for CUDA device `device_index`
+ *  and frees the scratch fa4 keeps for eager calls there. OK as a no-op when nothing is kept
+ *  there; INVALID_ARGUMENT for a negative index; CUDA_ERROR if CUDA refuses the wait or a free. */
+FA4_C_EXPORT int32_t fa4_release_cached_memory(int32_t device_index);
 
 /** Message of the calling thread's most recent failed fa4 call; "" after a success. Never NULL. */
 FA4_C_EXPORT const char* fa4_last_error(void);

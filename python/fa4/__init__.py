@@ -34,8 +34,8 @@ else:
 __all__ = [
     "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "forward", "backward",
     "forward_support",
-    "version", "has_cuda", "library_path", "check_async_errors", "Fa4Error", "InvalidArgumentError", "UnsupportedError",
-    "CudaError", "NoDeviceError", "InternalError", "LibraryNotFoundError",
+    "version", "has_cuda", "library_path", "check_async_errors", "release_cached_memory",
+    "Fa4Error", "InvalidArgumentError", "UnsupportedError", "CudaError", "NoDeviceError", "InternalError", "LibraryNotFoundError",
 ]
 
 try:  # the installed distribution's version (= libfa4's CMake project version)
@@ -80,19 +80,40 @@ def check_async_errors(device=0) -> None:
     host sync and break CUDA graph capture): a sequence that breaks a rule is not computed (its
     out/lse rows stay unwritten) and the next call on the device raises instead of running. This
     function does not wait for the GPU: synchronise first to see the calls already issued."""
-    if isinstance(device, int) and not isinstance(device, bool):
-        index = device
-    else:
-        torch = sys.modules.get("torch")
-        if torch is None:
-            raise InvalidArgumentError(
-                f"fa4.check_async_errors: device = {device!r} must be a CUDA device index (an int)")
+    _capi.check_async_errors(_cuda_index(device, "fa4.check_async_errors"))
+
+
+def release_cached_memory(device=0) -> None:
+    """Frees the device scratch fa4 keeps for eager calls on CUDA device `device` (an index, or
+    anything torch.device accepts), as ``torch.cuda.empty_cache()`` does for PyTorch's cache.
+
+    fa4 keeps the scratch its CUDA calls need (tile counters, split partials, the backward's dQ
+    accumulator: up to GBs for a training shape) between calls, so that a call neither allocates
+    nor waits: per stream up to 4 MiB, larger in a memory pool shared by the streams. This waits for
+    the device, then gives it all back to CUDA (except what a call in another thread is using at
+    that moment, and captured CUDA graphs' scratch); the next calls allocate again. A no-op when
+    nothing is kept there. Raises :class:`Fa4Error` if CUDA refuses (e.g. while a stream of the
+    device is being captured)."""
+    _capi.release_cached_memory(_cuda_index(device, "fa4.release_cached_memory"))
+
+
+def _cuda_index(device, fn: str) -> int:
+    """A CUDA device index from an int, or from anything torch.device accepts ("cuda:1",
+    torch.device("cuda") = the current device)."""
+    if type(device) is int:
+        return device
+    torch = sys.modules.get("torch")
+    if isinstance(device, bool):
+        torch = None  # (not an index, although an int)
+    if torch is None:
+        raise InvalidArgumentError(f"{fn}: device = {device!r} must be a CUDA device index (an int)")
+    try:
         d = torch.device(device)  # "cuda:1", torch.device("cuda"), ...
-        if d.type != "cuda":
-            raise InvalidArgumentError(
-                f"fa4.check_async_errors: device = {device!r} is not a CUDA device")
-        index = d.index if d.index is not None else torch.cuda.current_device()
-    _capi.check_async_errors(index)
+    except (TypeError, RuntimeError, ValueError):
+        raise InvalidArgumentError(f"{fn}: device = {device!r} is not a device") from None
+    if d.type != "cuda":
+        raise InvalidArgumentError(f"{fn}: device = {device!r} is not a CUDA device")
+    return d.index if d.index is not None else torch.cuda.current_device()
 
 
 def library_path() -> str:

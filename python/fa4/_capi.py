@@ -25,7 +25,7 @@ import threading
 import warnings
 
 # ---- constants mirrored from c_api.h ------------------------------------------------------------
-C_API_VERSION = 3  # the FA4_C_API_VERSION this binding was written against
+C_API_VERSION = 4  # the FA4_C_API_VERSION this binding was written against
 MAX_DIMS = 4
 
 STATUS_OK = 0
@@ -205,6 +205,9 @@ def _declare(lib):
     if hasattr(lib, "fa4_check_async_errors"):  # absent from older builds (benchmarks load those)
         lib.fa4_check_async_errors.argtypes = [ctypes.c_int32]
         lib.fa4_check_async_errors.restype = ctypes.c_int32
+    if hasattr(lib, "fa4_release_cached_memory"):  # ABI 4
+        lib.fa4_release_cached_memory.argtypes = [ctypes.c_int32]
+        lib.fa4_release_cached_memory.restype = ctypes.c_int32
     if hasattr(lib, "fa4_forward_with_kvcache"):  # ABI 3
         lib.fa4_kvcache_args_init.argtypes = [_KP, ctypes.c_size_t]
         lib.fa4_kvcache_args_init.restype = ctypes.c_int32
@@ -389,3 +392,9 @@ def check_async_errors(device_index: int) -> None:
     """fa4_check_async_errors: raises InvalidArgumentError if an earlier kernel on CUDA device
     `device_index` met invalid device-resident varlen or KV-cache indices."""
     check(library().fa4_check_async_errors(device_index))
+
+
+def release_cached_memory(device_index: int) -> None:
+    """fa4_release_cached_memory: waits for CUDA device `device_index` and frees the scratch fa4
+    keeps for eager calls there."""
+    check(library().fa4_release_cached_memory(device_index))

@@ -331,3 +331,11 @@ def test_documented_leniencies_of_abi_v3():
     np.testing.assert_array_equal(arrays[3], out_default)
     assert _capi.library().fa4_check_async_errors(-1) == _capi.STATUS_OK
     assert _capi.library().fa4_check_async_errors(1 << 20) == _capi.STATUS_OK
+
+
+def test_release_cached_memory_index():
+    lib = _capi.library()
+    assert lib.fa4_release_cached_memory(-1) == _capi.STATUS_INVALID_ARGUMENT
+    assert lib.fa4_last_error() == b"fa4::release_cached_memory: device_index = -1 must be >= 0"
+    assert lib.fa4_release_cached_memory(1 << 20) == _capi.STATUS_OK  # nothing cached there
+    assert lib.fa4_last_error() == b""

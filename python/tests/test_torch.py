@@ -418,6 +418,36 @@ def test_cuda_deterministic_backward_is_bitwise(gen):
             assert torch.equal(a, b)
 
 
+def test_release_cached_memory_device_argument():
+    fa4.release_cached_memory(1 << 20)  # nothing cached there: a no-op
+    for bad, rule in [("cpu", "is not a CUDA device"), (True, "must be a CUDA device index"),
+                      (1.5, "is not a device"), ("gpu7", "is not a device")]:
+        with pytest.raises(fa4.InvalidArgumentError, match=f"fa4.release_cached_memory: device = .* {rule}"):
+            fa4.release_cached_memory(bad)
+    with pytest.raises(fa4.InvalidArgumentError, match="device_index = -1 must be >= 0"):
+        fa4.release_cached_memory(-1)
+
+
+@needs_cuda
+def test_cuda_release_cached_memory(gen):
+    # A backward whose workspace (a 9 MB dQ accumulator) comes from the pool, after a forward whose
+    # claim counter is cached for the stream: released between two runs, the second runs on newly
+    # allocated (and zeroed) scratch and gives the same bits.
+    q, k, v = (_randn(gen, (2, 2048, 8, 64), torch.bfloat16, "cuda", True) for _ in range(3))
+    dout = _randn(gen, (2, 2048, 8, 64), torch.bfloat16, "cuda")
+
+    def run():
+        out = fa4.flash_attn_func(q, k, v, causal=True, deterministic=True)
+        return (out,) + torch.autograd.grad(out, (q, k, v), dout)
+
+    first = run()
+    fa4.release_cached_memory(q.device)
+    second = run()
+    fa4.release_cached_memory()
+    for name, a, b in zip(["out", "dq", "dk", "dv"], first, second):
+        assert torch.isfinite(a).all() and torch.equal(a, b), name
+
+
 @needs_cuda
 def test_cuda_eager_path_matches_custom_op(gen):
     _eager_vs_custom_op(gen, "cuda", torch.bfloat16, grads=True)

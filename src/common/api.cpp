@@ -216,6 +216,15 @@ void check_async_errors(int device_index) {
 #endif
 }
 
+void release_cached_memory(int device_index) {
+  if (device_index < 0)
+    throw Error(ErrorCode::kInvalidArgument, "fa4::release_cached_memory: device_index = " +
+                                                 std::to_string(device_index) + " must be >= 0");
+#if FA4_WITH_CUDA
+  hopper::release_cached_memory(device_index);
+#endif  // (without CUDA nothing is ever cached)
+}
+
 namespace detail {
 namespace {
 

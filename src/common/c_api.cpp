@@ -408,6 +408,10 @@ int32_t fa4_check_async_errors(int32_t device_index) {
   return guarded("fa4_check_async_errors", [&] { fa4::check_async_errors(device_index); });
 }
 
+int32_t fa4_release_cached_memory(int32_t device_index) {
+  return guarded("fa4_release_cached_memory", [&] { fa4::release_cached_memory(device_index); });
+}
+
 int32_t fa4_internal_set_override(const char* name, const char* value) {
   return guarded("fa4_internal_set_override", [&] { fa4::detail::set_kernel_override(name, value); });
 }

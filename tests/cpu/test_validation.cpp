@@ -363,6 +363,19 @@ TEST(Validation, CheckAsyncErrorsOfAnIndexWithoutKernels) {
   EXPECT_NO_THROW(fa4::check_async_errors(1 << 20));
 }
 
+// release_cached_memory: a negative index is an error naming it; an index with nothing cached
+// (no such device, or none in this build) is a no-op.
+TEST(Validation, ReleaseCachedMemoryIndex) {
+  try {
+    fa4::release_cached_memory(-1);
+    ADD_FAILURE() << "device_index -1 accepted";
+  } catch (const fa4::Error& e) {
+    EXPECT_EQ(e.code(), fa4::ErrorCode::kInvalidArgument);
+    EXPECT_STREQ(e.what(), "fa4::release_cached_memory: device_index = -1 must be >= 0");
+  }
+  EXPECT_NO_THROW(fa4::release_cached_memory(1 << 20));
+}
+
 // Inputs may share memory (packed qkv), and outputs may interleave as slices of one packed buffer
 // (packed dqkv): neither is refused by the overlap rule, which refuses provable overlaps only.
 TEST(Validation, PackedInputsAndInterleavedOutputsPass) {

@@ -298,10 +298,12 @@ inline void run_case(const KvCase& c) {
   // allocate a fresh, zeroed buffer and check nothing).
   if (c.num_splits > 1) {
     const size_t tiles = size_t(B) * HK * ((size_t(Sq) * (H / HK) + 15) / 16);
-    const char* base = fa4::hopper::acquire_scratch(0, nullptr, tiles * 4, tiles * 4,
-                                                    fa4::hopper::ScratchKind::kDecodeArrivals).ptr;
+    fa4::hopper::ScratchHold held(nullptr);
+    const char* base = held.hold(fa4::hopper::acquire_scratch(0, nullptr, tiles * 4, tiles * 4,
+                                                              fa4::hopper::ScratchKind::kDecodeArrivals));
     std::vector<int32_t> counters(tiles);
     CUDA_OK(cudaMemcpy(counters.data(), base, tiles * 4, cudaMemcpyDeviceToHost));
+    held.release();
     EXPECT_EQ(size_t(std::count(counters.begin(), counters.end(), 0)), tiles) << c.name() << ": arrival counters left set";
   }
 

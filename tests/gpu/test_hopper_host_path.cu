@@ -119,9 +119,11 @@ std::vector<uint8_t> scratch_flags(cudaStream_t s) {
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   const size_t bytes = (size_t(sms) * 3 * 4 + 255) / 256 * 256;
-  const char* base = fa4::hopper::acquire_scratch(0, s, bytes, bytes).ptr;
+  fa4::hopper::ScratchHold held(s);
+  const char* base = held.hold(fa4::hopper::acquire_scratch(0, s, bytes, bytes));
   std::vector<uint8_t> h(bytes);
   cudaMemcpy(h.data(), base, bytes, cudaMemcpyDeviceToHost);
+  held.release();
   return h;
 }
 
@@ -705,6 +707,62 @@ TEST(HopperBwd, GraphReplayMatchesEager) {
     CUDA_OK(cudaGraphExecDestroy(exec));
     CUDA_OK(cudaGraphDestroy(graph));
   }
+  CUDA_OK(cudaStreamDestroy(s));
+}
+
+// release_cached_memory frees what eager calls keep (device_state.h): the stream's cached claim
+// counter of a dynamic-schedule forward and the pool's backward workspace (17 MB, above
+// kEagerCachedMaxBytes); the calls after it allocate again (the counter zeroed anew) and give the
+// same bits.
+TEST(HopperBwd, ReleaseCachedMemory) {
+  REQUIRE_HOPPER();
+  REQUIRE_BUCKETS(128, 128, fa4::test::kFwd | fa4::test::kBwd);
+  fa4::test::ScopedOverride dynamic("schedule", "dynamic");  // 17 x 16 causal tiles > SMs
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  Problem p = batched(1, 2100, 1000, 16, 4, 128, 41);
+  const int64_t nq = p.rows_q * p.H * p.d, nk = p.rows_k * p.HK * p.d;
+  fa4::test::DevBuf<uint16_t> dout{size_t(nq)}, dq{size_t(nq)}, dk{size_t(nk)}, dv{size_t(nk)};
+  ASSERT_TRUE(dout.ptr && dq.ptr && dk.ptr && dv.ptr) << "cudaMalloc of dout / dq / dk / dv";
+  CUDA_OK(cudaMemcpy(dout.ptr, p.q, size_t(nq) * 2, cudaMemcpyDeviceToDevice));  // any finite dO
+  const auto dev = fa4::Device::cuda(0, s);
+  auto q_like = [&](void* x) { return TensorView::contiguous(x, DType::kBF16, {p.batch, p.seqlen_q, p.H, p.d}, dev); };
+  auto k_like = [&](void* x) { return TensorView::contiguous(x, DType::kBF16, {p.batch, p.seqlen_k, p.HK, p.d}, dev); };
+  struct Result {
+    std::vector<uint16_t> out, dq, dk, dv;
+  };
+  auto run = [&]() {
+    fa4::BackwardOptions o;
+    o.causal = true;
+    o.deterministic = true;
+    p.poison(s);
+    p.run(o, s);
+    for (auto* g : {&dq, &dk, &dv}) cudaMemsetAsync(g->ptr, 0xFF, g->n * 2, s);
+    fa4::backward(q_like(dout.ptr), q_like(p.q), k_like(p.k), k_like(p.v), q_like(p.out),
+                  TensorView::contiguous(p.lse, DType::kFP32, {p.batch, p.H, p.seqlen_q}, dev), q_like(dq.ptr),
+                  k_like(dk.ptr), k_like(dv.ptr), o);
+    EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    return Result{p.out_host(), dq.download(), dk.download(), dv.download()};
+  };
+  const Result first = run();
+  for (const auto* v : {&first.out, &first.dq, &first.dk, &first.dv}) ASSERT_FALSE(any_nan16(*v));
+  const fa4::hopper::EagerScratchStats kept = fa4::hopper::eager_scratch_stats(0);
+  EXPECT_GE(kept.cached, 1u) << "the forward's claim counter, cached for the stream";
+  EXPECT_EQ(kept.held, 0u) << "every call released its scratch";
+  EXPECT_GE(kept.pool_reserved_bytes, size_t(16) << 20) << "the backward's workspace, kept by the pool";
+  EXPECT_EQ(kept.pool_used_bytes, 0u) << "given back to the pool after the backward";
+
+  fa4::release_cached_memory(0);
+  const fa4::hopper::EagerScratchStats after = fa4::hopper::eager_scratch_stats(0);
+  EXPECT_EQ(after.cached, 0u);
+  EXPECT_EQ(after.cached_bytes, 0u);
+  EXPECT_EQ(after.pool_reserved_bytes, 0u);
+
+  const Result second = run();
+  EXPECT_TRUE(second.out == first.out) << "out after the release";
+  EXPECT_TRUE(second.dq == first.dq && second.dk == first.dk && second.dv == first.dv)
+      << "deterministic gradients after the release";
+  EXPECT_GE(fa4::hopper::eager_scratch_stats(0).cached, 1u) << "allocated again";
   CUDA_OK(cudaStreamDestroy(s));
 }
 

@@ -151,13 +151,14 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   const bool dynamic = Kt::kTileClaims && ctx.dynamic_schedule && num_tiles > grid && has_rows;
   const size_t counter_bytes = dynamic ? 256 : 0;
   const size_t ws_bytes = acc_bytes + 2 * stat_bytes + sem_bytes + counter_bytes;
-  LaunchScratch ws{nullptr, false};
-  if (ws_bytes > 0) ws = acquire_scratch(fp.device.index, stream, ws_bytes, 0, ScratchKind::kBackward);
-  p.dq_accum = reinterpret_cast<float*>(ws.ptr);
-  p.lse_log2 = reinterpret_cast<float*>(ws.ptr + acc_bytes);
-  p.dpsum = reinterpret_cast<float*>(ws.ptr + acc_bytes + stat_bytes);
-  p.dq_semaphore = fp.deterministic ? reinterpret_cast<int32_t*>(ws.ptr + acc_bytes + 2 * stat_bytes) : nullptr;
-  p.tile_counter = dynamic ? reinterpret_cast<int32_t*>(ws.ptr + acc_bytes + 2 * stat_bytes + sem_bytes) : nullptr;
+  ScratchHold ws(stream);
+  if (ws_bytes > 0) ws.hold(acquire_scratch(fp.device.index, stream, ws_bytes, 0, ScratchKind::kBackward));
+  char* const ws_ptr = ws.ptr();
+  p.dq_accum = reinterpret_cast<float*>(ws_ptr);
+  p.lse_log2 = reinterpret_cast<float*>(ws_ptr + acc_bytes);
+  p.dpsum = reinterpret_cast<float*>(ws_ptr + acc_bytes + stat_bytes);
+  p.dq_semaphore = fp.deterministic ? reinterpret_cast<int32_t*>(ws_ptr + acc_bytes + 2 * stat_bytes) : nullptr;
+  p.tile_counter = dynamic ? reinterpret_cast<int32_t*>(ws_ptr + acc_bytes + 2 * stat_bytes + sem_bytes) : nullptr;
 
   BwdAuxParams a;
   a.out = fp.out;
@@ -197,8 +198,8 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   a.async_error = ctx.async_error;
   a.softmax_scale = fp.softmax_scale;
   a.dq_accum = p.dq_accum;
-  a.lse_log2 = reinterpret_cast<float*>(ws.ptr + acc_bytes);
-  a.dpsum = reinterpret_cast<float*>(ws.ptr + acc_bytes + stat_bytes);
+  a.lse_log2 = reinterpret_cast<float*>(ws_ptr + acc_bytes);
+  a.dpsum = reinterpret_cast<float*>(ws_ptr + acc_bytes + stat_bytes);
   a.dq_semaphore = p.dq_semaphore;
   a.tile_counter = p.tile_counter;
   a.chunks = p.chunks;
@@ -243,16 +244,14 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
     launched = cudaGetLastError();
   }
   if (launched == cudaErrorCooperativeLaunchTooLarge) {
-    try {  // (a refused launch may have invalidated a capture: the refusal is what to report)
-      release_scratch(ws, stream);
-    } catch (const Error&) {
-    }
+    // (a refused launch may have invalidated a capture: the refusal is what to report, and ws's
+    // destructor releases the scratch, dropping that error)
     throw Error(ErrorCode::kUnsupported,
                 "fa4::backward (hopper): deterministic = true needs every CTA of the backward resident at once "
                 "(a cooperative launch), which this device or context refused (fewer usable SMs, e.g. MPS); "
                 "dq/dk/dv were not written");
   }
-  release_scratch(ws, stream);
+  ws.release();
   check_cuda(launched, kBwd, "kernel launch");
 }
 

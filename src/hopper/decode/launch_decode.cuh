@@ -115,19 +115,19 @@ void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, con
 
   // Everything that can fail on the host (scratch, the smem limit) comes before the append, the
   // first write to a caller's tensor.
-  LaunchScratch scratch{nullptr, false}, arrivals{nullptr, false};
+  ScratchHold scratch(stream), arrivals(stream);
   if (p.seqlen_q > 0 && a.num_partials > 1) {
     const size_t parts = size_t(a.num_partials), batch = size_t(p.batch);
     const size_t o_bytes = parts * batch * p.seqlen_q * p.num_heads * kHeadDim * sizeof(float);
     const size_t lse_bytes = parts * size_t(a.cluster) * batch * p.seqlen_q * p.num_heads * sizeof(float);
     // One counter per tile, or per tile and cluster rank (each rank's columns merge on their own).
     const size_t tiles = batch * size_t(p.num_heads_kv) * size_t(a.row_tiles) * size_t(a.cluster);
-    scratch = acquire_scratch(p.device.index, stream, o_bytes + lse_bytes, 0, ScratchKind::kDecode);
-    arrivals = acquire_scratch(p.device.index, stream, tiles * sizeof(int32_t), tiles * sizeof(int32_t),
-                               ScratchKind::kDecodeArrivals);
-    a.o_partial = reinterpret_cast<float*>(scratch.ptr);
-    a.lse_partial = reinterpret_cast<float*>(scratch.ptr + o_bytes);
-    a.arrivals = reinterpret_cast<int32_t*>(arrivals.ptr);
+    scratch.hold(acquire_scratch(p.device.index, stream, o_bytes + lse_bytes, 0, ScratchKind::kDecode));
+    arrivals.hold(acquire_scratch(p.device.index, stream, tiles * sizeof(int32_t), tiles * sizeof(int32_t),
+                                  ScratchKind::kDecodeArrivals));
+    a.o_partial = reinterpret_cast<float*>(scratch.ptr());
+    a.lse_partial = reinterpret_cast<float*>(scratch.ptr() + o_bytes);
+    a.arrivals = reinterpret_cast<int32_t*>(arrivals.ptr());
   }
   if (p.seqlen_new > 0) {  // stream order: the decode below reads the appended rows
     decode::append_kernel<Elem><<<dim3(p.seqlen_new, p.num_heads_kv, p.batch), 64, 0, stream>>>(a);
@@ -142,8 +142,8 @@ void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, con
     kernel<<<grid, 32 * detail::kDecodeWarps, Smem::kBytes, stream>>>(a);
     check_cuda(cudaGetLastError(), kFn, "decode kernel launch");
   }
-  release_scratch(arrivals, stream);
-  release_scratch(scratch, stream);
+  arrivals.release();
+  scratch.release();
 }
 
 template <int kDType, int kHeadDim, int kHeadDimV>

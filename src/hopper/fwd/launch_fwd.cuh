@@ -137,6 +137,7 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   // launch the split needs is refused.
   const detail::StreamKPlan whole_tiles = detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, 0);
   const bool dynamic = ctx.dynamic_schedule && num_tiles > whole_tiles.grid;
+  if (dynamic) count_fwd_dynamic_launch();
   // Stream-K tail (core/stream_k.h): dense problems (every tile has the same key blocks) in
   // the static order.
   const bool sk_eligible = !fp.is_varlen && !fp.mask.is_local() && !dynamic && fp.seqlen_k > 0;
@@ -149,15 +150,15 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   constexpr int64_t kMaxMmaWarpGroups = 3;
   const size_t flag_bytes = size_t(ctx.num_sms * kMaxMmaWarpGroups * int64_t(sizeof(int32_t)) + 255) / 256 * 256;
   static_assert(Kt::kNumMmaWarpGroups <= kMaxMmaWarpGroups);
-  LaunchScratch flags{nullptr, false}, partials{nullptr, false};
-  if (dynamic || p.sk.tail_ctas > 0) flags = acquire_scratch(fp.device.index, stream, flag_bytes, flag_bytes);
+  ScratchHold flags(stream), partials(stream);
+  if (dynamic || p.sk.tail_ctas > 0) flags.hold(acquire_scratch(fp.device.index, stream, flag_bytes, flag_bytes));
   if (dynamic) {
-    p.tile_counter = reinterpret_cast<int32_t*>(flags.ptr);
+    p.tile_counter = reinterpret_cast<int32_t*>(flags.ptr());
   } else if (p.sk.tail_ctas > 0) {
-    partials = acquire_scratch(fp.device.index, stream, size_t(StreamK<Kt>::workspace_bytes(p.sk.tail_ctas)), 0,
-                               ScratchKind::kForwardPartials);
-    p.sk_flags = reinterpret_cast<int32_t*>(flags.ptr);
-    p.sk_partial = reinterpret_cast<float*>(partials.ptr);
+    partials.hold(acquire_scratch(fp.device.index, stream, size_t(StreamK<Kt>::workspace_bytes(p.sk.tail_ctas)), 0,
+                                  ScratchKind::kForwardPartials));
+    p.sk_flags = reinterpret_cast<int32_t*>(flags.ptr());
+    p.sk_partial = reinterpret_cast<float*>(partials.ptr());
   }
 
   cudaError_t launched = cudaSuccess;
@@ -178,8 +179,8 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
     kernel<<<p.sk.grid, Kt::kNumThreads, Kt::kSmemBytes, stream>>>(p);
     launched = cudaGetLastError();
   }
-  release_scratch(partials, stream);
-  release_scratch(flags, stream);
+  partials.release();
+  flags.release();
   check_cuda(launched, kFwd, "kernel launch");
 }
 

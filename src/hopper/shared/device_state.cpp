@@ -1,7 +1,9 @@
 // src/hopper/shared/device_state.cpp — launch scratch and the asynchronous error word (device_state.h).
 #include "hopper/shared/device_state.h"
 
+#include <atomic>
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <string>
@@ -32,11 +34,20 @@ struct RelaxedCapture {
 };
 
 std::mutex g_mu;
+/// An eager call's cached buffer (device_state.h). `holds`: calls between acquire_scratch and
+/// release_scratch, whose launches may not be enqueued yet (release_cached_memory skips them).
+struct CachedBuffer {
+  int device;
+  char* ptr;
+  size_t bytes;
+  int holds = 0;
+};
 /// Eager scratch per (device, stream id, kind): cudaStreamGetId, unlike the handle, is unique for
 /// the life of the process and tells each thread's per-thread default stream apart.
-std::map<std::tuple<int, unsigned long long, int>, std::pair<char*, size_t>> g_eager;  // (ptr, bytes)
+std::map<std::tuple<int, unsigned long long, int>, CachedBuffer*> g_eager;
+std::vector<CachedBuffer*> g_outgrown;      // replaced by a larger one, kept until release_cached_memory
 std::map<int, cudaStream_t> g_zero_stream;  // a private stream per device for the one-time memset
-std::vector<char*> g_outgrown;              // kept, not freed: see acquire_scratch
+std::map<int, cudaMemPool_t> g_pool;        // per device, made on first use; nullptr: no pool support
 
 /// Zero fill of `bytes` at p on device's private non-blocking stream (never the caller's; made on
 /// first use), waited for. Only when a buffer is allocated or handed to a new capture, never per
@@ -72,6 +83,36 @@ char* alloc_scratch(int device, size_t bytes, bool zero) {
     check(e, "zeroing the launch scratch");
   }
   return p;
+}
+
+/// The device's pool for large eager scratch (device_state.h), made on first use; nullptr where the
+/// device has no stream-ordered allocator (that scratch is then cached per stream too). It keeps
+/// what is given back (release threshold: all), as PyTorch's cudaMallocAsync backend does: by
+/// default a pool returns memory to the system at every synchronisation, and the next call maps it
+/// again. g_mu held.
+cudaMemPool_t scratch_pool(int device) {
+  const auto found = g_pool.find(device);
+  if (found != g_pool.end()) return found->second;
+  RelaxedCapture relaxed;  // another thread may be capturing in global mode
+  int supported = 0;
+  check(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device),
+        "cudaDeviceGetAttribute (memory pools)");
+  cudaMemPool_t pool = nullptr;
+  if (supported) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate (launch scratch)");
+    uint64_t keep = UINT64_MAX;
+    const cudaError_t e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+    if (e != cudaSuccess) {
+      cudaMemPoolDestroy(pool);
+      check(e, "cudaMemPoolSetAttribute (launch scratch)");
+    }
+  }
+  g_pool[device] = pool;
+  return pool;
 }
 
 /// A buffer owned by a captured graph (see acquire_scratch). The destructor callback of the
@@ -219,13 +260,17 @@ LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, siz
       ++g_capture_stats.shared;
       // A call that leaves part of it written (zeroed_bytes < bytes) ends the zero guarantee.
       if (zeroed_bytes < bytes) share.zeroed = false;
-      return {share.buf.ptr, false};
+      LaunchScratch s;
+      s.ptr = share.buf.ptr;
+      return s;
     }
     // A new capture, a larger need, or a zeroed need where the buffer may be written: a buffer of
     // its own (the earlier one stays as it was, retained or the graph's: earlier nodes use it).
     share = {capture_id, graph, capture_buffer(device, graph, bytes, zeroed_bytes > 0),
              zeroed_bytes > 0 && zeroed_bytes >= bytes};
-    return {share.buf.ptr, false};
+    LaunchScratch s;
+    s.ptr = share.buf.ptr;
+    return s;
   }
   if (capture != cudaStreamCaptureStatusNone) {
     // Larger scratch that every launch overwrites (the backward's dQ accumulator and row
@@ -233,7 +278,8 @@ LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, siz
     // free become nodes of the graph, and CUDA shares the memory between graphs and between the
     // nodes of one graph. (An invalidated capture takes this path too; the capture fails and
     // frees them.)
-    LaunchScratch s{nullptr, true};
+    LaunchScratch s;
+    s.stream_ordered = true;
     check(cudaMallocAsync(reinterpret_cast<void**>(&s.ptr), bytes, stream), "cudaMallocAsync (captured scratch)");
     const cudaError_t e = zeroed_bytes > 0 ? cudaMemsetAsync(s.ptr, 0, zeroed_bytes, stream) : cudaSuccess;
     if (e != cudaSuccess) {
@@ -242,22 +288,120 @@ LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, siz
     }
     return s;
   }
+  if (zeroed_bytes == 0 && bytes > kEagerCachedMaxBytes) {
+    cudaMemPool_t pool = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      pool = scratch_pool(device);
+    }
+    if (pool) {
+      LaunchScratch s;
+      s.stream_ordered = true;
+      check(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&s.ptr), bytes, pool, stream),
+            "cudaMallocFromPoolAsync (launch scratch)");
+      return s;
+    }
+  }
   unsigned long long stream_id = 0;
   check(cudaStreamGetId(stream, &stream_id), "cudaStreamGetId");
   std::lock_guard<std::mutex> lock(g_mu);
-  std::pair<char*, size_t>& b = g_eager[{device, stream_id, static_cast<int>(kind)}];
-  if (b.second >= bytes) return {b.first, false};
-  // The old buffer is kept, not freed: kernels queued on the stream, or a call of another thread
-  // that took it a moment ago, may still use it, and waiting for them would be a host sync.
-  const size_t size = scratch_capacity(bytes);
-  if (b.first) g_outgrown.push_back(b.first);
-  b = {alloc_scratch(device, size, zeroed_bytes > 0), size};
-  return {b.first, false};
+  CachedBuffer*& b = g_eager[{device, stream_id, static_cast<int>(kind)}];
+  if (!b || b->bytes < bytes) {
+    // The old buffer is kept, not freed: kernels queued on the stream, or a call of another thread
+    // that took it a moment ago, may still use it, and waiting for them would be a host sync.
+    const size_t size = scratch_capacity(bytes);
+    auto* grown = new CachedBuffer{device, alloc_scratch(device, size, zeroed_bytes > 0), size};
+    if (b) g_outgrown.push_back(b);
+    b = grown;
+  }
+  ++b->holds;
+  LaunchScratch s;
+  s.ptr = b->ptr;
+  s.cached = b;
+  return s;
 }
 
 void release_scratch(const LaunchScratch& s, cudaStream_t stream) {
-  if (s.graph_memory && s.ptr) check(cudaFreeAsync(s.ptr, stream), "cudaFreeAsync (captured scratch)");
+  if (s.cached) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    --static_cast<CachedBuffer*>(s.cached)->holds;
+  }
+  if (s.stream_ordered && s.ptr) check(cudaFreeAsync(s.ptr, stream), "cudaFreeAsync (launch scratch)");
 }
+
+ScratchHold::~ScratchHold() {
+  try {
+    release();
+  } catch (const Error&) {  // (an exception is already on its way, or release() reported it)
+  }
+}
+
+void ScratchHold::release() {
+  const LaunchScratch s = s_;
+  s_ = LaunchScratch{};
+  release_scratch(s, stream_);
+}
+
+void release_cached_memory(int device) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  bool any = false;
+  for (const auto& [key, b] : g_eager) any = any || std::get<0>(key) == device;
+  for (const CachedBuffer* b : g_outgrown) any = any || b->device == device;
+  const auto pool = g_pool.find(device);
+  if (!any && (pool == g_pool.end() || !pool->second)) return;
+  // (In the thread's capture mode: CUDA refuses the wait, rather than let it pass, while a
+  // capture it would break is under way.)
+  int current = 0;
+  check(cudaGetDevice(&current), "cudaGetDevice");
+  check(cudaSetDevice(device), "cudaSetDevice");
+  // Every launch that used a buffer no call holds was enqueued before its holder's release_scratch,
+  // which came before this thread took g_mu: the wait covers it.
+  cudaError_t e = cudaDeviceSynchronize();
+  auto drop = [&](CachedBuffer* b) {
+    if (b->device != device || b->holds > 0 || e != cudaSuccess) return false;
+    e = cudaFree(b->ptr);
+    delete b;
+    return true;
+  };
+  for (auto it = g_eager.begin(); it != g_eager.end();) it = drop(it->second) ? g_eager.erase(it) : std::next(it);
+  std::vector<CachedBuffer*> kept;
+  for (CachedBuffer* b : g_outgrown)
+    if (!drop(b)) kept.push_back(b);
+  g_outgrown.swap(kept);
+  if (e == cudaSuccess && pool != g_pool.end() && pool->second) e = cudaMemPoolTrimTo(pool->second, 0);
+  cudaSetDevice(current);
+  check(e, "release_cached_memory");
+}
+
+EagerScratchStats eager_scratch_stats(int device) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  EagerScratchStats st;
+  auto count = [&](const CachedBuffer* b) {
+    if (b->device != device) return;
+    ++st.cached;
+    st.cached_bytes += b->bytes;
+    st.held += b->holds > 0;
+  };
+  for (const auto& [key, b] : g_eager) count(b);
+  for (const CachedBuffer* b : g_outgrown) count(b);
+  const auto pool = g_pool.find(device);
+  if (pool != g_pool.end() && pool->second) {
+    uint64_t v = 0;
+    check(cudaMemPoolGetAttribute(pool->second, cudaMemPoolAttrReservedMemCurrent, &v), "cudaMemPoolGetAttribute");
+    st.pool_reserved_bytes = size_t(v);
+    check(cudaMemPoolGetAttribute(pool->second, cudaMemPoolAttrUsedMemCurrent, &v), "cudaMemPoolGetAttribute");
+    st.pool_used_bytes = size_t(v);
+  }
+  return st;
+}
+
+namespace {
+std::atomic<uint64_t> g_fwd_dynamic_launches{0};
+}  // namespace
+
+void count_fwd_dynamic_launch() { g_fwd_dynamic_launches.fetch_add(1, std::memory_order_relaxed); }
+
+uint64_t fwd_dynamic_launches() { return g_fwd_dynamic_launches.load(std::memory_order_relaxed); }
 
 uint32_t* async_error_word(int device) {
   // Allocated once; with unified addressing (every 64-bit platform CUDA supports) the portable

@@ -2,12 +2,20 @@
 // that a call neither allocates (after the first one on its stream), synchronises nor reads the
 // environment:
 //   * scratch: the dynamic schedule's claim counter and the stream-K flags and partials; and,
-//     separately (ScratchKind), the backward's workspace. The
-//     kernels leave the counter and the flags zeroed when they finish (the last claim resets the
-//     counter, a combiner resets the flags it consumed), so eager calls share one buffer per
-//     (device, stream), zeroed once, when it is allocated (on the first call that needs it, then
-//     grown by doubling; outgrown buffers are kept, not freed, so growth never waits). A call made
-//     while its stream is being captured into a CUDA graph gets a buffer of its own, shared with
+//     separately (ScratchKind), the backward's workspace and the decode's partials and arrival
+//     counters.
+//     Eager calls: scratch that must start zeroed (counters and flags, KBs; the kernels leave them
+//     zero when they finish: the last claim resets the counter, a combiner the flags it consumed)
+//     and overwritten scratch up to kEagerCachedMaxBytes is one buffer per (device, stream, kind),
+//     zeroed once, when it is allocated (on the first call that needs it, then grown by doubling;
+//     outgrown buffers are kept until release_cached_memory, so growth never waits). Larger
+//     overwritten scratch (a training shape's backward workspace, up to GBs; stream-K partials of
+//     prefill shapes) is taken from fa4's stream-ordered memory pool of the device for the call
+//     and given back to it after the launch (cudaMallocFromPoolAsync / cudaFreeAsync on the call's
+//     stream): the pool keeps what it was given back, for any stream's next call, so the memory
+//     held is the largest amount the device's calls used at once, not one buffer per stream.
+//     release_cached_memory frees both.
+//     Captured calls: a call made while its stream is being captured into a CUDA graph gets a buffer of its own, shared with
 //     the calls captured after it on the same stream in the same capture (the capture orders them
 //     as the stream orders eager calls; so a graph of 32 same-shaped layers' decode calls holds
 //     one buffer per kind, not 32, plus one each time a later call needs a larger one; replacing a
@@ -60,10 +68,22 @@ inline constexpr size_t kGraphOwnedScratchMaxBytes = size_t(16) << 20;
 /// graph-owned (user objects).
 inline constexpr size_t kRetainedCaptureScratchBytes = size_t(64) << 20;
 
-/// Scratch of one launch (see above).
+/// Overwritten scratch of an eager call up to this size is cached per (device, stream, kind), no
+/// cost per call: the split-KV partials of serving shapes (KBs to about a MB), a small backward's
+/// workspace. A stream that is destroyed leaves its buffers (at most about twice this per kind,
+/// with the outgrown ones) until release_cached_memory. Larger scratch comes from the device's
+/// pool per call (about a microsecond of host time, small beside the kernels that need it).
+inline constexpr size_t kEagerCachedMaxBytes = size_t(4) << 20;
+
+/// Scratch of one launch (see above), given back by release_scratch after its launches.
 struct LaunchScratch {
-  char* ptr;
-  bool graph_memory;  ///< captured graph memory (an allocation node): release_scratch frees it (a free node)
+  char* ptr = nullptr;
+  /// Stream-ordered (captured graph memory, or a pool allocation): release_scratch frees it with
+  /// cudaFreeAsync on the launch's stream (a free node when captured).
+  bool stream_ordered = false;
+  /// The eager cache entry this launch holds (release_cached_memory leaves it alone until
+  /// release_scratch); nullptr otherwise.
+  void* cached = nullptr;
 };
 
 /// Which launches share a buffer. The forward's buffer must stay zero between launches (its kernels
@@ -81,8 +101,49 @@ enum class ScratchKind : int { kForward = 0, kBackward = 1, kDecode = 2, kDecode
 LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, size_t zeroed_bytes,
                               ScratchKind kind = ScratchKind::kForward);
 
-/// After the launch that used `s`, on the same stream.
+/// After the launches that use `s` were enqueued, on the same stream. Throws fa4::Error(kCudaError)
+/// if a stream-ordered free is refused (the cache entry is released first).
 void release_scratch(const LaunchScratch& s, cudaStream_t stream);
+
+/// Holds a launch's scratch and releases it when it goes out of scope, also when the launch code
+/// throws (errors of that release are dropped; release() reports them on the normal path).
+class ScratchHold {
+ public:
+  explicit ScratchHold(cudaStream_t stream) : stream_(stream) {}
+  ~ScratchHold();
+  ScratchHold(const ScratchHold&) = delete;
+  ScratchHold& operator=(const ScratchHold&) = delete;
+  /// Takes `s` (the hold must be empty).
+  char* hold(const LaunchScratch& s) {
+    s_ = s;
+    return s_.ptr;
+  }
+  char* ptr() const { return s_.ptr; }
+  /// release_scratch now (once).
+  void release();
+
+ private:
+  cudaStream_t stream_;
+  LaunchScratch s_{};
+};
+
+/// fa4::release_cached_memory for the Hopper kernels: waits for `device` (cudaDeviceSynchronize),
+/// then frees its eager scratch that no call holds (every stream's buffers, the outgrown ones) and
+/// trims its pool to nothing in use. Captured calls' scratch is not touched. A no-op when nothing
+/// was ever cached on `device`. Throws fa4::Error(kCudaError) if CUDA refuses (e.g. a stream of
+/// the device is being captured: the wait is not allowed then).
+void release_cached_memory(int device);
+
+/// The eager scratch of `device` now (tests): cached buffers (per stream, and outgrown ones) and
+/// their bytes, those a call holds, and the pool's reserved and used bytes.
+struct EagerScratchStats {
+  size_t cached = 0;
+  size_t cached_bytes = 0;
+  size_t held = 0;
+  size_t pool_reserved_bytes = 0;
+  size_t pool_used_bytes = 0;
+};
+EagerScratchStats eager_scratch_stats(int device);
 
 /// The buffers of captured calls so far (tests): graph-owned ones created, reused after their graph
 /// was destroyed, free now (given back by destroyed graphs; CUDA runs the give-back shortly after
@@ -97,6 +158,11 @@ struct CaptureScratchStats {
   size_t shared = 0;
 };
 CaptureScratchStats capture_scratch_stats();
+
+/// Forward launches that claimed their tiles from the counter (fwd/launch_fwd.cuh), so far: the
+/// tests check that the "schedule" override's dynamic choice ran.
+void count_fwd_dynamic_launch();
+uint64_t fwd_dynamic_launches();
 
 /// Bits of the asynchronous error word.
 enum AsyncError : uint32_t {
