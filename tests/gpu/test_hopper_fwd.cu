@@ -27,6 +27,7 @@
 #include "core/float16.h"
 #include "hopper/fwd/tuning_fwd.h"
 #include "hopper/hopper_api.h"
+#include "hopper/shared/device_state.h"
 #include "gpu/gpu_reference.cuh"
 
 #include "gpu_test_util.cuh"
@@ -593,7 +594,10 @@ TEST(HopperFwd, SchedulesAgreeBitwise) {
     for (size_t e = 0; e < sizeof(choices) / sizeof(choices[0]); ++e) {
       fa4::test::ScopedOverride sched("schedule", choices[e].sched), lpt("lpt", choices[e].lpt);
       Result r;
+      const uint64_t dynamic_before = fa4::hopper::fwd_dynamic_launches();
       if (!run_case(c, 1, &r)) break;  // left out (every choice alike): nothing to compare
+      EXPECT_EQ(fa4::hopper::fwd_dynamic_launches() > dynamic_before, std::strcmp(choices[e].sched, "dynamic") == 0)
+          << c.name() << " sched=" << choices[e].sched << ": the forward's schedule is not the one asked for";
       if (e == 0) { ref = r; continue; }
       EXPECT_EQ(0, std::memcmp(ref.out.data(), r.out.data(), r.out.size() * 2))
           << c.name() << " sched=" << choices[e].sched << " lpt=" << choices[e].lpt;
