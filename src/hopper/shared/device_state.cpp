@@ -86,7 +86,8 @@ char* alloc_scratch(int device, size_t bytes, bool zero) {
 }
 
 /// The device's pool for large eager scratch (device_state.h), made on first use; nullptr where the
-/// device has no stream-ordered allocator (that scratch is then cached per stream too). It keeps
+/// device has no stream-ordered allocator or refuses a pool (that scratch is then cached per
+/// stream too, as the rest). It keeps
 /// what is given back (release threshold: all), as PyTorch's cudaMallocAsync backend does: by
 /// default a pool returns memory to the system at every synchronisation, and the next call maps it
 /// again. g_mu held.
@@ -103,12 +104,14 @@ cudaMemPool_t scratch_pool(int device) {
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
     props.location.id = device;
-    check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate (launch scratch)");
     uint64_t keep = UINT64_MAX;
-    const cudaError_t e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
-    if (e != cudaSuccess) {
+    if (cudaMemPoolCreate(&pool, &props) != cudaSuccess) {
+      cudaGetLastError();
+      pool = nullptr;
+    } else if (cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep) != cudaSuccess) {
+      cudaGetLastError();
       cudaMemPoolDestroy(pool);
-      check(e, "cudaMemPoolSetAttribute (launch scratch)");
+      pool = nullptr;
     }
   }
   g_pool[device] = pool;
