@@ -191,6 +191,24 @@ def describe_torch(x, name: str, fn: str, streams=None) -> _capi.Tensor:
     return t
 
 
+def _not_a(kind: str, value, what: str, fn: str) -> InvalidArgumentError:
+    """The error for option `what` = `value` that is not a `kind` ("float", "int" or "bool"). A
+    torch tensor or NumPy array (0-d too) is named as such, without its repr (a CUDA tensor's
+    would copy it to the host): an option is one number, and reading it out of a CUDA tensor
+    would wait for the GPU, so the caller converts it, once."""
+    want = "an int" if kind == "int" else f"a {kind}"
+    if is_torch_tensor(value):
+        given = f"a torch.Tensor (shape {tuple(value.shape)}, device {value.device})"
+        refused = "a tensor"
+    else:
+        np = sys.modules.get("numpy")
+        if np is None or not isinstance(value, np.ndarray):
+            return InvalidArgumentError(f"{fn}: {what} = {value!r} must be {want}")
+        given, refused = f"a numpy.ndarray (shape {value.shape})", "an array"
+    return InvalidArgumentError(f"{fn}: {what} = {given} must be {want}, not {refused}: pass a "
+                                f"Python {kind} (e.g. its .item())")
+
+
 def _int32(value, what: str, fn: str) -> int:
     if type(value) is int and _INT32_MIN <= value <= _INT32_MAX:  # the common case, first
         return value
@@ -203,7 +221,7 @@ def _int32(value, what: str, fn: str) -> int:
         except ImportError:
             pass
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgumentError(f"{fn}: {what} = {value!r} must be an int")
+        raise _not_a("int", value, what, fn)
     if not _INT32_MIN <= value <= _INT32_MAX:
         # ctypes would silently wrap it; never pass a different value than asked for.
         raise InvalidArgumentError(f"{fn}: {what} = {value} does not fit in int32")
@@ -212,8 +230,8 @@ def _int32(value, what: str, fn: str) -> int:
 
 def _bool(value, what: str, fn: str) -> bool:
     """A flag: True / False (also NumPy's bool and the ints 0 / 1, the C ABI's values); anything
-    else is an error rather than Python's truthiness (causal="no" would otherwise mean True). A
-    torch tensor is refused too: reading a CUDA one would synchronise with the GPU."""
+    else is an error rather than Python's truthiness (causal="no" would otherwise mean True), a
+    torch tensor or NumPy array too (see _not_a)."""
     if value is True or value is False:  # the common case, first
         return value
     if type(value) is int and (value == 0 or value == 1):
@@ -222,25 +240,28 @@ def _bool(value, what: str, fn: str) -> bool:
     if np is not None and (isinstance(value, np.bool_)
                            or (isinstance(value, np.integer) and (value == 0 or value == 1))):
         return bool(value)
-    raise InvalidArgumentError(f"{fn}: {what} = {value!r} must be a bool")
+    raise _not_a("bool", value, what, fn)
 
 
 def _float(value, what: str, fn: str) -> float:
     """A real number as a Python float (ints and NumPy scalars too). Strings are refused although
-    float() would parse them (softcap="3" is a mistake, not a number), and so are bools (the flags'
-    type); None and other non-numbers get this message naming the option, not float()'s."""
+    float() would parse them (softcap="3" is a mistake, not a number), bools (the flags' type), and
+    torch tensors, 0-d ones too (float() of a CUDA tensor waits for the GPU; see _not_a); None and
+    other non-numbers get this message naming the option, not float()'s. A 0-d NumPy array is
+    taken as its value: torch.compile traces a NumPy scalar as one, so refusing it would refuse
+    np.float32(0.5) in compiled code."""
     if type(value) is float:  # the common cases, first
         return value
     if type(value) is int:
         return float(value)
-    if not isinstance(value, (str, bytes, bytearray, bool)):
+    if not isinstance(value, (str, bytes, bytearray, bool)) and not is_torch_tensor(value):
         np = sys.modules.get("numpy")
         if np is None or not isinstance(value, np.bool_):
             try:
                 return float(value)
             except (TypeError, ValueError):
                 pass
-    raise InvalidArgumentError(f"{fn}: {what} = {value!r} must be a float")
+    raise _not_a("float", value, what, fn)
 
 
 def normalize_window(window_size, fn: str):

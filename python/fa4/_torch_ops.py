@@ -127,22 +127,35 @@ def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tensor],
               exp2_emulation_fraction: Optional[float], backend: str,
               deterministic: bool) -> tuple[Tensor, Tensor]:
     """fa4 forward: (out, lse). Layouts of include/fa4/attention.h (batched, or varlen when
-    cu_seqlens are given). `deterministic` is only carried to the backward."""
+    cu_seqlens are given). `deterministic` is only carried to the backward. The errors name the
+    op: :func:`_fwd_named` with the op's name."""
+    return _fwd_named(_FN_FWD, q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                      max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size_left,
+                      window_size_right, softcap, rescale_threshold, exp2_emulation_fraction,
+                      backend, deterministic)
+
+
+def _fwd_named(fn, q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+               max_seqlen_k, softmax_scale, causal, window_size_left, window_size_right, softcap,
+               rescale_threshold, exp2_emulation_fraction, backend, deterministic):
+    """:func:`_fwd_impl` whose errors start with `fn`: on the eager route the public function the
+    user called; in the op its own name (the op's schema carries no name, so calls that keep the
+    op, under torch.compile, a mode or a tensor subclass, name fa4::fwd)."""
     # stride()[-1:]: one call per tensor in the common case (and () for a 0-D one, checked later)
     if q.stride()[-1:] != (1,) or k.stride()[-1:] != (1,) or v.stride()[-1:] != (1,):
         q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     out, lse = _fwd_outputs(q, v, cu_seqlens_q is not None or cu_seqlens_k is not None, fake=False)
     streams = {}
-    opts = _options(_FN_FWD, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+    opts = _options(fn, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                     max_seqlen_k, softmax_scale, causal, window_size_left, window_size_right,
                     softcap, rescale_threshold, exp2_emulation_fraction, backend, deterministic,
                     streams)
     switch = _device_switch(q)
     if switch is None:
-        _run_fwd(q, k, v, out, lse, opts, streams)
+        _run_fwd(fn, q, k, v, out, lse, opts, streams)
     else:
         with switch:
-            _run_fwd(q, k, v, out, lse, opts, streams)
+            _run_fwd(fn, q, k, v, out, lse, opts, streams)
     return out, lse
 
 
@@ -201,13 +214,13 @@ def _fast_call(name: str, tensors: tuple, trailing: tuple, kv: Optional[tuple] =
     return True
 
 
-def _run_fwd(q, k, v, out, lse, opts, streams):
+def _run_fwd(fn, q, k, v, out, lse, opts, streams):
     if _fast_call("fa4_forward", (q, k, v, out, lse), (opts.address,)):
         return
     describe = _core.describe_torch
-    _capi.forward(describe(q, "q", _FN_FWD, streams), describe(k, "k", _FN_FWD, streams),
-                  describe(v, "v", _FN_FWD, streams), describe(out, "out", _FN_FWD, streams),
-                  describe(lse, "lse", _FN_FWD, streams), opts.struct)
+    _capi.forward(describe(q, "q", fn, streams), describe(k, "k", fn, streams),
+                  describe(v, "v", fn, streams), describe(out, "out", fn, streams),
+                  describe(lse, "lse", fn, streams), opts.struct)
 
 
 fwd = torch.library.custom_op(_FN_FWD, _fwd_impl, mutates_args=())
@@ -333,7 +346,7 @@ def _use_custom_op(*tensors) -> bool:
     return False
 
 
-_N_FN_INPUTS = 8  # _FwdFunction's arguments: the 7 tensor slots of fa4::fwd, then its scalars
+_N_FN_INPUTS = 9  # _FwdFunction's arguments: the 7 tensor slots of fa4::fwd, fn, the scalars
 
 
 class _FwdFunction(torch.autograd.Function):
@@ -342,12 +355,13 @@ class _FwdFunction(torch.autograd.Function):
     raises instead of silently dropping the second-order term.
 
     The op's 11 scalar arguments come as one tuple: autograd.Function.apply costs ~0.1 us per
-    argument, so 8 arguments instead of 18 save a microsecond per call."""
+    argument, so 9 arguments instead of 19 save a microsecond per call. fn: the public function
+    called, which the errors name."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, scalars):
+    def forward(ctx, q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, fn, scalars):
         inputs = (q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, *scalars)
-        out, lse = _fwd_impl(*inputs)
+        out, lse = _fwd_named(fn, *inputs)
         _setup_context(ctx, inputs, (out, lse))
         return out, lse
 
@@ -396,8 +410,9 @@ def attention(q, k, v, fn, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
         return torch.ops.fa4.fwd(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, *scalars)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
                                     or (sink is not None and sink.requires_grad)):
-        return _FwdFunction.apply(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, scalars)
-    return _fwd_impl(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, *scalars)
+        return _FwdFunction.apply(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, fn,
+                                  scalars)
+    return _fwd_named(fn, q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, *scalars)
 
 
 # ---- forward_with_kvcache (inference only) ---------------------------------------------------------
@@ -421,7 +436,18 @@ def _kvcache_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Optional[T
                   backend: str) -> tuple[Tensor, Tensor]:
     """fa4 forward_with_kvcache: (out, lse); appends k_new/v_new into k_cache/v_cache in place.
     Allocates only out and lse (CUDA-graph capturable: no host sync, no other allocation unless
-    q, k_new or v_new has a non-contiguous last dim and is copied)."""
+    q, k_new or v_new has a non-contiguous last dim and is copied). The errors name the op:
+    :func:`_kvcache_named` with the op's name."""
+    return _kvcache_named(_FN_KV, q, k_cache, v_cache, k_new, v_new, cache_seqlens,
+                          cache_batch_idx, page_table, sink, softmax_scale, causal,
+                          window_size_left, window_size_right, softcap, num_splits,
+                          rescale_threshold, exp2_emulation_fraction, backend)
+
+
+def _kvcache_named(fn, q, k_cache, v_cache, k_new, v_new, cache_seqlens, cache_batch_idx,
+                   page_table, sink, softmax_scale, causal, window_size_left, window_size_right,
+                   softcap, num_splits, rescale_threshold, exp2_emulation_fraction, backend):
+    """:func:`_kvcache_impl` whose errors start with `fn` (as :func:`_fwd_named`)."""
     q = _last_dim_contiguous(q)
     if k_new is not None:
         k_new = _last_dim_contiguous(k_new)
@@ -429,17 +455,17 @@ def _kvcache_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Optional[T
         v_new = _last_dim_contiguous(v_new)
     out, lse = _kvcache_outputs(q, v_cache)
     streams = {}
-    opts = _options(_FN_KV, sink, None, None, None, 0, 0, softmax_scale, causal,
+    opts = _options(fn, sink, None, None, None, 0, 0, softmax_scale, causal,
                     window_size_left, window_size_right, softcap, rescale_threshold,
                     exp2_emulation_fraction, backend, False, streams)
-    base = _kvcache_base(num_splits)
+    base = _kvcache_base(num_splits, fn)
     kv = (k_new, v_new, cache_seqlens, cache_batch_idx, page_table)
     switch = _device_switch(q)
     if switch is None:
-        _run_kvcache(q, k_cache, v_cache, out, lse, opts, base, kv, num_splits, streams)
+        _run_kvcache(fn, q, k_cache, v_cache, out, lse, opts, base, kv, num_splits, streams)
     else:
         with switch:
-            _run_kvcache(q, k_cache, v_cache, out, lse, opts, base, kv, num_splits, streams)
+            _run_kvcache(fn, q, k_cache, v_cache, out, lse, opts, base, kv, num_splits, streams)
     return out, lse
 
 
@@ -449,11 +475,11 @@ def _kvcache_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Optional[T
 _KVCACHE_BASES: dict = {}
 
 
-def _kvcache_base(num_splits) -> _core.KVCacheCall:
+def _kvcache_base(num_splits, fn) -> _core.KVCacheCall:
     hit = _KVCACHE_BASES.get(num_splits) if type(num_splits) is int else None
     if hit is not None:
         return hit
-    base = _core.KVCacheCall(_FN_KV, num_splits=num_splits)  # (checks num_splits)
+    base = _core.KVCacheCall(fn, num_splits=num_splits)  # (checks num_splits)
     if type(num_splits) is int:
         if len(_KVCACHE_BASES) >= 64:
             _KVCACHE_BASES.clear()
@@ -461,17 +487,17 @@ def _kvcache_base(num_splits) -> _core.KVCacheCall:
     return base
 
 
-def _run_kvcache(q, k_cache, v_cache, out, lse, opts, base, kv, num_splits, streams):
+def _run_kvcache(fn, q, k_cache, v_cache, out, lse, opts, base, kv, num_splits, streams):
     if _fast_call("fa4_forward_with_kvcache", (q, k_cache, v_cache, out, lse),
                   (opts.address, base.address), kv):
         return
-    args = _core.KVCacheCall(_FN_KV, *kv, num_splits, streams)
+    args = _core.KVCacheCall(fn, *kv, num_splits, streams)
     describe = _core.describe_torch
-    _capi.forward_with_kvcache(describe(q, "q", _FN_KV, streams),
-                               describe(k_cache, "k_cache", _FN_KV, streams),
-                               describe(v_cache, "v_cache", _FN_KV, streams),
-                               describe(out, "out", _FN_KV, streams),
-                               describe(lse, "lse", _FN_KV, streams), opts.struct, args.struct)
+    _capi.forward_with_kvcache(describe(q, "q", fn, streams),
+                               describe(k_cache, "k_cache", fn, streams),
+                               describe(v_cache, "v_cache", fn, streams),
+                               describe(out, "out", fn, streams),
+                               describe(lse, "lse", fn, streams), opts.struct, args.struct)
 
 
 fwd_kvcache = torch.library.custom_op(_FN_KV, _kvcache_impl, mutates_args=("k_cache", "v_cache"))
@@ -509,4 +535,4 @@ def kvcache_attention(q, k_cache, v_cache, fn, k=None, v=None, cache_seqlens=Non
     tensors = (q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, page_table, sink)
     if _use_custom_op(*tensors):
         return torch.ops.fa4.fwd_kvcache(*tensors, *scalars)
-    return _kvcache_impl(*tensors, *scalars)
+    return _kvcache_named(fn, *tensors, *scalars)

@@ -173,6 +173,87 @@ def test_scalar_options_are_checked(gen):
         assert torch.equal(call(softcap=3, softmax_scale=0.5, return_lse=0), ref_out)
 
 
+def test_tensor_options_are_refused(gen):
+    # An option is a number: a torch tensor, 0-d and on the CPU too, is refused with an error naming
+    # the option and the fix, and is never read (float() of a CUDA tensor waits for the GPU; a meta
+    # tensor, which has no value to read, gets the same error).
+    q = _randn(gen, (1, 8, 2, 16), torch.float32)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    calls = {
+        "fa4.flash_attn_func": lambda **kw: fa4.flash_attn_func(q, q, q, **kw),
+        "fa4.flash_attn_varlen_func": lambda **kw: fa4.flash_attn_varlen_func(
+            q[0], q[0], q[0], cu, cu, 8, 8, **kw),
+        "fa4.flash_attn_with_kvcache": lambda **kw: fa4.flash_attn_with_kvcache(q, q, q, **kw),
+    }
+
+    def refused(fn, what, kind, device="cpu", shape="()"):
+        return (rf"^{re.escape(fn)}: {re.escape(what)} = a torch\.Tensor \(shape {re.escape(shape)}, "
+                rf"device {device}\) must be an? {kind}, not a tensor: pass a Python {kind} "
+                rf"\(e\.g\. its \.item\(\)\)$")
+
+    for fn, call in calls.items():
+        for name in ("softmax_scale", "softcap", "rescale_threshold", "exp2_emulation_fraction"):
+            for t, device in ((torch.tensor(0.5), "cpu"), (torch.tensor(0.5, device="meta"), "meta")):
+                with pytest.raises(fa4.InvalidArgumentError, match=refused(fn, name, "float", device)):
+                    call(**{name: t})
+        with pytest.raises(fa4.InvalidArgumentError, match=refused(fn, "softcap", "float", shape="(1,)")):
+            call(softcap=torch.tensor([3.0]))
+        for name in ("causal", "return_lse"):
+            with pytest.raises(fa4.InvalidArgumentError, match=refused(fn, name, "bool")):
+                call(**{name: torch.tensor(True)})
+        with pytest.raises(fa4.InvalidArgumentError, match=refused(fn, "window_size[0]", "int")):
+            call(window_size=(torch.tensor(4), -1))
+    with pytest.raises(fa4.InvalidArgumentError,
+                       match=refused("fa4.flash_attn_func", "deterministic", "bool")):
+        calls["fa4.flash_attn_func"](deterministic=torch.tensor(False))
+    with pytest.raises(fa4.InvalidArgumentError,
+                       match=refused("fa4.flash_attn_with_kvcache", "num_splits", "int")):
+        calls["fa4.flash_attn_with_kvcache"](num_splits=torch.tensor(1))
+    with pytest.raises(fa4.InvalidArgumentError,
+                       match=refused("fa4.flash_attn_varlen_func", "max_seqlen_q", "int")):
+        fa4.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, torch.tensor(8), 8)
+
+
+def test_errors_name_the_public_function(gen):
+    # An error raised on the torch route names the function the user called, not the custom op
+    # that may carry the call (fa4::fwd, fa4::fwd_kvcache), whether or not autograd records it;
+    # a direct call of the op names the op. (The library's own errors name its function:
+    # fa4::forward, fa4::forward_with_kvcache.)
+    q = _randn(gen, (1, 8, 2, 16), torch.float32)
+    q64 = q.double()
+    cu, cu64 = torch.tensor([0, 8], dtype=torch.int32), torch.tensor([0, 8], dtype=torch.int64)
+    for x in (q64, q64.clone().requires_grad_()):  # without and with autograd
+        with pytest.raises(fa4.InvalidArgumentError,
+                           match=r"^fa4\.flash_attn_func: q\.dtype = torch\.float64 is not supported"):
+            fa4.flash_attn_func(x, x, x)
+    with pytest.raises(fa4.InvalidArgumentError,
+                       match=r"^fa4\.flash_attn_func: sink\.dtype = torch\.float64 is not supported"):
+        fa4.flash_attn_func(q, q, q, sink=torch.zeros(2, dtype=torch.float64))
+    with pytest.raises(fa4.InvalidArgumentError,
+                       match=r"^fa4\.flash_attn_varlen_func: cu_seqlens_q\.dtype = torch\.int64"):
+        fa4.flash_attn_varlen_func(q[0], q[0], q[0], cu64, cu64, 8, 8)
+    with pytest.raises(fa4.InvalidArgumentError,
+                       match=r"^fa4\.flash_attn_varlen_func: max_seqlen_k = '8' must be an int$"):
+        fa4.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 8, "8")
+    with pytest.raises(fa4.InvalidArgumentError,
+                       match=r"^fa4\.flash_attn_with_kvcache: cache_seqlens\.dtype = torch\.int64 "
+                             r"is not supported; cache_seqlens must be torch\.int32$"):
+        fa4.flash_attn_with_kvcache(q, q, q, cache_seqlens=torch.zeros(1, dtype=torch.int64))
+    with pytest.raises(fa4.InvalidArgumentError,
+                       match=r"^fa4\.flash_attn_with_kvcache: q\.dtype = torch\.float64 is not supported"):
+        fa4.flash_attn_with_kvcache(q64, q64, q64)
+    # The ops called directly.
+    with pytest.raises(fa4.InvalidArgumentError,
+                       match=r"^fa4::fwd: q\.dtype = torch\.float64 is not supported"):
+        torch.ops.fa4.fwd(q64, q64, q64, None, None, None, None, 0, 0, None, False, -1, -1, 0.0,
+                          None, None, "auto", False)
+    with pytest.raises(fa4.InvalidArgumentError,
+                       match=r"^fa4::fwd_kvcache: cache_seqlens\.dtype = torch\.int64"):
+        torch.ops.fa4.fwd_kvcache(q, q.clone(), q.clone(), None, None,
+                                  torch.zeros(1, dtype=torch.int64), None, None, None, None, False,
+                                  -1, -1, 0.0, 0, None, None, "auto")
+
+
 def test_compile_fullgraph_float_options(gen):
     # The option checks run in traced Python: float options given as the compiled function's
     # arguments (dynamo may make them symbolic after the first recompilation) and ints / NumPy

@@ -3,9 +3,11 @@
 // Order of checks: each view on its own (ndim, extents, strides, data), then the layout mode
 // (batched / varlen), ranks, dtypes, devices, the contiguous head dim, every shape relation through
 // one table of named dims, the per-dim rules (heads, head dims), the options, the auxiliary
-// tensors (sink, cu_seqlens, seqused_k), and last the CONTENTS of host-resident cu_seqlens /
+// tensors (sink, cu_seqlens, seqused_k), then the CONTENTS of host-resident cu_seqlens /
 // seqused_k, because indices that disagree with the tensor sizes would read or write out of bounds
-// (case C35; device-resident ones are checked by the kernel, see below).
+// (case C35; device-resident ones are checked by the kernel, see below), and last the memory of
+// the tensors each direction writes (check_outputs_apart: the forward's out and lse, the
+// backward's gradients; out and lse are the backward's inputs).
 // Nothing is written anywhere; the caller runs an implementation only after this returns.
 #include "common/validate.h"
 #include "common/validate_checks.h"
@@ -360,17 +362,23 @@ std::vector<int64_t> check_cu_seqlens(const Checker& c, const std::vector<int32_
   return len;
 }
 
-}  // namespace
+/// q, k, v, out and lse as checked (check_view), for the rule on which tensors may share memory.
+struct FwdViews {
+  Named q, k, v, out, lse;
+};
 
-FwdParams make_fwd_params(const TensorView& q_in, const TensorView& k_in, const TensorView& v_in,
-                          const TensorView& out_in, const TensorView& lse_in,
-                          const AttentionOptions& o, const char* fn) {
-  const Checker c(fn);
-  const Named q{"q", check_view(c, q_in, "q")};
-  const Named k{"k", check_view(c, k_in, "k")};
-  const Named v{"v", check_view(c, v_in, "v")};
-  const Named out{"out", check_view(c, out_in, "out", /*is_output=*/true)};
-  const Named lse{"lse", check_view(c, lse_in, "lse", /*is_output=*/true)};
+/// Every check of make_fwd_params and every field it fills, but not its rule on the outputs'
+/// memory: out and lse are the forward's outputs but the backward's inputs, so each direction
+/// states that rule itself. Sets `views` to the checked tensors.
+FwdParams check_fwd_args(const Checker& c, const TensorView& q_in, const TensorView& k_in,
+                         const TensorView& v_in, const TensorView& out_in,
+                         const TensorView& lse_in, const AttentionOptions& o, FwdViews& views) {
+  views = {{"q", check_view(c, q_in, "q")},
+           {"k", check_view(c, k_in, "k")},
+           {"v", check_view(c, v_in, "v")},
+           {"out", check_view(c, out_in, "out", /*is_output=*/true)},
+           {"lse", check_view(c, lse_in, "lse", /*is_output=*/true)}};
+  const Named &q = views.q, &k = views.k, &v = views.v, &out = views.out, &lse = views.lse;
 
   // ---- layout mode and ranks ----
   if (o.cu_seqlens_q.has_value() != o.cu_seqlens_k.has_value())
@@ -516,6 +524,17 @@ FwdParams make_fwd_params(const TensorView& q_in, const TensorView& k_in, const 
   p.v = v.t.data;
   p.out = out.t.data;
   p.lse = static_cast<float*>(lse.t.data);
+  return p;
+}
+
+}  // namespace
+
+FwdParams make_fwd_params(const TensorView& q_in, const TensorView& k_in, const TensorView& v_in,
+                          const TensorView& out_in, const TensorView& lse_in,
+                          const AttentionOptions& o, const char* fn) {
+  const Checker c(fn);
+  FwdViews t{};
+  const FwdParams p = check_fwd_args(c, q_in, k_in, v_in, out_in, lse_in, o, t);
   // The other tensors the kernels read: the sink and the varlen indices (the CPU re-reads them
   // per tile, so an output over them would change its own bounds mid-call).
   const OptionInputs in(o);
@@ -524,10 +543,11 @@ FwdParams make_fwd_params(const TensorView& q_in, const TensorView& k_in, const 
   // sequence loads the next sequence's first rows as padding, which in place may be output
   // already, and they join the block's rescale votes (the result would still be right, but not
   // bitwise repeatable).
-  if (varlen)
-    check_outputs_apart(c, {&out, &lse}, {&q, &k, &v, &in.sink, &in.cu_seqlens_q, &in.cu_seqlens_k, &in.seqused_k});
+  if (p.is_varlen)
+    check_outputs_apart(c, {&t.out, &t.lse},
+                        {&t.q, &t.k, &t.v, &in.sink, &in.cu_seqlens_q, &in.cu_seqlens_k, &in.seqused_k});
   else
-    check_outputs_apart(c, {&out, &lse}, {&q, &k, &v, &in.sink}, {{&out, &q}});
+    check_outputs_apart(c, {&t.out, &t.lse}, {&t.q, &t.k, &t.v, &in.sink}, {{&t.out, &t.q}});
   return p;
 }
 
@@ -539,7 +559,8 @@ BwdParams make_bwd_params(const TensorView& dout_in, const TensorView& q_in,
                           const std::optional<TensorView>& dsink_in, const char* fn) {
   const Checker c(fn);
   BwdParams p;
-  static_cast<FwdParams&>(p) = make_fwd_params(q_in, k_in, v_in, out_in, lse_in, o, fn);
+  FwdViews t{};  // out and lse are inputs here: only the gradients' rule below applies to them
+  static_cast<FwdParams&>(p) = check_fwd_args(c, q_in, k_in, v_in, out_in, lse_in, o, t);
 
   const Named dout{"dout", check_view(c, dout_in, "dout")};
   const Named dq{"dq", check_view(c, dq_in, "dq", /*is_output=*/true)};
@@ -555,7 +576,7 @@ BwdParams make_bwd_params(const TensorView& dout_in, const TensorView& q_in,
     if (g->t.dtype != p.dtype)
       c.invalid(g->name, ".dtype = ", dtype_name(g->t.dtype), " must equal q.dtype = ",
                 dtype_name(p.dtype));
-    check_same_device(c, *g, Named{"q", q_in});
+    check_same_device(c, *g, t.q);
     check_last_contiguous(c, *g);
     for (int d = 0; d < like->ndim; ++d)
       if (g->t.shape[d] != like->shape[d])
@@ -573,7 +594,7 @@ BwdParams make_bwd_params(const TensorView& dout_in, const TensorView& q_in,
     const Named& dsink = dsink_named.emplace(Named{"dsink", check_view(c, *dsink_in, "dsink", /*is_output=*/true)});
     check_ndim(c, dsink, 1, "dsink is (num_heads,)");
     check_dtype_is(c, dsink, DType::kFP32, "dsink is always fp32");
-    check_same_device(c, dsink, Named{"q", q_in});
+    check_same_device(c, dsink, t.q);
     check_last_contiguous(c, dsink);
     if (dsink.t.shape[0] != p.num_heads)
       c.invalid("dsink.shape[0] = ", dsink.t.shape[0], " must equal num_heads = ", p.num_heads);
@@ -594,14 +615,14 @@ BwdParams make_bwd_params(const TensorView& dout_in, const TensorView& q_in,
   p.dv_stride = rows(dv.t);
   p.deterministic = o.deterministic;
   // The gradients apart from each other and from every input (out and lse are inputs here).
-  const Named q{"q", q_in}, k{"k", k_in}, v{"v", v_in}, out{"out", out_in}, lse{"lse", lse_in};
   // dq may be q itself (in place): dq is written once q's rows are read (the CUDA postprocess;
   // the CPU's dq pass reads only the rows it writes). dk / dv in place of k / v are not: the
   // CPU's dq pass reads k after dk is written.
   const OptionInputs in(o);
   check_outputs_apart(c, {&dq, &dk, &dv, dsink_named ? &*dsink_named : nullptr},
-                      {&dout, &q, &k, &v, &out, &lse, &in.sink, &in.cu_seqlens_q, &in.cu_seqlens_k, &in.seqused_k},
-                      {{&dq, &q}});
+                      {&dout, &t.q, &t.k, &t.v, &t.out, &t.lse, &in.sink, &in.cu_seqlens_q,
+                       &in.cu_seqlens_k, &in.seqused_k},
+                      {{&dq, &t.q}});
   return p;
 }
 

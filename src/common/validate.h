@@ -28,14 +28,18 @@ inline constexpr float kMaxRescaleThreshold = 8.0f;
 inline constexpr int32_t kExp2FractionDenominator = 16;
 
 /// Validates forward arguments and resolves defaults (softmax_scale, causal -> window right = 0,
-/// exp2 emulation share). `fn` prefixes every message ("fa4::forward"). Throws fa4::Error.
+/// exp2 emulation share); last, that the outputs out and lse share no memory with each other or
+/// with an input (out may be q itself in a batched call). `fn` prefixes every message
+/// ("fa4::forward"). Throws fa4::Error.
 FwdParams make_fwd_params(const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& out, const TensorView& lse,
                           const AttentionOptions& options, const char* fn);
 
-/// Validates backward arguments: everything make_fwd_params checks (out and lse are the forward's
-/// outputs), plus dout (layout and dtype of out), dq/dk/dv (of q/k/v), and dsink (fp32
-/// (num_heads,), required iff options.sink). Throws fa4::Error.
+/// Validates backward arguments: what make_fwd_params checks of q/k/v/out/lse and the options,
+/// but not its rule on the outputs' memory (out and lse are inputs here, which may share memory
+/// with other inputs); plus dout (layout and dtype of out), dq/dk/dv (of q/k/v), dsink (fp32
+/// (num_heads,), required iff options.sink), and last that the gradients share no memory with
+/// each other or with an input (dq may be q itself). Throws fa4::Error.
 BwdParams make_bwd_params(const TensorView& dout, const TensorView& q, const TensorView& k,
                           const TensorView& v, const TensorView& out, const TensorView& lse,
                           const TensorView& dq, const TensorView& dk, const TensorView& dv,

@@ -292,6 +292,15 @@ std::vector<BadCase> bad_cases() {
        kInv, {"dq and dv share memory"}},
       {"dq_overlaps_dout", F::kBackward, false, [](Problem& p) { p.dq.t.data = p.dout.t.data; },
        kInv, {"dq and dout share memory"}},
+      {"dv_overlaps_out", F::kBackward, false, [](Problem& p) { p.dv.t.data = p.out.t.data; },
+       kInv, {"dv and out share memory: an output must not overlap"}},
+      {"varlen_dsink_overlaps_lse", F::kBackward, true,
+       [](Problem& p) {
+         p.sink = make(DType::kFP32, {kH});
+         p.dsink = make(DType::kFP32, {kH});
+         p.dsink->t.data = p.lse.t.data;
+       },
+       kInv, {"dsink and lse share memory"}},
       {"varlen_out_in_place_of_q", F::kForward, true,
        [](Problem& p) {
          reshape(p.out, {kTotalQ, kH, kD});  // out with q's layout (headdim_v = headdim here)
@@ -436,6 +445,60 @@ TEST(Validation, InPlaceOutAndDqOverQ) {
     p.out = p.q;
     ASSERT_NO_THROW(p.forward());
     EXPECT_EQ(bytes(p.out), out_apart);
+  }
+}
+
+// out and lse are the backward's inputs: like q, k and v they may share memory with other inputs,
+// even laid out as the forward refuses its outputs. The backward over such views equals the
+// backward over the same values in buffers of their own.
+TEST(Validation, BackwardOutAndLseMayShareMemoryWithInputs) {
+  auto bytes = [](const Tensor& x) {
+    const uint8_t* d = static_cast<const uint8_t*>(x.t.data);
+    return std::vector<uint8_t>(d, d + x.t.numel() * fa4::dtype_size(x.t.dtype));
+  };
+  // x's view moved to the same offset of a copy of owner's memory (x.t.data lies in owner's).
+  auto own_copy = [](const Tensor& owner, const Tensor& x) {
+    Tensor c = x;
+    c.mem = std::make_shared<std::vector<uint8_t>>(*owner.mem);
+    c.t.data = c.mem->data() + (static_cast<uint8_t*>(x.t.data) - owner.mem->data());
+    return c;
+  };
+  for (bool is_varlen : {false, true}) {
+    SCOPED_TRACE(is_varlen ? "varlen" : "batched");
+    Problem p = is_varlen ? varlen(DType::kFP32) : batched(DType::kFP32);  // out has q's shape
+    p.opt.backend = Backend::kCpu;
+    p.forward();  // lse must belong to q and k: the CPU backward checks it
+    const Tensor q = p.q, dout = p.dout;
+    // lse over dout's first elements, which take lse's values.
+    std::memcpy(dout.t.data, p.lse.t.data, size_t(p.lse.t.numel()) * sizeof(float));
+    p.lse.mem = dout.mem;
+    p.lse.t.data = dout.t.data;
+    if (is_varlen) {
+      p.out = q;  // the same view: a forward in place is refused for varlen
+    } else {
+      // q's bytes read as (batch, head, row, dim): a forward refuses any out over q but q itself.
+      p.out.mem = q.mem;
+      p.out.t.data = q.t.data;
+      p.out.t.stride[1] = kD;
+      p.out.t.stride[2] = kSq * kD;
+    }
+    try {
+      p.forward();
+      ADD_FAILURE() << "the forward accepted out over q";
+    } catch (const fa4::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("fa4::forward: out and q share memory"), std::string::npos)
+          << e.what();
+    }
+    for (Tensor* g : {&p.dq, &p.dk, &p.dv}) poison(*g);
+    ASSERT_NO_THROW(p.backward());
+    const std::vector<uint8_t> dq = bytes(p.dq), dk = bytes(p.dk), dv = bytes(p.dv);
+    p.out = own_copy(q, p.out);
+    p.lse = own_copy(dout, p.lse);
+    for (Tensor* g : {&p.dq, &p.dk, &p.dv}) poison(*g);
+    ASSERT_NO_THROW(p.backward());
+    EXPECT_EQ(bytes(p.dq), dq);
+    EXPECT_EQ(bytes(p.dk), dk);
+    EXPECT_EQ(bytes(p.dv), dv);
   }
 }
 
