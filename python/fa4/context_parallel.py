@@ -41,6 +41,7 @@ but may hang NCCL; non-zigzag slices with causal=True give wrong results.
 
 from __future__ import annotations
 
+import operator
 from typing import Optional, Sequence
 
 import torch
@@ -69,16 +70,36 @@ def _chunks(world: int, rank: int, zigzag: bool) -> tuple[int, ...]:
     return (rank, 2 * world - 1 - rank) if zigzag else (rank,)
 
 
+def _integer(c) -> Optional[int]:
+    """c as an int if it is one (int, NumPy integer, integer 0-D tensor), else None; a bool is
+    not (True would be read as a length of 1)."""
+    if isinstance(c, bool):
+        return None
+    try:
+        return operator.index(c)
+    except TypeError:
+        return None
+
+
 def _host_cu(cu_seqlens, fn: str) -> Tensor:
-    """cu_seqlens as an int64 CPU tensor, checked: 1-D, from 0, non-decreasing."""
+    """cu_seqlens as an int64 CPU tensor, checked: integers, 1-D, from 0, non-decreasing."""
     if isinstance(cu_seqlens, Tensor):
         if cu_seqlens.device.type != "cpu":
             raise _capi.InvalidArgumentError(
                 f"{fn}: cu_seqlens must be on the CPU (or a list): the sequence boundaries decide "
                 "the slices on the host, without a device sync")
+        if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype.is_complex or (
+                cu_seqlens.dtype == torch.bool):
+            # Converting would truncate 7.5 to 7: a different layout than the one given.
+            raise _capi.InvalidArgumentError(
+                f"{fn}: cu_seqlens must hold integers, got a {cu_seqlens.dtype} tensor")
         cu = cu_seqlens.to(torch.int64)
     else:
-        cu = torch.tensor(list(cu_seqlens), dtype=torch.int64)
+        values = list(cu_seqlens)
+        ints = [_integer(c) for c in values]
+        if None in ints:
+            raise _capi.InvalidArgumentError(f"{fn}: cu_seqlens must hold integers, got {values!r}")
+        cu = torch.tensor(ints, dtype=torch.int64)
     if cu.dim() != 1 or cu.numel() < 1 or int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()):
         raise _capi.InvalidArgumentError(
             f"{fn}: cu_seqlens must be 1-D, start at 0 and not decrease; got {cu.tolist()}")
@@ -88,8 +109,16 @@ def _host_cu(cu_seqlens, fn: str) -> Tensor:
 def _layout(x: Tensor, cu_seqlens, dim: Optional[int], fn: str):
     """(cu_seqlens checked as a CPU tensor or None, the sequence dim: 1 batched, 0 packed unless
     given); cu_seqlens[-1] must be x's length along that dim."""
+    if not isinstance(x, Tensor):
+        raise _capi.InvalidArgumentError(f"{fn}: x must be a torch.Tensor, got {type(x).__name__}")
     cu = _host_cu(cu_seqlens, fn) if cu_seqlens is not None else None
-    dim = (0 if cu is not None else 1) if dim is None else dim
+    given = (0 if cu is not None else 1) if dim is None else dim
+    # A bool is an int to Python (dim=True would mean 1); a float or an out-of-range dim would
+    # fail later with torch's message, which does not name the argument.
+    dim = _integer(given)
+    if dim is None or not -x.dim() <= dim < x.dim():
+        raise _capi.InvalidArgumentError(
+            f"{fn}: dim = {given!r} must be an int in [{-x.dim()}, {x.dim()}) (x is {x.dim()}-D)")
     if cu is not None and int(cu[-1]) != x.shape[dim]:
         raise _capi.InvalidArgumentError(
             f"{fn}: cu_seqlens[-1] = {int(cu[-1])} must equal x.shape[{dim}] = {x.shape[dim]}")
@@ -126,9 +155,10 @@ def shard_sequence(x: Tensor, group=None, *, zigzag: bool = True, dim: Optional[
         InvalidArgumentError (ValueError) if a sequence length is not a multiple of
         2 x world_size (zigzag) or world_size, or cu_seqlens is malformed.
     """
-    rank, world = _world(group)
     fn = "fa4.context_parallel.shard_sequence"
+    zigzag = _core._bool(zigzag, "zigzag", fn)
     cu, dim = _layout(x, cu_seqlens, dim, fn)
+    rank, world = _world(group)
     parts = 2 * world if zigzag else world
     out = []
     for piece in _seq_pieces(x, dim, cu):
@@ -153,9 +183,10 @@ def gather_sequence(x: Tensor, group=None, *, zigzag: bool = True, dim: Optional
     Returns:
         The full tensor, world_size times as long along dim, on every rank.
     """
-    rank, world = _world(group)
     fn = "fa4.context_parallel.gather_sequence"
+    zigzag = _core._bool(zigzag, "zigzag", fn)
     cu, dim = _layout(x, cu_seqlens, dim, fn)
+    rank, world = _world(group)
     per_rank = len(_chunks(world, rank, zigzag))
     for piece in _seq_pieces(x, dim, cu):
         if piece.shape[dim] % per_rank:
@@ -493,10 +524,14 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, group=None, causal: bool 
                 f"{_FN}: q and k must hold cu_seqlens[-1] = {int(cu[-1])} rows (self-attention over "
                 f"the same packed sequences), got {q.shape[0]} and {k.shape[0]}")
         lens = cu[1:] - cu[:-1]
-        if max_seqlen is None or int(max_seqlen) < (int(lens.max()) if len(lens) else 0):
+        longest = int(lens.max()) if len(lens) else 0
+        if max_seqlen is None:
             raise _capi.InvalidArgumentError(
-                f"{_FN}: max_seqlen ({max_seqlen}) must be given and >= the longest slice "
-                f"({int(lens.max()) if len(lens) else 0})")
+                f"{_FN}: max_seqlen must be given with cu_seqlens (>= the longest slice, {longest})")
+        max_seqlen = _core._int32(max_seqlen, "max_seqlen", _FN)  # no float / str / bool: no int()
+        if max_seqlen < longest:
+            raise _capi.InvalidArgumentError(
+                f"{_FN}: max_seqlen = {max_seqlen} must be >= the longest slice ({longest})")
         if causal and bool((lens % 2).any()):
             raise _capi.InvalidArgumentError(
                 f"{_FN}: causal needs the zigzag layout: every sequence's slice must have an even "

@@ -1,7 +1,8 @@
 """fa4.context_parallel: ring attention over gloo with 2 and 4 CPU processes against the float64
 reference on the whole sequence, with the project's accuracy rule, forward (out, lse) and backward
 (dq, dk, dv, dsink); causal (zigzag) and not, GQA/MQA, softcap, sink, packed sequences (varlen, a zero-length one
-among them), a subgroup ring, a one-rank ring, deterministic bitwise repeats. Skipped, loudly, where torch or its gloo backend is missing."""
+among them), a subgroup ring, a one-rank ring, deterministic bitwise repeats; the argument checks
+made before the process group is touched. Skipped, loudly, where torch or its gloo backend is missing."""
 
 from __future__ import annotations
 
@@ -210,6 +211,35 @@ def test_ring_attention_checks_scalar_options():
     if not dist.is_initialized():  # valid options reach the process-group check
         with pytest.raises(fa4.InvalidArgumentError, match="not initialized"):
             ring(q, q, q, softcap=3, softmax_scale=0.5, return_lse=1)
+
+
+def test_layout_arguments_are_checked():
+    # Before the process group is touched (none is initialised here): a flag that is not a bool,
+    # a dim that is not an int of x, and a max_seqlen / cu_seqlens that is not an integer are
+    # errors naming the argument, never truncated or read by truthiness (zigzag="no" was True,
+    # cu_seqlens [0, 7.5, 16] and max_seqlen 12.7 were cut to ints).
+    cp = fa4.context_parallel
+    x = torch.zeros(1, 8, 2, 16)
+    err = fa4.InvalidArgumentError
+    for fn in (cp.shard_sequence, cp.gather_sequence):
+        name = rf"fa4\.context_parallel\.{fn.__name__}"
+        for bad in ("no", None):
+            with pytest.raises(err, match=rf"^{name}: zigzag = .* must be a bool$"):
+                fn(x, zigzag=bad)
+        for bad in (True, 1.0, 4):
+            with pytest.raises(err, match=rf"^{name}: dim = .* must be an int in \[-4, 4\)"):
+                fn(x, dim=bad)
+    ring = cp.ring_attention
+    fn = r"fa4\.context_parallel\.ring_attention"
+    q = torch.zeros(16, 2, 16)
+    for bad in (12.0, 12.7, "12", True):
+        with pytest.raises(err, match=rf"^{fn}: max_seqlen = .* must be an int$"):
+            ring(q, q, q, cu_seqlens=[0, 8, 16], max_seqlen=bad)
+    for bad in ([0, 7.5, 16], [0, True, 16], torch.tensor([0.0, 8.0, 16.0])):
+        with pytest.raises(err, match=rf"^{fn}: cu_seqlens must hold integers"):
+            ring(q, q, q, cu_seqlens=bad, max_seqlen=9)
+        with pytest.raises(err, match="shard_sequence: cu_seqlens must hold integers"):
+            cp.shard_sequence(q, cu_seqlens=bad)
 
 
 def _spawn(world, seed):
