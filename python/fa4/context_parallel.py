@@ -36,7 +36,9 @@ tested on more than one GPU (the tests run gloo, in 2 and 4 CPU processes).
 
 Not checked (it would cost a collective per call): that every rank passes slices of one shape and
 the same options, and that causal inputs really are zigzag slices. A shape mismatch fails in gloo
-but may hang NCCL; non-zigzag slices with causal=True give wrong results.
+but may hang NCCL; non-zigzag slices with causal=True give wrong results. An error that every rank
+raises (fa4 refusing an option in a block call) leaves the group usable: the transfers already
+started are completed before it propagates.
 """
 
 from __future__ import annotations
@@ -218,22 +220,43 @@ class _Ring:
         to_global = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
         self.next = to_global((self.rank + 1) % self.world)
         self.prev = to_global((self.rank - 1) % self.world)
+        self._in_flight: list = []  # transfers started and not waited for
 
     def start(self, tensors: Sequence[Tensor]):
         """Sends tensors to the next rank and receives the previous rank's (same shapes). Returns
-        (requests, received buffers); wait() before reading the buffers or writing the tensors."""
+        the transfer; wait() for it before reading its buffers or writing the tensors."""
         ops, bufs = [], []
         for t in tensors:
             buf = torch.empty_like(t)
             ops.append(dist.P2POp(dist.isend, t, self.next, self.group))
             ops.append(dist.P2POp(dist.irecv, buf, self.prev, self.group))
             bufs.append(buf)
-        return dist.batch_isend_irecv(ops), bufs
+        transfer = (dist.batch_isend_irecv(ops), bufs)
+        self._in_flight.append(transfer)
+        return transfer
 
+    def wait(self, transfer) -> tuple:
+        """Waits for a transfer; returns its received buffers."""
+        self._in_flight = [t for t in self._in_flight if t is not transfer]
+        try:
+            for r in transfer[0]:
+                r.wait()
+        except Exception:
+            # The communication itself failed: waiting for the other transfers could only add a
+            # timeout each.
+            self._in_flight = []
+            raise
+        return tuple(transfer[1])
 
-def _wait(reqs) -> None:
-    for r in reqs:
-        r.wait()
+    def complete_in_flight(self) -> None:
+        """After an error in a step's compute (fa4 refusing an option, say): waits for the
+        transfers still in flight before the error propagates. Every rank started them before
+        its compute, so they complete; abandoned, they stay half-done on the connections and the
+        next call on this group hangs (gloo: a send timeout)."""
+        in_flight, self._in_flight = self._in_flight, []
+        for reqs, _ in in_flight:
+            for r in reqs:
+                r.wait()
 
 
 def _merge(out: Tensor, lse: Tensor, out_b: Tensor, lse_b: Tensor) -> None:
@@ -375,15 +398,18 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tensor], ring:
     lse_shape = (q.shape[1], q.shape[0]) if plan.varlen else (q.shape[0], q.shape[2], q.shape[1])
     lse = torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device)
     kv = (k.contiguous(), v.contiguous())  # P2P ops send whole, dense tensors
-    for step in range(ring.world):
-        pending = ring.start(kv) if step + 1 < ring.world else None
-        rows, keys, a = plan.step((ring.rank - step) % ring.world, ring.rank)
-        ob, lb = _torch_ops._fwd_impl(rows.take(q), _keys(kv[0], keys), _keys(kv[1], keys), None,
-                                      *_fa4_args(a, o))
-        rows.merge(out, lse, ob, lb)
-        if pending is not None:
-            _wait(pending[0])
-            kv = tuple(pending[1])
+    try:
+        for step in range(ring.world):
+            pending = ring.start(kv) if step + 1 < ring.world else None
+            rows, keys, a = plan.step((ring.rank - step) % ring.world, ring.rank)
+            ob, lb = _torch_ops._fwd_impl(rows.take(q), _keys(kv[0], keys), _keys(kv[1], keys),
+                                          None, *_fa4_args(a, o))
+            rows.merge(out, lse, ob, lb)
+            if pending is not None:
+                kv = ring.wait(pending)
+    except Exception:
+        ring.complete_in_flight()
+        raise
     if sink is not None:
         _add_sink(out, lse, sink)
     return out.to(q.dtype), lse
@@ -396,25 +422,26 @@ def _ring_backward(dout, q, k, v, out, lse, ring: _Ring, plan: _Plan, o: dict):
            torch.zeros(v.shape, dtype=torch.float32, device=v.device))
     kv = (k.contiguous(), v.contiguous())
     dkv_pending = None
-    for step in range(ring.world):
-        kv_pending = ring.start(kv) if step + 1 < ring.world else None
-        rows, keys, a = plan.step((ring.rank - step) % ring.world, ring.rank)
-        gq, gk, gv, _ = _torch_ops._bwd_impl(
-            rows.take(dout), rows.take(q), _keys(kv[0], keys), _keys(kv[1], keys), rows.take(out),
-            rows.take_lse(lse).contiguous(), None, *_fa4_args(a, o))
-        rows.add(dq, gq)
-        if dkv_pending is not None:  # the accumulators of this step's slice, from rank - 1
-            _wait(dkv_pending[0])
-            dkv = tuple(dkv_pending[1])
-        _keys(dkv[0], keys).add_(gk.float())  # varlen: rows past seqused_k came back as 0
-        _keys(dkv[1], keys).add_(gv.float())
-        dkv_pending = ring.start(dkv) if ring.world > 1 else None
-        if kv_pending is not None:
-            _wait(kv_pending[0])
-            kv = tuple(kv_pending[1])
-    if dkv_pending is not None:
-        _wait(dkv_pending[0])
-        dkv = tuple(dkv_pending[1])
+    try:
+        for step in range(ring.world):
+            kv_pending = ring.start(kv) if step + 1 < ring.world else None
+            rows, keys, a = plan.step((ring.rank - step) % ring.world, ring.rank)
+            gq, gk, gv, _ = _torch_ops._bwd_impl(
+                rows.take(dout), rows.take(q), _keys(kv[0], keys), _keys(kv[1], keys),
+                rows.take(out), rows.take_lse(lse).contiguous(), None, *_fa4_args(a, o))
+            rows.add(dq, gq)
+            if dkv_pending is not None:  # the accumulators of this step's slice, from rank - 1
+                dkv = ring.wait(dkv_pending)
+            _keys(dkv[0], keys).add_(gk.float())  # varlen: rows past seqused_k came back as 0
+            _keys(dkv[1], keys).add_(gv.float())
+            dkv_pending = ring.start(dkv) if ring.world > 1 else None
+            if kv_pending is not None:
+                kv = ring.wait(kv_pending)
+        if dkv_pending is not None:
+            dkv = ring.wait(dkv_pending)
+    except Exception:
+        ring.complete_in_flight()
+        raise
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 

@@ -2,7 +2,8 @@
 reference on the whole sequence, with the project's accuracy rule, forward (out, lse) and backward
 (dq, dk, dv, dsink); causal (zigzag) and not, GQA/MQA, softcap, sink, packed sequences (varlen, a zero-length one
 among them), a subgroup ring, a one-rank ring, deterministic bitwise repeats; the argument checks
-made before the process group is touched. Skipped, loudly, where torch or its gloo backend is missing."""
+made before the process group is touched, and a 3-rank ring that stays usable after a call fails.
+Skipped, loudly, where torch or its gloo backend is missing."""
 
 from __future__ import annotations
 
@@ -242,9 +243,57 @@ def test_layout_arguments_are_checked():
             cp.shard_sequence(q, cu_seqlens=bad)
 
 
+def _error_worker(rank, world, init_file):
+    # A short timeout: the failure this guards against is a hang.
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=30))
+    torch.set_num_threads(1)
+    cp = fa4.context_parallel
+    ql, kl, vl, doutl = (cp.shard_sequence(x, None) for x in _inputs(CAUSAL_MQA, 300))
+
+    def run():
+        q, k, v = (x.clone().requires_grad_() for x in (ql, kl, vl))
+        out = cp.ring_attention(q, k, v, causal=True)
+        return (out,) + torch.autograd.grad(out, (q, k, v), doutl)
+
+    real_bwd = fa4._torch_ops._bwd_impl
+    try:
+        want = run()
+        # fa4 refuses the option in the first block call, after the first k/v transfer started.
+        with pytest.raises(fa4.InvalidArgumentError, match="softcap"):
+            cp.ring_attention(ql, kl, vl, causal=True, softcap=-1.0)
+        # A backward block failing at step 1, with the k/v and the dk/dv transfers in flight.
+        calls = []
+
+        def failing_bwd(*args):
+            calls.append(None)
+            if len(calls) == 2:
+                raise RuntimeError("injected block failure")
+            return real_bwd(*args)
+
+        fa4._torch_ops._bwd_impl = failing_bwd
+        with pytest.raises(RuntimeError, match="injected"):
+            run()
+        fa4._torch_ops._bwd_impl = real_bwd
+        # The group is still usable: the same call gives the same result.
+        for a, b in zip(want, run()):
+            assert torch.equal(a, b)
+    finally:
+        fa4._torch_ops._bwd_impl = real_bwd
+        dist.destroy_process_group()
+
+
 def _spawn(world, seed):
     with tempfile.TemporaryDirectory() as d:
         mp.spawn(_worker, args=(world, os.path.join(d, "init"), seed), nprocs=world, join=True)
+
+
+def test_ring_usable_after_a_failed_call():
+    # An error in a step's compute (every rank raises it) must not leave transfers in flight:
+    # abandoned, the next call on the group hung until gloo's send timeout. Three ranks: an odd
+    # ring, with both transfers of a backward step in flight.
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(_error_worker, args=(3, os.path.join(d, "init")), nprocs=3, join=True)
 
 
 @pytest.mark.parametrize("world", [2, 4])
