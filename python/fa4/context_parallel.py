@@ -36,11 +36,14 @@ tested on more than one GPU (the tests run gloo, in 2 and 4 CPU processes).
 
 Not checked (it would cost a collective per call): that every rank passes slices of one shape and
 the same options, and that causal inputs really are zigzag slices. A shape mismatch fails in gloo
-but may hang NCCL; non-zigzag slices with causal=True give wrong results.
+but may hang NCCL; non-zigzag slices with causal=True give wrong results. An error that every rank
+raises (fa4 refusing an option in a block call) leaves the group usable: the transfers already
+started are completed before it propagates.
 """
 
 from __future__ import annotations
 
+import operator
 from typing import Optional, Sequence
 
 import torch
@@ -69,16 +72,36 @@ def _chunks(world: int, rank: int, zigzag: bool) -> tuple[int, ...]:
     return (rank, 2 * world - 1 - rank) if zigzag else (rank,)
 
 
+def _integer(c) -> Optional[int]:
+    """c as an int if it is one (int, NumPy integer, integer 0-D tensor), else None; a bool is
+    not (True would be read as a length of 1)."""
+    if isinstance(c, bool):
+        return None
+    try:
+        return operator.index(c)
+    except TypeError:
+        return None
+
+
 def _host_cu(cu_seqlens, fn: str) -> Tensor:
-    """cu_seqlens as an int64 CPU tensor, checked: 1-D, from 0, non-decreasing."""
+    """cu_seqlens as an int64 CPU tensor, checked: integers, 1-D, from 0, non-decreasing."""
     if isinstance(cu_seqlens, Tensor):
         if cu_seqlens.device.type != "cpu":
             raise _capi.InvalidArgumentError(
                 f"{fn}: cu_seqlens must be on the CPU (or a list): the sequence boundaries decide "
                 "the slices on the host, without a device sync")
+        if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype.is_complex or (
+                cu_seqlens.dtype == torch.bool):
+            # Converting would truncate 7.5 to 7: a different layout than the one given.
+            raise _capi.InvalidArgumentError(
+                f"{fn}: cu_seqlens must hold integers, got a {cu_seqlens.dtype} tensor")
         cu = cu_seqlens.to(torch.int64)
     else:
-        cu = torch.tensor(list(cu_seqlens), dtype=torch.int64)
+        values = list(cu_seqlens)
+        ints = [_integer(c) for c in values]
+        if None in ints:
+            raise _capi.InvalidArgumentError(f"{fn}: cu_seqlens must hold integers, got {values!r}")
+        cu = torch.tensor(ints, dtype=torch.int64)
     if cu.dim() != 1 or cu.numel() < 1 or int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()):
         raise _capi.InvalidArgumentError(
             f"{fn}: cu_seqlens must be 1-D, start at 0 and not decrease; got {cu.tolist()}")
@@ -88,8 +111,16 @@ def _host_cu(cu_seqlens, fn: str) -> Tensor:
 def _layout(x: Tensor, cu_seqlens, dim: Optional[int], fn: str):
     """(cu_seqlens checked as a CPU tensor or None, the sequence dim: 1 batched, 0 packed unless
     given); cu_seqlens[-1] must be x's length along that dim."""
+    if not isinstance(x, Tensor):
+        raise _capi.InvalidArgumentError(f"{fn}: x must be a torch.Tensor, got {type(x).__name__}")
     cu = _host_cu(cu_seqlens, fn) if cu_seqlens is not None else None
-    dim = (0 if cu is not None else 1) if dim is None else dim
+    given = (0 if cu is not None else 1) if dim is None else dim
+    # A bool is an int to Python (dim=True would mean 1); a float or an out-of-range dim would
+    # fail later with torch's message, which does not name the argument.
+    dim = _integer(given)
+    if dim is None or not -x.dim() <= dim < x.dim():
+        raise _capi.InvalidArgumentError(
+            f"{fn}: dim = {given!r} must be an int in [{-x.dim()}, {x.dim()}) (x is {x.dim()}-D)")
     if cu is not None and int(cu[-1]) != x.shape[dim]:
         raise _capi.InvalidArgumentError(
             f"{fn}: cu_seqlens[-1] = {int(cu[-1])} must equal x.shape[{dim}] = {x.shape[dim]}")
@@ -126,9 +157,10 @@ def shard_sequence(x: Tensor, group=None, *, zigzag: bool = True, dim: Optional[
         InvalidArgumentError (ValueError) if a sequence length is not a multiple of
         2 x world_size (zigzag) or world_size, or cu_seqlens is malformed.
     """
-    rank, world = _world(group)
     fn = "fa4.context_parallel.shard_sequence"
+    zigzag = _core._bool(zigzag, "zigzag", fn)
     cu, dim = _layout(x, cu_seqlens, dim, fn)
+    rank, world = _world(group)
     parts = 2 * world if zigzag else world
     out = []
     for piece in _seq_pieces(x, dim, cu):
@@ -153,9 +185,10 @@ def gather_sequence(x: Tensor, group=None, *, zigzag: bool = True, dim: Optional
     Returns:
         The full tensor, world_size times as long along dim, on every rank.
     """
-    rank, world = _world(group)
     fn = "fa4.context_parallel.gather_sequence"
+    zigzag = _core._bool(zigzag, "zigzag", fn)
     cu, dim = _layout(x, cu_seqlens, dim, fn)
+    rank, world = _world(group)
     per_rank = len(_chunks(world, rank, zigzag))
     for piece in _seq_pieces(x, dim, cu):
         if piece.shape[dim] % per_rank:
@@ -187,22 +220,43 @@ class _Ring:
         to_global = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
         self.next = to_global((self.rank + 1) % self.world)
         self.prev = to_global((self.rank - 1) % self.world)
+        self._in_flight: list = []  # transfers started and not waited for
 
     def start(self, tensors: Sequence[Tensor]):
         """Sends tensors to the next rank and receives the previous rank's (same shapes). Returns
-        (requests, received buffers); wait() before reading the buffers or writing the tensors."""
+        the transfer; wait() for it before reading its buffers or writing the tensors."""
         ops, bufs = [], []
         for t in tensors:
             buf = torch.empty_like(t)
             ops.append(dist.P2POp(dist.isend, t, self.next, self.group))
             ops.append(dist.P2POp(dist.irecv, buf, self.prev, self.group))
             bufs.append(buf)
-        return dist.batch_isend_irecv(ops), bufs
+        transfer = (dist.batch_isend_irecv(ops), bufs)
+        self._in_flight.append(transfer)
+        return transfer
 
+    def wait(self, transfer) -> tuple:
+        """Waits for a transfer; returns its received buffers."""
+        self._in_flight = [t for t in self._in_flight if t is not transfer]
+        try:
+            for r in transfer[0]:
+                r.wait()
+        except Exception:
+            # The communication itself failed: waiting for the other transfers could only add a
+            # timeout each.
+            self._in_flight = []
+            raise
+        return tuple(transfer[1])
 
-def _wait(reqs) -> None:
-    for r in reqs:
-        r.wait()
+    def complete_in_flight(self) -> None:
+        """After an error in a step's compute (fa4 refusing an option, say): waits for the
+        transfers still in flight before the error propagates. Every rank started them before
+        its compute, so they complete; abandoned, they stay half-done on the connections and the
+        next call on this group hangs (gloo: a send timeout)."""
+        in_flight, self._in_flight = self._in_flight, []
+        for reqs, _ in in_flight:
+            for r in reqs:
+                r.wait()
 
 
 def _merge(out: Tensor, lse: Tensor, out_b: Tensor, lse_b: Tensor) -> None:
@@ -344,15 +398,18 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tensor], ring:
     lse_shape = (q.shape[1], q.shape[0]) if plan.varlen else (q.shape[0], q.shape[2], q.shape[1])
     lse = torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device)
     kv = (k.contiguous(), v.contiguous())  # P2P ops send whole, dense tensors
-    for step in range(ring.world):
-        pending = ring.start(kv) if step + 1 < ring.world else None
-        rows, keys, a = plan.step((ring.rank - step) % ring.world, ring.rank)
-        ob, lb = _torch_ops._fwd_impl(rows.take(q), _keys(kv[0], keys), _keys(kv[1], keys), None,
-                                      *_fa4_args(a, o))
-        rows.merge(out, lse, ob, lb)
-        if pending is not None:
-            _wait(pending[0])
-            kv = tuple(pending[1])
+    try:
+        for step in range(ring.world):
+            pending = ring.start(kv) if step + 1 < ring.world else None
+            rows, keys, a = plan.step((ring.rank - step) % ring.world, ring.rank)
+            ob, lb = _torch_ops._fwd_impl(rows.take(q), _keys(kv[0], keys), _keys(kv[1], keys),
+                                          None, *_fa4_args(a, o))
+            rows.merge(out, lse, ob, lb)
+            if pending is not None:
+                kv = ring.wait(pending)
+    except Exception:
+        ring.complete_in_flight()
+        raise
     if sink is not None:
         _add_sink(out, lse, sink)
     return out.to(q.dtype), lse
@@ -365,25 +422,26 @@ def _ring_backward(dout, q, k, v, out, lse, ring: _Ring, plan: _Plan, o: dict):
            torch.zeros(v.shape, dtype=torch.float32, device=v.device))
     kv = (k.contiguous(), v.contiguous())
     dkv_pending = None
-    for step in range(ring.world):
-        kv_pending = ring.start(kv) if step + 1 < ring.world else None
-        rows, keys, a = plan.step((ring.rank - step) % ring.world, ring.rank)
-        gq, gk, gv, _ = _torch_ops._bwd_impl(
-            rows.take(dout), rows.take(q), _keys(kv[0], keys), _keys(kv[1], keys), rows.take(out),
-            rows.take_lse(lse).contiguous(), None, *_fa4_args(a, o))
-        rows.add(dq, gq)
-        if dkv_pending is not None:  # the accumulators of this step's slice, from rank - 1
-            _wait(dkv_pending[0])
-            dkv = tuple(dkv_pending[1])
-        _keys(dkv[0], keys).add_(gk.float())  # varlen: rows past seqused_k came back as 0
-        _keys(dkv[1], keys).add_(gv.float())
-        dkv_pending = ring.start(dkv) if ring.world > 1 else None
-        if kv_pending is not None:
-            _wait(kv_pending[0])
-            kv = tuple(kv_pending[1])
-    if dkv_pending is not None:
-        _wait(dkv_pending[0])
-        dkv = tuple(dkv_pending[1])
+    try:
+        for step in range(ring.world):
+            kv_pending = ring.start(kv) if step + 1 < ring.world else None
+            rows, keys, a = plan.step((ring.rank - step) % ring.world, ring.rank)
+            gq, gk, gv, _ = _torch_ops._bwd_impl(
+                rows.take(dout), rows.take(q), _keys(kv[0], keys), _keys(kv[1], keys),
+                rows.take(out), rows.take_lse(lse).contiguous(), None, *_fa4_args(a, o))
+            rows.add(dq, gq)
+            if dkv_pending is not None:  # the accumulators of this step's slice, from rank - 1
+                dkv = ring.wait(dkv_pending)
+            _keys(dkv[0], keys).add_(gk.float())  # varlen: rows past seqused_k came back as 0
+            _keys(dkv[1], keys).add_(gv.float())
+            dkv_pending = ring.start(dkv) if ring.world > 1 else None
+            if kv_pending is not None:
+                kv = ring.wait(kv_pending)
+        if dkv_pending is not None:
+            dkv = ring.wait(dkv_pending)
+    except Exception:
+        ring.complete_in_flight()
+        raise
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 
@@ -493,10 +551,14 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, group=None, causal: bool 
                 f"{_FN}: q and k must hold cu_seqlens[-1] = {int(cu[-1])} rows (self-attention over "
                 f"the same packed sequences), got {q.shape[0]} and {k.shape[0]}")
         lens = cu[1:] - cu[:-1]
-        if max_seqlen is None or int(max_seqlen) < (int(lens.max()) if len(lens) else 0):
+        longest = int(lens.max()) if len(lens) else 0
+        if max_seqlen is None:
             raise _capi.InvalidArgumentError(
-                f"{_FN}: max_seqlen ({max_seqlen}) must be given and >= the longest slice "
-                f"({int(lens.max()) if len(lens) else 0})")
+                f"{_FN}: max_seqlen must be given with cu_seqlens (>= the longest slice, {longest})")
+        max_seqlen = _core._int32(max_seqlen, "max_seqlen", _FN)  # no float / str / bool: no int()
+        if max_seqlen < longest:
+            raise _capi.InvalidArgumentError(
+                f"{_FN}: max_seqlen = {max_seqlen} must be >= the longest slice ({longest})")
         if causal and bool((lens % 2).any()):
             raise _capi.InvalidArgumentError(
                 f"{_FN}: causal needs the zigzag layout: every sequence's slice must have an even "

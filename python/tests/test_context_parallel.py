@@ -1,7 +1,9 @@
 """fa4.context_parallel: ring attention over gloo with 2 and 4 CPU processes against the float64
 reference on the whole sequence, with the project's accuracy rule, forward (out, lse) and backward
 (dq, dk, dv, dsink); causal (zigzag) and not, GQA/MQA, softcap, sink, packed sequences (varlen, a zero-length one
-among them), a subgroup ring, a one-rank ring, deterministic bitwise repeats. Skipped, loudly, where torch or its gloo backend is missing."""
+among them), a subgroup ring, a one-rank ring, deterministic bitwise repeats; the argument checks
+made before the process group is touched, and a 3-rank ring that stays usable after a call fails.
+Skipped, loudly, where torch or its gloo backend is missing."""
 
 from __future__ import annotations
 
@@ -42,10 +44,11 @@ def _inputs(case, seed):
     return q, k, v, dout
 
 
-def _check_case(case, group, seed, zigzag=True, sink=False):
+def _check_case(case, group, seed, zigzag=True, sink=False, softmax_scale=None):
     """Runs one case on group's ring; every rank checks the gathered result. Non-causal cases may
     use contiguous shards (zigzag=False). sink: with sink logits (their gradient summed over the
-    ranks, as the gradient all-reduce of training would)."""
+    ranks, as the gradient all-reduce of training would). softmax_scale: given to both sides (the
+    default 1/sqrt(headdim) otherwise)."""
     name, _, _, h, _, _, causal, softcap, dtype = case
     cp = fa4.context_parallel
     q, k, v, dout = _inputs(case, seed)
@@ -57,7 +60,7 @@ def _check_case(case, group, seed, zigzag=True, sink=False):
     local = [cp.shard_sequence(x, group, zigzag=zigzag).requires_grad_(x is not dout)
              for x in (q, k, v, dout)]
     ql, kl, vl, doutl = local
-    opts = dict(causal=causal, softcap=softcap)
+    opts = dict(causal=causal, softcap=softcap, softmax_scale=softmax_scale)
     # fp32: the software exp2's ~2e-4 relative error is above fp32 rounding (test_torch.py).
     exp2 = dict(exp2_emulation_fraction=0.0) if dtype == torch.float32 else {}
     out_l, lse_l = cp.ring_attention(ql, kl, vl, group=group, return_lse=True, sink=sinks, **opts,
@@ -146,7 +149,7 @@ def _worker(rank, world, init_file, seed):
     try:
         for i, case in enumerate(CASES):
             _check_case(case, None, seed + i, zigzag=world == 4)  # non-causal: contiguous at 2
-        _check_case(CAUSAL_MQA, None, seed + 40, sink=True)
+        _check_case(CAUSAL_MQA, None, seed + 40, sink=True, softmax_scale=0.3)
         _check_case(CASES[0], None, seed + 41, zigzag=world == 4, sink=True)
         _check_varlen(None, seed + 50, causal=True, zigzag=True)
         _check_varlen(None, seed + 51, causal=False, zigzag=world == 4)
@@ -212,9 +215,86 @@ def test_ring_attention_checks_scalar_options():
             ring(q, q, q, softcap=3, softmax_scale=0.5, return_lse=1)
 
 
+def test_layout_arguments_are_checked():
+    # Before the process group is touched (none is initialised here): a flag that is not a bool,
+    # a dim that is not an int of x, and a max_seqlen / cu_seqlens that is not an integer are
+    # errors naming the argument, never truncated or read by truthiness (zigzag="no" was True,
+    # cu_seqlens [0, 7.5, 16] and max_seqlen 12.7 were cut to ints).
+    cp = fa4.context_parallel
+    x = torch.zeros(1, 8, 2, 16)
+    err = fa4.InvalidArgumentError
+    for fn in (cp.shard_sequence, cp.gather_sequence):
+        name = rf"fa4\.context_parallel\.{fn.__name__}"
+        for bad in ("no", None):
+            with pytest.raises(err, match=rf"^{name}: zigzag = .* must be a bool$"):
+                fn(x, zigzag=bad)
+        for bad in (True, 1.0, 4):
+            with pytest.raises(err, match=rf"^{name}: dim = .* must be an int in \[-4, 4\)"):
+                fn(x, dim=bad)
+    ring = cp.ring_attention
+    fn = r"fa4\.context_parallel\.ring_attention"
+    q = torch.zeros(16, 2, 16)
+    for bad in (12.0, 12.7, "12", True):
+        with pytest.raises(err, match=rf"^{fn}: max_seqlen = .* must be an int$"):
+            ring(q, q, q, cu_seqlens=[0, 8, 16], max_seqlen=bad)
+    for bad in ([0, 7.5, 16], [0, True, 16], torch.tensor([0.0, 8.0, 16.0])):
+        with pytest.raises(err, match=rf"^{fn}: cu_seqlens must hold integers"):
+            ring(q, q, q, cu_seqlens=bad, max_seqlen=9)
+        with pytest.raises(err, match="shard_sequence: cu_seqlens must hold integers"):
+            cp.shard_sequence(q, cu_seqlens=bad)
+
+
+def _error_worker(rank, world, init_file):
+    # A short timeout: the failure this guards against is a hang.
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=30))
+    torch.set_num_threads(1)
+    cp = fa4.context_parallel
+    ql, kl, vl, doutl = (cp.shard_sequence(x, None) for x in _inputs(CAUSAL_MQA, 300))
+
+    def run():
+        q, k, v = (x.clone().requires_grad_() for x in (ql, kl, vl))
+        out = cp.ring_attention(q, k, v, causal=True)
+        return (out,) + torch.autograd.grad(out, (q, k, v), doutl)
+
+    real_bwd = fa4._torch_ops._bwd_impl
+    try:
+        want = run()
+        # fa4 refuses the option in the first block call, after the first k/v transfer started.
+        with pytest.raises(fa4.InvalidArgumentError, match="softcap"):
+            cp.ring_attention(ql, kl, vl, causal=True, softcap=-1.0)
+        # A backward block failing at step 1, with the k/v and the dk/dv transfers in flight.
+        calls = []
+
+        def failing_bwd(*args):
+            calls.append(None)
+            if len(calls) == 2:
+                raise RuntimeError("injected block failure")
+            return real_bwd(*args)
+
+        fa4._torch_ops._bwd_impl = failing_bwd
+        with pytest.raises(RuntimeError, match="injected"):
+            run()
+        fa4._torch_ops._bwd_impl = real_bwd
+        # The group is still usable: the same call gives the same result.
+        for a, b in zip(want, run()):
+            assert torch.equal(a, b)
+    finally:
+        fa4._torch_ops._bwd_impl = real_bwd
+        dist.destroy_process_group()
+
+
 def _spawn(world, seed):
     with tempfile.TemporaryDirectory() as d:
         mp.spawn(_worker, args=(world, os.path.join(d, "init"), seed), nprocs=world, join=True)
+
+
+def test_ring_usable_after_a_failed_call():
+    # An error in a step's compute (every rank raises it) must not leave transfers in flight:
+    # abandoned, the next call on the group hung until gloo's send timeout. Three ranks: an odd
+    # ring, with both transfers of a backward step in flight.
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(_error_worker, args=(3, os.path.join(d, "init")), nprocs=3, join=True)
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -132,3 +132,43 @@ def test_short_mask_covers_filled_slots():
         sel = lambda x: x[b:b + 1, :, idx].transpose(1, 2)  # noqa: E731
         want = fa4.flash_attn_func(q[b:b + 1, :, 4:6].transpose(1, 2), sel(k), sel(v), causal=True)
         torch.testing.assert_close(out[b], want[0], rtol=1e-5, atol=1e-5)
+
+
+class _Bidirectional(torch.nn.Module):
+    is_causal = False
+
+
+def test_packed_position_ids_keep_sequences_apart():
+    # Padding-free packing told by position_ids alone (DataCollatorWithFlattening's default, no
+    # mask): every sequence attends to itself only, as transformers' own masks make it. Row 0
+    # packs 5 + 7 tokens, row 1 3 + 9; causal and bidirectional modules.
+    import fa4
+
+    q, k, v = _qkv(s=12)
+    pos = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 0, 1, 2, 3, 4, 5, 6, 7, 8]])
+    for module in (_Module(), _Bidirectional()):
+        out, _ = fa4_hf.fa4_attention_forward(module, q, k, v, None, position_ids=pos)
+        for b, cuts in ((0, (0, 5, 12)), (1, (0, 3, 12))):
+            for start, end in zip(cuts[:-1], cuts[1:]):
+                sel = lambda x: x[b:b + 1, :, start:end].transpose(1, 2)  # noqa: E731
+                want = fa4.flash_attn_func(sel(q), sel(k), sel(v), causal=module.is_causal)
+                torch.testing.assert_close(out[b, start:end], want[0], rtol=1e-5, atol=1e-5)
+
+
+def test_packed_position_ids_in_a_model_match_sdpa():
+    # The same through a model: fa4's logits equal sdpa's (which masks packed sequences apart).
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
+                                             dtype=torch.float32).eval()
+    ids = torch.randint(1, 64, (1, 12), generator=torch.Generator().manual_seed(1))
+    pos = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6]])
+    with torch.no_grad():
+        # use_cache=False: with a cache, transformers builds no packed mask for sdpa.
+        want = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+        model.set_attn_implementation(fa4_hf.NAME)
+        got = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

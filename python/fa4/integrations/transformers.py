@@ -18,7 +18,13 @@ format of the flash-attention family, so each layer receives:
 * scaling -> softmax_scale; softcap -> softcap; s_aux (learnable sink, gpt-oss) -> sink;
 * dropout must be 0 (fa4 has no dropout): anything else raises ValueError — put the model in
   eval() or set attention_dropout=0;
-* is_causal: taken from the call, else the module's ``is_causal``.
+* is_causal: taken from the call, else the module's ``is_causal``;
+* padding-free packing (several sequences concatenated in a row, no mask): given by
+  cu_seq_lens_q/k and max_length_q/k, or by position_ids alone (DataCollatorWithFlattening's
+  default): a new sequence starts wherever the position does not grow by 1, the rule of
+  transformers' own masks (and, for one row, of its flash-attention path). Each sequence attends
+  only to itself (varlen). Reading position_ids costs one host sync per call without a mask and
+  without cached keys, as in transformers' flash-attention path.
 
 KV caches: with a padding mask shorter than the key buffers (a StaticCache with padding: the
 mask covers the slots filled so far, from slot 0), the keys/values past it are not used. Without
@@ -93,6 +99,25 @@ def _filled_lengths(position_ids, query: torch.Tensor, kv_len: int, causal: bool
     return last.clamp(min=q_len, max=kv_len).expand(batch).to(torch.int32)
 
 
+def _packed_from_positions(position_ids, batch: int, q_len: int, kv_len: int, device):
+    """Without a padding mask: (int32 cu_seqlens over the flattened rows, longest sequence) of the
+    sequences that position_ids pack into each row, or None where every row is one sequence or
+    the call has cached keys (kv_len != q_len). A sequence starts at each row's first token and
+    wherever the position does not grow by exactly 1 (transformers' masking_utils.
+    find_packed_sequence_indices). position_ids of shape (1, q_len) serve every row."""
+    if (position_ids is None or kv_len != q_len or q_len < 2 or position_ids.dim() != 2
+            or position_ids.shape[1] != q_len or position_ids.shape[0] not in (1, batch)):
+        return None
+    pos = position_ids.to(device)
+    starts = torch.ones(pos.shape, dtype=torch.bool, device=device)
+    starts[:, 1:] = (pos[:, 1:] - pos[:, :-1]) != 1
+    if not bool(starts[:, 1:].any()):
+        return None
+    first = starts.expand(batch, q_len).flatten().nonzero().flatten()
+    cu = torch.cat([first, first.new_tensor([batch * q_len])]).to(torch.int32)
+    return cu, _int_max(cu[1:] - cu[:-1])
+
+
 def _cached_attention(q, k, v, seqlens, needs_grad: bool, opts: dict):
     """Causal attention of the last q_len positions of each sequence against its seqlens[b] filled
     key slots (q (b, q_len, h, d); k/v (b, kv_len, hkv, d) views of the cache buffers)."""
@@ -156,6 +181,13 @@ def fa4_attention_forward(module, query, key, value, attention_mask, dropout=0.0
         return out.view(batch, q_len, *out.shape[1:]), None
 
     if attention_mask is None:
+        packed = _packed_from_positions(kwargs.get("position_ids"), batch, q_len, kv_len, q.device)
+        if packed is not None:
+            cu, longest = packed
+            out = fa4.flash_attn_varlen_func(
+                q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:]),
+                cu, cu, longest, longest, **opts)
+            return out.view(batch, q_len, *out.shape[1:]), None
         seqlens = _filled_lengths(kwargs.get("position_ids"), query, kv_len, bool(causal))
         if seqlens is not None:
             # A cached call (decoding, or a prompt into a cache): only the filled slots are keys.
