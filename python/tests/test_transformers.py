@@ -155,6 +155,28 @@ def test_packed_position_ids_keep_sequences_apart():
                 torch.testing.assert_close(out[b, start:end], want[0], rtol=1e-5, atol=1e-5)
 
 
+def test_packed_position_ids_read_once_per_tensor(monkeypatch):
+    # The layers of a model call get one position_ids tensor: it is read (a host sync on a GPU)
+    # once, and again only when it is another tensor or was written in place.
+    reads = []
+    real = fa4_hf._read_packed_positions
+    monkeypatch.setattr(fa4_hf, "_read_packed_positions", lambda *a: reads.append(1) or real(*a))
+    q, k, v = _qkv(s=12)
+    pos = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6]])
+    first, _ = fa4_hf.fa4_attention_forward(_Module(), q, k, v, None, position_ids=pos)
+    again, _ = fa4_hf.fa4_attention_forward(_Module(), q, k, v, None, position_ids=pos)
+    assert len(reads) == 1
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+    pos[0, 5:] = torch.arange(5, 12)  # in place: one sequence now
+    whole, _ = fa4_hf.fa4_attention_forward(_Module(), q, k, v, None, position_ids=pos)
+    assert len(reads) == 2
+    torch.testing.assert_close(whole, fa4_hf.fa4_attention_forward(_Module(), q, k, v, None)[0],
+                               rtol=0, atol=0)
+    assert not torch.equal(whole, first)
+    fa4_hf.fa4_attention_forward(_Module(), q, k, v, None, position_ids=pos.clone())
+    assert len(reads) == 3
+
+
 def test_packed_position_ids_in_a_model_match_sdpa():
     # The same through a model: fa4's logits equal sdpa's (which masks packed sequences apart).
     from transformers import AutoModelForCausalLM, LlamaConfig

@@ -23,8 +23,8 @@ format of the flash-attention family, so each layer receives:
   cu_seq_lens_q/k and max_length_q/k, or by position_ids alone (DataCollatorWithFlattening's
   default): a new sequence starts wherever the position does not grow by 1, the rule of
   transformers' own masks (and, for one row, of its flash-attention path). Each sequence attends
-  only to itself (varlen). Reading position_ids costs one host sync per call without a mask and
-  without cached keys, as in transformers' flash-attention path.
+  only to itself (varlen). Reading position_ids costs one host sync per model call without a
+  mask and without cached keys (the answer is kept for the position_ids tensor every layer gets).
 
 KV caches: with a padding mask shorter than the key buffers (a StaticCache with padding: the
 mask covers the slots filled so far, from slot 0), the keys/values past it are not used. Without
@@ -40,6 +40,8 @@ Returns (attn_output (batch, q_len, num_heads, head_dim), None); padded query ro
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -99,7 +101,26 @@ def _filled_lengths(position_ids, query: torch.Tensor, kv_len: int, causal: bool
     return last.clamp(min=q_len, max=kv_len).expand(batch).to(torch.int32)
 
 
+# The last _packed_from_positions answer: (a weak reference to position_ids, its version, the
+# arguments, the answer). Every layer of a model call gets the same position_ids tensor, so the
+# host sync of reading it is paid once per model call, not once per layer.
+_packed_memo: tuple = (None, -1, None, None)
+
+
 def _packed_from_positions(position_ids, batch: int, q_len: int, kv_len: int, device):
+    global _packed_memo
+    if position_ids is None:
+        return None
+    ref, version, args, answer = _packed_memo
+    key = (batch, q_len, kv_len, device)
+    if ref is not None and ref() is position_ids and version == position_ids._version and args == key:
+        return answer
+    answer = _read_packed_positions(position_ids, batch, q_len, kv_len, device)
+    _packed_memo = (weakref.ref(position_ids), position_ids._version, key, answer)
+    return answer
+
+
+def _read_packed_positions(position_ids, batch: int, q_len: int, kv_len: int, device):
     """Without a padding mask: (int32 cu_seqlens over the flattened rows, longest sequence) of the
     sequences that position_ids pack into each row, or None where every row is one sequence or
     the call has cached keys (kv_len != q_len). A sequence starts at each row's first token and
