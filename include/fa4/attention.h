@@ -67,12 +67,15 @@
 // SCRATCH MEMORY (CUDA). Besides the caller's tensors, a CUDA call needs device scratch: tile
 // counters and split flags (KBs), split-KV and stream-K partials, the backward's workspace (an fp32
 // dQ accumulator and row statistics: about 4 * (headdim + 2) bytes per query row and head, the
-// query rows padded to the backward's row tile; GBs for a training shape). fa4 keeps it between eager calls, so that a call neither
-// allocates nor waits: per (device, stream), what must start zeroed and buffers up to 4 MiB (a
-// destroyed stream's stay allocated, at most about 8 MiB per kind); larger scratch from a
-// per-device stream-ordered memory pool (cudaMallocFromPoolAsync / cudaFreeAsync on the call's
-// stream), which keeps what calls gave back for any stream's next call, so it holds the most
-// that calls used at once. release_cached_memory() gives all of it back to CUDA. Captured calls'
+// query rows padded to the backward's row tile; GBs for a training shape). A backward given
+// BackwardOptions::workspace uses that instead (PyTorch's path does). Otherwise fa4 keeps it
+// between eager calls, so that a call neither allocates nor waits: per (device, stream), what
+// must start zeroed, the split-KV partials, and the backward's workspace and stream-K partials up
+// to 4 MiB (a destroyed stream's stay allocated until released); a larger backward workspace or
+// stream-K partials from a per-device stream-ordered memory pool (cudaMallocFromPoolAsync /
+// cudaFreeAsync on the call's stream), which keeps what calls gave back for any stream's next
+// call, so it holds the most that calls used at once (on a device without memory pools they are
+// cached per stream too). release_cached_memory() gives all of it back to CUDA. Captured calls'
 // scratch (CUDA GRAPHS above) is not part of it.
 //
 // ERRORS. fa4::Error (fa4/error.h). Every argument is validated before anything is written, except
@@ -100,6 +103,7 @@
 //   * size limits (at most 2^31 - 1 rows of q and of k/v; tile counts in the messages).
 #pragma once
 
+#include <cstddef>
 #include <optional>
 
 #include "fa4/error.h"
@@ -151,6 +155,14 @@ struct BackwardOptions : AttentionOptions {
   /// order. The exception: a stream-K forward whose cooperative launch the device refuses, e.g.
   /// under MPS, runs whole tiles instead, which round differently.)
   bool deterministic = false;
+  /// Device scratch for the CUDA backward from the caller, e.g. a framework's caching allocator,
+  /// so the memory goes back to it after the call (PyTorch's path passes one): a 1-D contiguous
+  /// tensor of any dtype on q's device whose data address is a multiple of 256, holding at least
+  /// backward_workspace_size() bytes. Overwritten (its contents need not be anything); it must
+  /// stay allocated until the backward's kernels have run (stream order) and share no memory with
+  /// the call's other tensors. Unset: fa4 uses the scratch it keeps (SCRATCH MEMORY above). The
+  /// CPU implementations need none: a workspace is then checked and not used.
+  std::optional<TensorView> workspace;
 };
 
 /// The largest explicit KVCacheOptions::num_splits the CUDA decode kernel runs (its merge reads one
@@ -205,6 +217,16 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
               const TensorView& dq, const TensorView& dk, const TensorView& dv,
               const BackwardOptions& options = {},
               const std::optional<TensorView>& dsink = std::nullopt);
+
+/// The bytes of BackwardOptions::workspace that backward() needs with these arguments: 0 where it
+/// needs none (the CPU implementations, a problem without query rows or keys). Validates the
+/// arguments as backward() does (throws its errors, kUnsupported included); options.workspace, if
+/// set, is checked as backward() checks it, except for its size. Runs and writes nothing.
+size_t backward_workspace_size(const TensorView& dout, const TensorView& q, const TensorView& k,
+                               const TensorView& v, const TensorView& out, const TensorView& lse,
+                               const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                               const BackwardOptions& options = {},
+                               const std::optional<TensorView>& dsink = std::nullopt);
 
 /// Attention of new queries against a KV cache, with an optional in-place append of new keys and
 /// values first (flash-attn's flash_attn_with_kvcache; decoding and chunked prefill). Writes the
@@ -275,13 +297,18 @@ void forward_with_kvcache(const TensorView& q, const TensorView& k_cache,
 void check_async_errors(int device_index);
 
 /// Frees the scratch fa4 keeps for eager CUDA calls on device `device_index` (SCRATCH MEMORY
-/// above), as torch.cuda.empty_cache() does for PyTorch's cache: it waits for the device
-/// (cudaDeviceSynchronize), then frees every stream's cached buffers that no call in another
-/// thread is using at that moment and trims the memory pool. Later calls allocate again (the
-/// next call on each stream, and on the pool, is slower). Captured calls' scratch is kept (graphs
-/// may still replay). A no-op (no wait) when nothing is kept there: without CUDA, or before any
-/// CUDA call on that device. Errors: kInvalidArgument for device_index < 0; kCudaError if CUDA
-/// refuses the wait or a free (e.g. while a stream of the device is being captured into a graph).
+/// above), as torch.cuda.empty_cache() does for PyTorch's cache: it takes every stream's cached
+/// buffers that no call in another thread is using at that moment out of the cache, waits for
+/// the device (cudaDeviceSynchronize on its primary context; fa4 calls on other devices go on
+/// meanwhile), frees them and trims the memory pool. Later calls allocate again (the next call on
+/// each stream is slower). Captured calls' scratch is kept (graphs may still replay). A no-op (no
+/// wait) when nothing is kept there: without CUDA, or before any CUDA call on that device.
+/// Do not call it while a stream of the device is being captured into a graph (CUDA refuses the
+/// wait and the capture is invalidated), while a kernel that never ends runs on the device (the
+/// wait would not return), or while fa4 calls run on streams of another context of the device
+/// (green contexts: the wait does not cover them). Errors: kInvalidArgument for device_index < 0;
+/// kCudaError if CUDA refuses the wait (the buffers are then dropped from the cache unfreed) or
+/// a free.
 void release_cached_memory(int device_index);
 
 /// Answers "would forward() run on these arguments, and with which kernel?" without running.

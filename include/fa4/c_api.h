@@ -12,7 +12,7 @@
  *     fa4_options (its `struct_size` field tells the library which fields the caller knows).
  *     Version 2 added fa4_check_async_errors. Version 3 added fa4_forward_with_kvcache,
  *     fa4_forward_with_kvcache_support, fa4_kvcache_args and fa4_kvcache_args_init. Version 4
- *     added fa4_release_cached_memory.
+ *     added fa4_release_cached_memory, fa4_backward_workspace_size and fa4_options.workspace.
  *   * fa4_abi_version() returns the version the library was built with. A caller compiled
  *     against version N works with any library whose fa4_abi_version() >= N.
  *   * Every exported symbol starts with "fa4_"; every macro with "FA4_".
@@ -134,6 +134,9 @@ typedef struct fa4_options {
   const fa4_tensor* cu_seqlens_q; /**< nullable: int32 (batch + 1); varlen iff both cu_seqlens */
   const fa4_tensor* cu_seqlens_k; /**< nullable: int32 (batch + 1) */
   const fa4_tensor* seqused_k;    /**< nullable: int32 (batch,) */
+  /** Since ABI 4 (nullable): fa4::BackwardOptions::workspace, fa4_backward only (the forwards
+   *  refuse it): caller-owned device scratch of at least fa4_backward_workspace_size() bytes. */
+  const fa4_tensor* workspace;
 } fa4_options;
 
 /** Writes the defaults into the first `struct_size` bytes of *options (pass sizeof(fa4_options))
@@ -152,6 +155,17 @@ FA4_C_EXPORT int32_t fa4_backward(const fa4_tensor* dout, const fa4_tensor* q, c
                                   const fa4_tensor* v, const fa4_tensor* out, const fa4_tensor* lse,
                                   const fa4_tensor* dq, const fa4_tensor* dk, const fa4_tensor* dv,
                                   const fa4_tensor* dsink, const fa4_options* options);
+
+/** Since ABI 4. fa4::backward_workspace_size (fa4/attention.h): writes to *bytes the size of the
+ *  options->workspace fa4_backward needs with these arguments (0 where it needs none: the CPU,
+ *  a problem without queries and keys). Validates as fa4_backward does (same status and message
+ *  on failure; options->workspace, if given, is checked except for its size); runs nothing. */
+FA4_C_EXPORT int32_t fa4_backward_workspace_size(const fa4_tensor* dout, const fa4_tensor* q,
+                                                 const fa4_tensor* k, const fa4_tensor* v,
+                                                 const fa4_tensor* out, const fa4_tensor* lse,
+                                                 const fa4_tensor* dq, const fa4_tensor* dk,
+                                                 const fa4_tensor* dv, const fa4_tensor* dsink,
+                                                 const fa4_options* options, uint64_t* bytes);
 
 /** Would fa4_forward run on these arguments, and with which kernel? Runs nothing, writes no
  *  tensor. FA4_STATUS_OK: supported, and the kernel's name is written to kernel_name (NUL-

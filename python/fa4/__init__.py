@@ -89,11 +89,13 @@ def release_cached_memory(device=0) -> None:
 
     fa4 keeps the scratch its CUDA calls need (tile counters, split partials, the backward's dQ
     accumulator: up to GBs for a training shape) between calls, so that a call neither allocates
-    nor waits: per stream up to 4 MiB, larger in a memory pool shared by the streams. This waits for
+    nor waits: per stream, and a large backward workspace in a memory pool shared by the streams
+    (a torch backward takes its workspace from torch's caching allocator instead). This waits for
     the device, then gives it all back to CUDA (except what a call in another thread is using at
     that moment, and captured CUDA graphs' scratch); the next calls allocate again. A no-op when
-    nothing is kept there. Raises :class:`Fa4Error` if CUDA refuses (e.g. while a stream of the
-    device is being captured)."""
+    nothing is kept there. Do not call it while a stream of the device is being captured into a
+    CUDA graph (CUDA refuses the wait and the capture breaks) or while a kernel that never ends
+    runs there. Raises :class:`Fa4Error` if CUDA refuses."""
     _capi.release_cached_memory(_cuda_index(device, "fa4.release_cached_memory"))
 
 

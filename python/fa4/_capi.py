@@ -126,7 +126,7 @@ class Tensor(ctypes.Structure):
 
 
 class Options(ctypes.Structure):
-    """fa4_options (v1). Always created through :func:`default_options`."""
+    """fa4_options (v4: v1 and workspace). Always created through :func:`default_options`."""
 
     _fields_ = [
         ("struct_size", ctypes.c_uint32),
@@ -147,6 +147,7 @@ class Options(ctypes.Structure):
         ("cu_seqlens_q", ctypes.POINTER(Tensor)),
         ("cu_seqlens_k", ctypes.POINTER(Tensor)),
         ("seqused_k", ctypes.POINTER(Tensor)),
+        ("workspace", ctypes.POINTER(Tensor)),  # ABI 4
     ]
 
 
@@ -208,6 +209,8 @@ def _declare(lib):
     if hasattr(lib, "fa4_release_cached_memory"):  # ABI 4
         lib.fa4_release_cached_memory.argtypes = [ctypes.c_int32]
         lib.fa4_release_cached_memory.restype = ctypes.c_int32
+        lib.fa4_backward_workspace_size.argtypes = [_TP] * 10 + [_OP, ctypes.POINTER(ctypes.c_uint64)]
+        lib.fa4_backward_workspace_size.restype = ctypes.c_int32
     if hasattr(lib, "fa4_forward_with_kvcache"):  # ABI 3
         lib.fa4_kvcache_args_init.argtypes = [_KP, ctypes.c_size_t]
         lib.fa4_kvcache_args_init.restype = ctypes.c_int32
@@ -398,3 +401,11 @@ def release_cached_memory(device_index: int) -> None:
     """fa4_release_cached_memory: waits for CUDA device `device_index` and frees the scratch fa4
     keeps for eager calls there."""
     check(library().fa4_release_cached_memory(device_index))
+
+
+def backward_workspace_size(dout, q, k, v, out, lse, dq, dk, dv, dsink, options) -> int:
+    """fa4_backward_workspace_size: the bytes of options.workspace fa4_backward needs (0: none)."""
+    n = ctypes.c_uint64(0)
+    check(library().fa4_backward_workspace_size(
+        dout, q, k, v, out, lse, dq, dk, dv, dsink, options, ctypes.byref(n)))
+    return n.value

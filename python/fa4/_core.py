@@ -247,8 +247,8 @@ def _float(value, what: str, fn: str) -> float:
     """A real number as a Python float (ints and NumPy scalars too). Strings are refused although
     float() would parse them (softcap="3" is a mistake, not a number), bools (the flags' type), and
     torch tensors, 0-d ones too (float() of a CUDA tensor waits for the GPU; see _not_a); None and
-    other non-numbers get this message naming the option, not float()'s. A 0-d NumPy array is
-    taken as its value: torch.compile traces a NumPy scalar as one, so refusing it would refuse
+    other non-numbers get this message naming the option, not float()'s, and so does a NumPy array
+    of one or more dims (float() would take a one-element one). A 0-d NumPy array is taken as its value: torch.compile traces a NumPy scalar as one, so refusing it would refuse
     np.float32(0.5) in compiled code."""
     if type(value) is float:  # the common cases, first
         return value
@@ -256,7 +256,8 @@ def _float(value, what: str, fn: str) -> float:
         return float(value)
     if not isinstance(value, (str, bytes, bytearray, bool)) and not is_torch_tensor(value):
         np = sys.modules.get("numpy")
-        if np is None or not isinstance(value, np.bool_):
+        if np is None or not (isinstance(value, np.bool_)
+                              or (isinstance(value, np.ndarray) and value.ndim != 0)):
             try:
                 return float(value)
             except (TypeError, ValueError):
@@ -331,6 +332,17 @@ class CallOptions:
                     setattr(o, field, ctypes.pointer(t))
         self.struct = o
         self.address = ctypes.addressof(o)  # (fa4._fastpath.call takes addresses)
+
+    def with_workspace(self, workspace, fn: str, streams=None) -> "CallOptions":
+        """A copy whose options.workspace is `workspace` (kept alive with it); self is unchanged
+        (the torch ops share cached options between calls)."""
+        c = CallOptions.__new__(CallOptions)
+        c.struct = type(self.struct).from_buffer_copy(self.struct)
+        t = describe(workspace, "workspace", fn, streams)
+        c._keep = self._keep + [t, workspace]
+        c.struct.workspace = ctypes.pointer(t)
+        c.address = ctypes.addressof(c.struct)
+        return c
 
 
 _default_kvcache_args_bytes = None  # fa4_kvcache_args_init's output, taken once (constants)

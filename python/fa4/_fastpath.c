@@ -21,9 +21,10 @@
  *                                  stream), or None when torch has no CUDA.
  *   call(entry, tensors, trailing) entry: address of libfa4's fa4_forward (5 tensors, trailing:
  *                                  the fa4_options address), fa4_forward_with_kvcache (5; options,
- *                                  fa4_kvcache_args) or fa4_backward (10, dsink None for NULL;
- *                                  options), called through its own prototype (which one: by the
- *                                  argument count) with the fa4_tensor of each item of `tensors`
+ *                                  fa4_kvcache_args), fa4_backward (10, dsink None for NULL;
+ *                                  options) or fa4_backward_workspace_size (10; options, the
+ *                                  uint64_t it writes), called through its own prototype (which
+ *                                  one: by the argument counts) with the fa4_tensor of each item of `tensors`
  *                                  and the addresses in `trailing`. Python's lock is released
  *                                  during the library call, as ctypes does. Returns the status
  *                                  (int), or None when a tensor cannot be described (nothing was
@@ -229,6 +230,9 @@ typedef int32_t (*KVCacheFn)(const fa4_tensor*, const fa4_tensor*, const fa4_ten
 typedef int32_t (*BackwardFn)(const fa4_tensor*, const fa4_tensor*, const fa4_tensor*, const fa4_tensor*,
                               const fa4_tensor*, const fa4_tensor*, const fa4_tensor*, const fa4_tensor*,
                               const fa4_tensor*, const fa4_tensor*, const fa4_options*);
+typedef int32_t (*WorkspaceSizeFn)(const fa4_tensor*, const fa4_tensor*, const fa4_tensor*, const fa4_tensor*,
+                                   const fa4_tensor*, const fa4_tensor*, const fa4_tensor*, const fa4_tensor*,
+                                   const fa4_tensor*, const fa4_tensor*, const fa4_options*, uint64_t*);
 
 /* Describes the items of `tensors` (None: NULL) into t[i], their addresses into a[i]: kDescribed,
  * kFallBack or kPyError. */
@@ -265,11 +269,12 @@ static PyObject* fp_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   PyObject* trailing = args[2];
   const Py_ssize_t nt = PyTuple_GET_SIZE(tensors), nx = PyTuple_GET_SIZE(trailing);
   PyObject* kv_tensors = nargs == 4 ? args[3] : NULL;
-  if (!((nt == 5 && (nx == 1 || nx == 2)) || (nt == 10 && nx == 1)) ||
+  if (!((nt == 5 && (nx == 1 || nx == 2)) || (nt == 10 && (nx == 1 || nx == 2))) ||
       (kv_tensors != NULL && !(nt == 5 && nx == 2 && PyTuple_GET_SIZE(kv_tensors) == 5))) {
     PyErr_SetString(PyExc_ValueError,
                     "fa4._fastpath.call: libfa4 has no entry point taking these arguments "
-                    "(5 tensors + options [+ kvcache args [+ its 5 tensors]], or 10 tensors + options)");
+                    "(5 tensors + options [+ kvcache args [+ its 5 tensors]], or 10 tensors + "
+                    "options [+ the workspace size's address])");
     return NULL;
   }
   fa4_tensor t[FA4_FASTPATH_MAX_ARGS], tk[5];
@@ -311,7 +316,10 @@ static PyObject* fp_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   /* The tensors stay alive through the caller's tuple, the descriptions are on this stack and
    * libfa4 calls no Python: its work runs without Python's lock, as a ctypes call's does. */
   Py_BEGIN_ALLOW_THREADS
-  if (nt == 10)
+  if (nt == 10 && nx == 2)
+    status = ((WorkspaceSizeFn)entry)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9],
+                                      (const fa4_options*)x[0], (uint64_t*)x[1]);
+  else if (nt == 10)
     status = ((BackwardFn)entry)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9],
                                  (const fa4_options*)x[0]);
   else if (nx == 2)

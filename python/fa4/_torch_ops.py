@@ -21,6 +21,7 @@ NotImplementedError; fa4 never falls back silently.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Optional
 
 import torch
@@ -188,7 +189,8 @@ def _fast_entries(call):
     """(call, the loaded library's entry points by name, that library)."""
     lib = _capi.library()
     entries = {name: _capi.entry_address(name)
-               for name in ("fa4_forward", "fa4_backward", "fa4_forward_with_kvcache")
+               for name in ("fa4_forward", "fa4_backward", "fa4_forward_with_kvcache",
+                            "fa4_backward_workspace_size")
                if hasattr(lib, name)}
     return (call, entries, lib)
 
@@ -268,15 +270,37 @@ def _bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
     return dq, dk, dv, dsink
 
 
+def _with_torch_workspace(opts, tensors, streams, device):
+    """opts with the CUDA backward's workspace taken from torch's caching allocator on the current
+    stream (the stream fa4 runs on), so that memory (the dQ accumulator: up to GBs) goes back to
+    torch when the call returns instead of staying in fa4's cache. The size query validates the
+    arguments a second time. opts itself where no workspace is needed (or the library predates
+    ABI 4)."""
+    n = ctypes.c_uint64(0)
+    if not _fast_call("fa4_backward_workspace_size", tensors, (opts.address, ctypes.addressof(n))):
+        if not hasattr(_capi.library(), "fa4_backward_workspace_size"):
+            return opts
+        ts = [_core.describe_torch(x, name, _FN_BWD, streams) if x is not None else None
+              for x, name in zip(tensors, _BWD_TENSOR_NAMES)]
+        n.value = _capi.backward_workspace_size(*ts, opts.struct)
+    if n.value == 0:
+        return opts
+    workspace = torch.empty(((n.value + 255) // 256) * 64, dtype=torch.int32, device=device)
+    return opts.with_workspace(workspace, _FN_BWD, streams)
+
+
+_BWD_TENSOR_NAMES = ("dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv", "dsink")
+
+
 def _run_bwd(dout, q, k, v, out, lse, dq, dk, dv, dsink, sink, opts, streams):
-    if _fast_call("fa4_backward", (dout, q, k, v, out, lse, dq, dk, dv,
-                                   dsink if sink is not None else None), (opts.address,)):
+    tensors = (dout, q, k, v, out, lse, dq, dk, dv, dsink if sink is not None else None)
+    if q.is_cuda:
+        opts = _with_torch_workspace(opts, tensors, streams, q.device)
+    if _fast_call("fa4_backward", tensors, (opts.address,)):
         return
-    ts = [_core.describe_torch(x, n, _FN_BWD, streams)
-          for x, n in ((dout, "dout"), (q, "q"), (k, "k"), (v, "v"), (out, "out"),
-                       (lse, "lse"), (dq, "dq"), (dk, "dk"), (dv, "dv"))]
-    tsink = _core.describe_torch(dsink, "dsink", _FN_BWD, streams) if sink is not None else None
-    _capi.backward(*ts, tsink, opts.struct)
+    ts = [_core.describe_torch(x, n, _FN_BWD, streams) if x is not None else None
+          for x, n in zip(tensors, _BWD_TENSOR_NAMES)]
+    _capi.backward(*ts, opts.struct)
 
 
 bwd = torch.library.custom_op(_FN_BWD, _bwd_impl, mutates_args=())

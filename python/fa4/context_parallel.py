@@ -555,7 +555,13 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, group=None, causal: bool 
         if max_seqlen is None:
             raise _capi.InvalidArgumentError(
                 f"{_FN}: max_seqlen must be given with cu_seqlens (>= the longest slice, {longest})")
-        max_seqlen = _core._int32(max_seqlen, "max_seqlen", _FN)  # no float / str / bool: no int()
+        # An int, a NumPy integer or an integer 0-D tensor (lens.max() of the CPU cu_seqlens), as
+        # cu_seqlens' items; no float / str / bool (int() would truncate or accept them).
+        given = max_seqlen
+        max_seqlen = _integer(given)
+        if max_seqlen is None:
+            raise _capi.InvalidArgumentError(f"{_FN}: max_seqlen = {given!r} must be an int")
+        max_seqlen = _core._int32(max_seqlen, "max_seqlen", _FN)
         if max_seqlen < longest:
             raise _capi.InvalidArgumentError(
                 f"{_FN}: max_seqlen = {max_seqlen} must be >= the longest slice ({longest})")

@@ -32,7 +32,7 @@ def _call(views, options):
 def test_abi_version_and_defaults():
     lib = _capi.library()
     assert lib.fa4_abi_version() == _capi.C_API_VERSION
-    assert ctypes.sizeof(_capi.Tensor) == 96 and ctypes.sizeof(_capi.Options) == 88
+    assert ctypes.sizeof(_capi.Tensor) == 96 and ctypes.sizeof(_capi.Options) == 96
     o = _capi.default_options()
     assert o.struct_size == ctypes.sizeof(_capi.Options)
     assert (o.causal, o.window_size_left, o.window_size_right, o.backend) == (0, -1, -1, 0)
@@ -339,3 +339,50 @@ def test_release_cached_memory_index():
     assert lib.fa4_last_error() == b"fa4::release_cached_memory: device_index = -1 must be >= 0"
     assert lib.fa4_release_cached_memory(1 << 20) == _capi.STATUS_OK  # nothing cached there
     assert lib.fa4_last_error() == b""
+
+
+def test_v1_options_struct_and_workspace_rules():
+    # A caller compiled against the v1-v3 header passes an 88-byte struct (no workspace field):
+    # read as such, the library's own later fields keep their defaults. The forwards refuse a
+    # workspace (a backward option); the CPU backward needs none (size 0) and leaves a given one
+    # unused.
+    lib = _capi.library()
+    arrays, views = _views()
+    o = _capi.default_options()
+    o.struct_size = 88
+    o.causal = 1
+    assert _call(views, o) == _capi.STATUS_OK
+    want = arrays[3].copy()
+    o.struct_size = ctypes.sizeof(_capi.Options)
+    raw = np.zeros(128, np.int32)
+    buf = raw[(-raw.ctypes.data % 256) // 4:][:64]  # 256-byte aligned, as the rule asks
+    ws = _core.describe(buf, "workspace", "test")
+    o.workspace = ctypes.pointer(ws)
+    assert _call(views, o) == _capi.STATUS_INVALID_ARGUMENT
+    assert lib.fa4_last_error() == (b"fa4_forward: options.workspace is given, but only "
+                                    b"fa4_backward takes a workspace")
+
+    grads = [np.zeros_like(a) for a in arrays[:3]]
+    dout = np.ones_like(arrays[3])
+    bviews = ([_core.describe(dout, "dout", "test")] + views
+              + [_core.describe(g, n, "test") for g, n in zip(grads, ["dq", "dk", "dv"])])
+    n = ctypes.c_uint64(123)
+    assert lib.fa4_backward_workspace_size(*[ctypes.byref(t) for t in bviews], None,
+                                           ctypes.byref(o), ctypes.byref(n)) == _capi.STATUS_OK
+    assert n.value == 0
+    assert lib.fa4_backward(*[ctypes.byref(t) for t in bviews], None, ctypes.byref(o)) == 0
+    np.testing.assert_array_equal(buf, 0)  # not used
+    o.workspace = None
+    grads_without = [g.copy() for g in grads]
+    assert lib.fa4_backward(*[ctypes.byref(t) for t in bviews], None, ctypes.byref(o)) == 0
+    for a, b in zip(grads, grads_without):
+        np.testing.assert_array_equal(a, b)
+    assert np.array_equal(arrays[3], want)
+    assert lib.fa4_backward_workspace_size(*[ctypes.byref(t) for t in bviews], None,
+                                           ctypes.byref(o), None) == _capi.STATUS_INVALID_ARGUMENT
+    assert lib.fa4_last_error() == b"fa4_backward_workspace_size: bytes is NULL"
+    off = raw[(-raw.ctypes.data % 256) // 4 + 1:][:32]  # 4 bytes past a multiple of 256
+    o.workspace = ctypes.pointer(_core.describe(off, "workspace", "test"))
+    assert lib.fa4_backward(*[ctypes.byref(t) for t in bviews], None, ctypes.byref(o)) == 1
+    assert lib.fa4_last_error().startswith(b"fa4::backward: options.workspace.data must be a "
+                                           b"multiple of 256 bytes")

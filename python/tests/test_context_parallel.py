@@ -237,6 +237,11 @@ def test_layout_arguments_are_checked():
     for bad in (12.0, 12.7, "12", True):
         with pytest.raises(err, match=rf"^{fn}: max_seqlen = .* must be an int$"):
             ring(q, q, q, cu_seqlens=[0, 8, 16], max_seqlen=bad)
+    # An integer 0-D tensor (lens.max() of the CPU cu_seqlens) is an int: the call gets past the
+    # argument checks to the missing process group.
+    with pytest.raises(Exception) as got:
+        ring(q, q, q, cu_seqlens=[0, 8, 16], max_seqlen=torch.tensor(8))
+    assert "max_seqlen" not in str(got.value)
     for bad in ([0, 7.5, 16], [0, True, 16], torch.tensor([0.0, 8.0, 16.0])):
         with pytest.raises(err, match=rf"^{fn}: cu_seqlens must hold integers"):
             ring(q, q, q, cu_seqlens=bad, max_seqlen=9)

@@ -9,6 +9,7 @@ FA4_REQUIRE_FASTPATH=1 (.ci/run sets it), which makes its absence a failure."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 
 import pytest
@@ -252,3 +253,24 @@ def test_call_with_kvcache_args_leaves_the_base_struct_and_declines_what_it_cann
         FASTPATH.call(entry, (q, kc, kc, out, lse), (opts.address, base.address), kv[:4])
     with pytest.raises(ValueError, match="no entry point"):
         FASTPATH.call(entry, (q, kc, kc, out, lse), (opts.address,), kv)
+
+
+@needs_fastpath
+def test_backward_workspace_size_entry():
+    """fa4_backward_workspace_size through the C path (10 tensors, the options and the address of
+    the uint64 it writes), as the CUDA backward asks it: the ctypes call's value (0 on the CPU)
+    and its errors."""
+    assert _fast_in_use()
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = _qkv(gen)
+    out, lse = fa4.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    dout = torch.randn(out.shape, generator=gen).bfloat16()
+    grads = tuple(torch.empty_like(x) for x in (q, k, v))
+    opts = _core.CallOptions("test", causal=True)
+    n = ctypes.c_uint64(99)
+    tensors = (dout, q, k, v, out, lse, *grads, None)
+    assert _torch_ops._fast_call("fa4_backward_workspace_size", tensors, (opts.address, ctypes.addressof(n)))
+    assert n.value == 0
+    bad = (dout, q, k[:, :, :1].expand(-1, -1, 3, -1), v, out, lse, *grads, None)
+    with pytest.raises(fa4.InvalidArgumentError, match="^fa4::backward_workspace_size: .*num_heads"):
+        _torch_ops._fast_call("fa4_backward_workspace_size", bad, (opts.address, ctypes.addressof(n)))

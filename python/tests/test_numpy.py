@@ -370,6 +370,8 @@ def test_python_side_errors(rng):
         fa4.flash_attn_func(q, k, v, window_size=(-1, np.array(0)))
     with pytest.raises(fa4.InvalidArgumentError, match=refused("softcap", "float", "(2,)")):
         fa4.flash_attn_func(q, k, v, softcap=np.array([3.0, 4.0]))
+    with pytest.raises(fa4.InvalidArgumentError, match=refused("softcap", "float", "(1,)")):
+        fa4.flash_attn_func(q, k, v, softcap=np.array([3.0]))  # float() would take it
     np.testing.assert_array_equal(fa4.flash_attn_func(q, k, v, softcap=np.array(3.0)),
                                   fa4.flash_attn_func(q, k, v, softcap=3.0))
     # An index tensor of the wrong dtype is told the index rule, not the value dtypes.

@@ -122,6 +122,13 @@ void throw_if_rejected(const Selection& s) {
   if (s.code != ErrorCode::kOk) throw Error(s.code, s.error);
 }
 
+/// A backward with no queries and no keys (or no sequence, no head): no implementation runs, only
+/// dsink is zeroed. With no queries but some keys, dk/dv (and dsink) are exactly zero and must be
+/// written (case C28: empty gradients, never garbage), which the implementations do.
+bool backward_runs_nothing(const detail::BwdParams& p) {
+  return detail::is_empty_problem(p) && (p.total_k == 0 || p.batch == 0 || p.num_heads == 0);
+}
+
 }  // namespace
 
 void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
@@ -154,10 +161,9 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
       detail::make_bwd_params(dout, q, k, v, out, lse, dq, dk, dv, options, dsink, kFn);
   const Selection s = select(p, options.backend, Direction::kBackward, kFn, false, &p);
   throw_if_rejected(s);
-  // With no queries but some keys, dk/dv (and dsink) are exactly zero and must be written
-  // (case C28: empty gradients, never garbage); with neither, dk/dv have no element and only
-  // dsink (the sink's gradient, num_heads zeros) is written.
-  if (detail::is_empty_problem(p) && (p.total_k == 0 || p.batch == 0 || p.num_heads == 0)) {
+  // With neither queries nor keys, dk/dv have no element and only dsink (the sink's gradient,
+  // num_heads zeros) is written.
+  if (backward_runs_nothing(p)) {
     if (p.dsink && p.num_heads > 0) {
 #if FA4_WITH_CUDA
       if (s.impl == Impl::kHopper) {
@@ -181,6 +187,23 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
 #endif
   }
   throw Error(ErrorCode::kInternal, std::string(kFn) + ": selector picked no implementation");
+}
+
+size_t backward_workspace_size(const TensorView& dout, const TensorView& q, const TensorView& k,
+                               const TensorView& v, const TensorView& out, const TensorView& lse,
+                               const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                               const BackwardOptions& options, const std::optional<TensorView>& dsink) {
+  constexpr const char* kFn = "fa4::backward_workspace_size";
+  const detail::BwdParams p =
+      detail::make_bwd_params(dout, q, k, v, out, lse, dq, dk, dv, options, dsink, kFn);
+  const Selection s = select(p, options.backend, Direction::kBackward, kFn, false, &p);
+  throw_if_rejected(s);
+  if (s.impl != Impl::kHopper || backward_runs_nothing(p)) return 0;
+#if FA4_WITH_CUDA
+  return size_t(hopper::backward_workspace_bytes(p));
+#else
+  throw Error(ErrorCode::kInternal, std::string(kFn) + ": selector picked no implementation");
+#endif
 }
 
 void forward_with_kvcache(const TensorView& q, const TensorView& k_cache,

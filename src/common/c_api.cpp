@@ -7,6 +7,7 @@
 #include "fa4/c_api.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <new>
 #include <optional>
@@ -45,9 +46,10 @@ static_assert(FA4_BACKEND_CPU_REFERENCE == static_cast<int>(fa4::Backend::kCpuRe
 static_assert(FA4_BACKEND_CUDA == static_cast<int>(fa4::Backend::kCuda));
 static_assert(FA4_MAX_DIMS == fa4::TensorView::kMaxDims);
 
-// The v1 struct is the smallest options struct any caller can hand us: callers compiled against a
-// later header pass a larger struct_size, never a smaller one.
-constexpr size_t kOptionsV1Size = sizeof(fa4_options);
+// The v1 struct (up to seqused_k; ABI 4 appended workspace) is the smallest options struct any
+// caller can hand us.
+constexpr size_t kOptionsV1Size = offsetof(fa4_options, workspace);
+static_assert(kOptionsV1Size == 88 || sizeof(void*) != 8, "fa4_options v1 is 88 bytes on LP64");
 // fa4_kvcache_args first appeared in ABI v3 with exactly its current fields.
 constexpr size_t kKVCacheArgsV3Size = sizeof(fa4_kvcache_args);
 
@@ -189,7 +191,9 @@ fa4_options read_options(const fa4_options* given, const char* fn) {
       fail(ErrorCode::kUnsupported, s.str());
     }
   }
-  std::memcpy(&o, given, sizeof(fa4_options));
+  // An older caller's smaller struct: its fields only, the rest keep their defaults.
+  std::memcpy(&o, given, std::min(size, sizeof(fa4_options)));
+  o.struct_size = sizeof(fa4_options);
   return o;
 }
 
@@ -219,6 +223,16 @@ fa4::BackwardOptions to_cpp_options(const fa4_options* given, const char* fn) {
   }
   r.backend = static_cast<fa4::Backend>(o.backend);
   r.deterministic = to_bool(o.deterministic, fn, "deterministic");
+  r.workspace = to_optional_view(o.workspace, fn, "options.workspace");
+  return r;
+}
+
+/// The forwards' options: options.workspace belongs to the backward.
+fa4::BackwardOptions to_cpp_forward_options(const fa4_options* given, const char* fn) {
+  fa4::BackwardOptions r = to_cpp_options(given, fn);
+  if (r.workspace)
+    fail(ErrorCode::kInvalidArgument,
+         std::string(fn) + ": options.workspace is given, but only fa4_backward takes a workspace");
   return r;
 }
 
@@ -258,7 +272,7 @@ fa4_kvcache_args read_kvcache_args(const fa4_kvcache_args* given, const char* fn
 fa4::KVCacheOptions to_cpp_kvcache_options(const fa4_options* options,
                                            const fa4_kvcache_args* given, const char* fn) {
   fa4::KVCacheOptions r;
-  static_cast<fa4::AttentionOptions&>(r) = to_cpp_options(options, fn);
+  static_cast<fa4::AttentionOptions&>(r) = to_cpp_forward_options(options, fn);
   const fa4_kvcache_args a = read_kvcache_args(given, fn);
   r.k_new = to_optional_view(a.k_new, fn, "k_new");
   r.v_new = to_optional_view(a.v_new, fn, "v_new");
@@ -295,7 +309,7 @@ int32_t fa4_options_init(fa4_options* options, size_t struct_size) {
     // A caller compiled against a newer header has a larger struct: its extra fields are zeroed,
     // which every later field defines as its default.
     std::memset(options, 0, struct_size);
-    std::memcpy(options, &d, sizeof(d));
+    std::memcpy(options, &d, std::min(struct_size, sizeof(d)));
     options->struct_size = static_cast<uint32_t>(struct_size);
   });
 }
@@ -304,7 +318,7 @@ int32_t fa4_forward(const fa4_tensor* q, const fa4_tensor* k, const fa4_tensor* 
                     const fa4_tensor* out, const fa4_tensor* lse, const fa4_options* options) {
   constexpr const char* fn = "fa4_forward";
   return guarded(fn, [&] {
-    const fa4::BackwardOptions o = to_cpp_options(options, fn);
+    const fa4::BackwardOptions o = to_cpp_forward_options(options, fn);
     fa4::forward(to_view(q, fn, "q"), to_view(k, fn, "k"), to_view(v, fn, "v"),
                  to_view(out, fn, "out"), to_view(lse, fn, "lse"), o);
   });
@@ -324,6 +338,21 @@ int32_t fa4_backward(const fa4_tensor* dout, const fa4_tensor* q, const fa4_tens
   });
 }
 
+int32_t fa4_backward_workspace_size(const fa4_tensor* dout, const fa4_tensor* q, const fa4_tensor* k,
+                                    const fa4_tensor* v, const fa4_tensor* out, const fa4_tensor* lse,
+                                    const fa4_tensor* dq, const fa4_tensor* dk, const fa4_tensor* dv,
+                                    const fa4_tensor* dsink, const fa4_options* options, uint64_t* bytes) {
+  constexpr const char* fn = "fa4_backward_workspace_size";
+  return guarded(fn, [&] {
+    if (bytes == nullptr) fail(ErrorCode::kInvalidArgument, std::string(fn) + ": bytes is NULL");
+    const fa4::BackwardOptions o = to_cpp_options(options, fn);
+    *bytes = fa4::backward_workspace_size(
+        to_view(dout, fn, "dout"), to_view(q, fn, "q"), to_view(k, fn, "k"), to_view(v, fn, "v"),
+        to_view(out, fn, "out"), to_view(lse, fn, "lse"), to_view(dq, fn, "dq"), to_view(dk, fn, "dk"),
+        to_view(dv, fn, "dv"), o, to_optional_view(dsink, fn, "dsink"));
+  });
+}
+
 int32_t fa4_forward_support(const fa4_tensor* q, const fa4_tensor* k, const fa4_tensor* v,
                             const fa4_tensor* out, const fa4_tensor* lse,
                             const fa4_options* options, char* kernel_name,
@@ -331,7 +360,7 @@ int32_t fa4_forward_support(const fa4_tensor* q, const fa4_tensor* k, const fa4_
   constexpr const char* fn = "fa4_forward_support";
   if (kernel_name != nullptr && kernel_name_capacity > 0) kernel_name[0] = '\0';
   return guarded(fn, [&] {
-    const fa4::BackwardOptions o = to_cpp_options(options, fn);
+    const fa4::BackwardOptions o = to_cpp_forward_options(options, fn);
     const fa4::TensorView tq = to_view(q, fn, "q"), tk = to_view(k, fn, "k"),
                           tv = to_view(v, fn, "v"), tout = to_view(out, fn, "out"),
                           tlse = to_view(lse, fn, "lse");

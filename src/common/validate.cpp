@@ -614,12 +614,27 @@ BwdParams make_bwd_params(const TensorView& dout_in, const TensorView& q_in,
   p.dk_stride = rows(dk.t);
   p.dv_stride = rows(dv.t);
   p.deterministic = o.deterministic;
+  std::optional<Named> workspace_named;
+  if (o.workspace.has_value()) {
+    const Named& ws = workspace_named.emplace(
+        Named{"options.workspace", check_view(c, *o.workspace, "options.workspace", /*is_output=*/true)});
+    check_ndim(c, ws, 1, "a 1-D buffer (any dtype)");
+    check_same_device(c, ws, t.q);
+    if (ws.t.shape[0] > 1 && ws.t.stride[0] != 1)
+      c.invalid("options.workspace.stride[0] = ", ws.t.stride[0], " must be 1 (a contiguous buffer)");
+    if (reinterpret_cast<uintptr_t>(ws.t.data) % 256 != 0)
+      c.invalid("options.workspace.data must be a multiple of 256 bytes (the kernels' vector and "
+                "bulk accesses)");
+    p.workspace = ws.t.data;
+    p.workspace_bytes = ws.t.shape[0] * dtype_size(ws.t.dtype);
+  }
   // The gradients apart from each other and from every input (out and lse are inputs here).
   // dq may be q itself (in place): dq is written once q's rows are read (the CUDA postprocess;
   // the CPU's dq pass reads only the rows it writes). dk / dv in place of k / v are not: the
   // CPU's dq pass reads k after dk is written.
   const OptionInputs in(o);
-  check_outputs_apart(c, {&dq, &dk, &dv, dsink_named ? &*dsink_named : nullptr},
+  check_outputs_apart(c, {&dq, &dk, &dv, dsink_named ? &*dsink_named : nullptr,
+                          workspace_named ? &*workspace_named : nullptr},
                       {&dout, &t.q, &t.k, &t.v, &t.out, &t.lse, &in.sink, &in.cu_seqlens_q,
                        &in.cu_seqlens_k, &in.seqused_k},
                       {{&dq, &t.q}});

@@ -76,6 +76,9 @@ struct BwdParams : FwdParams {
   float* dsink = nullptr;  ///< (num_heads) fp32 or nullptr
   RowStrides dout_stride, dq_stride, dk_stride, dv_stride;
   bool deterministic = false;
+  /// BackwardOptions::workspace (256-byte aligned) and its bytes; nullptr: the library's scratch.
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;
 };
 
 /// forward_with_kvcache after validation (src/common/validate.cpp make_kvcache_params). The

@@ -29,6 +29,10 @@ std::string backward_support(const detail::BwdParams& p, std::string* kernel_nam
 /// Precondition: backward_support(p) == "".
 void backward(const detail::BwdParams& p);
 
+/// The workspace bytes backward(p) lays out (bwd/launch_bwd.h BwdLaunchShape): what a caller's
+/// BwdParams::workspace must hold. Precondition: backward_support(p) == "".
+int64_t backward_workspace_bytes(const detail::BwdParams& p);
+
 /// p.dsink (if any) set to zero on p's stream: the backward of a problem with no keys or no
 /// sequence, which launches no kernel.
 void zero_dsink(const detail::BwdParams& p);

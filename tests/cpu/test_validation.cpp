@@ -502,4 +502,83 @@ TEST(Validation, BackwardOutAndLseMayShareMemoryWithInputs) {
   }
 }
 
+// BackwardOptions::workspace is checked before anything is written (1-D, contiguous, on q's
+// device, 256-byte aligned, apart from every other tensor of the call); the CPU backward needs
+// none (backward_workspace_size 0) and leaves a given one untouched, with the same gradients.
+TEST(Validation, BackwardWorkspaceRules) {
+  auto bytes = [](const Tensor& x) {
+    const uint8_t* d = static_cast<const uint8_t*>(x.t.data);
+    return std::vector<uint8_t>(d, d + x.t.numel() * fa4::dtype_size(x.t.dtype));
+  };
+  Problem p = batched(DType::kFP32);
+  p.opt.backend = Backend::kCpu;
+  p.forward();
+  p.backward();
+  const std::vector<uint8_t> dq = bytes(p.dq), dk = bytes(p.dk), dv = bytes(p.dv);
+  auto size = [&] {
+    return fa4::backward_workspace_size(p.dout.t, p.q.t, p.k.t, p.v.t, p.out.t, p.lse.t, p.dq.t, p.dk.t,
+                                        p.dv.t, p.opt);
+  };
+
+  const Tensor raw = make(DType::kInt32, {256});  // zeros
+  const auto base = reinterpret_cast<uintptr_t>(raw.t.data);
+  Tensor ws = raw;
+  ws.t.data = reinterpret_cast<void*>((base + 255) / 256 * 256);
+  ws.t.shape[0] = 64;
+  p.opt.workspace = ws.t;
+  EXPECT_EQ(size(), 0u);
+  for (Tensor* g : {&p.dq, &p.dk, &p.dv}) poison(*g);
+  p.backward();
+  EXPECT_TRUE(bytes(p.dq) == dq && bytes(p.dk) == dk && bytes(p.dv) == dv);
+  EXPECT_EQ(bytes(raw), std::vector<uint8_t>(256 * 4, 0)) << "the CPU backward wrote into the workspace";
+
+  struct Bad {
+    const char* name;
+    TensorView w;
+    const char* message;
+  };
+  std::vector<Bad> bad;
+  TensorView two_d = ws.t;
+  two_d.ndim = 2;
+  two_d.shape[0] = two_d.shape[1] = 8;
+  two_d.stride[0] = 8;
+  two_d.stride[1] = 1;
+  bad.push_back({"2-D", two_d, "options.workspace.ndim = 2 (shape (8, 8)) must be 1: a 1-D buffer (any dtype)"});
+  TensorView strided = ws.t;
+  strided.shape[0] = 32;
+  strided.stride[0] = 2;
+  bad.push_back({"strided", strided, "options.workspace.stride[0] = 2 must be 1 (a contiguous buffer)"});
+  TensorView off = ws.t;
+  off.data = static_cast<char*>(ws.t.data) + 4;
+  off.shape[0] = 32;
+  bad.push_back({"misaligned", off, "options.workspace.data must be a multiple of 256 bytes"});
+  TensorView gpu = ws.t;
+  gpu.device = Device::cuda(0);
+  bad.push_back({"other device", gpu, "options.workspace is on cuda:0 but q is on cpu"});
+  TensorView over_dq = ws.t;  // 16 bytes inside dq's 768, at a multiple of 256
+  over_dq.data = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(p.dq.t.data) + 255) / 256 * 256);
+  over_dq.shape[0] = 4;
+  bad.push_back({"over dq", over_dq, "share memory"});
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.name);
+    p.opt.workspace = b.w;
+    for (Tensor* g : {&p.dq, &p.dk, &p.dv}) poison(*g);
+    for (int query = 0; query < 2; ++query) {
+      try {
+        if (query) {
+          size();
+        } else {
+          p.backward();
+        }
+        ADD_FAILURE() << (query ? "backward_workspace_size" : "backward") << " accepted it";
+      } catch (const fa4::Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+        EXPECT_NE(std::string(e.what()).find(b.message), std::string::npos) << e.what();
+      }
+    }
+    for (Tensor* g : {&p.dq, &p.dk, &p.dv})
+      for (uint8_t x : bytes(*g)) ASSERT_EQ(x, kSentinel) << "written before the error";
+  }
+}
+
 }  // namespace

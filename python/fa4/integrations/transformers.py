@@ -24,7 +24,11 @@ format of the flash-attention family, so each layer receives:
   default): a new sequence starts wherever the position does not grow by 1, the rule of
   transformers' own masks (and, for one row, of its flash-attention path). Each sequence attends
   only to itself (varlen). Reading position_ids costs one host sync per model call without a
-  mask and without cached keys (the answer is kept for the position_ids tensor every layer gets).
+  mask and without cached keys (the answer is kept for the position_ids tensor every layer gets);
+  under torch.compile and CUDA-graph capture it is not read (packing by position_ids alone is
+  then not seen: pass cu_seq_lens_q/k, e.g. DataCollatorWithFlattening(return_flash_attn_kwargs=
+  True)). As in transformers' flash-attention path (not its sdpa path), a prompt into an empty
+  cache (kv_len == q_len) is split too.
 
 KV caches: with a padding mask shorter than the key buffers (a StaticCache with padding: the
 mask covers the slots filled so far, from slot 0), the keys/values past it are not used. Without
@@ -109,8 +113,9 @@ _packed_memo: tuple = (None, -1, None, None)
 
 def _packed_from_positions(position_ids, batch: int, q_len: int, kv_len: int, device):
     global _packed_memo
-    if position_ids is None:
-        return None
+    if position_ids is None or torch.compiler.is_compiling() or (
+            position_ids.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return None  # reading it would be a host sync: not traceable, not capturable
     ref, version, args, answer = _packed_memo
     key = (batch, q_len, kv_len, device)
     if ref is not None and ref() is position_ids and version == position_ids._version and args == key:

@@ -107,10 +107,13 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   p.num_heads = fp.num_heads;
   p.num_heads_kv = fp.num_heads_kv;
   p.group_size = fp.num_heads / fp.num_heads_kv;
-  // Varlen: no sequence is longer than the packed rows, so the maxima are clamped to them (the
-  // grids of query and key blocks then stay small whatever max_seqlen_q/k say).
-  p.seqlen_q = fp.is_varlen ? int32_t(std::min<int64_t>(fp.seqlen_q, fp.total_q)) : fp.seqlen_q;
-  p.seqlen_k = fp.is_varlen ? int32_t(std::min<int64_t>(fp.seqlen_k, fp.total_k)) : fp.seqlen_k;
+  constexpr detail::HopperBwdConfig kRow = detail::hopper_bwd_config(kBucketD, kBucketDV);
+  static_assert(kRow.tile_m == Kt::kBlockM && kRow.tile_n == Kt::kBlockN && bwd_tile_headdim(kRow) == kHeadDim &&
+                    kRow.tile_claims == Kt::kTileClaims,
+                "bwd_launch_shape (launch_bwd.h) sizes the workspace from the tuning row as the kernel traits do");
+  const BwdLaunchShape shape = bwd_launch_shape(kRow, fp, ctx);
+  p.seqlen_q = shape.seqlen_q;
+  p.seqlen_k = shape.seqlen_k;
   p.headdim = fp.headdim;
   p.headdim_v = fp.headdim_v;
   p.is_varlen = fp.is_varlen;
@@ -126,34 +129,36 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   p.softmax_scale = fp.softmax_scale;
   p.mask = fp.mask;
   p.deterministic = fp.deterministic;
-  // (backward_support checked that these fit in int32.)
-  p.num_m_blocks = int32_t((int64_t(p.seqlen_q) + Kt::kBlockM - 1) / Kt::kBlockM);
-  p.num_n_blocks = int32_t((int64_t(p.seqlen_k) + Kt::kBlockN - 1) / Kt::kBlockN);
+  p.num_m_blocks = shape.num_m_blocks;
+  p.num_n_blocks = shape.num_n_blocks;
   p.lpt = ctx.lpt;
   // A band wider than the key blocks is one band (and keeps band * pairs within int32).
   p.lpt_band = std::max(1, std::min(ctx.bwd_lpt_band, p.num_n_blocks));
   p.descending = ctx.bwd_descending;
-  const int64_t chunks = bwd_num_chunks<Kt::kBlockM>(fp.is_varlen, fp.batch, fp.total_q, p.num_m_blocks);
-  const int64_t num_tiles = int64_t(p.num_n_blocks) * fp.num_heads_kv * fp.batch;
-  p.chunks = int32_t(chunks);
-  p.num_tiles = int32_t(num_tiles);
-
-  // Workspace: dq_accum | lse_log2 | dpsum | semaphores (geometry_bwd.cuh), per (head, chunk).
-  const int64_t head_chunks = int64_t(fp.num_heads) * chunks;
-  const size_t acc_bytes = size_t(head_chunks) * Kt::kBlockM * kHeadDim * sizeof(float);
-  const size_t stat_bytes = size_t(head_chunks) * Kt::kBlockM * sizeof(float);
-  const size_t sem_bytes = fp.deterministic ? (size_t(head_chunks) * sizeof(int32_t) + 255) / 256 * 256 : 0;
-  // The dynamic schedule's claim counter (geometry_bwd.cuh bwd_next_tile), zeroed by the
-  // preprocess: only with more tiles than CTAs, and with query rows (else no preprocess runs,
-  // and no tile has a step).
-  const int grid = int(std::min<int64_t>(num_tiles, ctx.num_sms));
+  p.chunks = int32_t(shape.chunks);
+  p.num_tiles = int32_t(shape.num_tiles);
+  const int grid = int(std::min<int64_t>(shape.num_tiles, ctx.num_sms));
   const bool has_rows = p.num_m_blocks > 0 && fp.num_heads > 0 && fp.batch > 0;
-  const bool dynamic = Kt::kTileClaims && ctx.dynamic_schedule && num_tiles > grid && has_rows;
-  const size_t counter_bytes = dynamic ? 256 : 0;
-  const size_t ws_bytes = acc_bytes + 2 * stat_bytes + sem_bytes + counter_bytes;
+  const bool dynamic = shape.dynamic;
+
+  // Workspace (launch_bwd.h BwdLaunchShape): dq_accum | lse_log2 | dpsum | semaphores | claim
+  // counter (geometry_bwd.cuh), the caller's (checked here, before anything is written) or the
+  // device state's.
+  const size_t acc_bytes = size_t(shape.acc_bytes), stat_bytes = size_t(shape.stat_bytes);
+  const size_t sem_bytes = size_t(shape.sem_bytes);
+  const size_t ws_bytes = size_t(shape.workspace_bytes());
   ScratchHold ws(stream);
-  if (ws_bytes > 0) ws.hold(acquire_scratch(fp.device.index, stream, ws_bytes, 0, ScratchKind::kBackward));
-  char* const ws_ptr = ws.ptr();
+  char* ws_ptr = nullptr;
+  if (fp.workspace != nullptr) {
+    if (fp.workspace_bytes < shape.workspace_bytes())
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string(kBwd) + ": options.workspace holds " + std::to_string(fp.workspace_bytes) +
+                      " bytes; this backward needs " + std::to_string(shape.workspace_bytes()) +
+                      " (fa4::backward_workspace_size)");
+    ws_ptr = static_cast<char*>(fp.workspace);
+  } else if (ws_bytes > 0) {
+    ws_ptr = ws.hold(acquire_scratch(fp.device.index, stream, ws_bytes, 0, ScratchKind::kBackward));
+  }
   p.dq_accum = reinterpret_cast<float*>(ws_ptr);
   p.lse_log2 = reinterpret_cast<float*>(ws_ptr + acc_bytes);
   p.dpsum = reinterpret_cast<float*>(ws_ptr + acc_bytes + stat_bytes);
@@ -214,7 +219,7 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
     bwd_preprocess_kernel<Element, kHeadDim, Kt::kBlockM><<<aux_grid, kBwdAuxThreads, 0, stream>>>(a);
     launched = cudaGetLastError();
   }
-  if (launched == cudaSuccess && num_tiles > 0) {
+  if (launched == cudaSuccess && shape.num_tiles > 0) {
     auto kernel = bwd_kernel<Kt>;
     launched = raise_smem_limit_once<Kt>(kernel, Kt::kSmemBytes, fp.device.index);
     if (launched == cudaSuccess) {
@@ -251,8 +256,8 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
                 "(a cooperative launch), which this device or context refused (fewer usable SMs, e.g. MPS); "
                 "dq/dk/dv were not written");
   }
+  check_cuda(launched, kBwd, "kernel launch");  // (a refused launch: the hold releases the scratch)
   ws.release();
-  check_cuda(launched, kBwd, "kernel launch");
 }
 
 }  // namespace fa4::hopper

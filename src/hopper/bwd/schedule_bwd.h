@@ -100,9 +100,13 @@ template <int kBlockM>
 FA4_HD int32_t bwd_chunk_base(bool varlen, int32_t b, int32_t q_row0, int32_t num_m_blocks) {
   return varlen ? q_row0 / kBlockM + b : b * num_m_blocks;
 }
+FA4_HD int64_t bwd_num_chunks(int32_t block_m, bool varlen, int64_t batch, int64_t total_q,
+                              int64_t num_m_blocks) {
+  return varlen ? total_q / block_m + batch : batch * num_m_blocks;
+}
 template <int kBlockM>
 FA4_HD int64_t bwd_num_chunks(bool varlen, int64_t batch, int64_t total_q, int64_t num_m_blocks) {
-  return varlen ? total_q / kBlockM + batch : batch * num_m_blocks;
+  return bwd_num_chunks(kBlockM, varlen, batch, total_q, num_m_blocks);
 }
 
 /// The dQ accumulator of a (head, chunk) holds kBlockM x kHeadDim floats as two halves, one per

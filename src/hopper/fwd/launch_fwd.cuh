@@ -137,7 +137,6 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   // launch the split needs is refused.
   const detail::StreamKPlan whole_tiles = detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, 0);
   const bool dynamic = ctx.dynamic_schedule && num_tiles > whole_tiles.grid;
-  if (dynamic) count_fwd_dynamic_launch();
   // Stream-K tail (core/stream_k.h): dense problems (every tile has the same key blocks) in
   // the static order.
   const bool sk_eligible = !fp.is_varlen && !fp.mask.is_local() && !dynamic && fp.seqlen_k > 0;
@@ -179,9 +178,10 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
     kernel<<<p.sk.grid, Kt::kNumThreads, Kt::kSmemBytes, stream>>>(p);
     launched = cudaGetLastError();
   }
+  check_cuda(launched, kFwd, "kernel launch");  // (a refused launch: the holds release the scratch)
+  if (dynamic) count_fwd_dynamic_launch();
   partials.release();
   flags.release();
-  check_cuda(launched, kFwd, "kernel launch");
 }
 
 }  // namespace fa4::hopper

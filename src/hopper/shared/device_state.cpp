@@ -87,7 +87,9 @@ char* alloc_scratch(int device, size_t bytes, bool zero) {
 
 /// The device's pool for large eager scratch (device_state.h), made on first use; nullptr where the
 /// device has no stream-ordered allocator or refuses a pool (that scratch is then cached per
-/// stream too, as the rest). It keeps
+/// stream too, as the rest). A block freed on one stream is not handed to another stream's call
+/// before the free has run (no internal dependencies: they would make independent streams wait
+/// for each other); the pool grows instead. It keeps
 /// what is given back (release threshold: all), as PyTorch's cudaMallocAsync backend does: by
 /// default a pool returns memory to the system at every synchronisation, and the next call maps it
 /// again. g_mu held.
@@ -105,10 +107,12 @@ cudaMemPool_t scratch_pool(int device) {
     props.location.type = cudaMemLocationTypeDevice;
     props.location.id = device;
     uint64_t keep = UINT64_MAX;
+    int no = 0;
     if (cudaMemPoolCreate(&pool, &props) != cudaSuccess) {
       cudaGetLastError();
       pool = nullptr;
-    } else if (cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep) != cudaSuccess) {
+    } else if (cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep) != cudaSuccess ||
+               cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &no) != cudaSuccess) {
       cudaGetLastError();
       cudaMemPoolDestroy(pool);
       pool = nullptr;
@@ -291,13 +295,14 @@ LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, siz
     }
     return s;
   }
-  if (zeroed_bytes == 0 && bytes > kEagerCachedMaxBytes) {
+  if (bytes > kEagerCachedMaxBytes && (kind == ScratchKind::kBackward || kind == ScratchKind::kForwardPartials)) {
     cudaMemPool_t pool = nullptr;
     {
       std::lock_guard<std::mutex> lock(g_mu);
       pool = scratch_pool(device);
     }
     if (pool) {
+      RelaxedCapture relaxed;  // another thread may be capturing in global mode
       LaunchScratch s;
       s.stream_ordered = true;
       check(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&s.ptr), bytes, pool, stream),
@@ -329,13 +334,16 @@ void release_scratch(const LaunchScratch& s, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(g_mu);
     --static_cast<CachedBuffer*>(s.cached)->holds;
   }
-  if (s.stream_ordered && s.ptr) check(cudaFreeAsync(s.ptr, stream), "cudaFreeAsync (launch scratch)");
+  if (s.stream_ordered && s.ptr) {
+    RelaxedCapture relaxed;  // (eager: another thread may be capturing in global mode)
+    check(cudaFreeAsync(s.ptr, stream), "cudaFreeAsync (launch scratch)");
+  }
 }
 
 ScratchHold::~ScratchHold() {
   try {
     release();
-  } catch (const Error&) {  // (an exception is already on its way, or release() reported it)
+  } catch (...) {  // (an exception is already on its way, or release() reported it)
   }
 }
 
@@ -346,32 +354,46 @@ void ScratchHold::release() {
 }
 
 void release_cached_memory(int device) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  bool any = false;
-  for (const auto& [key, b] : g_eager) any = any || std::get<0>(key) == device;
-  for (const CachedBuffer* b : g_outgrown) any = any || b->device == device;
-  const auto pool = g_pool.find(device);
-  if (!any && (pool == g_pool.end() || !pool->second)) return;
+  // Under g_mu: the device's buffers no call holds leave the cache (a later call allocates anew);
+  // each one's launches were enqueued before its holder's release_scratch, so before this. The
+  // wait and the frees come after g_mu is released: every other device's calls go on meanwhile.
+  std::vector<CachedBuffer*> detached;
+  cudaMemPool_t pool = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    for (auto it = g_eager.begin(); it != g_eager.end();) {
+      CachedBuffer* b = it->second;
+      if (b->device == device && b->holds == 0) {
+        detached.push_back(b);
+        it = g_eager.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    std::vector<CachedBuffer*> kept;
+    for (CachedBuffer* b : g_outgrown) (b->device == device && b->holds == 0 ? detached : kept).push_back(b);
+    g_outgrown.swap(kept);
+    const auto found = g_pool.find(device);
+    if (found != g_pool.end()) pool = found->second;
+  }
+  if (detached.empty() && pool == nullptr) return;
   // (In the thread's capture mode: CUDA refuses the wait, rather than let it pass, while a
   // capture it would break is under way.)
   int current = 0;
   check(cudaGetDevice(&current), "cudaGetDevice");
   check(cudaSetDevice(device), "cudaSetDevice");
-  // Every launch that used a buffer no call holds was enqueued before its holder's release_scratch,
-  // which came before this thread took g_mu: the wait covers it.
   cudaError_t e = cudaDeviceSynchronize();
-  auto drop = [&](CachedBuffer* b) {
-    if (b->device != device || b->holds > 0 || e != cudaSuccess) return false;
-    e = cudaFree(b->ptr);
-    delete b;
-    return true;
-  };
-  for (auto it = g_eager.begin(); it != g_eager.end();) it = drop(it->second) ? g_eager.erase(it) : std::next(it);
-  std::vector<CachedBuffer*> kept;
-  for (CachedBuffer* b : g_outgrown)
-    if (!drop(b)) kept.push_back(b);
-  g_outgrown.swap(kept);
-  if (e == cudaSuccess && pool != g_pool.end() && pool->second) e = cudaMemPoolTrimTo(pool->second, 0);
+  if (e == cudaSuccess) {
+    for (CachedBuffer* b : detached) {
+      const cudaError_t f = cudaFree(b->ptr);
+      if (e == cudaSuccess) e = f;
+    }
+    if (e == cudaSuccess && pool) e = cudaMemPoolTrimTo(pool, 0);
+  } else {
+    // Not waited for: the buffers may still be in use; leaked rather than freed under a kernel.
+    cudaGetLastError();
+  }
+  for (CachedBuffer* b : detached) delete b;
   cudaSetDevice(current);
   check(e, "release_cached_memory");
 }

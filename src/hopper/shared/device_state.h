@@ -6,11 +6,12 @@
 //     counters.
 //     Eager calls: scratch that must start zeroed (counters and flags, KBs; the kernels leave them
 //     zero when they finish: the last claim resets the counter, a combiner the flags it consumed)
-//     and overwritten scratch up to kEagerCachedMaxBytes is one buffer per (device, stream, kind),
+//     and overwritten scratch (the decode's partials at any size; the backward's workspace and the
+//     stream-K partials up to kEagerCachedMaxBytes) is one buffer per (device, stream, kind),
 //     zeroed once, when it is allocated (on the first call that needs it, then grown by doubling;
-//     outgrown buffers are kept until release_cached_memory, so growth never waits). Larger
-//     overwritten scratch (a training shape's backward workspace, up to GBs; stream-K partials of
-//     prefill shapes) is taken from fa4's stream-ordered memory pool of the device for the call
+//     outgrown buffers are kept until release_cached_memory, so growth never waits). A larger
+//     backward workspace (a training shape's, up to GBs; unless the caller gave one) or stream-K
+//     partials (prefill shapes) are taken from fa4's stream-ordered memory pool of the device for the call
 //     and given back to it after the launch (cudaMallocFromPoolAsync / cudaFreeAsync on the call's
 //     stream): the pool keeps what it was given back, for any stream's next call, so the memory
 //     held is the largest amount the device's calls used at once, not one buffer per stream.
@@ -68,11 +69,12 @@ inline constexpr size_t kGraphOwnedScratchMaxBytes = size_t(16) << 20;
 /// graph-owned (user objects).
 inline constexpr size_t kRetainedCaptureScratchBytes = size_t(64) << 20;
 
-/// Overwritten scratch of an eager call up to this size is cached per (device, stream, kind), no
-/// cost per call: the split-KV partials of serving shapes (KBs to about a MB), a small backward's
-/// workspace. A stream that is destroyed leaves its buffers (at most about twice this per kind,
-/// with the outgrown ones) until release_cached_memory. Larger scratch comes from the device's
-/// pool per call (about a microsecond of host time, small beside the kernels that need it).
+/// An eager backward workspace or stream-K partials up to this size are cached per (device,
+/// stream, kind), no cost per call (a small backward's workspace); larger ones come from the
+/// device's pool per call (about a microsecond of host time, small beside the kernels that need
+/// that much). The decode's split partials are always cached per stream: a serving step's
+/// eager calls pay no pool round trip. A stream that is destroyed leaves its buffers (for these
+/// two kinds at most about twice this each, with the outgrown ones) until release_cached_memory.
 inline constexpr size_t kEagerCachedMaxBytes = size_t(4) << 20;
 
 /// Scratch of one launch (see above), given back by release_scratch after its launches.
@@ -159,8 +161,8 @@ struct CaptureScratchStats {
 };
 CaptureScratchStats capture_scratch_stats();
 
-/// Forward launches that claimed their tiles from the counter (fwd/launch_fwd.cuh), so far: the
-/// tests check that the "schedule" override's dynamic choice ran.
+/// Forward launches enqueued (eager or captured) that claim their tiles from the counter
+/// (fwd/launch_fwd.cuh), so far: the tests check that the "schedule" override's dynamic choice ran.
 void count_fwd_dynamic_launch();
 uint64_t fwd_dynamic_launches();
 
