@@ -39,8 +39,8 @@
 //     writes zeros to dk/dv (and dsink), whose gradient is then exactly 0.
 //   * varlen: rows of out/lse/dq/dk/dv outside every [cu_seqlens[b], cu_seqlens[b+1]) range, and
 //     dk/dv rows past seqused_k, are left untouched.
-//   * outputs (forward: out, lse; backward: dq, dk, dv, dsink, whose out and lse are inputs and
-//     may share memory with other inputs; the caches when appended to) must not overlap: no two
+//   * outputs (forward: out, lse; backward: dq, dk, dv, dsink and options.workspace, whose out and
+//     lse are inputs and may share memory with other inputs; the caches when appended to) must not overlap: no two
 //     elements of one output share an address (its dims, by increasing stride, each step past the
 //     elements of the dims inside them), and no output shares memory with another tensor of the
 //     call (kInvalidArgument, for the overlaps the strides prove: interleaved views such as q, k,
@@ -66,8 +66,9 @@
 //
 // SCRATCH MEMORY (CUDA). Besides the caller's tensors, a CUDA call needs device scratch: tile
 // counters and split flags (KBs), split-KV and stream-K partials, the backward's workspace (an fp32
-// dQ accumulator and row statistics: about 4 * (headdim + 2) bytes per query row and head, the
-// query rows padded to the backward's row tile; GBs for a training shape). A backward given
+// dQ accumulator and row statistics: about 4 * (D + 2) bytes per query row and head, D the
+// backward's tile head dim (64 up to headdim 64, 128 up to 128, 256 above) and the query rows
+// padded to its row tile; GBs for a training shape; backward_workspace_size() gives it exactly). A backward given
 // BackwardOptions::workspace uses that instead (PyTorch's path does). Otherwise fa4 keeps it
 // between eager calls, so that a call neither allocates nor waits: per (device, stream), what
 // must start zeroed, the split-KV partials, and the backward's workspace and stream-K partials up
@@ -219,9 +220,11 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
               const std::optional<TensorView>& dsink = std::nullopt);
 
 /// The bytes of BackwardOptions::workspace that backward() needs with these arguments: 0 where it
-/// needs none (the CPU implementations, a problem without query rows or keys). Validates the
-/// arguments as backward() does (throws its errors, kUnsupported included); options.workspace, if
-/// set, is checked as backward() checks it, except for its size. Runs and writes nothing.
+/// needs none (the CPU implementations; a problem with neither query rows nor keys). Ask with the
+/// backward's exact arguments and options: deterministic mode and the device (its SM count) change
+/// the size. Validates the arguments as backward() does (throws its errors, kUnsupported
+/// included); options.workspace, if set, is checked as backward() checks it, except for its size.
+/// Runs and writes nothing.
 size_t backward_workspace_size(const TensorView& dout, const TensorView& q, const TensorView& k,
                                const TensorView& v, const TensorView& out, const TensorView& lse,
                                const TensorView& dq, const TensorView& dk, const TensorView& dv,
@@ -301,8 +304,9 @@ void check_async_errors(int device_index);
 /// buffers that no call in another thread is using at that moment out of the cache, waits for
 /// the device (cudaDeviceSynchronize on its primary context; fa4 calls on other devices go on
 /// meanwhile), frees them and trims the memory pool. Later calls allocate again (the next call on
-/// each stream is slower). Captured calls' scratch is kept (graphs may still replay). A no-op (no
-/// wait) when nothing is kept there: without CUDA, or before any CUDA call on that device.
+/// each stream is slower). Captured calls' scratch is kept (graphs may still replay). Returns
+/// without waiting when fa4 never kept anything for that device (without CUDA, or before any CUDA
+/// call there); otherwise it waits, even if nothing is cached at the moment.
 /// Do not call it while a stream of the device is being captured into a graph (CUDA refuses the
 /// wait and the capture is invalidated), while a kernel that never ends runs on the device (the
 /// wait would not return), or while fa4 calls run on streams of another context of the device

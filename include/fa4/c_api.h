@@ -35,8 +35,9 @@
  *   ELEMENTS (int64, strides may be any value; the last dim must have stride 1 as fa4/attention.h
  *   says), and where the memory lives. For CUDA tensors `stream` is the cudaStream_t (NULL = the
  *   legacy default stream) on which the work is enqueued; the call returns without waiting for
- *   the GPU. All tensors of one call must live on one device. fa4 never allocates, frees or
- *   keeps a pointer to caller memory past the call.
+ *   the GPU. All tensors of one call must live on one device. fa4 never allocates or frees caller
+ *   memory, nor keeps a pointer to it past the call; CUDA tensors (options->workspace included)
+ *   must stay allocated until the call's kernels have run, in stream order.
  *
  * THREADS: every function may be called from any thread at the same time.
  */
@@ -134,8 +135,10 @@ typedef struct fa4_options {
   const fa4_tensor* cu_seqlens_q; /**< nullable: int32 (batch + 1); varlen iff both cu_seqlens */
   const fa4_tensor* cu_seqlens_k; /**< nullable: int32 (batch + 1) */
   const fa4_tensor* seqused_k;    /**< nullable: int32 (batch,) */
-  /** Since ABI 4 (nullable): fa4::BackwardOptions::workspace, fa4_backward only (the forwards
-   *  refuse it): caller-owned device scratch of at least fa4_backward_workspace_size() bytes. */
+  /** Since ABI 4 (nullable): fa4::BackwardOptions::workspace, for fa4_backward (and its size
+   *  query) only: fa4_forward, fa4_forward_support and the KV-cache calls refuse a non-NULL one
+   *  with INVALID_ARGUMENT. Caller-owned device scratch of at least
+   *  fa4_backward_workspace_size() bytes. */
   const fa4_tensor* workspace;
 } fa4_options;
 
@@ -157,9 +160,11 @@ FA4_C_EXPORT int32_t fa4_backward(const fa4_tensor* dout, const fa4_tensor* q, c
                                   const fa4_tensor* dsink, const fa4_options* options);
 
 /** Since ABI 4. fa4::backward_workspace_size (fa4/attention.h): writes to *bytes the size of the
- *  options->workspace fa4_backward needs with these arguments (0 where it needs none: the CPU,
- *  a problem without queries and keys). Validates as fa4_backward does (same status and message
- *  on failure; options->workspace, if given, is checked except for its size); runs nothing. */
+ *  options->workspace fa4_backward needs with these arguments (0 where it needs none: the CPU; a
+ *  problem with neither queries nor keys); ask with the backward's exact arguments and options
+ *  (deterministic and the device change it). Validates as fa4_backward does (same status and
+ *  message on failure; options->workspace, if given, is checked except for its size); runs
+ *  nothing. *bytes is written only on success; a NULL bytes is INVALID_ARGUMENT. */
 FA4_C_EXPORT int32_t fa4_backward_workspace_size(const fa4_tensor* dout, const fa4_tensor* q,
                                                  const fa4_tensor* k, const fa4_tensor* v,
                                                  const fa4_tensor* out, const fa4_tensor* lse,
@@ -234,8 +239,9 @@ FA4_C_EXPORT int32_t fa4_forward_with_kvcache_support(const fa4_tensor* q, const
 FA4_C_EXPORT int32_t fa4_check_async_errors(int32_t device_index);
 
 /** Since ABI 4. fa4::release_cached_memory (fa4/attention.h): waits for CUDA device `device_index`
- *  and frees the scratch fa4 keeps for eager calls there. OK as a no-op when nothing is kept
- *  there; INVALID_ARGUMENT for a negative index; CUDA_ERROR if CUDA refuses the wait or a free. */
+ *  and frees the scratch fa4 keeps for eager calls there (not while a stream of the device is
+ *  being captured: see fa4/attention.h). OK without waiting when fa4 never kept anything there;
+ *  INVALID_ARGUMENT for a negative index; CUDA_ERROR if CUDA refuses the wait or a free. */
 FA4_C_EXPORT int32_t fa4_release_cached_memory(int32_t device_index);
 
 /** Message of the calling thread's most recent failed fa4 call; "" after a success. Never NULL. */

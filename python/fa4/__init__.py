@@ -87,15 +87,18 @@ def release_cached_memory(device=0) -> None:
     """Frees the device scratch fa4 keeps for eager calls on CUDA device `device` (an index, or
     anything torch.device accepts), as ``torch.cuda.empty_cache()`` does for PyTorch's cache.
 
-    fa4 keeps the scratch its CUDA calls need (tile counters, split partials, the backward's dQ
-    accumulator: up to GBs for a training shape) between calls, so that a call neither allocates
-    nor waits: per stream, and a large backward workspace in a memory pool shared by the streams
-    (a torch backward takes its workspace from torch's caching allocator instead). This waits for
-    the device, then gives it all back to CUDA (except what a call in another thread is using at
-    that moment, and captured CUDA graphs' scratch); the next calls allocate again. A no-op when
-    nothing is kept there. Do not call it while a stream of the device is being captured into a
-    CUDA graph (CUDA refuses the wait and the capture breaks) or while a kernel that never ends
-    runs there. Raises :class:`Fa4Error` if CUDA refuses."""
+    fa4 keeps the scratch its CUDA calls need (tile counters, split and stream-K partials; the
+    dQ accumulator of :func:`backward` on CUDA tensors, up to GBs for a training shape) between
+    calls, so that a call neither allocates nor waits: per stream, and a backward workspace or
+    stream-K partials over 4 MiB in a memory pool shared by the streams (autograd's backward,
+    through flash_attn_func and co., takes its workspace from torch's caching allocator instead).
+    This waits for the device, then gives it back to CUDA (except what a call in another thread
+    is using at that moment, and captured CUDA graphs' scratch); the next calls allocate again.
+    Returns without waiting if fa4 never kept anything for that device. Do not call it while a
+    stream of the device is being captured into a CUDA graph (CUDA refuses the wait and the
+    capture breaks) or while a kernel that never ends runs there. Raises
+    :class:`InvalidArgumentError` for a negative index or a device that is not CUDA,
+    :class:`CudaError` if CUDA refuses the wait or a free."""
     _capi.release_cached_memory(_cuda_index(device, "fa4.release_cached_memory"))
 
 
@@ -152,7 +155,9 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
         softcap: 0 = off; else scores s -> softcap * tanh(s / softcap).
         sink: fp32 (num_heads,) learnable sink logits (joins the softmax denominator only).
         deterministic: bitwise-reproducible backward (autograd on torch tensors); the forward is so
-            always (on one device), so a forward-only call (NumPy) needs nothing more.
+            on one device without it (except a CUDA stream-K forward whose cooperative launch the
+            device refuses, e.g. under MPS: include/fa4/attention.h), so a forward-only call
+            (NumPy) needs nothing more.
         return_lse: also return lse.
         rescale_threshold: FA4 lazy-rescaling threshold tau in log2 units (paper Sec. 3);
             default the library's (8).

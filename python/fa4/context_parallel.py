@@ -73,9 +73,10 @@ def _chunks(world: int, rank: int, zigzag: bool) -> tuple[int, ...]:
 
 
 def _integer(c) -> Optional[int]:
-    """c as an int if it is one (int, NumPy integer, integer 0-D tensor), else None; a bool is
-    not (True would be read as a length of 1)."""
-    if isinstance(c, bool):
+    """c as an int if it is one (int, NumPy integer, integer 0-D CPU tensor), else None; a bool is
+    not (True would be read as a length of 1), nor a tensor on a GPU (reading it would wait for
+    the device)."""
+    if isinstance(c, bool) or (isinstance(c, Tensor) and c.device.type != "cpu"):
         return None
     try:
         return operator.index(c)
@@ -512,10 +513,12 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, group=None, causal: bool 
         differentiable (as in flash_attn_func)]. Block outputs and gradients come back from fa4
         in the input dtype and are merged/accumulated in fp32 (one rounding per block).
 
-    Not taken (yet): local windows.
+    Not supported: local windows (window_size).
 
     Raises:
-        InvalidArgumentError (ValueError) for bad shapes or an uninitialised torch.distributed.
+        InvalidArgumentError (ValueError) for bad shapes or argument types (a flag that is not a
+        bool, a missing or non-integer max_seqlen, cu_seqlens that are not integers) or an
+        uninitialised torch.distributed.
         Errors of a block call are fa4's (they name the block's tensors). See the module
         docstring for what is not checked across ranks.
     """

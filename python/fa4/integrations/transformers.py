@@ -27,8 +27,8 @@ format of the flash-attention family, so each layer receives:
   mask and without cached keys (the answer is kept for the position_ids tensor every layer gets);
   under torch.compile and CUDA-graph capture it is not read (packing by position_ids alone is
   then not seen: pass cu_seq_lens_q/k, e.g. DataCollatorWithFlattening(return_flash_attn_kwargs=
-  True)). As in transformers' flash-attention path (not its sdpa path), a prompt into an empty
-  cache (kv_len == q_len) is split too.
+  True)). The position_ids rule also applies when a cache is passed but still empty (kv_len ==
+  q_len), as in transformers' flash-attention path (its sdpa path does not split then).
 
 KV caches: with a padding mask shorter than the key buffers (a StaticCache with padding: the
 mask covers the slots filled so far, from slot 0), the keys/values past it are not used. Without

@@ -60,8 +60,9 @@ inline BwdLaunchShape bwd_launch_shape(const detail::HopperBwdConfig& row, const
 }
 
 /// kDType: 0 = bf16, 1 = fp16 (values of fa4::DType). Enqueues preprocess, main kernel, postprocess
-/// (and dsink) on p.device.stream, with the workspace from the device state (device_state.h: no
-/// allocation once the stream has one large enough). Throws fa4::Error(kCudaError) if a CUDA call
+/// (and dsink) on p.device.stream, with the caller's workspace (BwdParams::workspace) or the
+/// device state's (device_state.h: cached per stream up to kEagerCachedMaxBytes, else from the
+/// device's pool). Throws fa4::Error(kCudaError) if a CUDA call
 /// fails. Uses ctx.num_sms and ctx.async_error (varlen).
 template <int kDType, int kHeadDim, int kHeadDimV>
 void run_bwd(const detail::BwdParams& p, const LaunchContext& ctx);

@@ -1,6 +1,6 @@
 // src/hopper/shared/device_state.h — the per-device state the Hopper launches keep across calls, so
-// that a call neither allocates (after the first one on its stream), synchronises nor reads the
-// environment:
+// that a call neither synchronises nor reads the environment, and allocates only a pool block
+// (large scratch) or where its stream's cached scratch is missing or too small:
 //   * scratch: the dynamic schedule's claim counter and the stream-K flags and partials; and,
 //     separately (ScratchKind), the backward's workspace and the decode's partials and arrival
 //     counters.
@@ -38,10 +38,11 @@
 //     instantiated from one captured graph running at the same time (they would share the
 //     buffers; the replays of one executable graph are ordered by CUDA). Where the graph also
 //     holds graph memory, CUDA refuses the second instantiation itself.
-//   * the asynchronous error word: a kernel that meets varlen indices breaking the rules
-//     (cu_seqlens_q/k, seqused_k; checked on the device, where the host cannot read them without a
-//     sync) computes nothing for that sequence and sets a bit here, in mapped host memory; the next
-//     forward on the device, or fa4::check_async_errors, reports it (at least once: bits set by
+//   * the asynchronous error word: a kernel that meets varlen or KV-cache indices breaking the
+//     rules (cu_seqlens_q/k, seqused_k, cache_seqlens, cache_batch_idx, page_table; checked on the
+//     device, where the host cannot read them without a sync) computes nothing for that sequence
+//     and sets a bit here, in mapped host memory; the next CUDA call on the device (forward,
+//     backward, forward_with_kvcache), or fa4::check_async_errors, reports it (at least once: bits set by
 //     several CTAs at once may merge, and a kernel still running when the word is cleared may set
 //     its bit again).
 // Not supported: cudaDeviceReset while fa4 is loaded (the cached buffers would dangle).
