@@ -220,7 +220,8 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
               const std::optional<TensorView>& dsink = std::nullopt);
 
 /// The bytes of BackwardOptions::workspace that backward() needs with these arguments: 0 where it
-/// needs none (the CPU implementations; a problem with neither query rows nor keys). Ask with the
+/// needs none (the CPU implementations; a problem with neither query rows nor keys; a batched one
+/// without query rows). Ask with the
 /// backward's exact arguments and options: deterministic mode and the device (its SM count) change
 /// the size. Validates the arguments as backward() does (throws its errors, kUnsupported
 /// included); options.workspace, if set, is checked as backward() checks it, except for its size.
@@ -306,13 +307,13 @@ void check_async_errors(int device_index);
 /// meanwhile), frees them and trims the memory pool. Later calls allocate again (the next call on
 /// each stream is slower). Captured calls' scratch is kept (graphs may still replay). Returns
 /// without waiting when fa4 never kept anything for that device (without CUDA, or before any CUDA
-/// call there); otherwise it waits, even if nothing is cached at the moment.
+/// call there); otherwise it may wait even if nothing is cached at the moment. If the wait is
+/// refused, the buffers stay cached (kCudaError; a later call frees them).
 /// Do not call it while a stream of the device is being captured into a graph (CUDA refuses the
 /// wait and the capture is invalidated), while a kernel that never ends runs on the device (the
 /// wait would not return), or while fa4 calls run on streams of another context of the device
 /// (green contexts: the wait does not cover them). Errors: kInvalidArgument for device_index < 0;
-/// kCudaError if CUDA refuses the wait (the buffers are then dropped from the cache unfreed) or
-/// a free.
+/// kCudaError if CUDA refuses the wait or a free.
 void release_cached_memory(int device_index);
 
 /// Answers "would forward() run on these arguments, and with which kernel?" without running.

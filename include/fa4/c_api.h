@@ -162,9 +162,9 @@ FA4_C_EXPORT int32_t fa4_backward(const fa4_tensor* dout, const fa4_tensor* q, c
 /** Since ABI 4. fa4::backward_workspace_size (fa4/attention.h): writes to *bytes the size of the
  *  options->workspace fa4_backward needs with these arguments (0 where it needs none: the CPU; a
  *  problem with neither queries nor keys); ask with the backward's exact arguments and options
- *  (deterministic and the device change it). Validates as fa4_backward does (same status and
- *  message on failure; options->workspace, if given, is checked except for its size); runs
- *  nothing. *bytes is written only on success; a NULL bytes is INVALID_ARGUMENT. */
+ *  (deterministic and the device change it). Validates as fa4_backward does (the same status
+ *  and rule on failure, the message naming fa4::backward_workspace_size; options->workspace, if
+ *  given, is checked except for its size); runs nothing. *bytes is written only on success; a NULL bytes is INVALID_ARGUMENT. */
 FA4_C_EXPORT int32_t fa4_backward_workspace_size(const fa4_tensor* dout, const fa4_tensor* q,
                                                  const fa4_tensor* k, const fa4_tensor* v,
                                                  const fa4_tensor* out, const fa4_tensor* lse,

@@ -209,6 +209,7 @@ def _declare(lib):
     if hasattr(lib, "fa4_release_cached_memory"):  # ABI 4
         lib.fa4_release_cached_memory.argtypes = [ctypes.c_int32]
         lib.fa4_release_cached_memory.restype = ctypes.c_int32
+    if hasattr(lib, "fa4_backward_workspace_size"):  # ABI 4
         lib.fa4_backward_workspace_size.argtypes = [_TP] * 10 + [_OP, ctypes.POINTER(ctypes.c_uint64)]
         lib.fa4_backward_workspace_size.restype = ctypes.c_int32
     if hasattr(lib, "fa4_forward_with_kvcache"):  # ABI 3

@@ -367,5 +367,13 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
   s_is_cpu = PyUnicode_InternFromString("is_cpu");
   s_get_device = PyUnicode_InternFromString("get_device");
   if (!s_data_ptr || !s_shape || !s_stride || !s_dtype || !s_is_cuda || !s_is_cpu || !s_get_device) return NULL;
-  return PyModule_Create(&fp_module);
+  PyObject* m = PyModule_Create(&fp_module);
+  /* The argument shapes call() takes beyond ABI 3's: 10 tensors + 2 (the workspace size query).
+   * A binding checks it before passing them, since a module built beside an older libfa4 may be
+   * the one loaded. */
+  if (m != NULL && PyModule_AddIntConstant(m, "CALLS_WORKSPACE_SIZE", 1) < 0) {
+    Py_DECREF(m);
+    return NULL;
+  }
+  return m;
 }

@@ -188,10 +188,10 @@ def _fast_setup():
 def _fast_entries(call):
     """(call, the loaded library's entry points by name, that library)."""
     lib = _capi.library()
-    entries = {name: _capi.entry_address(name)
-               for name in ("fa4_forward", "fa4_backward", "fa4_forward_with_kvcache",
-                            "fa4_backward_workspace_size")
-               if hasattr(lib, name)}
+    names = ["fa4_forward", "fa4_backward", "fa4_forward_with_kvcache"]
+    if getattr(_capi.fastpath(), "CALLS_WORKSPACE_SIZE", 0):
+        names.append("fa4_backward_workspace_size")  # (a module older than the library lacks it)
+    entries = {name: _capi.entry_address(name) for name in names if hasattr(lib, name)}
     return (call, entries, lib)
 
 
@@ -270,22 +270,37 @@ def _bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
     return dq, dk, dv, dsink
 
 
-def _with_torch_workspace(opts, tensors, streams, device):
+# Below this, fa4's own per-stream cache holds the backward's workspace at no per-call cost
+# (src/hopper/shared/device_state.h kEagerCachedMaxBytes); above it, the workspace comes from torch.
+_TORCH_WORKSPACE_MIN_BYTES = 4 << 20
+
+
+def _with_torch_workspace(opts, tensors, streams, q):
     """opts with the CUDA backward's workspace taken from torch's caching allocator on the current
-    stream (the stream fa4 runs on), so that memory (the dQ accumulator: up to GBs) goes back to
-    torch when the call returns instead of staying in fa4's cache. The size query validates the
-    arguments a second time. opts itself where no workspace is needed (or the library predates
-    ABI 4)."""
+    stream (the stream fa4 runs on), so that memory (the dQ accumulator: 4 * (headdim + 2) bytes
+    or more per query row and head, up to GBs) goes back to torch when the call returns instead
+    of staying in fa4's pool. Only where that lower bound is past _TORCH_WORKSPACE_MIN_BYTES: the
+    size query (a second validation, ~10 us) and the allocation are then small beside the
+    kernels. opts itself otherwise, where the library predates the query, or where the query
+    refuses the arguments (fa4_backward then reports its own error)."""
+    if 4 * (q.numel() + 2 * (q.numel() // max(q.shape[-1], 1))) <= _TORCH_WORKSPACE_MIN_BYTES:
+        return opts
     n = ctypes.c_uint64(0)
-    if not _fast_call("fa4_backward_workspace_size", tensors, (opts.address, ctypes.addressof(n))):
-        if not hasattr(_capi.library(), "fa4_backward_workspace_size"):
-            return opts
-        ts = [_core.describe_torch(x, name, _FN_BWD, streams) if x is not None else None
-              for x, name in zip(tensors, _BWD_TENSOR_NAMES)]
-        n.value = _capi.backward_workspace_size(*ts, opts.struct)
+    try:
+        if not _fast_call("fa4_backward_workspace_size", tensors, (opts.address, ctypes.addressof(n))):
+            if not hasattr(_capi.library(), "fa4_backward_workspace_size"):
+                return opts
+            ts = [_core.describe_torch(x, name, _FN_BWD, streams) if x is not None else None
+                  for x, name in zip(tensors, _BWD_TENSOR_NAMES)]
+            n.value = _capi.backward_workspace_size(*ts, opts.struct)
+    except _capi.Fa4Error:
+        return opts
     if n.value == 0:
         return opts
-    workspace = torch.empty(((n.value + 255) // 256) * 64, dtype=torch.int32, device=device)
+    workspace = torch.empty(((n.value + 255) // 256) * 64, dtype=torch.int32, device=q.device)
+    if workspace.data_ptr() % 256:  # (an allocator without torch's 512-byte blocks)
+        workspace = torch.empty(((n.value + 511) // 256) * 64, dtype=torch.int32, device=q.device)
+        workspace = workspace[(-workspace.data_ptr() % 256) // 4:]
     return opts.with_workspace(workspace, _FN_BWD, streams)
 
 
@@ -295,7 +310,7 @@ _BWD_TENSOR_NAMES = ("dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv", "dsi
 def _run_bwd(dout, q, k, v, out, lse, dq, dk, dv, dsink, sink, opts, streams):
     tensors = (dout, q, k, v, out, lse, dq, dk, dv, dsink if sink is not None else None)
     if q.is_cuda:
-        opts = _with_torch_workspace(opts, tensors, streams, q.device)
+        opts = _with_torch_workspace(opts, tensors, streams, q)
     if _fast_call("fa4_backward", tensors, (opts.address,)):
         return
     ts = [_core.describe_torch(x, n, _FN_BWD, streams) if x is not None else None

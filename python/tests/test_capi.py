@@ -351,8 +351,16 @@ def test_v1_options_struct_and_workspace_rules():
     o = _capi.default_options()
     o.struct_size = 88
     o.causal = 1
+    junk = _capi.Tensor()  # past an 88-byte caller's struct: never read
+    o.workspace = ctypes.pointer(junk)
     assert _call(views, o) == _capi.STATUS_OK
+    o.workspace = None
     want = arrays[3].copy()
+    # fa4_options_init for an 88-byte struct writes 88 bytes, not the 96 of this header's.
+    buf = (ctypes.c_uint8 * ctypes.sizeof(_capi.Options))(*([0xAB] * ctypes.sizeof(_capi.Options)))
+    assert lib.fa4_options_init(ctypes.cast(buf, ctypes.POINTER(_capi.Options)), 88) == 0
+    assert list(buf[88:]) == [0xAB] * (ctypes.sizeof(_capi.Options) - 88)
+    assert ctypes.cast(buf, ctypes.POINTER(_capi.Options)).contents.struct_size == 88
     o.struct_size = ctypes.sizeof(_capi.Options)
     raw = np.zeros(128, np.int32)
     buf = raw[(-raw.ctypes.data % 256) // 4:][:64]  # 256-byte aligned, as the rule asks
@@ -386,3 +394,21 @@ def test_v1_options_struct_and_workspace_rules():
     assert lib.fa4_backward(*[ctypes.byref(t) for t in bviews], None, ctypes.byref(o)) == 1
     assert lib.fa4_last_error().startswith(b"fa4::backward: options.workspace.data must be a "
                                            b"multiple of 256 bytes")
+
+
+def test_call_options_with_workspace():
+    # CallOptions.with_workspace (the torch path's CUDA backward) sets options.workspace on a copy:
+    # the library reads it (a misaligned one is refused by name), the original stays without.
+    arrays, views = _views()
+    grads = [np.zeros_like(a) for a in arrays[:3]]
+    bviews = ([_core.describe(np.ones_like(arrays[3]), "dout", "test")] + views
+              + [_core.describe(g, n, "test") for g, n in zip(grads, ["dq", "dk", "dv"])])
+    base = _core.CallOptions("test")
+    assert _capi.library().fa4_forward(*[ctypes.byref(t) for t in views], ctypes.byref(base.struct)) == 0
+    raw = np.zeros(128, np.int32)
+    off = raw[(-raw.ctypes.data % 256) // 4 + 1:][:16]
+    with_ws = base.with_workspace(off, "test")
+    assert not base.struct.workspace and with_ws.struct.workspace
+    with pytest.raises(fa4.InvalidArgumentError, match="options.workspace.data must be a multiple of 256"):
+        _capi.backward(*bviews, None, with_ws.struct)
+    _capi.backward(*bviews, None, base.struct)

@@ -625,6 +625,7 @@ BwdParams make_bwd_params(const TensorView& dout_in, const TensorView& q_in,
     if (reinterpret_cast<uintptr_t>(ws.t.data) % 256 != 0)
       c.invalid("options.workspace.data must be a multiple of 256 bytes (the kernels' vector and "
                 "bulk accesses)");
+    p.has_workspace = true;
     p.workspace = ws.t.data;
     p.workspace_bytes = ws.t.shape[0] * dtype_size(ws.t.dtype);
   }

@@ -76,7 +76,9 @@ struct BwdParams : FwdParams {
   float* dsink = nullptr;  ///< (num_heads) fp32 or nullptr
   RowStrides dout_stride, dq_stride, dk_stride, dv_stride;
   bool deterministic = false;
-  /// BackwardOptions::workspace (256-byte aligned) and its bytes; nullptr: the library's scratch.
+  /// BackwardOptions::workspace given (its data 256-byte aligned, nullptr for an empty one) and its
+  /// bytes; not given: the library's scratch.
+  bool has_workspace = false;
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
 };

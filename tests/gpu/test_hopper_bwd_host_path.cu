@@ -221,7 +221,7 @@ TEST(HopperBwd, ReleaseCachedMemory) {
 
 
 // A caller's workspace (BackwardOptions::workspace) instead of fa4's scratch: the size
-// backward_workspace_size reports is what the launch needs (a buffer 256 bytes short is refused
+// backward_workspace_size reports is what the launch needs (a buffer one byte short is refused
 // before anything is written), the gradients are bitwise those of the call without it
 // (deterministic), and a captured call with it holds its kernels and no graph-memory nodes.
 TEST(HopperBwd, CallerWorkspace) {
@@ -229,7 +229,9 @@ TEST(HopperBwd, CallerWorkspace) {
   REQUIRE_BUCKETS(128, 128, fa4::test::kFwd | fa4::test::kBwd);
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  Problem p = batched(1, 2100, 1000, 16, 4, 128, 43);
+  // 2 x 33 key blocks x 16 KV heads: more tiles than SMs, so the causal layout has the dynamic
+  // schedule's claim counter too.
+  Problem p = batched(2, 2100, 4200, 16, 16, 128, 43);
   const int64_t nq = p.rows_q * p.H * p.d, nk = p.rows_k * p.HK * p.d;
   fa4::test::DevBuf<uint16_t> dout{size_t(nq)}, dq{size_t(nq)}, dk{size_t(nk)}, dv{size_t(nk)};
   ASSERT_TRUE(dout.ptr && dq.ptr && dk.ptr && dv.ptr) << "cudaMalloc of dout / dq / dk / dv";
@@ -258,18 +260,19 @@ TEST(HopperBwd, CallerWorkspace) {
   const size_t bytes = fa4::backward_workspace_size(q_like(dout.ptr), q_like(p.q), k_like(p.k), k_like(p.v),
                                                     q_like(p.out), lse, q_like(dq.ptr), k_like(dk.ptr),
                                                     k_like(dv.ptr), o);
-  // dQ accumulator alone: 16 heads x 33 chunks of 64 rows x 128 columns, fp32.
-  ASSERT_GE(bytes, size_t(16) * 33 * 64 * 128 * 4);
+  // dQ accumulator alone: 16 heads x 2 x 33 chunks of 64 rows x 128 columns, fp32.
+  ASSERT_GE(bytes, size_t(16) * 66 * 64 * 128 * 4);
   fa4::test::DevBuf<uint8_t> ws{bytes};
   ASSERT_TRUE(ws.ptr) << "cudaMalloc of the workspace";
   CUDA_OK(cudaMemset(ws.ptr, 0xFF, bytes));  // its contents need not be anything
   fa4::BackwardOptions with = o;
 
-  with.workspace = TensorView::contiguous(ws.ptr, DType::kInt32, {int64_t(bytes - 256) / 4}, dev);
+  // (A 1-byte dtype, so the view can be exactly one byte short.)
+  with.workspace = TensorView::contiguous(ws.ptr, DType::kFP8E4M3, {int64_t(bytes) - 1}, dev);
   poison();
   try {
     backward(with);
-    ADD_FAILURE() << "a workspace 256 bytes short was accepted";
+    ADD_FAILURE() << "a workspace one byte short was accepted";
   } catch (const fa4::Error& e) {
     EXPECT_EQ(e.code(), fa4::ErrorCode::kInvalidArgument);
     EXPECT_NE(std::string(e.what()).find("needs " + std::to_string(bytes)), std::string::npos) << e.what();

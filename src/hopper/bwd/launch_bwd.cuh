@@ -149,7 +149,7 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   const size_t ws_bytes = size_t(shape.workspace_bytes());
   ScratchHold ws(stream);
   char* ws_ptr = nullptr;
-  if (fp.workspace != nullptr) {
+  if (fp.has_workspace) {
     if (fp.workspace_bytes < shape.workspace_bytes())
       throw Error(ErrorCode::kInvalidArgument,
                   std::string(kBwd) + ": options.workspace holds " + std::to_string(fp.workspace_bytes) +

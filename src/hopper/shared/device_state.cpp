@@ -377,24 +377,30 @@ void release_cached_memory(int device) {
     if (found != g_pool.end()) pool = found->second;
   }
   if (detached.empty() && pool == nullptr) return;
+  // A failure before the frees gives the buffers back to the cache (as outgrown ones, freed by a
+  // later call): never freed under a kernel that may still use them, never lost.
+  auto keep = [&] {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_outgrown.insert(g_outgrown.end(), detached.begin(), detached.end());
+    detached.clear();
+  };
   // (In the thread's capture mode: CUDA refuses the wait, rather than let it pass, while a
   // capture it would break is under way.)
-  int current = 0;
-  check(cudaGetDevice(&current), "cudaGetDevice");
-  check(cudaSetDevice(device), "cudaSetDevice");
-  cudaError_t e = cudaDeviceSynchronize();
-  if (e == cudaSuccess) {
+  int current = -1;
+  cudaError_t e = cudaGetDevice(&current);
+  if (e == cudaSuccess) e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) {
+    keep();
+  } else {
     for (CachedBuffer* b : detached) {
       const cudaError_t f = cudaFree(b->ptr);
       if (e == cudaSuccess) e = f;
+      delete b;
     }
     if (e == cudaSuccess && pool) e = cudaMemPoolTrimTo(pool, 0);
-  } else {
-    // Not waited for: the buffers may still be in use; leaked rather than freed under a kernel.
-    cudaGetLastError();
   }
-  for (CachedBuffer* b : detached) delete b;
-  cudaSetDevice(current);
+  if (current >= 0) cudaSetDevice(current);
   check(e, "release_cached_memory");
 }
 
