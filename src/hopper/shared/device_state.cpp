@@ -36,11 +36,13 @@ struct RelaxedCapture {
 std::mutex g_mu;
 /// An eager call's cached buffer (device_state.h). `holds`: calls between acquire_scratch and
 /// release_scratch, whose launches may not be enqueued yet (release_cached_memory skips them).
+/// Raised under g_mu; lowered without it (release order: the holder's launches come before), as
+/// the holder's last touch of the record, which a release_cached_memory seeing 0 may then delete.
 struct CachedBuffer {
   int device;
   char* ptr;
   size_t bytes;
-  int holds = 0;
+  std::atomic<int> holds{0};
 };
 /// Eager scratch per (device, stream id, kind): cudaStreamGetId, unlike the handle, is unique for
 /// the life of the process and tells each thread's per-thread default stream apart.
@@ -318,11 +320,12 @@ LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, siz
     // The old buffer is kept, not freed: kernels queued on the stream, or a call of another thread
     // that took it a moment ago, may still use it, and waiting for them would be a host sync.
     const size_t size = scratch_capacity(bytes);
-    auto* grown = new CachedBuffer{device, alloc_scratch(device, size, zeroed_bytes > 0), size};
+    char* p = alloc_scratch(device, size, zeroed_bytes > 0);
+    auto* grown = new CachedBuffer{device, p, size};
     if (b) g_outgrown.push_back(b);
     b = grown;
   }
-  ++b->holds;
+  b->holds.fetch_add(1, std::memory_order_relaxed);
   LaunchScratch s;
   s.ptr = b->ptr;
   s.cached = b;
@@ -330,10 +333,7 @@ LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, siz
 }
 
 void release_scratch(const LaunchScratch& s, cudaStream_t stream) {
-  if (s.cached) {
-    std::lock_guard<std::mutex> lock(g_mu);
-    --static_cast<CachedBuffer*>(s.cached)->holds;
-  }
+  if (s.cached) static_cast<CachedBuffer*>(s.cached)->holds.fetch_sub(1, std::memory_order_release);
   if (s.stream_ordered && s.ptr) {
     RelaxedCapture relaxed;  // (eager: another thread may be capturing in global mode)
     check(cudaFreeAsync(s.ptr, stream), "cudaFreeAsync (launch scratch)");
@@ -363,7 +363,7 @@ void release_cached_memory(int device) {
     std::lock_guard<std::mutex> lock(g_mu);
     for (auto it = g_eager.begin(); it != g_eager.end();) {
       CachedBuffer* b = it->second;
-      if (b->device == device && b->holds == 0) {
+      if (b->device == device && b->holds.load(std::memory_order_acquire) == 0) {
         detached.push_back(b);
         it = g_eager.erase(it);
       } else {
@@ -371,7 +371,8 @@ void release_cached_memory(int device) {
       }
     }
     std::vector<CachedBuffer*> kept;
-    for (CachedBuffer* b : g_outgrown) (b->device == device && b->holds == 0 ? detached : kept).push_back(b);
+    for (CachedBuffer* b : g_outgrown)
+      (b->device == device && b->holds.load(std::memory_order_acquire) == 0 ? detached : kept).push_back(b);
     g_outgrown.swap(kept);
     const auto found = g_pool.find(device);
     if (found != g_pool.end()) pool = found->second;
@@ -411,7 +412,7 @@ EagerScratchStats eager_scratch_stats(int device) {
     if (b->device != device) return;
     ++st.cached;
     st.cached_bytes += b->bytes;
-    st.held += b->holds > 0;
+    st.held += b->holds.load(std::memory_order_relaxed) > 0;
   };
   for (const auto& [key, b] : g_eager) count(b);
   for (const CachedBuffer* b : g_outgrown) count(b);
