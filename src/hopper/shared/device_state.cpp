@@ -362,9 +362,9 @@ void release_cached_memory(int device) {
   {
     std::lock_guard<std::mutex> lock(g_mu);
     for (auto it = g_eager.begin(); it != g_eager.end();) {
-      CachedBuffer* b = it->second;
-      if (b->device == device && b->holds.load(std::memory_order_acquire) == 0) {
-        detached.push_back(b);
+      CachedBuffer* b = it->second;  // (nullptr where the entry's allocation failed)
+      if (b == nullptr || (b->device == device && b->holds.load(std::memory_order_acquire) == 0)) {
+        if (b) detached.push_back(b);
         it = g_eager.erase(it);
       } else {
         ++it;
@@ -409,7 +409,7 @@ EagerScratchStats eager_scratch_stats(int device) {
   std::lock_guard<std::mutex> lock(g_mu);
   EagerScratchStats st;
   auto count = [&](const CachedBuffer* b) {
-    if (b->device != device) return;
+    if (b == nullptr || b->device != device) return;
     ++st.cached;
     st.cached_bytes += b->bytes;
     st.held += b->holds.load(std::memory_order_relaxed) > 0;
