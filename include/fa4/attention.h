@@ -68,8 +68,9 @@
 // counters and split flags (KBs), split-KV and stream-K partials, the backward's workspace (an fp32
 // dQ accumulator and row statistics: about 4 * (D + 2) bytes per query row and head, D the
 // backward's tile head dim (64 up to headdim 64, 128 up to 128, 256 above) and the query rows
-// padded to its row tile; GBs for a training shape; backward_workspace_size() gives it exactly). A backward given
-// BackwardOptions::workspace uses that instead (PyTorch's path does). Otherwise fa4 keeps it
+// padded to its row tile; GBs for a training shape; backward_workspace_size() gives it exactly).
+// A backward given BackwardOptions::workspace uses that instead (PyTorch's autograd path passes
+// one above 4 MiB). Otherwise fa4 keeps it
 // between eager calls, so that a call neither allocates nor waits: per (device, stream), what
 // must start zeroed, the split-KV partials, and the backward's workspace and stream-K partials up
 // to 4 MiB (a destroyed stream's stay allocated until released); a larger backward workspace or
@@ -157,11 +158,11 @@ struct BackwardOptions : AttentionOptions {
   /// under MPS, runs whole tiles instead, which round differently.)
   bool deterministic = false;
   /// Device scratch for the CUDA backward from the caller, e.g. a framework's caching allocator,
-  /// so the memory goes back to it after the call (PyTorch's path passes one): a 1-D contiguous
-  /// tensor of any dtype on q's device whose data address is a multiple of 256, holding at least
-  /// backward_workspace_size() bytes. Overwritten (its contents need not be anything); it must
-  /// stay allocated until the backward's kernels have run (stream order) and share no memory with
-  /// the call's other tensors. Unset: fa4 uses the scratch it keeps (SCRATCH MEMORY above). The
+  /// so the memory goes back to it after the call (PyTorch's autograd path passes one above 4 MiB):
+  /// a 1-D contiguous tensor of any dtype on q's device whose data address is a multiple of 256,
+  /// holding at least backward_workspace_size() bytes. Overwritten (its contents need not be
+  /// anything); it must stay allocated until the backward's kernels have run (stream order) and
+  /// share no memory with the call's other tensors. Unset: fa4 uses the scratch it keeps (SCRATCH MEMORY above). The
   /// CPU implementations need none: a workspace is then checked and not used.
   std::optional<TensorView> workspace;
 };
