@@ -162,8 +162,9 @@ struct BackwardOptions : AttentionOptions {
   /// a 1-D contiguous tensor of any dtype on q's device whose data address is a multiple of 256,
   /// holding at least backward_workspace_size() bytes. Overwritten (its contents need not be
   /// anything); it must stay allocated until the backward's kernels have run (stream order) and
-  /// share no memory with the call's other tensors. Unset: fa4 uses the scratch it keeps (SCRATCH MEMORY above). The
-  /// CPU implementations need none: a workspace is then checked and not used.
+  /// share no memory with the call's other tensors. Unset: fa4 uses the scratch it keeps
+  /// (SCRATCH MEMORY above). The CPU implementations need none: a workspace is then checked and
+  /// not used.
   std::optional<TensorView> workspace;
 };
 
