@@ -142,18 +142,24 @@ def test_errors_are_fa4_errors(gen):
         fa4.flash_attn_with_kvcache(q, q, q[0])
 
 
+def _public_calls(q):
+    """The three public functions on one small problem (q as q, k and v), by name, each taking
+    the options as keywords."""
+    cu = torch.tensor([0, q.shape[1]], dtype=torch.int32)
+    s = q.shape[1]
+    return {
+        "fa4.flash_attn_func": lambda **kw: fa4.flash_attn_func(q, q, q, **kw),
+        "fa4.flash_attn_varlen_func": lambda **kw: fa4.flash_attn_varlen_func(
+            q[0], q[0], q[0], cu, cu, s, s, **kw),
+        "fa4.flash_attn_with_kvcache": lambda **kw: fa4.flash_attn_with_kvcache(q, q, q, **kw),
+    }
+
+
 def test_scalar_options_are_checked(gen):
     # Float options are checked as the NumPy path checks them, with an error naming the option and
     # the function: never float()'s TypeError for None, never a string silently parsed. return_lse
     # is a flag (a bool or 0 / 1), never Python truthiness.
-    q = _randn(gen, (1, 8, 2, 16), torch.float32)
-    cu = torch.tensor([0, 8], dtype=torch.int32)
-    calls = {
-        "fa4.flash_attn_func": lambda **kw: fa4.flash_attn_func(q, q, q, **kw),
-        "fa4.flash_attn_varlen_func": lambda **kw: fa4.flash_attn_varlen_func(
-            q[0], q[0], q[0], cu, cu, 8, 8, **kw),
-        "fa4.flash_attn_with_kvcache": lambda **kw: fa4.flash_attn_with_kvcache(q, q, q, **kw),
-    }
+    calls = _public_calls(_randn(gen, (1, 8, 2, 16), torch.float32))
     for fn, call in calls.items():
         for name, bad in (("softcap", None), ("softcap", "3"), ("softcap", True),
                           ("softmax_scale", "0.5"), ("rescale_threshold", "8"),
@@ -177,14 +183,7 @@ def test_tensor_options_are_refused(gen):
     # An option is a number: a torch tensor, 0-d and on the CPU too, is refused with an error naming
     # the option and the fix, and is never read (float() of a CUDA tensor waits for the GPU; a meta
     # tensor, which has no value to read, gets the same error).
-    q = _randn(gen, (1, 8, 2, 16), torch.float32)
-    cu = torch.tensor([0, 8], dtype=torch.int32)
-    calls = {
-        "fa4.flash_attn_func": lambda **kw: fa4.flash_attn_func(q, q, q, **kw),
-        "fa4.flash_attn_varlen_func": lambda **kw: fa4.flash_attn_varlen_func(
-            q[0], q[0], q[0], cu, cu, 8, 8, **kw),
-        "fa4.flash_attn_with_kvcache": lambda **kw: fa4.flash_attn_with_kvcache(q, q, q, **kw),
-    }
+    calls = _public_calls(_randn(gen, (1, 8, 2, 16), torch.float32))
 
     def refused(fn, what, kind, device="cpu", shape="()"):
         return (rf"^{re.escape(fn)}: {re.escape(what)} = a torch\.Tensor \(shape {re.escape(shape)}, "
@@ -211,7 +210,9 @@ def test_tensor_options_are_refused(gen):
         calls["fa4.flash_attn_with_kvcache"](num_splits=torch.tensor(1))
     with pytest.raises(fa4.InvalidArgumentError,
                        match=refused("fa4.flash_attn_varlen_func", "max_seqlen_q", "int")):
-        fa4.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, torch.tensor(8), 8)
+        x = torch.zeros(8, 2, 16)
+        cu = torch.tensor([0, 8], dtype=torch.int32)
+        fa4.flash_attn_varlen_func(x, x, x, cu, cu, torch.tensor(8), 8)
 
 
 def test_errors_name_the_public_function(gen):

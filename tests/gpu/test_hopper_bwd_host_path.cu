@@ -163,6 +163,40 @@ TEST(HopperBwd, GraphReplayMatchesEager) {
   CUDA_OK(cudaStreamDestroy(s));
 }
 
+/// A backward of p on stream s: dO (q's values: any finite dO), the gradient buffers and the
+/// views of the call.
+struct BwdCall {
+  Problem& p;
+  int64_t nq, nk;
+  fa4::test::DevBuf<uint16_t> dout, dq, dk, dv;
+  fa4::Device dev;
+  cudaStream_t s;
+  BwdCall(Problem& problem, cudaStream_t stream)
+      : p(problem), nq(p.rows_q * p.H * p.d), nk(p.rows_k * p.HK * p.d), dout{size_t(nq)}, dq{size_t(nq)},
+        dk{size_t(nk)}, dv{size_t(nk)}, dev(fa4::Device::cuda(0, stream)), s(stream) {
+    if (dout.ptr) cudaMemcpy(dout.ptr, p.q, size_t(nq) * 2, cudaMemcpyDeviceToDevice);
+  }
+  bool allocated() const { return dout.ptr && dq.ptr && dk.ptr && dv.ptr; }
+  TensorView q_like(void* x) const {
+    return TensorView::contiguous(x, DType::kBF16, {p.batch, p.seqlen_q, p.H, p.d}, dev);
+  }
+  TensorView k_like(void* x) const {
+    return TensorView::contiguous(x, DType::kBF16, {p.batch, p.seqlen_k, p.HK, p.d}, dev);
+  }
+  TensorView lse() const { return TensorView::contiguous(p.lse, DType::kFP32, {p.batch, p.H, p.seqlen_q}, dev); }
+  void poison_grads() {
+    for (auto* g : {&dq, &dk, &dv}) cudaMemsetAsync(g->ptr, 0xFF, g->n * 2, s);
+  }
+  void backward(const fa4::BackwardOptions& o) {
+    fa4::backward(q_like(dout.ptr), q_like(p.q), k_like(p.k), k_like(p.v), q_like(p.out), lse(), q_like(dq.ptr),
+                  k_like(dk.ptr), k_like(dv.ptr), o);
+  }
+  size_t workspace_size(const fa4::BackwardOptions& o) {
+    return fa4::backward_workspace_size(q_like(dout.ptr), q_like(p.q), k_like(p.k), k_like(p.v), q_like(p.out),
+                                        lse(), q_like(dq.ptr), k_like(dk.ptr), k_like(dv.ptr), o);
+  }
+};
+
 // release_cached_memory frees what eager calls keep (device_state.h): the stream's cached claim
 // counter of a dynamic-schedule forward and the pool's backward workspace (17 MB, above
 // kEagerCachedMaxBytes); the calls after it allocate again (the counter zeroed anew) and give the
@@ -174,13 +208,8 @@ TEST(HopperBwd, ReleaseCachedMemory) {
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   Problem p = batched(1, 2100, 1000, 16, 4, 128, 41);
-  const int64_t nq = p.rows_q * p.H * p.d, nk = p.rows_k * p.HK * p.d;
-  fa4::test::DevBuf<uint16_t> dout{size_t(nq)}, dq{size_t(nq)}, dk{size_t(nk)}, dv{size_t(nk)};
-  ASSERT_TRUE(dout.ptr && dq.ptr && dk.ptr && dv.ptr) << "cudaMalloc of dout / dq / dk / dv";
-  CUDA_OK(cudaMemcpy(dout.ptr, p.q, size_t(nq) * 2, cudaMemcpyDeviceToDevice));  // any finite dO
-  const auto dev = fa4::Device::cuda(0, s);
-  auto q_like = [&](void* x) { return TensorView::contiguous(x, DType::kBF16, {p.batch, p.seqlen_q, p.H, p.d}, dev); };
-  auto k_like = [&](void* x) { return TensorView::contiguous(x, DType::kBF16, {p.batch, p.seqlen_k, p.HK, p.d}, dev); };
+  BwdCall c(p, s);
+  ASSERT_TRUE(c.allocated()) << "cudaMalloc of dout / dq / dk / dv";
   struct Result {
     std::vector<uint16_t> out, dq, dk, dv;
   };
@@ -190,12 +219,10 @@ TEST(HopperBwd, ReleaseCachedMemory) {
     o.deterministic = true;
     p.poison(s);
     p.run(o, s);
-    for (auto* g : {&dq, &dk, &dv}) cudaMemsetAsync(g->ptr, 0xFF, g->n * 2, s);
-    fa4::backward(q_like(dout.ptr), q_like(p.q), k_like(p.k), k_like(p.v), q_like(p.out),
-                  TensorView::contiguous(p.lse, DType::kFP32, {p.batch, p.H, p.seqlen_q}, dev), q_like(dq.ptr),
-                  k_like(dk.ptr), k_like(dv.ptr), o);
+    c.poison_grads();
+    c.backward(o);
     EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-    return Result{p.out_host(), dq.download(), dk.download(), dv.download()};
+    return Result{p.out_host(), c.dq.download(), c.dk.download(), c.dv.download()};
   };
   const Result first = run();
   for (const auto* v : {&first.out, &first.dq, &first.dk, &first.dv}) ASSERT_FALSE(any_nan16(*v));
@@ -232,34 +259,25 @@ TEST(HopperBwd, CallerWorkspace) {
   // 2 x 33 key blocks x 16 KV heads: more tiles than SMs, so the causal layout has the dynamic
   // schedule's claim counter too.
   Problem p = batched(2, 2100, 4200, 16, 16, 128, 43);
-  const int64_t nq = p.rows_q * p.H * p.d, nk = p.rows_k * p.HK * p.d;
-  fa4::test::DevBuf<uint16_t> dout{size_t(nq)}, dq{size_t(nq)}, dk{size_t(nk)}, dv{size_t(nk)};
-  ASSERT_TRUE(dout.ptr && dq.ptr && dk.ptr && dv.ptr) << "cudaMalloc of dout / dq / dk / dv";
-  CUDA_OK(cudaMemcpy(dout.ptr, p.q, size_t(nq) * 2, cudaMemcpyDeviceToDevice));  // any finite dO
-  const auto dev = fa4::Device::cuda(0, s);
-  auto q_like = [&](void* x) { return TensorView::contiguous(x, DType::kBF16, {p.batch, p.seqlen_q, p.H, p.d}, dev); };
-  auto k_like = [&](void* x) { return TensorView::contiguous(x, DType::kBF16, {p.batch, p.seqlen_k, p.HK, p.d}, dev); };
-  const TensorView lse = TensorView::contiguous(p.lse, DType::kFP32, {p.batch, p.H, p.seqlen_q}, dev);
+  BwdCall c(p, s);
+  ASSERT_TRUE(c.allocated()) << "cudaMalloc of dout / dq / dk / dv";
+  auto& dq = c.dq;
+  auto& dk = c.dk;
+  auto& dv = c.dv;
+  const fa4::Device dev = c.dev;
   fa4::BackwardOptions o;
   o.causal = true;
   o.deterministic = true;
   p.run(o, s);
-  auto poison = [&] {
-    for (auto* g : {&dq, &dk, &dv}) cudaMemsetAsync(g->ptr, 0xFF, g->n * 2, s);
-  };
-  auto backward = [&](const fa4::BackwardOptions& bo) {
-    fa4::backward(q_like(dout.ptr), q_like(p.q), k_like(p.k), k_like(p.v), q_like(p.out), lse, q_like(dq.ptr),
-                  k_like(dk.ptr), k_like(dv.ptr), bo);
-  };
+  auto poison = [&] { c.poison_grads(); };
+  auto backward = [&](const fa4::BackwardOptions& bo) { c.backward(bo); };
   poison();
   backward(o);
   CUDA_OK(cudaStreamSynchronize(s));
   const auto want_q = dq.download(), want_k = dk.download(), want_v = dv.download();
   ASSERT_FALSE(any_nan16(want_q) || any_nan16(want_k) || any_nan16(want_v));
 
-  const size_t bytes = fa4::backward_workspace_size(q_like(dout.ptr), q_like(p.q), k_like(p.k), k_like(p.v),
-                                                    q_like(p.out), lse, q_like(dq.ptr), k_like(dk.ptr),
-                                                    k_like(dv.ptr), o);
+  const size_t bytes = c.workspace_size(o);
   // dQ accumulator alone: 16 heads x 2 x 33 chunks of 64 rows x 128 columns, fp32.
   ASSERT_GE(bytes, size_t(16) * 66 * 64 * 128 * 4);
   fa4::test::DevBuf<uint8_t> ws{bytes};
