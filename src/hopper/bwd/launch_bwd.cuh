@@ -137,8 +137,8 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   p.descending = ctx.bwd_descending;
   p.chunks = int32_t(shape.chunks);
   p.num_tiles = int32_t(shape.num_tiles);
-  const int grid = int(std::min<int64_t>(shape.num_tiles, ctx.num_sms));
-  const bool has_rows = p.num_m_blocks > 0 && fp.num_heads > 0 && fp.batch > 0;
+  const int grid = shape.grid;
+  const bool has_rows = shape.has_rows;
   const bool dynamic = shape.dynamic;
 
   // Workspace (launch_bwd.h BwdLaunchShape): dq_accum | lse_log2 | dpsum | semaphores | claim

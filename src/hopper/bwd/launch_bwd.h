@@ -25,7 +25,9 @@ struct BwdLaunchShape {
   int32_t seqlen_q = 0, seqlen_k = 0;  ///< varlen: the maxima clamped to the packed rows
   int32_t num_m_blocks = 0, num_n_blocks = 0;
   int64_t chunks = 0, num_tiles = 0;
-  bool dynamic = false;  ///< tiles claimed from the counter
+  int32_t grid = 0;       ///< CTAs of the main kernel: min(tiles, SMs)
+  bool has_rows = false;  ///< query rows to walk (else no preprocess or postprocess runs)
+  bool dynamic = false;   ///< tiles claimed from the counter
   int64_t acc_bytes = 0, stat_bytes = 0, sem_bytes = 0, counter_bytes = 0;
   int64_t workspace_bytes() const { return acc_bytes + 2 * stat_bytes + sem_bytes + counter_bytes; }
 };
@@ -52,9 +54,9 @@ inline BwdLaunchShape bwd_launch_shape(const detail::HopperBwdConfig& row, const
   s.acc_bytes = head_chunks * row.tile_m * bwd_tile_headdim(row) * int64_t(sizeof(float));
   s.stat_bytes = head_chunks * row.tile_m * int64_t(sizeof(float));
   s.sem_bytes = fp.deterministic ? (head_chunks * int64_t(sizeof(int32_t)) + 255) / 256 * 256 : 0;
-  const int64_t grid = std::min<int64_t>(s.num_tiles, ctx.num_sms);
-  const bool has_rows = s.num_m_blocks > 0 && fp.num_heads > 0 && fp.batch > 0;
-  s.dynamic = row.tile_claims && ctx.dynamic_schedule && s.num_tiles > grid && has_rows;
+  s.grid = int32_t(std::min<int64_t>(s.num_tiles, ctx.num_sms));
+  s.has_rows = s.num_m_blocks > 0 && fp.num_heads > 0 && fp.batch > 0;
+  s.dynamic = row.tile_claims && ctx.dynamic_schedule && s.num_tiles > s.grid && s.has_rows;
   s.counter_bytes = s.dynamic ? 256 : 0;
   return s;
 }
