@@ -412,14 +412,16 @@ TEST(Validation, PackedInputsAndInterleavedOutputsPass) {
   }
 }
 
+/// The bytes of x's view (contiguous), to compare results bitwise.
+std::vector<uint8_t> bytes(const Tensor& x) {
+  const uint8_t* d = static_cast<const uint8_t*>(x.t.data);
+  return std::vector<uint8_t>(d, d + x.t.numel() * fa4::dtype_size(x.t.dtype));
+}
+
 // out may be q itself, and dq may be q itself (the same view: every implementation reads a query
 // row before it writes that row's output): the results equal those into separate buffers. dk in
 // place of k is refused (tested in the table above).
 TEST(Validation, InPlaceOutAndDqOverQ) {
-  auto bytes = [](const Tensor& x) {
-    const uint8_t* d = static_cast<const uint8_t*>(x.t.data);
-    return std::vector<uint8_t>(d, d + x.t.numel() * fa4::dtype_size(x.t.dtype));
-  };
   auto copy_of = [](const Tensor& x) {
     Tensor c = x;
     c.mem = std::make_shared<std::vector<uint8_t>>(*x.mem);
@@ -452,10 +454,6 @@ TEST(Validation, InPlaceOutAndDqOverQ) {
 // even laid out as the forward refuses its outputs. The backward over such views equals the
 // backward over the same values in buffers of their own.
 TEST(Validation, BackwardOutAndLseMayShareMemoryWithInputs) {
-  auto bytes = [](const Tensor& x) {
-    const uint8_t* d = static_cast<const uint8_t*>(x.t.data);
-    return std::vector<uint8_t>(d, d + x.t.numel() * fa4::dtype_size(x.t.dtype));
-  };
   // x's view moved to the same offset of a copy of owner's memory (x.t.data lies in owner's).
   auto own_copy = [](const Tensor& owner, const Tensor& x) {
     Tensor c = x;
@@ -506,10 +504,6 @@ TEST(Validation, BackwardOutAndLseMayShareMemoryWithInputs) {
 // device, 256-byte aligned, apart from every other tensor of the call); the CPU backward needs
 // none (backward_workspace_size 0) and leaves a given one untouched, with the same gradients.
 TEST(Validation, BackwardWorkspaceRules) {
-  auto bytes = [](const Tensor& x) {
-    const uint8_t* d = static_cast<const uint8_t*>(x.t.data);
-    return std::vector<uint8_t>(d, d + x.t.numel() * fa4::dtype_size(x.t.dtype));
-  };
   Problem p = batched(DType::kFP32);
   p.opt.backend = Backend::kCpu;
   p.forward();
