@@ -276,7 +276,8 @@ _TORCH_WORKSPACE_MIN_BYTES = 4 << 20
 
 
 def _with_torch_workspace(opts, tensors, streams, q):
-    """opts with the CUDA backward's workspace taken from torch's caching allocator on the current
+    """(opts, the ctypes descriptions of `tensors` where the size query needed them, else None):
+    opts with the CUDA backward's workspace taken from torch's caching allocator on the current
     stream (the stream fa4 runs on), so that memory (the dQ accumulator: 4 * (headdim + 2) bytes
     or more per query row and head, up to GBs) goes back to torch when the call returns instead
     of staying in fa4's pool. Only where that lower bound is past _TORCH_WORKSPACE_MIN_BYTES: the
@@ -284,38 +285,43 @@ def _with_torch_workspace(opts, tensors, streams, q):
     kernels. opts itself otherwise, where the library predates the query, or where the query
     refuses the arguments (fa4_backward then reports its own error)."""
     if 4 * (q.numel() + 2 * (q.numel() // max(q.shape[-1], 1))) <= _TORCH_WORKSPACE_MIN_BYTES:
-        return opts
+        return opts, None
     n = ctypes.c_uint64(0)
+    ts = None
     try:
         if not _fast_call("fa4_backward_workspace_size", tensors, (opts.address, ctypes.addressof(n))):
             if not hasattr(_capi.library(), "fa4_backward_workspace_size"):
-                return opts
-            ts = [_core.describe_torch(x, name, _FN_BWD, streams) if x is not None else None
-                  for x, name in zip(tensors, _BWD_TENSOR_NAMES)]
+                return opts, None
+            ts = _describe_bwd(tensors, streams)
             n.value = _capi.backward_workspace_size(*ts, opts.struct)
     except _capi.Fa4Error:
-        return opts
+        return opts, ts
     if n.value == 0:
-        return opts
+        return opts, ts
     workspace = torch.empty(((n.value + 255) // 256) * 64, dtype=torch.int32, device=q.device)
     if workspace.data_ptr() % 256:  # (an allocator without torch's 512-byte blocks)
         workspace = torch.empty(((n.value + 511) // 256) * 64, dtype=torch.int32, device=q.device)
         workspace = workspace[(-workspace.data_ptr() % 256) // 4:]
-    return opts.with_workspace(workspace, _FN_BWD, streams)
+    return opts.with_workspace(workspace, _FN_BWD, streams), ts
 
 
 _BWD_TENSOR_NAMES = ("dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv", "dsink")
 
 
+def _describe_bwd(tensors, streams):
+    """The ctypes descriptions of fa4_backward's ten tensors (None: dsink not given)."""
+    return [_core.describe_torch(x, name, _FN_BWD, streams) if x is not None else None
+            for x, name in zip(tensors, _BWD_TENSOR_NAMES)]
+
+
 def _run_bwd(dout, q, k, v, out, lse, dq, dk, dv, dsink, sink, opts, streams):
     tensors = (dout, q, k, v, out, lse, dq, dk, dv, dsink if sink is not None else None)
+    ts = None  # the ctypes descriptions, made at most once
     if q.is_cuda:
-        opts = _with_torch_workspace(opts, tensors, streams, q)
+        opts, ts = _with_torch_workspace(opts, tensors, streams, q)
     if _fast_call("fa4_backward", tensors, (opts.address,)):
         return
-    ts = [_core.describe_torch(x, n, _FN_BWD, streams) if x is not None else None
-          for x, n in zip(tensors, _BWD_TENSOR_NAMES)]
-    _capi.backward(*ts, opts.struct)
+    _capi.backward(*(ts or _describe_bwd(tensors, streams)), opts.struct)
 
 
 bwd = torch.library.custom_op(_FN_BWD, _bwd_impl, mutates_args=())
