@@ -379,14 +379,14 @@ namespace {
 /// The backward's bucket row and launch choices for p (accepted by backward_support): the device's
 /// facts and the tile order. backward() and backward_workspace_bytes() both start here, so the
 /// size reported is the size the launch lays out.
-const detail::HopperBwdConfig& bwd_row_and_context(const detail::BwdParams& p, LaunchContext& ctx) {
+const detail::HopperBwdConfig& bwd_row_and_context(const detail::BwdParams& p, const detail::KernelOverrides& o,
+                                                    LaunchContext& ctx) {
   const DeviceFacts f = device_facts(p.device.index);
   ctx.num_sms = f.num_sms;
   ctx.l2_bytes = f.l2_bytes;
   const detail::HopperBwdConfig* c = detail::hopper_bwd_bucket(p.headdim, p.headdim_v);
   if (c == nullptr) throw Error(ErrorCode::kInternal, "fa4::backward (hopper): no backward bucket for an accepted input");
-  const detail::BwdOrder order =
-      detail::bwd_order(*c, p.mask.is_local(), p.is_varlen, p.deterministic, detail::kernel_overrides());
+  const detail::BwdOrder order = detail::bwd_order(*c, p.mask.is_local(), p.is_varlen, p.deterministic, o);
   ctx.lpt = order.lpt;
   ctx.bwd_lpt_band = order.band;
   ctx.bwd_descending = order.descending;
@@ -398,16 +398,16 @@ const detail::HopperBwdConfig& bwd_row_and_context(const detail::BwdParams& p, L
 
 int64_t backward_workspace_bytes(const detail::BwdParams& p) {
   LaunchContext ctx;
-  const detail::HopperBwdConfig& c = bwd_row_and_context(p, ctx);
+  const detail::HopperBwdConfig& c = bwd_row_and_context(p, detail::kernel_overrides(), ctx);
   return bwd_launch_shape(c, p, ctx).workspace_bytes();
 }
 
 void backward(const detail::BwdParams& p) {
   // The selector (backward_support) has accepted p. Earlier invalid varlen indices: report now.
   check_async_errors(p.device.index);
-  LaunchContext ctx;
-  const detail::HopperBwdConfig* c = &bwd_row_and_context(p, ctx);
   const detail::KernelOverrides o = detail::kernel_overrides();
+  LaunchContext ctx;
+  const detail::HopperBwdConfig* c = &bwd_row_and_context(p, o, ctx);
   // dK / dV leave through smem + TMA stores (bwd/mainloop_bwd_mma.cuh store_dkdv_tma) where both
   // obey the TMA rule, not with shared keys (varlen: the kernel keeps direct stores for a
   // sequence's partial last block).
