@@ -210,16 +210,15 @@ def _not_a(kind: str, value, what: str, fn: str) -> InvalidArgumentError:
 
 
 def _int32(value, what: str, fn: str) -> int:
+    """An int32 option as a Python int (NumPy integers too, and a 0-d NumPy array of an integer
+    dtype: torch.compile traces NumPy scalars as 0-d arrays, as for _float). Bools, floats, torch
+    tensors and arrays of one or more dims are refused (see _not_a); values outside int32 too."""
     if type(value) is int and _INT32_MIN <= value <= _INT32_MAX:  # the common case, first
         return value
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            import numpy as np
-
-            if isinstance(value, np.integer):
-                value = int(value)
-        except ImportError:
-            pass
+    np = sys.modules.get("numpy")
+    if np is not None and (isinstance(value, np.integer) or (
+            isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iu")):
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise _not_a("int", value, what, fn)
     if not _INT32_MIN <= value <= _INT32_MAX:
@@ -229,14 +228,17 @@ def _int32(value, what: str, fn: str) -> int:
 
 
 def _bool(value, what: str, fn: str) -> bool:
-    """A flag: True / False (also NumPy's bool and the ints 0 / 1, the C ABI's values); anything
-    else is an error rather than Python's truthiness (causal="no" would otherwise mean True), a
-    torch tensor or NumPy array too (see _not_a)."""
+    """A flag: True / False (also NumPy's bool and the ints 0 / 1, the C ABI's values, and a 0-d
+    NumPy array of them, as torch.compile traces NumPy scalars); anything else is an error rather
+    than Python's truthiness (causal="no" would otherwise mean True), a torch tensor or a NumPy
+    array of one or more dims too (see _not_a)."""
     if value is True or value is False:  # the common case, first
         return value
     if type(value) is int and (value == 0 or value == 1):
         return value == 1
     np = sys.modules.get("numpy")
+    if np is not None and isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "biu":
+        value = value[()]  # the NumPy scalar
     if np is not None and (isinstance(value, np.bool_)
                            or (isinstance(value, np.integer) and (value == 0 or value == 1))):
         return bool(value)
@@ -248,8 +250,9 @@ def _float(value, what: str, fn: str) -> float:
     float() would parse them (softcap="3" is a mistake, not a number), bools (the flags' type), and
     torch tensors, 0-d ones too (float() of a CUDA tensor waits for the GPU; see _not_a); None and
     other non-numbers get this message naming the option, not float()'s, and so does a NumPy array
-    of one or more dims (float() would take a one-element one). A 0-d NumPy array is taken as its value: torch.compile traces a NumPy scalar as one, so refusing it would refuse
-    np.float32(0.5) in compiled code."""
+    of one or more dims (float() would take a one-element one). A 0-d NumPy array is taken as its
+    value: torch.compile traces a NumPy scalar as one, so refusing it would refuse np.float32(0.5)
+    in compiled code (_int32 and _bool take 0-d arrays of their kinds alike)."""
     if type(value) is float:  # the common cases, first
         return value
     if type(value) is int:

@@ -356,24 +356,37 @@ def test_python_side_errors(rng):
             call(return_lse="yes")
         out, lse = call(softcap=np.float32(3.0), return_lse=np.True_)
         np.testing.assert_array_equal(call(softcap=3, return_lse=0), out)
-    # An array is not a number: refused as a flag or an int (NumPy's scalars are numbers) with an
-    # error saying so. A 0-d array is taken as a float option's value (torch.compile traces NumPy
-    # scalars as 0-d arrays), a larger one is refused.
+    # An array of one or more dims is not a number: refused as a flag, an int or a float with an
+    # error saying so (float() would take a one-element one). A 0-d array of the option's kind is
+    # taken as its value (torch.compile traces NumPy scalars as 0-d arrays); of another kind it is
+    # refused.
     def refused(what, kind, shape):
         return (rf"^fa4\.flash_attn_func: {re.escape(what)} = a numpy\.ndarray \(shape "
                 rf"{re.escape(shape)}\) must be an? {kind}, not an array: pass a Python {kind} "
                 rf"\(e\.g\. its \.item\(\)\)$")
 
+    with pytest.raises(fa4.InvalidArgumentError, match=refused("causal", "bool", "(1,)")):
+        fa4.flash_attn_func(q, k, v, causal=np.array([True]))
     with pytest.raises(fa4.InvalidArgumentError, match=refused("causal", "bool", "()")):
-        fa4.flash_attn_func(q, k, v, causal=np.array(True))
+        fa4.flash_attn_func(q, k, v, causal=np.array(1.0))
+    with pytest.raises(fa4.InvalidArgumentError, match=refused("window_size[1]", "int", "(1,)")):
+        fa4.flash_attn_func(q, k, v, window_size=(-1, np.array([0])))
     with pytest.raises(fa4.InvalidArgumentError, match=refused("window_size[1]", "int", "()")):
-        fa4.flash_attn_func(q, k, v, window_size=(-1, np.array(0)))
+        fa4.flash_attn_func(q, k, v, window_size=(-1, np.array(0.0)))
     with pytest.raises(fa4.InvalidArgumentError, match=refused("softcap", "float", "(2,)")):
         fa4.flash_attn_func(q, k, v, softcap=np.array([3.0, 4.0]))
     with pytest.raises(fa4.InvalidArgumentError, match=refused("softcap", "float", "(1,)")):
         fa4.flash_attn_func(q, k, v, softcap=np.array([3.0]))  # float() would take it
-    np.testing.assert_array_equal(fa4.flash_attn_func(q, k, v, softcap=np.array(3.0)),
-                                  fa4.flash_attn_func(q, k, v, softcap=3.0))
+    with pytest.raises(fa4.InvalidArgumentError, match=r"window_size\[0\] = 4294967296 does not fit in int32$"):
+        fa4.flash_attn_func(q, k, v, window_size=(np.array(1 << 32), 0))
+    want = fa4.flash_attn_func(q, k, v, softcap=3.0, causal=True, window_size=(5, 0))
+    np.testing.assert_array_equal(
+        fa4.flash_attn_func(q, k, v, softcap=np.array(3.0), causal=np.array(True),
+                            window_size=(np.array(5, np.int64), np.array(0, np.uint8))), want)
+    np.testing.assert_array_equal(
+        fa4.flash_attn_func(q, k, v, softcap=3.0, causal=np.array(1), window_size=(5, 0)), want)
+    with pytest.raises(fa4.InvalidArgumentError, match=r"causal = .* must be a bool$"):
+        fa4.flash_attn_func(q, k, v, causal=np.array(2))
     # An index tensor of the wrong dtype is told the index rule, not the value dtypes.
     cu = np.array([0, q.shape[1]], np.int64)
     with pytest.raises(fa4.InvalidArgumentError, match=r"cu_seqlens_q must be int32$"):

@@ -500,6 +500,28 @@ def test_cuda_deterministic_backward_is_bitwise(gen):
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_backward_reads_broadcast_out_and_lse(gen, device):
+    """out and lse are the backward's inputs: broadcast ones (stride 0) are read like any input.
+    Two sequences with equal q, k, v and dout; the backward on sequence 0's out and lse expanded
+    over the batch gives the bits of the backward on each sequence's own (which are NaN now)."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    q, k, v = (_randn(gen, (1, 200, 4, 64), dtype, device).expand(2, -1, -1, -1).contiguous()
+               for _ in range(3))
+    dout = _randn(gen, (1, 200, 4, 64), dtype, device).expand(2, -1, -1, -1).contiguous()
+    out, lse = torch.ops.fa4.fwd(q, k, v, None, None, None, None, 0, 0, None, True, -1, -1, 0.0,
+                                 None, None, "auto", False)
+    rest = (None, None, None, None, 0, 0, None, True, -1, -1, 0.0, None, None, "auto", False)
+    want = torch.ops.fa4.bwd(dout, q, k, v, out, lse, *rest)
+    out_b, lse_b = out[:1].expand(2, -1, -1, -1), lse[:1].expand(2, -1, -1)
+    assert out_b.stride(0) == 0 and lse_b.stride(0) == 0
+    out[1:] = float("nan")
+    lse[1:] = float("nan")
+    got = torch.ops.fa4.bwd(dout, q, k, v, out_b, lse_b, *rest)
+    for a, b in zip(got[:3], want[:3]):
+        assert not a.isnan().any() and torch.equal(a, b)
+
+
 def test_release_cached_memory_device_argument():
     fa4.release_cached_memory(1 << 20)  # nothing cached there: a no-op
     for bad, rule in [("cpu", "is not a CUDA device"), (True, "must be a CUDA device index"),

@@ -368,16 +368,18 @@ struct FwdViews {
 };
 
 /// Every check of make_fwd_params and every field it fills, but not its rule on the outputs'
-/// memory: out and lse are the forward's outputs but the backward's inputs, so each direction
-/// states that rule itself. Sets `views` to the checked tensors.
+/// memory: out and lse are the forward's outputs but the backward's inputs (`out_lse_written`
+/// false: they may then repeat elements, e.g. broadcast with stride 0, as any input may), so each
+/// direction states that rule itself. Sets `views` to the checked tensors.
 FwdParams check_fwd_args(const Checker& c, const TensorView& q_in, const TensorView& k_in,
                          const TensorView& v_in, const TensorView& out_in,
-                         const TensorView& lse_in, const AttentionOptions& o, FwdViews& views) {
+                         const TensorView& lse_in, const AttentionOptions& o, FwdViews& views,
+                         bool out_lse_written) {
   views = {{"q", check_view(c, q_in, "q")},
            {"k", check_view(c, k_in, "k")},
            {"v", check_view(c, v_in, "v")},
-           {"out", check_view(c, out_in, "out", /*is_output=*/true)},
-           {"lse", check_view(c, lse_in, "lse", /*is_output=*/true)}};
+           {"out", check_view(c, out_in, "out", out_lse_written)},
+           {"lse", check_view(c, lse_in, "lse", out_lse_written)}};
   const Named &q = views.q, &k = views.k, &v = views.v, &out = views.out, &lse = views.lse;
 
   // ---- layout mode and ranks ----
@@ -534,7 +536,7 @@ FwdParams make_fwd_params(const TensorView& q_in, const TensorView& k_in, const 
                           const AttentionOptions& o, const char* fn) {
   const Checker c(fn);
   FwdViews t{};
-  const FwdParams p = check_fwd_args(c, q_in, k_in, v_in, out_in, lse_in, o, t);
+  const FwdParams p = check_fwd_args(c, q_in, k_in, v_in, out_in, lse_in, o, t, /*out_lse_written=*/true);
   // The other tensors the kernels read: the sink and the varlen indices (the CPU re-reads them
   // per tile, so an output over them would change its own bounds mid-call).
   const OptionInputs in(o);
@@ -560,7 +562,8 @@ BwdParams make_bwd_params(const TensorView& dout_in, const TensorView& q_in,
   const Checker c(fn);
   BwdParams p;
   FwdViews t{};  // out and lse are inputs here: only the gradients' rule below applies to them
-  static_cast<FwdParams&>(p) = check_fwd_args(c, q_in, k_in, v_in, out_in, lse_in, o, t);
+  static_cast<FwdParams&>(p) =
+      check_fwd_args(c, q_in, k_in, v_in, out_in, lse_in, o, t, /*out_lse_written=*/false);
 
   const Named dout{"dout", check_view(c, dout_in, "dout")};
   const Named dq{"dq", check_view(c, dq_in, "dq", /*is_output=*/true)};
