@@ -36,6 +36,10 @@
  *                                  descriptions of kv's five items (None: NULL); `args` itself is
  *                                  not written (one cached struct per num_splits serves every
  *                                  call).
+ *   entries(forward, forward_with_kvcache, backward, backward_workspace_size)
+ *                                  the loaded libfa4's entry addresses (None: absent). From then
+ *                                  on call() raises ValueError for an entry that is not the
+ *                                  function whose prototype its argument counts select.
  *   describe(tensor)               the fa4_tensor bytes call() would pass, or None (for tests).
  */
 #define PY_SSIZE_T_CLEAN
@@ -51,6 +55,13 @@
 
 static PyObject* g_dtype_codes = NULL; /* dict torch.dtype -> int */
 static PyObject* g_raw_stream = NULL;  /* callable or None */
+/* The loaded libfa4's entry points by prototype (kForward .. kWorkspaceSize), as entries() set them;
+ * with g_have_entries, call() runs an entry only through the prototype of its own function. */
+enum { kForward, kKVCache, kBackward, kWorkspaceSize, kNumProtos };
+static const char* const kProtoNames[kNumProtos] = {"fa4_forward", "fa4_forward_with_kvcache",
+                                                   "fa4_backward", "fa4_backward_workspace_size"};
+static void* g_entries[kNumProtos];
+static int g_have_entries = 0;
 static PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_is_cuda, *s_is_cpu, *s_get_device;
 
 /* One call's streams by device index (each looked up once per call, as describe_torch's dict). */
@@ -222,6 +233,20 @@ static PyObject* fp_init(PyObject* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+static PyObject* fp_entries(PyObject* self, PyObject* args) {
+  (void)self;
+  PyObject* o[kNumProtos];
+  if (!PyArg_ParseTuple(args, "OOOO", &o[0], &o[1], &o[2], &o[3])) return NULL;
+  void* e[kNumProtos];
+  for (int i = 0; i < kNumProtos; ++i) {
+    e[i] = o[i] == Py_None ? NULL : PyLong_AsVoidPtr(o[i]);
+    if (e[i] == NULL && PyErr_Occurred()) return NULL;
+  }
+  memcpy(g_entries, e, sizeof(e));
+  g_have_entries = 1;
+  Py_RETURN_NONE;
+}
+
 /* The entry points' own prototypes (include/fa4/c_api.h). */
 typedef int32_t (*ForwardFn)(const fa4_tensor*, const fa4_tensor*, const fa4_tensor*, const fa4_tensor*,
                              const fa4_tensor*, const fa4_options*);
@@ -275,6 +300,15 @@ static PyObject* fp_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs
                     "fa4._fastpath.call: libfa4 has no entry point taking these arguments "
                     "(5 tensors + options [+ kvcache args [+ its 5 tensors]], or 10 tensors + "
                     "options [+ the workspace size's address])");
+    return NULL;
+  }
+  /* The counts pick the prototype; calling another function through it would pass it the wrong
+   * arguments, so an entry not registered for that prototype is refused. */
+  const int proto = nt == 10 ? (nx == 2 ? kWorkspaceSize : kBackward) : (nx == 2 ? kKVCache : kForward);
+  if (g_have_entries && (g_entries[proto] == NULL || entry != g_entries[proto])) {
+    PyErr_Format(PyExc_ValueError,
+                 "fa4._fastpath.call: these arguments are %s's, and entry is not the %s registered "
+                 "by entries()", kProtoNames[proto], kProtoNames[proto]);
     return NULL;
   }
   fa4_tensor t[FA4_FASTPATH_MAX_ARGS], tk[5];
@@ -351,6 +385,8 @@ static PyMethodDef fp_methods[] = {
     {"call", (PyCFunction)(void (*)(void))fp_call, METH_FASTCALL,
      "call(entry: int, tensors: tuple, trailing: tuple[, kv: tuple]) -> int | None"},
     {"describe", fp_describe, METH_O, "describe(tensor) -> bytes | None"},
+    {"entries", fp_entries, METH_VARARGS,
+     "entries(forward, forward_with_kvcache, backward, backward_workspace_size) -> None"},
     {NULL, NULL, 0, NULL},
 };
 

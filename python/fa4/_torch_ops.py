@@ -186,12 +186,17 @@ def _fast_setup():
 
 
 def _fast_entries(call):
-    """(call, the loaded library's entry points by name, that library)."""
+    """(call, the loaded library's entry points by name, that library), the entry points also
+    registered with the module, which then runs each only through its own prototype."""
     lib = _capi.library()
     names = ["fa4_forward", "fa4_backward", "fa4_forward_with_kvcache"]
     if getattr(_capi.fastpath(), "CALLS_WORKSPACE_SIZE", 0):
         names.append("fa4_backward_workspace_size")  # (a module older than the library lacks it)
     entries = {name: _capi.entry_address(name) for name in names if hasattr(lib, name)}
+    register = getattr(_capi.fastpath(), "entries", None)  # (absent from an older module)
+    if register is not None:  # call() then runs each entry through its own prototype only
+        register(*(entries.get(n) for n in ("fa4_forward", "fa4_forward_with_kvcache", "fa4_backward",
+                                            "fa4_backward_workspace_size")))
     return (call, entries, lib)
 
 

@@ -192,6 +192,12 @@ def test_call_runs_the_entry_point_or_declines():
     assert FASTPATH.call(entry, (q, q, q, out, lse[0]), (opts.address,)) == _capi.STATUS_INVALID_ARGUMENT
     with pytest.raises(ValueError, match="no entry point"):
         FASTPATH.call(entry, (q, q, q, out), (opts.address,))
+    # fa4_forward's address with fa4_backward's argument list: refused before anything is called
+    # (through the backward's prototype the forward would read ten tensors as its six arguments).
+    with pytest.raises(ValueError, match="these arguments are fa4_backward's, and entry is not"):
+        FASTPATH.call(entry, (q, q, q, out, lse, q, q, q, q, None), (opts.address,))
+    with pytest.raises(ValueError, match="these arguments are fa4_forward's"):
+        FASTPATH.call(_capi.entry_address("fa4_backward"), (q, q, q, out, lse), (opts.address,))
 
 
 @needs_fastpath
