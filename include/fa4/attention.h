@@ -40,7 +40,8 @@
 //   * varlen: rows of out/lse/dq/dk/dv outside every [cu_seqlens[b], cu_seqlens[b+1]) range, and
 //     dk/dv rows past seqused_k, are left untouched.
 //   * outputs (forward: out, lse; backward: dq, dk, dv, dsink and options.workspace, whose out and
-//     lse are inputs and may share memory with other inputs; the caches when appended to) must not overlap: no two
+//     lse are inputs: they may share memory with other inputs and repeat elements, e.g. broadcast
+//     with stride 0; the caches when appended to) must not overlap: no two
 //     elements of one output share an address (its dims, by increasing stride, each step past the
 //     elements of the dims inside them), and no output shares memory with another tensor of the
 //     call (kInvalidArgument, for the overlaps the strides prove: interleaved views such as q, k,
