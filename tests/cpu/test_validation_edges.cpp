@@ -155,9 +155,6 @@ TEST(Validation, LseAnyStrides) {
   EXPECT_EQ(fp.lse_row_stride, kH);
 }
 
-// Device-resident tensors: fp32 has no Hopper kernel (either direction), so the selector refuses
-// before anything runs, with or without a GPU; a CPU-only build has no CUDA at all. Validation
-
 // out and lse are the backward's inputs: like q, k and v they may repeat elements (a stride-0
 // broadcast). Two sequences with the same q, k, v and dout; the backward reading sequence 0's out
 // and lse for both (batch stride 0) gives the bits of the backward reading each sequence's own.
@@ -182,7 +179,7 @@ TEST(Validation, BackwardReadsBroadcastOutAndLse) {
     reshape(s.dq, {kB, kSq, kH, kD});
     reshape(s.dk, {kB, kSk, kHkv, kD});
     reshape(s.dv, {kB, kSk, kHkv, kDv});
-    poison(s.dq), poison(s.dk), poison(s.dv);
+    for (Tensor* g : {&s.dq, &s.dk, &s.dv}) poison(*g);
     for (Tensor* x : {&p.out, &p.lse}) {  // sequence 1's own out and lse: NaN, never read now
       const size_t half = size_t(x->t.stride[0]) * sizeof(float);
       std::memset(static_cast<uint8_t*>(x->t.data) + half, 0xFF, half);
@@ -193,6 +190,9 @@ TEST(Validation, BackwardReadsBroadcastOutAndLse) {
     EXPECT_EQ(*s.dv.mem, dv);
   }
 }
+
+// Device-resident tensors: fp32 has no Hopper kernel (either direction), so the selector refuses
+// before anything runs, with or without a GPU; a CPU-only build has no CUDA at all. Validation
 // never dereferences q/k/v/out/lse, so host memory marked as CUDA is safe here.
 TEST(Validation, CudaTensorsSelector) {
   Problem p = batched(DType::kFP32);
