@@ -118,7 +118,8 @@ constexpr HopperBwdConfig kHopperBwdConfigs[] = {
     // (bench/results/history.md): the exponentials run beside the dP^T product on MUFU already.
     // Deterministic bands: 8 at d64 and d128, the fastest of 16 / 8 / 4 / 2 at 8k, causal and
     // not (bench/results/history.md; d64 measured with tile_m 64); 8 at d256 too (2-4% faster
-    // than 16 at 4k-8k; 4 and 2 not measured).
+    // than 16 at 4k-8k; 4 and 2 gain 1-2.5% at d256 8k and d64 causal 8k but lose up to 10% at
+    // d256 causal 4k and 2-6% at d64 / d128 non-causal 8k).
     // Tile claims: 1.2-3% faster at d128 causal 8k-16k and Llama GQA; the 192 x 128 kernel ran
     // 6% (causal) and 10% (not) slower with the ring, whichever schedule it took: none there
     // (bench/results/history.md).
