@@ -215,12 +215,13 @@ def _int32(value, what: str, fn: str) -> int:
     tensors and arrays of one or more dims are refused (see _not_a); values outside int32 too."""
     if type(value) is int and _INT32_MIN <= value <= _INT32_MAX:  # the common case, first
         return value
+    given = value
     np = sys.modules.get("numpy")
     if np is not None and (isinstance(value, np.integer) or (
-            isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iu")):
+            type(value) is np.ndarray and value.ndim == 0 and value.dtype.kind in "iu")):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _not_a("int", value, what, fn)
+        raise _not_a("int", given, what, fn)
     if not _INT32_MIN <= value <= _INT32_MAX:
         # ctypes would silently wrap it; never pass a different value than asked for.
         raise InvalidArgumentError(f"{fn}: {what} = {value} does not fit in int32")
@@ -237,12 +238,13 @@ def _bool(value, what: str, fn: str) -> bool:
     if type(value) is int and (value == 0 or value == 1):
         return value == 1
     np = sys.modules.get("numpy")
-    if np is not None and isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "biu":
+    given = value
+    if np is not None and type(value) is np.ndarray and value.ndim == 0 and value.dtype.kind in "biu":
         value = value[()]  # the NumPy scalar
     if np is not None and (isinstance(value, np.bool_)
                            or (isinstance(value, np.integer) and (value == 0 or value == 1))):
         return bool(value)
-    raise _not_a("bool", value, what, fn)
+    raise _not_a("bool", given, what, fn)
 
 
 def _float(value, what: str, fn: str) -> float:

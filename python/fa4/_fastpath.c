@@ -305,10 +305,13 @@ static PyObject* fp_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   /* The counts pick the prototype; calling another function through it would pass it the wrong
    * arguments, so an entry not registered for that prototype is refused. */
   const int proto = nt == 10 ? (nx == 2 ? kWorkspaceSize : kBackward) : (nx == 2 ? kKVCache : kForward);
-  if (g_have_entries && (g_entries[proto] == NULL || entry != g_entries[proto])) {
+  if (g_have_entries && entry != g_entries[proto]) {
     PyErr_Format(PyExc_ValueError,
-                 "fa4._fastpath.call: these arguments are %s's, and entry is not the %s registered "
-                 "by entries()", kProtoNames[proto], kProtoNames[proto]);
+                 g_entries[proto] == NULL
+                     ? "fa4._fastpath.call: these arguments are %s's, and entries() registered none"
+                     : "fa4._fastpath.call: these arguments are %s's, and entry is not the one "
+                       "registered by entries()",
+                 kProtoNames[proto]);
     return NULL;
   }
   fa4_tensor t[FA4_FASTPATH_MAX_ARGS], tk[5];

@@ -385,8 +385,10 @@ def test_python_side_errors(rng):
                             window_size=(np.array(5, np.int64), np.array(0, np.uint8))), want)
     np.testing.assert_array_equal(
         fa4.flash_attn_func(q, k, v, softcap=3.0, causal=np.array(1), window_size=(5, 0)), want)
-    with pytest.raises(fa4.InvalidArgumentError, match=r"causal = .* must be a bool$"):
+    with pytest.raises(fa4.InvalidArgumentError, match=refused("causal", "bool", "()")):
         fa4.flash_attn_func(q, k, v, causal=np.array(2))
+    with pytest.raises(fa4.InvalidArgumentError, match=refused("window_size[0]", "int", "()")):
+        fa4.flash_attn_func(q, k, v, window_size=(np.ma.masked_array(1, mask=True), 0))
     # An index tensor of the wrong dtype is told the index rule, not the value dtypes.
     cu = np.array([0, q.shape[1]], np.int64)
     with pytest.raises(fa4.InvalidArgumentError, match=r"cu_seqlens_q must be int32$"):

@@ -74,6 +74,8 @@ std::vector<BadCase> bad_cases() {
        [](Problem& p) { p.q.t.stride[3] = 2; }, kInv, {"q.stride[3] = 2", "contiguous"}},
       {"out_stride0_aliases_rows", F::kForward, false, [](Problem& p) { p.out.t.stride[1] = 0; },
        kInv, {"out.stride[1] = 0", "two elements to one address"}},
+      {"lse_stride0_aliases_rows", F::kForward, false, [](Problem& p) { p.lse.t.stride[0] = 0; },
+       kInv, {"lse.stride[0] = 0", "two elements to one address"}},
       {"dk_stride0_aliases_heads", F::kBackward, false, [](Problem& p) { p.dk.t.stride[2] = 0; },
        kInv, {"dk.stride[2] = 0", "two elements to one address"}},
       {"out_misaligned_data", F::kForward, false,
