@@ -160,10 +160,16 @@ def _cached_attention(q, k, v, seqlens, needs_grad: bool, opts: dict):
     # seqlens[b] by seqused_k (no host sync). Packing copies the cache buffers' views.
     kv_len = k.shape[1]
     ar = torch.arange(batch + 1, device=q.device, dtype=torch.int32)
+    return _rows_varlen(q, k, v, ar * q_len, ar * kv_len, q_len, kv_len, opts, seqused_k=seqlens)
+
+
+def _rows_varlen(q, k, v, cu_q, cu_k, max_q: int, max_k: int, opts: dict, **extra):
+    """flash_attn_varlen_func over the rows of q/k/v (batch, len, heads, d) taken as one packed
+    tensor (the sequences given by cu_q / cu_k over it); out in q's (batch, q_len) layout."""
     out = fa4.flash_attn_varlen_func(
         q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:]),
-        ar * q_len, ar * kv_len, q_len, kv_len, seqused_k=seqlens, **opts)
-    return out.view(batch, q_len, *out.shape[1:])
+        cu_q, cu_k, max_q, max_k, **extra, **opts)
+    return out.view(*q.shape[:2], *out.shape[1:])
 
 
 def fa4_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
@@ -200,20 +206,14 @@ def fa4_attention_forward(module, query, key, value, attention_mask, dropout=0.0
     cu_k = kwargs.get("cu_seq_lens_k")
     if attention_mask is None and cu_q is not None and cu_k is not None:
         # Padding-free packed batch (DataCollatorWithFlattening): sequences given by cu_seqlens.
-        out = fa4.flash_attn_varlen_func(
-            q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:]),
-            cu_q.to(torch.int32), cu_k.to(torch.int32), int(kwargs["max_length_q"]),
-            int(kwargs["max_length_k"]), **opts)
-        return out.view(batch, q_len, *out.shape[1:]), None
+        return _rows_varlen(q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32),
+                            int(kwargs["max_length_q"]), int(kwargs["max_length_k"]), opts), None
 
     if attention_mask is None:
         packed = _packed_from_positions(kwargs.get("position_ids"), batch, q_len, kv_len, q.device)
         if packed is not None:
             cu, longest = packed
-            out = fa4.flash_attn_varlen_func(
-                q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:]),
-                cu, cu, longest, longest, **opts)
-            return out.view(batch, q_len, *out.shape[1:]), None
+            return _rows_varlen(q, k, v, cu, cu, longest, longest, opts), None
         seqlens = _filled_lengths(kwargs.get("position_ids"), query, kv_len, bool(causal))
         if seqlens is not None:
             # A cached call (decoding, or a prompt into a cache): only the filled slots are keys.

@@ -150,18 +150,21 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   ScratchHold ws(stream);
   char* ws_ptr = nullptr;
   if (fp.has_workspace) {
-    if (fp.workspace_bytes < shape.workspace_bytes())
+    if (size_t(fp.workspace_bytes) < ws_bytes)
       throw Error(ErrorCode::kInvalidArgument,
                   std::string(kBwd) + ": options.workspace holds " + std::to_string(fp.workspace_bytes) +
-                      " bytes; this backward needs " + std::to_string(shape.workspace_bytes()) +
+                      " bytes; this backward needs " + std::to_string(ws_bytes) +
                       " (fa4::backward_workspace_size)");
     ws_ptr = static_cast<char*>(fp.workspace);
   } else if (ws_bytes > 0) {
     ws_ptr = ws.hold(acquire_scratch(fp.device.index, stream, ws_bytes, 0, ScratchKind::kBackward));
   }
   p.dq_accum = reinterpret_cast<float*>(ws_ptr);
-  p.lse_log2 = reinterpret_cast<float*>(ws_ptr + acc_bytes);
-  p.dpsum = reinterpret_cast<float*>(ws_ptr + acc_bytes + stat_bytes);
+  // Row statistics: the preprocess writes them (BwdAuxParams), the main kernel reads them.
+  float* const lse_log2 = reinterpret_cast<float*>(ws_ptr + acc_bytes);
+  float* const dpsum = reinterpret_cast<float*>(ws_ptr + acc_bytes + stat_bytes);
+  p.lse_log2 = lse_log2;
+  p.dpsum = dpsum;
   p.dq_semaphore = fp.deterministic ? reinterpret_cast<int32_t*>(ws_ptr + acc_bytes + 2 * stat_bytes) : nullptr;
   p.tile_counter = dynamic ? reinterpret_cast<int32_t*>(ws_ptr + acc_bytes + 2 * stat_bytes + sem_bytes) : nullptr;
 
@@ -203,8 +206,8 @@ void run_bwd(const detail::BwdParams& fp, const LaunchContext& ctx) {
   a.async_error = ctx.async_error;
   a.softmax_scale = fp.softmax_scale;
   a.dq_accum = p.dq_accum;
-  a.lse_log2 = reinterpret_cast<float*>(ws_ptr + acc_bytes);
-  a.dpsum = reinterpret_cast<float*>(ws_ptr + acc_bytes + stat_bytes);
+  a.lse_log2 = lse_log2;
+  a.dpsum = dpsum;
   a.dq_semaphore = p.dq_semaphore;
   a.tile_counter = p.tile_counter;
   a.chunks = p.chunks;

@@ -269,17 +269,13 @@ LaunchScratch acquire_scratch(int device, cudaStream_t stream, size_t bytes, siz
       ++g_capture_stats.shared;
       // A call that leaves part of it written (zeroed_bytes < bytes) ends the zero guarantee.
       if (zeroed_bytes < bytes) share.zeroed = false;
-      LaunchScratch s;
-      s.ptr = share.buf.ptr;
-      return s;
+      return LaunchScratch{share.buf.ptr};
     }
     // A new capture, a larger need, or a zeroed need where the buffer may be written: a buffer of
     // its own (the earlier one stays as it was, retained or the graph's: earlier nodes use it).
     share = {capture_id, graph, capture_buffer(device, graph, bytes, zeroed_bytes > 0),
              zeroed_bytes > 0 && zeroed_bytes >= bytes};
-    LaunchScratch s;
-    s.ptr = share.buf.ptr;
-    return s;
+    return LaunchScratch{share.buf.ptr};
   }
   if (capture != cudaStreamCaptureStatusNone) {
     // Larger scratch that every launch overwrites (the backward's dQ accumulator and row
