@@ -3,13 +3,19 @@
 kernel time per call (torch.profiler, the sum of a call's kernels, bench/kernel_times.py), the
 median over --rounds rounds with the order rotated each round. The decode counterpart of
 bench/ab_variants.py (which times forwards and backwards); a tuning tool, not a benchmark of
-record (back-to-back calls, no L2 flush). Paged shapes use pages in random order; cuDNN (SDPA has
-no paged path) runs on the same keys as a dense cache. Each variant's output is compared with
+record (back-to-back calls; no L2 flush unless --flush). Paged shapes use pages in random order;
+cuDNN (SDPA has no paged path) runs on the same keys as a dense cache. Each variant's output is compared with
 cuDNN's (max abs difference), so a broken variant shows in its line.
 
 Usage (GPU machine, repo root; bench/device_run.sh DAB=1 runs it on OLD / new / VARIANTS):
     PYTHONPATH=python:bench python3 bench/ab_decode.py OUT.json old=build-old/src/libfa4.so new=build-dev/src/libfa4.so
     ... --shape 8,131072,32,8,128,16        (batch,seqlen_k,heads,heads_kv,headdim,page_size; repeatable)
+    ... --fill 0.25     every sequence holds a quarter of its cache's capacity (cache_seqlens), as a
+                        serving engine's preallocated cache does; cuDNN runs on those keys only
+    ... --flush write   L2 flushed before every call by writing 256 MB (triton's do_bench, so
+                        bench_decode.py: the evictions then also write those dirty lines back)
+    ... --flush read    ... by reading 256 MB (L2 full of clean lines, as after a layer's GEMMs
+                        read their weights); the flush's kernels are not counted either way
 """
 import argparse
 import json
@@ -40,13 +46,31 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shape", action="append", default=[],
                     help="batch,seqlen_k,heads,heads_kv,headdim,page_size (repeatable): these shapes instead")
+    ap.add_argument("--fill", type=float, default=1.0,
+                    help="cache_seqlens = this share of seqlen_k (the cache's capacity); cuDNN gets those keys")
+    ap.add_argument("--flush", choices=["none", "write", "read"], default="none",
+                    help="flush L2 before every call (not timed) by writing or by reading 256 MB")
     args = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape] or SHAPES
     libs = {n: (load(p), e) for n, p, e in map(parse, args.variants)}
     gen = torch.Generator(device="cuda").manual_seed(0)
+    flush = None
+    if args.flush != "none":
+        buf = torch.zeros(64 << 20, dtype=torch.float32, device="cuda")  # 256 MB
+        flush = buf.zero_ if args.flush == "write" else (lambda: buf.sum())
+    flush_names = tuple(kernel_times(flush)) if flush else ()
+
+    def timed(fn):
+        if flush is None:
+            return kernel_times(fn)
+        return kernel_times(lambda: (flush(), fn()), exclude=flush_names)
     rows = []
     for (b, sk, h, hk, d, page) in shapes:
         q, kc, vc, lens, table, (k, v) = make_problem(b, sk, 1, h, hk, d, page, torch.bfloat16, gen)
+        used = max(1, min(sk, int(sk * args.fill)))
+        if used < sk:
+            lens.fill_(used)
+            k, v = k[:, :used], v[:, :used]
         sdpa = sdpa_fn(q, k, v, False, SDPBackend.CUDNN_ATTENTION)
         if sdpa is None:
             raise RuntimeError(f"cuDNN refuses batch {b}, seqlen_k {sk}, heads {h}/{hk}, d{d}")
@@ -66,12 +90,12 @@ def main():
         times = {n: [] for n in names}
         for r in range(args.rounds):
             for n in names[r % len(names):] + names[:r % len(names)]:
-                times[n].append(sum(kernel_times(fns[n]).values()))
+                times[n].append(sum(timed(fns[n]).values()))
         us = {n: round(statistics.median(t), 2) for n, t in times.items()}
-        rows.append({"batch": b, "seqlen_k": sk, "heads": h, "heads_kv": hk, "headdim": d, "page_size": page,
+        rows.append({"batch": b, "seqlen_k": sk, "cache_seqlens": used, "l2_flush": args.flush, "heads": h, "heads_kv": hk, "headdim": d, "page_size": page,
                      "us": us, "ratio_vs_cudnn": {n: round(us["cudnn"] / us[n], 3) for n in libs},
                      "max_abs_err_vs_cudnn": err})
-        print(f"b{b} kv{sk} {h}/{hk} d{d} page{page}: " + " ".join(f"{n} {us[n]:.2f}" for n in names)
+        print(f"b{b} kv{sk}{'' if used == sk else f' used {used}'} {h}/{hk} d{d} page{page}: " + " ".join(f"{n} {us[n]:.2f}" for n in names)
               + " | x cudnn " + " ".join(f"{n} {us['cudnn'] / us[n]:.3f}" for n in libs)
               + " | err " + " ".join(f"{err[n]:.1e}" for n in libs), flush=True)
         del q, kc, vc, k, v, sdpa, ref

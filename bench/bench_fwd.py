@@ -76,7 +76,7 @@ def run_meta():
 OVERRIDES = {"lpt": "FA4_HOPPER_LPT", "schedule": "FA4_HOPPER_SCHED", "epilogue": "FA4_HOPPER_EPILOGUE",
              "stream_k": "FA4_HOPPER_STREAMK", "small_q": None,
              "bwd_lpt_band": None, "bwd_walk": None, "decode_cluster": None, "decode_tile": None,
-             "capture_scratch": None}  # small_q, bwd_*, decode_*, capture_*: no environment variable
+             "decode_warps": None, "capture_scratch": None}  # small_q, bwd_*, decode_*, capture_*: no environment variable
 
 
 def set_overrides(lib, **switches):

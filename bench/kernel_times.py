@@ -37,7 +37,9 @@ SWEEP_SPLITS = [0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256]
 # us_global_merge: every split's partial through global scratch (override decode_cluster = 0).
 
 
-def kernel_times(fn):
+def kernel_times(fn, exclude=()):
+    """us per call of each kernel fn launches (mean over CALLS calls), kernels named in `exclude`
+    left out."""
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -46,7 +48,7 @@ def kernel_times(fn):
         torch.cuda.synchronize()
     per = defaultdict(list)
     for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.name[:60] not in exclude:
             per[e.name[:60]].append(e.device_time_total)
     # us per call of each kernel (mean over the calls)
     return {k: round(sum(v) / CALLS, 2) for k, v in per.items()}

@@ -39,6 +39,10 @@ struct KernelOverrides {
   /// "decode_tile": the decode's row tiles of 16 rows ("16", 0) or of 64 where the bucket has them
   /// ("64", 1); -1: the selector's (decode/launch_decode.h decode_tile)
   int8_t decode_tile = -1;
+  /// "decode_warps": the decode's narrow tile in its 4-warp form on 64-key blocks ("4", 0) or its
+  /// 8-warp form on 128-key blocks where the bucket has it ("8", 1); -1: the selector's
+  /// (decode/launch_decode.h decode_eight_warps)
+  int8_t decode_warps = -1;
   /// "capture_scratch": the scratch of a call captured into a CUDA graph is kept by fa4 for the
   /// life of the process ("retained", 1: no CUDA user object, so a replay costs nothing more), or
   /// owned by the graph through a user object and reused once the graph is destroyed ("graph",
@@ -52,7 +56,7 @@ KernelOverrides kernel_overrides();
 
 /// Sets one override: name "lpt" (value "0" | "1"), "schedule" ("static" | "dynamic"), "epilogue"
 /// ("direct" | "tma"), "stream_k" ("0" | "1"), "small_q" ("fwd" | "decode"), "bwd_walk" ("asc" |
-/// "desc"), "decode_cluster" ("0" | "1"), "decode_tile" ("16" | "64"), "capture_scratch" ("graph" |
+/// "desc"), "decode_cluster" ("0" | "1"), "decode_tile" ("16" | "64"), "decode_warps" ("4" | "8"), "capture_scratch" ("graph" |
 /// "retained") or
 /// "bwd_lpt_band" ("1" .. "64"); the value "auto" returns the choice to the selector. Throws
 /// fa4::Error(kInvalidArgument) naming the rule for any other name or value.

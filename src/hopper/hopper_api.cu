@@ -484,6 +484,7 @@ void forward_kvcache(const detail::KVCacheParams& p, const char* fn) {
   const detail::KernelOverrides overrides = detail::kernel_overrides();
   ctx.decode_cluster = overrides.decode_cluster;
   ctx.decode_tile = overrides.decode_tile;
+  ctx.decode_warps = overrides.decode_warps;
   const ScopedDevice scoped_device(p.device.index, fn);
   ctx.async_error = async_error_word(p.device.index);
 

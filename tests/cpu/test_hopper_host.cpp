@@ -470,6 +470,8 @@ TEST(HopperHost, DecodeClusterSize) {
   check_knob("decode_cluster", &fa4::detail::KernelOverrides::decode_cluster, "0", "1", "off");
   // The decode's row tile (decode/launch_decode.h decode_tile): "16" (narrow) / "64" (wide).
   check_knob("decode_tile", &fa4::detail::KernelOverrides::decode_tile, "16", "64", "32");
+  // The decode's narrow tile in its 4-warp or 8-warp form (decode/launch_decode.h decode_eight_warps).
+  check_knob("decode_warps", &fa4::detail::KernelOverrides::decode_warps, "4", "8", "16");
   // Who owns a captured call's scratch (hopper/shared/device_state.h): "graph" / "retained".
   check_knob("capture_scratch", &fa4::detail::KernelOverrides::capture_scratch, "graph", "retained", "1");
 }
@@ -646,6 +648,62 @@ TEST(HopperHost, DecodeTile) {
   p.seqlen_q = 8;
   EXPECT_EQ(decode_tile(p, c128, sms, 0).rows, fa4::detail::kDecodeNarrowRows);
   EXPECT_EQ(decode_tile(p, c256, sms, 1).rows, fa4::detail::kDecodeNarrowRows);
+}
+
+// The narrow tile's 8-warp form (decode/launch_decode.h decode_eight_warps): where every CTA of the
+// launch has an SM of its own and each split keeps one 128-key block to 16 64-key blocks; never on
+// the wide tile or at d256 (no such kernel); the override forces it either way where it exists.
+TEST(HopperHost, DecodeEightWarps) {
+  using fa4::hopper::decode_eight_warps;
+  using fa4::hopper::decode_num_splits;
+  using fa4::hopper::decode_tile;
+  const fa4::detail::HopperDecodeConfig c128 = fa4::detail::hopper_decode_config(128, 128);
+  const fa4::detail::HopperDecodeConfig c256 = fa4::detail::hopper_decode_config(256, 256);
+  const int sms = 132;
+  fa4::detail::KVCacheParams p;
+  p.batch = 1;
+  p.seqlen_q = 1;
+  p.num_heads = 8;
+  p.num_heads_kv = 1;
+  p.key_capacity = 8192;  // one tile, 128 blocks: 64 splits of 2 blocks, 64 CTAs
+  auto eight = [&](const fa4::detail::HopperDecodeConfig& c, int8_t forced = -1) {
+    const fa4::detail::DecodeTile t = decode_tile(p, c, sms);
+    return decode_eight_warps(p, c, sms, t, decode_num_splits(p, c, sms, t), forced);
+  };
+  EXPECT_EQ(decode_num_splits(p, c128, sms), 64);
+  EXPECT_TRUE(eight(c128));
+  EXPECT_FALSE(eight(c256));
+  EXPECT_FALSE(eight(c256, 1));
+  EXPECT_FALSE(eight(c128, 0));
+  p.num_heads = 32;
+  p.num_heads_kv = 8;  // 8 tiles x 16 splits = 128 CTAs <= 132 SMs
+  EXPECT_TRUE(eight(c128));
+  p.key_capacity = 1024;  // 16 blocks: 8 splits of 2 (one cluster per tile)
+  EXPECT_EQ(decode_num_splits(p, c128, sms), 8);
+  EXPECT_TRUE(eight(c128));
+  p.key_capacity = 640;  // 10 blocks, 8 splits: a split would keep less than a 128-key block
+  EXPECT_FALSE(eight(c128));
+  p.key_capacity = 8192;
+  p.batch = 8;  // 64 tiles x 2 splits = 128 CTAs, but 64 blocks per split: a stream DRAM paces
+  EXPECT_EQ(decode_num_splits(p, c128, sms), 2);
+  EXPECT_FALSE(eight(c128));
+  p.batch = 32;  // 256 tiles, one split: more CTAs than SMs
+  EXPECT_FALSE(eight(c128));
+  EXPECT_TRUE(eight(c128, 1));
+  p.batch = 1;
+  p.num_heads = 8;
+  p.num_heads_kv = 1;
+  p.key_capacity = 32768;  // one tile, 512 blocks: 112 splits of up to 5
+  EXPECT_EQ(decode_num_splits(p, c128, sms), 112);
+  EXPECT_TRUE(eight(c128));
+  p.key_capacity = 131072;  // 2048 blocks: 112 splits of up to 19
+  EXPECT_FALSE(eight(c128));
+  p.batch = 2;
+  p.seqlen_q = 8;
+  p.num_heads = 64;  // 64 rows per KV head over 32k keys: the wide tile
+  p.key_capacity = 32768;
+  ASSERT_EQ(decode_tile(p, c128, sms).rows, fa4::detail::kDecodeWideRows);
+  EXPECT_FALSE(eight(c128, 1));
 }
 
 // The small-query route against a forward that splits its keys (hopper_api.cu small_q_on_decode):

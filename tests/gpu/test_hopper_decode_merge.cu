@@ -193,6 +193,61 @@ TEST(HopperDecode, WideAndNarrowTilesOverTheOptions) {
     }
 }
 
+// The narrow tile's 8-warp form (128-key blocks, warp w takes keys 16w..; launch_decode.h
+// decode_eight_warps) forced over the options: a partial last block and a sequence shorter than one
+// block, one to 66 rows per KV head (one and several row tiles), causal with masked rows, a window,
+// softcap, sink, appended keys, pages of 16 and of 3, explicit splits (more than the blocks: empty
+// splits), the cluster merge and the global merge of several clusters, fp16, d64 and d80 (padded).
+TEST(HopperDecode, EightWarpTileOverTheOptions) {
+  REQUIRE_HOPPER();
+  const fa4::test::ScopedOverride narrow("decode_tile", "16");
+  const fa4::test::ScopedOverride eight("decode_warps", "8");
+  const int shapes[][3] = {{1, 8, 1}, {1, 32, 8}, {5, 16, 2}, {66, 2, 1}};  // seqlen_q, heads, heads_kv
+  for (const auto& sh : shapes) {
+    KvCase c;
+    c.seqlen_q = sh[0];
+    c.heads = sh[1];
+    c.heads_kv = sh[2];
+    c.capacity = 1000;
+    c.cache_seqlens = {990, 40};
+    c.causal = true;
+    c.nan_past_keys = true;
+    c.seed = 1200 + sh[0] * 7 + sh[1];
+    if (fa4::test::leave_out(c.d, c.dv, fa4::test::kDecode)) continue;
+    run_case(c);
+    c.num_splits = 5;
+    run_case(c);
+    c.causal = false;
+    c.window_left = 300;
+    c.window_right = 0;
+    c.softcap = 20.f;
+    c.sink = true;
+    c.seqlen_new = 3;
+    c.nan_past_keys = false;
+    for (int ps : {16, 3}) {
+      c.page_size = ps;
+      c.num_splits = ps == 16 ? 3 : 12;
+      run_case(c);
+    }
+    c.window_left = c.window_right = -1;
+    c.softcap = 0.f;
+    c.sink = false;
+    c.seqlen_new = 0;
+    c.page_size = 0;
+    c.dtype = DType::kFP16;
+    c.d = c.dv = 64;
+    c.num_splits = 0;
+    if (!fa4::test::leave_out(c.d, c.dv, fa4::test::kDecode)) run_case(c);
+    c.dtype = DType::kBF16;
+    c.d = c.dv = 80;
+    const fa4::test::ScopedOverride cluster("decode_cluster", "1");
+    for (int splits : {8, 32}) {  // one cluster per tile; several clusters, then the global merge
+      c.num_splits = splits;
+      if (!fa4::test::leave_out(c.d, c.dv, fa4::test::kDecode)) run_case(c);
+    }
+  }
+}
+
 TEST(HopperDecode, ExplicitExp2EmulationIsAClearError) {
   REQUIRE_HOPPER();
   KvCase c;

@@ -24,12 +24,13 @@
 //     page table when paged, so every page size works and pages may be in any order), into a ring
 //     of `stages` swizzled smem blocks;
 //   * computes on mma.sync m16n8k16 in one of two tile shapes (kRowWarps): a narrow tile of 16 rows
-//     whose warp w of 4 takes keys 16w..16w+15 of each block (decode steps: few rows, and the 4
-//     warps still share every K/V load), or a wide tile of 64 rows whose warp w takes rows
-//     16w..16w+15 and all 64 keys (chunked prefill, speculative decoding with many rows: a K/V
-//     block's copies then serve 4x the rows). Each warp keeps its own online-softmax state (lazy
-//     rescaling, FlashAttention-4 Sec. 3: the running max is raised only when it grows by more than
-//     tau); the warps that share rows merge at the end.
+//     whose warp w of 4 takes keys 16w..16w+15 of each 64-key block (decode steps: few rows, and
+//     the warps still share every K/V load; where a CTA has its SM to itself, 8 warps on 128-key
+//     blocks, two per scheduler to overlap their latency chains), or a wide tile of 64 rows whose
+//     warp w takes rows 16w..16w+15 and all 64 keys (chunked prefill, speculative decoding with
+//     many rows: a K/V block's copies then serve 4x the rows). Each warp keeps its own
+//     online-softmax state (lazy rescaling, FlashAttention-4 Sec. 3: the running max is raised only
+//     when it grows by more than tau); the warps that share rows merge at the end.
 // Device-resident indices are checked here (the host never reads them): cache_seqlens,
 // cache_batch_idx and the page-table entries of keys [0, seqlen_k) (each split checks its keys,
 // split 0 also those before the first visible one); a split that meets a broken rule writes
@@ -146,20 +147,26 @@ __device__ __forceinline__ int swz(int r, int c) {
 }
 
 /// Key of a decode kernel's once-per-device shared-memory raise (launch_common.cuh).
-template <bool kBF16, int kD, int kRows>
+template <bool kBF16, int kD, int kRows, int kBlockN>
 struct DecodeKernelKey {};
+
+/// Warps of a decode CTA: a narrow tile's warps take 16 keys each of a block (4 of a 64-key block,
+/// 8 of a 128-key one), a wide tile's 16 rows each.
+template <int kBlockN, int kRows>
+inline constexpr int kDecodeCtaWarps = kRows == 16 ? kBlockN / 16 : kRows / 16;
 
 template <int kD, int kBlockN, int kStages, int kRows>
 struct DecodeSmem {
+  static constexpr int kWarps = kDecodeCtaWarps<kBlockN, kRows>;
   static constexpr int kQElems = kRows * kD;
   static constexpr int kStageElems = 2 * kBlockN * kD;  // K block then V block
   // + the K/V row offsets of every stage's block (int64, 2 x kBlockN per stage).
   static constexpr int kBytes = (kQElems + kStages * kStageElems) * 2 + kStages * 2 * kBlockN * 8;
-  // The cross-warp merge reuses the ring: 4 warps x 16 rows x kOStride fp32 + row stats. Rows are
+  // The cross-warp merge reuses the ring: kWarps x 16 rows x kOStride fp32 + row stats. Rows are
   // kD + 8 floats apart: a warp's float2 store of its O fragment writes 8 rows, which kD apart all
   // fall on the same 8 banks (8 wavefronts instead of 2).
   static constexpr int kOStride = kD + 8;
-  static constexpr int kMergeFloats = 4 * 16 * kOStride + 2 * 4 * 16 + kRows;
+  static constexpr int kMergeFloats = kWarps * 16 * kOStride + 2 * kWarps * 16 + kRows;
   static_assert(kMergeFloats * 4 <= kStages * kStageElems * 2, "merge buffers do not fit");
   // A cluster launch adds, behind kBytes, the buffer into which the cluster's CTAs push their
   // partials for this CTA's columns (cluster_merge): kRows rows x kD / cluster columns fp32 from
@@ -170,19 +177,26 @@ struct DecodeSmem {
   }
 };
 
-/// kRowWarps: 1 (narrow tile: 16 rows, warp w takes keys 16w.. of a block) or 4 (wide tile: 64
-/// rows, warp w takes rows 16w.. and every key of a block).
+/// kRowWarps: 1 (narrow tile: 16 rows, warp w takes keys 16w.. of a block: 4 warps on 64-key
+/// blocks, or 8 on 128-key blocks) or 4 (wide tile: 64 rows, warp w takes rows 16w.. and every key
+/// of a 64-key block).
 template <bool kBF16, int kD, int kBlockN, int kStages, int kRowWarps>
-__global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ DecodeArgs a) {
+__global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
+    decode_kernel(const __grid_constant__ DecodeArgs a) {
   static_assert(kRowWarps == 1 || kRowWarps == 4, "16-row or 64-row tiles");
   constexpr int kRows = 16 * kRowWarps;
-  constexpr int kKeyWarps = 4 / kRowWarps;  // warps sharing a row (each its own keys of a block)
-  constexpr int kKeyGroups = kRowWarps;     // 16-key groups of a block per warp
+  constexpr int kWarps = kDecodeCtaWarps<kBlockN, kRows>;
+  constexpr int kThreads = 32 * kWarps;
+  constexpr int kKeyWarps = kWarps / kRowWarps;  // warps sharing a row (each its own keys of a block)
+  constexpr int kKeyGroups = kRowWarps;          // 16-key groups of a block per warp
   using Elem = typename ElemOf<kBF16>::type;
   using Smem = DecodeSmem<kD, kBlockN, kStages, kRows>;
-  static_assert(kBlockN == 64 && kD % 64 == 0, "4 x 16 keys per block; 8+ swizzled chunks per row");
+  static_assert((kBlockN == 64 || (kBlockN == 128 && kRowWarps == 1)) && kD % 64 == 0,
+                "16 keys of a block per warp (4 or 8 warps: 64 or 128 keys; the wide tile 64); "
+                "8+ swizzled chunks per row");
+  static_assert(kBlockN == 16 * kKeyWarps * kKeyGroups, "a block's keys are the warps' 16-key groups");
   constexpr int kC = kD / 8;            // 16-byte chunks per row
-  constexpr int kRowsPerPass = 128 / kC;
+  constexpr int kRowsPerPass = kThreads / kC;
   extern __shared__ __align__(128) char smem_raw[];
   Elem* sQ = reinterpret_cast<Elem*>(smem_raw);
   Elem* sRing = sQ + Smem::kQElems;
@@ -248,7 +262,7 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
 
   // ---- Q tile (cp.async group 0, with the first K/V block) ----
   const Elem* q = static_cast<const Elem*>(p.q);
-  for (int idx = tid; idx < kRows * kC; idx += 128) {
+  for (int idx = tid; idx < kRows * kC; idx += kThreads) {
     const int r = idx / kC, c = idx % kC;
     const int32_t row = row0 + r;
     const bool valid = row < rows && c * 8 < p.headdim;
@@ -495,9 +509,9 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
   // warps hold rows of their own, weight 1) ----
   constexpr int kOStride = Smem::kOStride;
   float* sO = reinterpret_cast<float*>(sRing);  // [warp][16][kOStride]
-  float* sM = sO + 4 * 16 * kOStride;            // [warp][16] the warps' row maxes
-  float* sL = sM + 4 * 16;                       // [warp][16] their row sums, then weighted to sMax
-  float* sMax = sL + 4 * 16;                     // [kRows] the merged row maxes
+  float* sM = sO + kWarps * 16 * kOStride;       // [warp][16] the warps' row maxes
+  float* sL = sM + kWarps * 16;                  // [warp][16] their row sums, then weighted to sMax
+  float* sMax = sL + kWarps * 16;                // [kRows] the merged row maxes
   const int w0 = rw * kKeyWarps;                 // the first warp of this warp's rows
   auto ex2 = [](float x) { return arch::ex2_approx(x); };
 #pragma unroll
@@ -543,7 +557,7 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
   };
   if (a.cluster == 1) {
     const float* sink = p.sink;
-    for (int idx = tid; idx < kRows * (kD / 4); idx += 128) {
+    for (int idx = tid; idx < kRows * (kD / 4); idx += kThreads) {
       const int r = idx / (kD / 4), c = (idx % (kD / 4)) * 4;
       const int32_t row = row0 + r;
       if (row >= rows || c >= p.headdim_v) continue;
@@ -565,7 +579,8 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
   // This thread's slices (row, 4 columns) of the partial, read from shared memory kChunk at a time,
   // then pushed back to back. Rows past the tile's live ones are skipped: the CTA's tail is a chain
   // of latencies, and every slice adds to it.
-  constexpr int kPer = kRows * (kD / 4) / 128, kChunk = kPer <= 4 ? kPer : 2;
+  constexpr int kPer = kRows * (kD / 4) / kThreads, kChunk = kPer <= 4 ? kPer : 2;
+  static_assert(kPer >= 1 && kPer * kThreads == kRows * (kD / 4), "every thread pushes whole slices");
   arch::cluster_wait();  // the kernel-start arrival: every peer has started
   if (tid < a.cluster) arch::st_peer(recv.bad + rank, uint32_t(tid), int32_t(bad != 0));
 #pragma unroll
@@ -574,7 +589,7 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
     float lse[kChunk];
 #pragma unroll
     for (int k = 0; k < kChunk; ++k) {
-      const int idx = tid + 128 * (k0 + k), r = idx / (kD / 4), c = (idx % (kD / 4)) * 4;
+      const int idx = tid + kThreads * (k0 + k), r = idx / (kD / 4), c = (idx % (kD / 4)) * 4;
       if (row0 + r >= rows) continue;
       float ll;
       float4 acc;
@@ -584,7 +599,7 @@ __global__ void __launch_bounds__(128) decode_kernel(const __grid_constant__ Dec
     }
 #pragma unroll
     for (int k = 0; k < kChunk; ++k) {
-      const int idx = tid + 128 * (k0 + k), r = idx / (kD / 4), c = (idx % (kD / 4)) * 4;
+      const int idx = tid + kThreads * (k0 + k), r = idx / (kD / 4), c = (idx % (kD / 4)) * 4;
       if (row0 + r >= rows) continue;
       const int owner = c / cols;
       if ((c & (cols - 1)) == 0) arch::st_peer(recv.lse + rank * kRows + r, uint32_t(owner), lse[k]);

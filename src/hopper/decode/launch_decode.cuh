@@ -15,7 +15,7 @@
 namespace fa4::hopper {
 
 namespace {
-/// The launch configuration of a decode kernel (128 threads, `smem` bytes) over `grid` in clusters
+/// The launch configuration of a decode kernel (`threads` threads, `smem` bytes) over `grid` in clusters
 /// of `c` CTAs along x, asking for a cluster's CTAs to be spread over the GPC's SMs: a batch-1
 /// decode CTA alone on its SM walks its keys faster than two sharing one, and such a launch has SMs
 /// to spare. (Spread and the one-wave rule of decode_cluster_size came in together; their separate
@@ -23,14 +23,14 @@ namespace {
 struct ClusterLaunch {
   cudaLaunchAttribute attrs[2]{};
   cudaLaunchConfig_t cfg{};
-  ClusterLaunch(int32_t c, dim3 grid, int smem, cudaStream_t stream) {
+  ClusterLaunch(int32_t c, dim3 grid, int threads, int smem, cudaStream_t stream) {
     attrs[0].id = cudaLaunchAttributeClusterDimension;
     attrs[0].val.clusterDim.x = unsigned(c);
     attrs[0].val.clusterDim.y = attrs[0].val.clusterDim.z = 1;
     attrs[1].id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
     attrs[1].val.clusterSchedulingPolicyPreference = cudaClusterSchedulingPolicySpread;
     cfg.gridDim = grid;
-    cfg.blockDim = dim3(32 * detail::kDecodeWarps);
+    cfg.blockDim = dim3(unsigned(threads));
     cfg.dynamicSmemBytes = size_t(smem);
     cfg.stream = stream;
     cfg.attrs = attrs;
@@ -50,7 +50,7 @@ struct ClusterCapacitySlot {
   std::atomic<int32_t> clusters[4]{};
 };
 
-template <class Key, class Smem, class Kernel>
+template <class Key, class Smem, int kThreads, class Kernel>
 DecodeClusterCapacity cluster_capacity_once(Kernel kernel, int device) {
   static ClusterCapacitySlot<Key> slots[64];
   ClusterCapacitySlot<Key>& slot = slots[device & 63];
@@ -62,7 +62,7 @@ DecodeClusterCapacity cluster_capacity_once(Kernel kernel, int device) {
   // Past the portable size (8) only with this attribute; refused, size 16 reads 0 below.
   bool refused = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess;
   for (int32_t c = 2, i = 0; c <= detail::kDecodeMaxCluster; c *= 2, ++i) {
-    const ClusterLaunch launch(c, dim3(unsigned(c)), Smem::cluster_bytes(c), nullptr);
+    const ClusterLaunch launch(c, dim3(unsigned(c)), kThreads, Smem::cluster_bytes(c), nullptr);
     int n = 0;
     const bool ok = cudaOccupancyMaxActiveClusters(&n, kernel, &launch.cfg) == cudaSuccess;
     cap.clusters[i] = ok ? n : 0;
@@ -77,13 +77,21 @@ DecodeClusterCapacity cluster_capacity_once(Kernel kernel, int device) {
 }
 }  // namespace
 
-/// The decode launch with row tiles of 16 x kRowWarps rows (decode_kernel).
-template <bool kBF16, int kHeadDim, int kRowWarps>
-void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, const detail::DecodeTile& tile) {
+/// The decode launch with row tiles of 16 x kRowWarps rows on kBlockN-key blocks (decode_kernel:
+/// the narrow tile's 4-warp form on 64-key blocks, its 8-warp form on 128; the wide tile on 64),
+/// `splits` splits per tile.
+template <bool kBF16, int kHeadDim, int kRowWarps, int kBlockN>
+void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, const detail::DecodeTile& tile,
+                   int32_t splits) {
   constexpr detail::HopperDecodeConfig c = detail::hopper_decode_config(kHeadDim, kHeadDim);
   constexpr int kRows = 16 * kRowWarps;
-  constexpr int kStages = kRowWarps > 1 ? c.wide_stages : c.stages;
-  using Smem = decode::DecodeSmem<kHeadDim, c.block_n, kStages, kRows>;
+  constexpr int kStages = kBlockN == detail::kDecodeEightWarpKeys ? c.eight_warp_stages
+                          : kRowWarps > 1                          ? c.wide_stages
+                                                                   : c.stages;
+  static_assert(kBlockN == c.block_n || (kBlockN == detail::kDecodeEightWarpKeys && kRowWarps == 1 && kStages > 1),
+                "64-key blocks, or the narrow tile's 8-warp form where the row has it");
+  constexpr int kThreads = 32 * decode::kDecodeCtaWarps<kBlockN, kRows>;
+  using Smem = decode::DecodeSmem<kHeadDim, kBlockN, kStages, kRows>;
   static_assert(Smem::cluster_bytes(detail::kDecodeMaxCluster) + 1024 <= 227 * 1024,
                 "a CTA of the largest decode cluster must fit the 227 KB per-block limit, with room for static smem");
   using Elem = typename decode::ElemOf<kBF16>::type;
@@ -96,9 +104,9 @@ void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, con
   a.group = p.num_heads / p.num_heads_kv;
   const int64_t rows = decode_rows(p);
   a.row_tiles = int32_t(decode_row_tiles(p, kRows));
-  a.num_splits = decode_num_splits(p, c, ctx.num_sms, tile);
-  auto kernel = decode::decode_kernel<kBF16, kHeadDim, c.block_n, kStages, kRowWarps>;
-  using Key = decode::DecodeKernelKey<kBF16, kHeadDim, kRows>;
+  a.num_splits = splits;
+  auto kernel = decode::decode_kernel<kBF16, kHeadDim, kBlockN, kStages, kRowWarps>;
+  using Key = decode::DecodeKernelKey<kBF16, kHeadDim, kRows, kBlockN>;
   check_cuda(raise_smem_limit_once<Key>(kernel, Smem::cluster_bytes(detail::kDecodeMaxCluster), p.device.index), kFn,
              "cudaFuncSetAttribute (decode shared memory)");
   const int64_t ctas = int64_t(a.num_splits) * p.num_heads_kv * a.row_tiles * p.batch;
@@ -107,7 +115,7 @@ void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, con
       int64_t(a.num_splits) * std::min<int64_t>(rows, kRows) * p.headdim_v * int64_t(sizeof(float));
   a.cluster = ctx.decode_cluster != 0 && a.num_splits > 1
                   ? decode_cluster_size(a.num_splits, ctas, wave, ctx.num_sms, merge_bytes,
-                                        cluster_capacity_once<Key, Smem>(kernel, p.device.index),
+                                        cluster_capacity_once<Key, Smem, kThreads>(kernel, p.device.index),
                                         ctx.decode_cluster == 1,
                                         !p.paged && decode_cluster_room(ctas, wave, ctx.num_sms, decode_full_tiles(p, tile)))
                   : 1;
@@ -136,10 +144,10 @@ void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, con
   if (p.seqlen_q == 0) return;
   const dim3 grid(a.num_splits, p.num_heads_kv * a.row_tiles, p.batch);
   if (a.cluster > 1) {  // the splits of a tile in clusters along x (grid.x = num_splits, a multiple)
-    const ClusterLaunch launch(a.cluster, grid, Smem::cluster_bytes(a.cluster), stream);
+    const ClusterLaunch launch(a.cluster, grid, kThreads, Smem::cluster_bytes(a.cluster), stream);
     check_cuda(cudaLaunchKernelEx(&launch.cfg, kernel, a), kFn, "decode kernel launch (cluster)");
   } else {
-    kernel<<<grid, 32 * detail::kDecodeWarps, Smem::kBytes, stream>>>(a);
+    kernel<<<grid, kThreads, Smem::kBytes, stream>>>(a);
     check_cuda(cudaGetLastError(), kFn, "decode kernel launch");
   }
   arrivals.release();
@@ -152,11 +160,16 @@ void run_decode(const detail::KVCacheParams& p, const LaunchContext& ctx) {
   constexpr bool kBF16 = kDType == int(DType::kBF16);
   constexpr detail::HopperDecodeConfig c = detail::hopper_decode_config(kHeadDim, kHeadDimV);
   const detail::DecodeTile tile = decode_tile(p, c, ctx.num_sms, ctx.decode_tile);
+  const int32_t splits = decode_num_splits(p, c, ctx.num_sms, tile);
   if constexpr (c.wide_ctas_per_sm > 0) {
     if (tile.rows == detail::kDecodeWideRows)
-      return launch_decode<kBF16, kHeadDim, detail::kDecodeWideRows / 16>(p, ctx, tile);
+      return launch_decode<kBF16, kHeadDim, detail::kDecodeWideRows / 16, c.block_n>(p, ctx, tile, splits);
   }
-  launch_decode<kBF16, kHeadDim, 1>(p, ctx, tile);
+  if constexpr (c.eight_warp_stages > 0) {
+    if (decode_eight_warps(p, c, ctx.num_sms, tile, splits, ctx.decode_warps))
+      return launch_decode<kBF16, kHeadDim, 1, detail::kDecodeEightWarpKeys>(p, ctx, tile, splits);
+  }
+  launch_decode<kBF16, kHeadDim, 1, c.block_n>(p, ctx, tile, splits);
 }
 
 }  // namespace fa4::hopper

@@ -140,6 +140,27 @@ inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::H
   return decode_num_splits(p, c, num_sms, decode_tile(p, c, num_sms));
 }
 
+/// Whether p's launch on row c runs the narrow tile in its 8-warp form (tuning_decode.h
+/// kDecodeEightWarps: 128-key blocks, two warps per scheduler): where c has that kernel, the tile
+/// t is narrow, every CTA of the launch (`splits` per tile) has an SM of its own, and each split
+/// of the cache's capacity keeps at least one 128-key block (kDecodeMinBlocksPerSplit 64-key
+/// blocks) and at most kDecodeEightWarpMaxSplitBlocks; `forced` (override "decode_warps": 0 never,
+/// 1 wherever c has it and t is narrow) for the tests and the A/B. The split count is the 4-warp
+/// tile's (decode_num_splits): the 8-warp CTA walks the same keys in half the steps. Measured
+/// (H200, bench/ab_decode.py, kernel time, 8 against 4 warps in one library, L2 refilled with
+/// clean lines before each call): batch 1, GQA 32/8 d128 KV 1k 8.04 against 9.44 us, 8k 16.38 /
+/// 17.44, GQA 8/1 32k 16.36 / 16.98, pages of 16 17.43 / 18.97; splits of 32 blocks and more
+/// (GQA 32/8 KV 32k, batch 8 KV 8k, KV 128k) within -1.5..+1.6% (bench/results/history.md).
+inline bool decode_eight_warps(const detail::KVCacheParams& p, const detail::HopperDecodeConfig& c, int32_t num_sms,
+                               const detail::DecodeTile& t, int32_t splits, int8_t forced = -1) {
+  if (c.eight_warp_stages == 0 || t.rows != detail::kDecodeNarrowRows || forced == 0) return false;
+  if (forced == 1) return true;
+  const int64_t ctas = int64_t(splits) * decode_tiles(p, t.rows);
+  const int64_t blocks = decode_key_blocks(p, c);
+  return ctas <= num_sms && blocks >= int64_t(splits) * detail::kDecodeMinBlocksPerSplit &&
+         blocks <= int64_t(splits) * detail::kDecodeEightWarpMaxSplitBlocks;
+}
+
 /// How many clusters of 2, 4, 8 and 16 CTAs of a decode kernel a device runs at once
 /// (cudaOccupancyMaxActiveClusters; 0: that size cannot launch), index log2(size) - 1.
 struct DecodeClusterCapacity {

@@ -30,25 +30,38 @@ struct HopperDecodeConfig {
                        ///< one CTA per SM would leave too many SMs idle)
   int32_t wide_ctas_per_sm;  ///< the same for the wide tile (its Q tile is 4x larger); 0: no wide kernel
   int32_t wide_stages;       ///< the wide tile's ring depth
+  /// Ring depth of the 8-warp narrow tile (128-key blocks, kDecodeEightWarpKeys; launch_decode.h
+  /// decode_eight_warps), 0: no such kernel
+  int32_t eight_warp_stages;
 };
 
 // Internal linkage (not `inline`): see bwd/tuning_bwd.h (several libfa4 builds in one process).
 constexpr HopperDecodeConfig kHopperDecodeConfigs[] = {
-    // d, dv, block_n, stages, CTAs/SM narrow, wide, wide stages: smem = stages x (2 x 64 x d x 2 B +
-    // 1 KB of row offsets) + the Q tile (16 or 64 rows x d x 2 B). A wide CTA computes on a block
-    // 2-3x as long as a narrow one waits for the next, so a ring of 2 keeps its loads ahead, and at
-    // d128 the smem saved lets a second CTA per SM overlap its latency chain (measurements:
-    // bench/results/history.md).
-    {64, 64, 64, 4, 3, 2, 4},     //  70 KB, wide 76 KB
-    {128, 128, 64, 3, 2, 2, 2},   // 103 KB, wide 82 KB
-    {256, 256, 64, 3, 1, 0, 0},   // 203 KB (a wide tile would not fit)
+    // d, dv, block_n, stages, CTAs/SM narrow, wide, wide stages, 8-warp stages: smem = stages x (2 x
+    // keys x d x 2 B + keys x 16 B of row offsets) + the Q tile (16 or 64 rows x d x 2 B). A wide CTA
+    // computes on a block 2-3x as long as a narrow one waits for the next, so a ring of 2 keeps its
+    // loads ahead, and at d128 the smem saved lets a second CTA per SM overlap its latency chain
+    // (measurements: bench/results/history.md). The 8-warp tile keeps (stages - 1) 128-key blocks
+    // in flight: twice the narrow tile's keys, which it consumes about twice as fast.
+    {64, 64, 64, 4, 3, 2, 4, 4},     //  70 KB, wide 76 KB, 8-warp 138 KB
+    {128, 128, 64, 3, 2, 2, 2, 3},   // 103 KB, wide 82 KB, 8-warp 202 KB
+    {256, 256, 64, 3, 1, 0, 0, 0},   // 203 KB (a wide or 8-warp tile would not fit)
 };
 inline constexpr int32_t kHopperNumDecodeConfigs =
     int32_t(sizeof(kHopperDecodeConfigs) / sizeof(kHopperDecodeConfigs[0]));
 
-/// Rows of Q per CTA of the narrow tile (one m16 MMA tile) and warps per CTA.
+/// Rows of Q per CTA of the narrow tile (one m16 MMA tile; 4 warps on 64-key blocks).
 inline constexpr int32_t kDecodeNarrowRows = 16;
-inline constexpr int32_t kDecodeWarps = 4;
+/// The narrow tile's 8-warp form: 128-key blocks, warp w takes keys 16w..16w+15 of each, so a CTA
+/// alone on its SM has two warps per scheduler to overlap its latency chains (at batch 1 a 4-warp
+/// CTA is issue-bound on one warp per scheduler: ncu, bench/results/history.md) and walks a split
+/// in half the steps, each step's copies spread over 256 threads. Used where every CTA of the
+/// launch has an SM of its own and its split is short (launch_decode.h decode_eight_warps): at
+/// most kDecodeEightWarpMaxSplitBlocks 64-key blocks. A longer split is a stream that DRAM paces,
+/// where the 4-warp CTA's finer ring was as fast or up to 1.5% faster.
+inline constexpr int32_t kDecodeEightWarps = 8;
+inline constexpr int32_t kDecodeEightWarpKeys = 128;
+inline constexpr int32_t kDecodeEightWarpMaxSplitBlocks = 16;
 /// Rows of Q per CTA of the wide tile (one m16 tile per warp): its 4 warps share every K/V copy of
 /// a block, which the 16-row tiles of the same rows would each repeat, but each warp walks 4x the
 /// rows of a block in one dependent chain (a wide CTA takes 1.2-1.9 us per 64-key block where a
@@ -130,7 +143,8 @@ constexpr const HopperDecodeConfig* hopper_decode_bucket(int32_t d, int32_t dv) 
   return smallest_fitting_row(kHopperDecodeConfigs, w, w);
 }
 
-/// The row tile of a decode launch: rows per CTA and the CTAs an SM holds.
+/// The row tile of a decode launch: rows per CTA and the CTAs an SM holds (the split count's
+/// wave; the 8-warp form of the narrow tile is chosen after the split count, launch_decode.h).
 struct DecodeTile {
   int32_t rows;
   int32_t ctas_per_sm;

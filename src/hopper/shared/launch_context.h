@@ -44,6 +44,9 @@ struct LaunchContext {
   /// tiles (0) or wide 64-row tiles where the bucket has them (1): override "decode_tile", for the
   /// tests and the A/B.
   int8_t decode_tile = -1;
+  /// Decode: the narrow tile's 4-warp (0) or 8-warp (1) form, or the selector's (-1,
+  /// decode/launch_decode.h decode_eight_warps): override "decode_warps", for the tests and the A/B.
+  int8_t decode_warps = -1;
   /// Varlen and KV-cache calls: the device's asynchronous error word (device_state.h); else nullptr.
   uint32_t* async_error = nullptr;
   /// The API call the decode launch names in CUDA errors (forward_with_kvcache, or fa4::forward
