@@ -28,7 +28,7 @@ import fa4
 from ab_variants import load, parse, use
 from bench_decode import _in, make_problem
 from bench_fwd import sdpa_fn
-from kernel_times import kernel_times
+from kernel_times import kernel_names, kernel_times
 
 # (batch, seqlen_k, heads, heads_kv, headdim, page_size: 0 = dense), one query per sequence
 SHAPES = [
@@ -58,12 +58,17 @@ def main():
     if args.flush != "none":
         buf = torch.zeros(64 << 20, dtype=torch.float32, device="cuda")  # 256 MB
         flush = buf.zero_ if args.flush == "write" else (lambda: buf.sum())
-    flush_names = tuple(kernel_times(flush)) if flush else ()
+    flush_names = kernel_names(flush) if flush else set()
 
     def timed(fn):
         if flush is None:
             return kernel_times(fn)
         return kernel_times(lambda: (flush(), fn()), exclude=flush_names)
+
+    def check_apart(name, fn):  # a contender's own kernel must not be taken for the flush's
+        shared = kernel_names(fn) & flush_names
+        if shared:
+            raise RuntimeError(f"{name} launches the L2 flush's kernels {sorted(shared)}: its times would miss them")
     rows = []
     for (b, sk, h, hk, d, page) in shapes:
         q, kc, vc, lens, table, (k, v) = make_problem(b, sk, 1, h, hk, d, page, torch.bfloat16, gen)
@@ -87,6 +92,9 @@ def main():
             fns[n] = (lambda lib_=lib, env_=env: (use(lib_, env_), fa4.flash_attn_with_kvcache(
                 q, kc, vc, cache_seqlens=lens, page_table=table)))
         names = list(fns)
+        if flush:
+            for n in names:
+                check_apart(n, fns[n])
         times = {n: [] for n in names}
         for r in range(args.rounds):
             for n in names[r % len(names):] + names[:r % len(names)]:

@@ -14,8 +14,8 @@ With --backward the backward alone is timed (torch.autograd.grad of an output ea
 computed, retain_graph; FLOPs x 2.5), against cuDNN's backward, and dq is compared with cuDNN's;
 each variant's dk and dv (and dq with --deterministic) are also compared bitwise with the first
 variant's (a change that should not alter results, e.g. skipped products of zero padding).
-A variant may also force libfa4's kernel choices for its calls (bench_fwd.OVERRIDES: lpt,
-schedule, epilogue, stream_k, small_q, bwd_lpt_band, bwd_walk; the others go back to auto):
+A variant may also force libfa4's kernel choices for its calls (any name of bench_fwd.OVERRIDES,
+e.g. lpt, schedule, epilogue, bwd_lpt_band, decode_warps; the others go back to auto):
     static=path/libfa4.so?schedule=static&lpt=1      banded=path/libfa4.so?bwd_lpt_band=16&bwd_walk=desc
 --deterministic (with --backward) runs fa4 in deterministic mode; --shape replaces the shape list
 (its head dims must be in --headdims).

@@ -38,8 +38,8 @@ SWEEP_SPLITS = [0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256]
 
 
 def kernel_times(fn, exclude=()):
-    """us per call of each kernel fn launches (mean over CALLS calls), kernels named in `exclude`
-    left out."""
+    """us per call of each kernel fn launches (mean over CALLS calls), by the first 60 characters of
+    its name; kernels whose full name is in `exclude` left out."""
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -48,10 +48,19 @@ def kernel_times(fn, exclude=()):
         torch.cuda.synchronize()
     per = defaultdict(list)
     for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and e.name[:60] not in exclude:
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.name not in exclude:
             per[e.name[:60]].append(e.device_time_total)
-    # us per call of each kernel (mean over the calls)
     return {k: round(sum(v) / CALLS, 2) for k, v in per.items()}
+
+
+def kernel_names(fn):
+    """Full names of the kernels (and memsets) one call of fn launches."""
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
 
 
 def global_merge_times(fn):

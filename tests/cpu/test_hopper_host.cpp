@@ -678,6 +678,10 @@ TEST(HopperHost, DecodeEightWarps) {
   p.num_heads = 32;
   p.num_heads_kv = 8;  // 8 tiles x 16 splits = 128 CTAs <= 132 SMs
   EXPECT_TRUE(eight(c128));
+  p.seqlen_q = 4;  // 16 rows per KV head: full tiles (chunked prefill, speculative decoding), not
+  EXPECT_FALSE(eight(c128));  // measured in the 8-warp form
+  EXPECT_TRUE(eight(c128, 1));
+  p.seqlen_q = 1;
   p.key_capacity = 1024;  // 16 blocks: 8 splits of 2 (one cluster per tile)
   EXPECT_EQ(decode_num_splits(p, c128, sms), 8);
   EXPECT_TRUE(eight(c128));

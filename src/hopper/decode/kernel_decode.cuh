@@ -7,7 +7,7 @@
 //     head of one KV head), row r -> token r / group, head kv_head * group + r % group, so one K/V
 //     load serves them all;
 //   * splits the keys (split-KV, FlashDecoding): grid (split, kv head x row tile, batch), each CTA
-//     one range of 64-key blocks, merged with the shared merge maths (core/softmax.h). The splits
+//     one range of kBlockN-key blocks (64, or 128 in the 8-warp form below), merged with the shared merge maths (core/softmax.h). The splits
 //     of a tile that form one thread-block cluster (up to 16) merge through distributed shared
 //     memory: CTA q of the cluster merges columns q x kD / cluster.. of the tile, and every CTA
 //     pushes its normalised partial's columns and log2-sum-exps to the CTA that merges them (remote
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
   const detail::KVCacheParams& p = a.p;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   // The warp's 16 rows and its keys of a block (spelled out per tile so that the narrow tile's
-  // index maths folds: warp < 4 is not known to the compiler).
+  // index maths folds: warp < kWarps is not known to the compiler).
   const int rw = kRowWarps == 1 ? 0 : warp, kw = kRowWarps == 1 ? warp : 0;
   const int32_t split = blockIdx.x, b = blockIdx.z;
   const int32_t kv_head = blockIdx.y / a.row_tiles, row_tile = blockIdx.y % a.row_tiles;
@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
   const CacheSeq cs = cache_seq(p, b);
   uint32_t bad = cs.bad;
   const int32_t seqlen_k = cs.seqlen_k;
-  // Keys any query row sees (bottom-right masks: both ends grow with the row), in 64-key blocks
+  // Keys any query row sees (bottom-right masks: both ends grow with the row), in kBlockN-key blocks
   // from `first`; split s takes blocks [s * per, (s + 1) * per). Sequence-wide, so every CTA of one
   // (split, sequence) checks the same pages and agrees on its flag.
   const detail::KeyRange seq_keys{detail::visible_key_range(0, p.seqlen_q, seqlen_k, p.mask).first,
@@ -276,11 +276,11 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
 
   const Elem* k_base = static_cast<const Elem*>(p.k) + int64_t(kv_head) * p.k_stride.head;
   const Elem* v_base = static_cast<const Elem*>(p.v) + int64_t(kv_head) * p.v_stride.head;
-  // Paged: row offsets (elements; -1: not loaded) of a block's 64 keys in K and V, one row per
-  // thread of the first 64. Computed one block ahead into registers and stored after the compute,
+  // Paged: row offsets (elements; -1: not loaded) of a block's kBlockN keys in K and V, one row per
+  // thread of the first kBlockN. Computed one block ahead into registers and stored after the compute,
   // so the page-table load (and the division by page_size) is off the path of the copies that use
   // it. A dense cache's rows are one stride apart: each thread steps its own pointer instead.
-  int64_t* sOff = reinterpret_cast<int64_t*>(sRing + kStages * Smem::kStageElems);  // [stage][K, V][64]
+  int64_t* sOff = reinterpret_cast<int64_t*>(sRing + kStages * Smem::kStageElems);  // [stage][K, V][kBlockN]
   auto row_offsets = [&](int32_t blk, int64_t& ko, int64_t& vo) {
     const int32_t j = int32_t(seq_keys.first) + blk * kBlockN + tid;
     ko = vo = -1;

@@ -110,7 +110,8 @@ void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, con
   check_cuda(raise_smem_limit_once<Key>(kernel, Smem::cluster_bytes(detail::kDecodeMaxCluster), p.device.index), kFn,
              "cudaFuncSetAttribute (decode shared memory)");
   const int64_t ctas = int64_t(a.num_splits) * p.num_heads_kv * a.row_tiles * p.batch;
-  const int64_t wave = int64_t(ctx.num_sms) * tile.ctas_per_sm;
+  // The 8-warp form's shared memory leaves one CTA per SM.
+  const int64_t wave = int64_t(ctx.num_sms) * (kBlockN == detail::kDecodeEightWarpKeys ? 1 : tile.ctas_per_sm);
   const int64_t merge_bytes =
       int64_t(a.num_splits) * std::min<int64_t>(rows, kRows) * p.headdim_v * int64_t(sizeof(float));
   a.cluster = ctx.decode_cluster != 0 && a.num_splits > 1

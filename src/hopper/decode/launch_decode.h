@@ -141,23 +141,30 @@ inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::H
 }
 
 /// Whether p's launch on row c runs the narrow tile in its 8-warp form (tuning_decode.h
-/// kDecodeEightWarps: 128-key blocks, two warps per scheduler): where c has that kernel, the tile
-/// t is narrow, every CTA of the launch (`splits` per tile) has an SM of its own, and each split
-/// of the cache's capacity keeps at least one 128-key block (kDecodeMinBlocksPerSplit 64-key
-/// blocks) and at most kDecodeEightWarpMaxSplitBlocks; `forced` (override "decode_warps": 0 never,
-/// 1 wherever c has it and t is narrow) for the tests and the A/B. The split count is the 4-warp
-/// tile's (decode_num_splits): the 8-warp CTA walks the same keys in half the steps. Measured
-/// (H200, bench/ab_decode.py, kernel time, 8 against 4 warps in one library, L2 refilled with
-/// clean lines before each call): batch 1, GQA 32/8 d128 KV 1k 8.04 against 9.44 us, 8k 16.38 /
-/// 17.44, GQA 8/1 32k 16.36 / 16.98, pages of 16 17.43 / 18.97; splits of 32 blocks and more
-/// (GQA 32/8 KV 32k, batch 8 KV 8k, KV 128k) within -1.5..+1.6% (bench/results/history.md).
+/// kDecodeEightWarpKeys: 128-key blocks, two warps per scheduler): where c has that kernel, the
+/// tile t is narrow and not full (decode steps: decode_full_tiles, whose latency chains were not
+/// measured in this form), every CTA of the launch (`splits` per tile) has an SM of its own, and
+/// the cache's capacity gives the splits one to kDecodeEightWarpMaxSplitBlocks / 2 128-key blocks
+/// each on average; `forced` (override "decode_warps": 0 never, 1 wherever c has it and t is
+/// narrow) for the tests and the A/B. The split count is the 4-warp tile's (decode_num_splits),
+/// which the kernel applies to 128-key blocks: a split's share is ceil(blocks / splits) of them,
+/// so where that rounds up the last splits get fewer or none (GQA 8/1 KV 32k: 112 splits of
+/// 256 blocks, 3 each, the last 26 empty), and the longest walk takes about half the 4-warp
+/// form's steps. Measured (H200, bench/ab_decode.py, kernel time, 8 against 4 warps in one
+/// library, L2 refilled with clean lines before each call): batch 1, GQA 32/8 d128 KV 1k 8.04
+/// against 9.44 us, 8k 16.38 / 17.44, GQA 8/1 32k 16.36 / 16.98, pages of 16 17.43 / 18.97, d64
+/// GQA 8/1 8k 11.26 / 11.51; equal or slower: GQA 8/1 d128 8k 13.81 / 13.80, d64 GQA 32/8 8k
+/// 13.94 / 13.74 (with L2 hot 9.00 / 10.06); with L2 flushed by writes (dirty lines written back
+/// during the call) -3.8..+1.3%, within that mode's noise; splits of 32 blocks and more (GQA 32/8
+/// KV 32k, batch 8 KV 8k, KV 128k) within -1.5..+1.6% (bench/results/history.md).
 inline bool decode_eight_warps(const detail::KVCacheParams& p, const detail::HopperDecodeConfig& c, int32_t num_sms,
                                const detail::DecodeTile& t, int32_t splits, int8_t forced = -1) {
   if (c.eight_warp_stages == 0 || t.rows != detail::kDecodeNarrowRows || forced == 0) return false;
   if (forced == 1) return true;
   const int64_t ctas = int64_t(splits) * decode_tiles(p, t.rows);
   const int64_t blocks = decode_key_blocks(p, c);
-  return ctas <= num_sms && blocks >= int64_t(splits) * detail::kDecodeMinBlocksPerSplit &&
+  return !decode_full_tiles(p, t) && ctas <= num_sms &&
+         blocks >= int64_t(splits) * (detail::kDecodeEightWarpKeys / c.block_n) &&
          blocks <= int64_t(splits) * detail::kDecodeEightWarpMaxSplitBlocks;
 }
 

@@ -7,8 +7,8 @@
 //
 // Geometry (decode/kernel_decode.cuh): a CTA owns the query rows of one tile of one KV head
 // (pack-GQA: row = query token x head of the group) and one split of the keys. A narrow tile has 16
-// rows and its 4 warps take 16 keys each of every 64-key block, so one K/V load serves the whole
-// head group; a wide tile (decode_tile) has 64 rows, one warp per 16 of them over all the keys. The
+// rows and its 4 warps take 16 keys each of every 64-key block (8 warps of a 128-key block in its
+// 8-warp form), so one K/V load serves the whole head group; a wide tile (decode_tile) has 64 rows, one warp per 16 of them over all the keys. The
 // kernel is bandwidth-bound: the stages keep (stages - 1) K/V blocks in flight per CTA while one is
 // consumed, and the shared memory they take decides how many CTAs fit an SM (228 KB per SM on the
 // H200).
@@ -52,14 +52,13 @@ inline constexpr int32_t kHopperNumDecodeConfigs =
 
 /// Rows of Q per CTA of the narrow tile (one m16 MMA tile; 4 warps on 64-key blocks).
 inline constexpr int32_t kDecodeNarrowRows = 16;
-/// The narrow tile's 8-warp form: 128-key blocks, warp w takes keys 16w..16w+15 of each, so a CTA
-/// alone on its SM has two warps per scheduler to overlap its latency chains (at batch 1 a 4-warp
-/// CTA is issue-bound on one warp per scheduler: ncu, bench/results/history.md) and walks a split
-/// in half the steps, each step's copies spread over 256 threads. Used where every CTA of the
+/// The narrow tile's 8-warp form: 128-key blocks (8 warps of 16 keys), so a CTA alone on its SM
+/// has two warps per scheduler to overlap its latency chains (at batch 1 a 4-warp CTA is
+/// issue-bound on one warp per scheduler: ncu, bench/results/history.md) and walks its keys in
+/// about half the steps, each step's copies spread over 256 threads. Used where every CTA of the
 /// launch has an SM of its own and its split is short (launch_decode.h decode_eight_warps): at
 /// most kDecodeEightWarpMaxSplitBlocks 64-key blocks. A longer split is a stream that DRAM paces,
 /// where the 4-warp CTA's finer ring was as fast or up to 1.5% faster.
-inline constexpr int32_t kDecodeEightWarps = 8;
 inline constexpr int32_t kDecodeEightWarpKeys = 128;
 inline constexpr int32_t kDecodeEightWarpMaxSplitBlocks = 16;
 /// Rows of Q per CTA of the wide tile (one m16 tile per warp): its 4 warps share every K/V copy of
