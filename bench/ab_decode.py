@@ -14,8 +14,8 @@ Usage (GPU machine, repo root; bench/device_run.sh DAB=1 runs it on OLD / new / 
                         serving engine's preallocated cache does; cuDNN runs on those keys only
     ... --flush write   L2 flushed before every call by writing 256 MB (triton's do_bench, so
                         bench_decode.py: the evictions then also write those dirty lines back)
-    ... --flush read    ... by reading 256 MB (L2 full of clean lines, as after a layer's GEMMs
-                        read their weights); the flush's kernels are not counted either way
+    ... --flush read    ... by reading 256 MB (L2 then full of clean lines); the flush's kernels
+                        are not counted either way (bench/results/history.md compares the two)
 """
 import argparse
 import json
