@@ -4,8 +4,8 @@ kernel time per call (torch.profiler, the sum of a call's kernels, bench/kernel_
 median over --rounds rounds with the order rotated each round. The decode counterpart of
 bench/ab_variants.py (which times forwards and backwards); a tuning tool, not a benchmark of
 record (back-to-back calls; no L2 flush unless --flush). Paged shapes use pages in random order;
-cuDNN (SDPA has no paged path) runs on the same keys as a dense cache. Each variant's output is compared with
-cuDNN's (max abs difference), so a broken variant shows in its line.
+cuDNN (SDPA has no paged path) runs on the same keys as a dense cache. Each variant's output is
+compared with cuDNN's (max abs difference), so a broken variant shows in its line.
 
 Usage (GPU machine, repo root; bench/device_run.sh DAB=1 runs it on OLD / new / VARIANTS):
     PYTHONPATH=python:bench python3 bench/ab_decode.py OUT.json old=build-old/src/libfa4.so new=build-dev/src/libfa4.so
@@ -100,10 +100,12 @@ def main():
             for n in names[r % len(names):] + names[:r % len(names)]:
                 times[n].append(sum(timed(fns[n]).values()))
         us = {n: round(statistics.median(t), 2) for n, t in times.items()}
-        rows.append({"batch": b, "seqlen_k": sk, "cache_seqlens": used, "l2_flush": args.flush, "heads": h, "heads_kv": hk, "headdim": d, "page_size": page,
+        rows.append({"batch": b, "seqlen_k": sk, "cache_seqlens": used, "l2_flush": args.flush, "heads": h,
+                     "heads_kv": hk, "headdim": d, "page_size": page,
                      "us": us, "ratio_vs_cudnn": {n: round(us["cudnn"] / us[n], 3) for n in libs},
                      "max_abs_err_vs_cudnn": err})
-        print(f"b{b} kv{sk}{'' if used == sk else f' used {used}'} {h}/{hk} d{d} page{page}: " + " ".join(f"{n} {us[n]:.2f}" for n in names)
+        used_s = "" if used == sk else f" used {used}"
+        print(f"b{b} kv{sk}{used_s} {h}/{hk} d{d} page{page}: " + " ".join(f"{n} {us[n]:.2f}" for n in names)
               + " | x cudnn " + " ".join(f"{n} {us['cudnn'] / us[n]:.3f}" for n in libs)
               + " | err " + " ".join(f"{err[n]:.1e}" for n in libs), flush=True)
         del q, kc, vc, k, v, sdpa, ref

@@ -8,8 +8,8 @@
 // Geometry (decode/kernel_decode.cuh): a CTA owns the query rows of one tile of one KV head
 // (pack-GQA: row = query token x head of the group) and one split of the keys. A narrow tile has 16
 // rows and its 4 warps take 16 keys each of every 64-key block (8 warps of a 128-key block in its
-// 8-warp form), so one K/V load serves the whole head group; a wide tile (decode_tile) has 64 rows, one warp per 16 of them over all the keys. The
-// kernel is bandwidth-bound: the stages keep (stages - 1) K/V blocks in flight per CTA while one is
+// 8-warp form), so one K/V load serves the whole head group; a wide tile (decode_tile) has 64 rows,
+// one warp per 16 of them over all the keys. The kernel is bandwidth-bound: the stages keep (stages - 1) K/V blocks in flight per CTA while one is
 // consumed, and the shared memory they take decides how many CTAs fit an SM (228 KB per SM on the
 // H200).
 #pragma once
