@@ -57,7 +57,8 @@ std::string CaseSpec::describe() const {
   if (sink) s << " sink";
   if (softmax_scale) s << " scale=" << *softmax_scale;
   if (varlen) s << " varlen";
-  for (const auto& [name, values] : {std::pair{" lens_k=", &lens_k}, {" seqused_k=", &used_k}}) {
+  for (const auto& [name, values] :
+       {std::pair{" lens_q=", &lens_q}, {" lens_k=", &lens_k}, {" seqused_k=", &used_k}}) {
     if (values->empty()) continue;
     s << name;
     for (size_t i = 0; i < values->size(); ++i) s << (i ? "," : "") << (*values)[i];
@@ -85,6 +86,7 @@ Problem Problem::make(const CaseSpec& spec) {
     if (spec.varlen) {  // lengths in [1, seqlen] (0 only when seqlen is 0)
       lq = lq > 0 ? std::uniform_int_distribution<int32_t>(1, lq)(rng) : 0;
       lk = lk > 0 ? std::uniform_int_distribution<int32_t>(1, lk)(rng) : 0;
+      if (!spec.lens_q.empty()) lq = spec.lens_q.at(b);
       if (!spec.lens_k.empty()) lk = spec.lens_k.at(b);
     }
     s.cu_q.push_back(s.cu_q.back() + lq);

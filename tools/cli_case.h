@@ -37,6 +37,7 @@ struct CaseSpec {
   bool sink = false;                       ///< random per-head sink logits
   std::optional<float> softmax_scale;
   bool varlen = false;                     ///< random per-sequence lengths in [1, seqlen]
+  std::vector<int32_t> lens_q;             ///< varlen: these query lengths (one per sequence) instead
   std::vector<int32_t> lens_k;             ///< varlen: these key lengths (one per sequence) instead
   std::vector<int32_t> used_k;             ///< varlen: seqused_k (one per sequence, <= its length)
   float rescale_threshold = 8.0f;

@@ -103,7 +103,8 @@
 //     dimension of extent > 1 (TMA and 16-byte copies; the other outputs may be strided freely);
 //   * an explicit exp2_emulation_fraction > 0 where the kernel has no FMA share (forward buckets
 //     whose key tile is not a multiple of 128; the KV-cache kernel);
-//   * size limits (at most 2^31 - 1 rows of q and of k/v; tile counts in the messages).
+//   * size limits (at most 2^31 - 512 rows of q and of k/v, and keys of a KV cache; tile
+//     counts in the messages).
 #pragma once
 
 #include <cstddef>

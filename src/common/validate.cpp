@@ -272,8 +272,19 @@ void resolve_scalar_options(const Checker& c, const AttentionOptions& o, FwdPara
     p.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.headdim)));
   }
   p.softmax_scale_log2 = static_cast<float>(static_cast<double>(p.softmax_scale) * kLog2eF64);
+  // The kernels scale scores in log2 units (softmax_scale * log2(e)), and under softcap by
+  // softmax_scale / softcap and softcap * log2(e): each must be a finite float.
+  if (!std::isfinite(p.softmax_scale_log2))
+    c.invalid("options.softmax_scale = ", p.softmax_scale,
+              " must be at most FLT_MAX / log2(e) (about 2.36e38): softmax_scale * log2(e) is not a "
+              "finite float");
   if (!std::isfinite(o.softcap) || !(o.softcap >= 0.0f))
     c.invalid("options.softcap = ", o.softcap, " must be finite and >= 0 (0 = off)");
+  if (o.softcap > 0.0f &&
+      (!std::isfinite(static_cast<float>(static_cast<double>(o.softcap) * kLog2eF64)) ||
+       !std::isfinite(p.softmax_scale / o.softcap)))
+    c.invalid("options.softcap = ", o.softcap, " with softmax_scale = ", p.softmax_scale,
+              " is out of range: softcap * log2(e) and softmax_scale / softcap must be finite floats");
   p.softcap = o.softcap;
 
   // Case C08: -1 is the only "unbounded" sentinel; any other negative value would be read as an

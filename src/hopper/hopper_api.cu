@@ -28,6 +28,19 @@ namespace {
 std::atomic<uint64_t> g_fwd_tma_epilogue_calls{0};
 std::atomic<uint64_t> g_bwd_tma_epilogue_calls{0};
 
+/// Every block of query rows or keys the kernels walk is within the row limit's margin
+/// (launch_context.h kMaxRows).
+constexpr bool blocks_within_row_margin() {
+  for (const auto& c : detail::kHopperFwdConfigs)
+    if (c.tile_m > kMaxBlockRows || c.tile_n > kMaxBlockRows) return false;
+  for (const auto& c : detail::kHopperBwdConfigs)
+    if (c.tile_m > kMaxBlockRows || c.tile_n > kMaxBlockRows) return false;
+  for (const auto& c : detail::kHopperDecodeConfigs)
+    if (c.block_n > kMaxBlockRows) return false;
+  return detail::kDecodeEightWarpKeys <= kMaxBlockRows && detail::kDecodeWideRows <= kMaxBlockRows;
+}
+static_assert(blocks_within_row_margin(), "a tile is longer than launch_context.h kMaxBlockRows");
+
 constexpr int64_t kTmaAlignBytes = 16;   // TMA: global base and every stride, in bytes
 constexpr int64_t kTmaMaxStrideBytes = int64_t(1) << 40;
 constexpr int kHopperMajor = 9, kHopperMinor = 0;
@@ -140,8 +153,9 @@ std::string common_support(const detail::FwdParams& p) {
   const int64_t elem = dtype_size(p.dtype);
   const int64_t rows_q = p.is_varlen ? p.total_q : p.seqlen_q;
   const int64_t rows_k = p.is_varlen ? p.total_k : p.seqlen_k;
-  if (rows_q > INT32_MAX || rows_k > INT32_MAX)
-    return "the Hopper kernels address at most 2^31-1 rows of q and of k/v";
+  if (rows_q > kMaxRows || rows_k > kMaxRows)
+    return "the Hopper kernels handle at most 2^31 - 512 rows of q and of k/v (seqlen, or the packed total "
+           "for varlen); got " + std::to_string(rows_q) + " and " + std::to_string(rows_k);
   std::string why = check_tma_tensor("q", p.q, p.q_stride, rows_q, p.num_heads, p.batch, p.is_varlen, elem);
   if (why.empty()) why = check_tma_tensor("k", p.k, p.k_stride, rows_k, p.num_heads_kv, p.batch, p.is_varlen, elem);
   if (why.empty()) why = check_tma_tensor("v", p.v, p.v_stride, rows_k, p.num_heads_kv, p.batch, p.is_varlen, elem);
@@ -449,10 +463,9 @@ std::string kvcache_support(const detail::KVCacheParams& p, std::string* kernel_
   if (p.batch > 65535 || p.num_heads_kv > 65535 || int64_t(p.num_heads_kv) * row_tiles > 65535)
     return "the Hopper decode kernel handles at most 65535 sequences and 65535 (kv head, 16-row query "
            "tile) pairs per sequence (num_heads_kv * ceil(seqlen_q * num_heads / num_heads_kv / 16))";
-  // Key indices are int32 in the kernel, including a 64-key block past the last key.
-  if (int64_t(p.key_capacity) > int64_t(INT32_MAX) - 2 * 64)
+  if (int64_t(p.key_capacity) > kMaxRows)
     return "the Hopper decode kernel handles a key capacity (seqlen_cache, or max_pages * page_size) of "
-           "at most 2^31 - 129 keys; got " + std::to_string(p.key_capacity);
+           "at most 2^31 - 512 keys; got " + std::to_string(p.key_capacity);
   // 16-byte copies (cp.async, the append) and 8-byte stores of out: 16-byte aligned bases and
   // strides, the same rule as the TMA views of the forward.
   const int64_t elem = dtype_size(p.dtype);

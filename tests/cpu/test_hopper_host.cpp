@@ -23,6 +23,7 @@
 #include "hopper/bwd/tuning_bwd.h"
 #include "hopper/decode/launch_decode.h"
 #include "hopper/fwd/launch_fwd.h"
+#include "hopper/shared/launch_context.h"
 #include "hopper/shared/mask.cuh"
 #include "hopper/shared/tile_scheduler.cuh"
 
@@ -318,6 +319,54 @@ TEST(HopperHost, BackwardDenseQueryBlocksAreExactlyTheFullyVisibleOnes) {
   EXPECT_GT((check_dense_query_blocks<64, 128>()), 50);
   EXPECT_GT((check_dense_query_blocks<64, 64>()), 100);
   EXPECT_GT((check_dense_query_blocks<128, 128>()), 20);  // the d64 row's tile_m
+}
+
+// At the row limit (launch_context.h kMaxRows) the int32 tile arithmetic (a block's first index
+// plus its extent) still agrees with the predicate: the forward's key range and mask decision for
+// the last query block, and the backward's query blocks of the last key block, for the tables'
+// tile sizes, with full and partial last blocks.
+template <int kM, int kN>
+void check_row_limit_arithmetic() {
+  using fa4::detail::MaskSpec;
+  const MaskSpec masks[] = {{-1, -1}, {-1, 0}, {5, 3}, {0, -1}};
+  const int32_t max_rows = int32_t(fa4::hopper::kMaxRows);
+  // A block past the last row must stay inside int32 (else the sums below would overflow).
+  ASSERT_LE(int64_t(max_rows) - 1 + 2 * std::max(kM, kN), int64_t(INT32_MAX));
+  for (const MaskSpec& mk : masks)
+    for (int32_t sq : {max_rows, max_rows - 37, 300})
+      for (int32_t sk : {max_rows, max_rows - 61}) {
+        const int32_t m_last = (sq - 1) / kM, n_last = (sk - 1) / kN;
+        const int32_t row_lo = m_last * kM, row_hi = std::min(row_lo + kM, sq) - 1;  // as make_tile_info
+        const auto kr = fa4::hopper::TileKeyRange::make(row_lo, row_hi, sq, sk, mk, kN);
+        bool last_pair_sees = false;
+        for (int32_t n = n_last - 1; n <= n_last; ++n) {
+          bool any = false, all = true;
+          for (int64_t i = row_lo; i <= row_hi; ++i)
+            for (int64_t j = int64_t(n) * kN; j < int64_t(n + 1) * kN; ++j) {
+              const bool v = fa4::detail::key_visible(i, j, sq, sk, mk);
+              any |= v;
+              all &= v;
+            }
+          const bool in_range = n >= kr.n_block_min && n < kr.n_block_max;
+          if (any) EXPECT_TRUE(in_range) << kM << "x" << kN << " block " << n << " sq " << sq << " sk " << sk;
+          if (in_range && !all)
+            EXPECT_TRUE(kr.needs_mask(n, kN)) << kM << "x" << kN << " block " << n << " sq " << sq << " sk " << sk;
+          if (n == n_last) last_pair_sees = any;
+        }
+        const auto qb = fa4::hopper::query_blocks<kM, kN>(n_last, sq, sk, mk);
+        EXPECT_GE(qb.m_lo, 0);
+        EXPECT_LE(qb.m_hi, m_last + 1);
+        if (last_pair_sees)
+          EXPECT_TRUE(m_last >= qb.m_lo && m_last < qb.m_hi) << kM << "x" << kN << " sq " << sq << " sk " << sk;
+      }
+}
+TEST(HopperHost, TileArithmeticAtTheRowLimit) {
+  check_row_limit_arithmetic<192, 128>();  // forward d64
+  check_row_limit_arithmetic<128, 96>();   // forward d192
+  check_row_limit_arithmetic<128, 80>();   // forward d256
+  check_row_limit_arithmetic<64, 128>();   // backward d128
+  check_row_limit_arithmetic<128, 128>();  // backward d64, forward d128
+  check_row_limit_arithmetic<64, 64>();    // backward d256
 }
 
 // Backward workspace: varlen sequences' chunk ranges are disjoint and inside bwd_num_chunks.

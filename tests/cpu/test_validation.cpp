@@ -170,6 +170,17 @@ std::vector<BadCase> bad_cases() {
       {"softcap_nan", F::kForward, false,
        [](Problem& p) { p.opt.softcap = std::numeric_limits<float>::quiet_NaN(); },
        kInv, {"options.softcap = nan"}},
+      // Finite but beyond what the log2-unit scales hold: softmax_scale * log2(e), softcap *
+      // log2(e) and softmax_scale / softcap would be inf (every score NaN in the kernels).
+      {"scale_times_log2e_overflows", F::kForward, false, [](Problem& p) { p.opt.softmax_scale = 3.0e38f; },
+       kInv, {"options.softmax_scale = ", "FLT_MAX / log2(e)"}},
+      {"scale_times_log2e_overflows_backward", F::kBackward, false,
+       [](Problem& p) { p.opt.softmax_scale = 3.0e38f; }, kInv, {"fa4::backward: options.softmax_scale"}},
+      {"softcap_times_log2e_overflows", F::kForward, false, [](Problem& p) { p.opt.softcap = 3.0e38f; },
+       kInv, {"options.softcap = ", "must be finite floats"}},
+      {"softcap_below_scale_over_flt_max", F::kForward, false,
+       [](Problem& p) { p.opt.softmax_scale = 2.0f; p.opt.softcap = 5.0e-39f; },
+       kInv, {"options.softcap = ", "softmax_scale / softcap"}},
       {"C08_window_left_minus2", F::kForward, false,
        [](Problem& p) { p.opt.window_size_left = -2; p.opt.window_size_right = 0; },
        kInv, {"options.window_size_left = -2", "-1 (unbounded) or >= 0"}},

@@ -585,6 +585,47 @@ TEST(HopperBwd, SanitizeBadVarlenIndices) {
   split_check(dv, good_dv, v_row, p.seq.cu_k[1], "dv");
 }
 
+/// cu_seqlens_q that steps back (sequence 1 = [768, 0), breaking the rule) so that sequences 0
+/// and 2 both cover rows [0, 768): each is valid on its own, and their workspace chunks overlap
+/// (sequence 2's start at floor(0 / 64) + 2). In deterministic mode the key blocks of both then
+/// count on the same chunk semaphores; the call must finish (not wait forever for a count the
+/// other sequence's blocks have passed) and report the rule, in both modes.
+TEST(HopperBwd, OverlappingCuSeqlensQFinishesAndIsReported) {
+  REQUIRE_HOPPER();
+  CaseSpec s = base(128);  // tile_m 64: sequence 0's 12 chunks reach sequence 2's first (2)
+  REQUIRE_BUCKETS(s.headdim, s.dim_v(), fa4::test::kFwd | fa4::test::kBwd);
+  ASSERT_EQ(fa4::detail::hopper_bwd_bucket(128, 128)->tile_m, 64);
+  s.device = "cuda";
+  s.backward = true;
+  s.batch = 3;
+  s.varlen = true;
+  s.seqlen_q = s.seqlen_k = 256;
+  s.lens_q = {256, 256, 256};
+  s.lens_k = {256, 256, 256};  // two key blocks per sequence: chains of two on every chunk
+  for (bool det : {true, false}) {
+    SCOPED_TRACE(det ? "deterministic" : "default");
+    s.deterministic = det;
+    s.seed = fa4::test::next_seed();
+    Problem p = Problem::make(s);
+    p.seq.max_q = int32_t(p.seq.total_q());  // a sequence of all 768 rows is within max_seqlen_q
+    DeviceProblem dp(p, nullptr);
+    fa4::cli::run_forward(p, dp.placement(), fa4::Backend::kCuda);
+    const std::vector<int32_t> cu_q = {0, 768, 0, 768};
+    ASSERT_EQ(cudaMemcpy(dp.placement().cu_q, cu_q.data(), cu_q.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    fa4::cli::run_backward(p, dp.placement(), fa4::Backend::kCuda);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    try {
+      fa4::check_async_errors(0);
+      FAIL() << "no asynchronous error reported";
+    } catch (const fa4::Error& e) {
+      EXPECT_EQ(e.code(), fa4::ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("cu_seqlens_q"), std::string::npos) << e.what();
+    }
+    fa4::check_async_errors(0);  // reported once, then clear
+  }
+}
+
 TEST(HopperBwd, UnsupportedInputIsAClearError) {
   REQUIRE_HOPPER();
   CaseSpec s = base(60);  // every head dim up to 256 has a bucket; 60 is no multiple of 8 (TMA rows)

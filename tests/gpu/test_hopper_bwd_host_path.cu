@@ -32,6 +32,13 @@ using fa4::test::batched;
 using fa4::test::captured_buffers;
 using Problem = fa4::test::HostPathProblem;
 
+/// A backward captured into a CUDA graph (the preprocess, main kernel and postprocess kernel nodes;
+/// deterministic mode's cooperative main kernel too) replays to the eager result: dK/dV bitwise in
+/// both modes (registers, fixed order), dq bitwise in deterministic mode and within a bf16 rounding
+/// of the reduce-add order otherwise. GQA, causal, tails. The postprocess follows the main kernel
+/// by programmatic dependent launch (a programmatic graph edge). A workspace up to
+/// kGraphOwnedScratchMaxBytes belongs to the graph (kernel nodes alone); a larger one is graph
+/// memory (an allocation and a free node).
 TEST(HopperBwd, GraphReplayMatchesEager) {
   REQUIRE_HOPPER();
   REQUIRE_BUCKETS(128, 128, fa4::test::kFwd | fa4::test::kBwd);  // both problems below

@@ -7,7 +7,8 @@
 //   * device-resident cu_seqlens / seqused_k that break a rule are checked by the kernel: nothing
 //     is read or written out of bounds (run under compute-sanitizer: Sanitize* filter), the bad
 //     sequences are skipped (their rows keep the poison), the good ones are computed as if alone,
-//     and the next call on the device reports the broken rule, once.
+//     and the next call on the device reports the broken rule, once;
+//   * rows past the kernels' int32 row limit are refused by every direction's selector.
 // The backward's host path: test_hopper_bwd_host_path.cu.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -16,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <optional>
 #include <random>
 #include <string>
@@ -25,6 +27,7 @@
 #include "fa4/attention.h"
 #include "core/float16.h"
 #include "hopper/shared/device_state.h"
+#include "hopper/shared/launch_context.h"
 
 #include "gpu_test_util.cuh"
 #include "host_path_problem.cuh"
@@ -499,11 +502,61 @@ TEST(HopperFwd, SanitizeBadVarlenIndices) {
   }
 }
 
-/// A backward captured into a CUDA graph (the preprocess, main kernel and postprocess kernel nodes;
-/// deterministic mode's cooperative main kernel too) replays to the eager result: dK/dV bitwise in
-/// both modes (registers, fixed order), dq bitwise in deterministic mode and within a bf16 rounding
-/// of the reduce-add order otherwise. GQA, causal, tails. The postprocess follows the main kernel
-/// by programmatic dependent launch (a programmatic graph edge). A workspace up to
-/// kGraphOwnedScratchMaxBytes belongs to the graph (kernel nodes alone); a larger one is graph
-/// memory (an allocation and a free node).
+/// The row limit (src/hopper/shared/launch_context.h kMaxRows = 2^31 - 512: the kernels add a
+/// block's extent to int32 row and key indices): at the limit every direction's selector accepts,
+/// one row past it each refuses and names the limit. The queries read no tensor memory, so the
+/// views sit at far-apart addresses that are never dereferenced (no 32-GiB allocation).
+TEST(HopperFwd, RowLimitIsAClearErrorInEveryDirection) {
+  REQUIRE_HOPPER();
+  REQUIRE_BUCKETS(64, 64, fa4::test::kFwd | fa4::test::kBwd | fa4::test::kDecode);
+  const auto dev = fa4::Device::cuda(0);
+  int next = 0;  // each view gets its own 1-TiB slot of the address space
+  auto view = [&](DType t, std::initializer_list<int64_t> shape) {
+    void* at = reinterpret_cast<void*>((uintptr_t(1) << 44) + uintptr_t(next++) * (uintptr_t(1) << 40));
+    return TensorView::contiguous(at, t, shape, dev);
+  };
+  for (int64_t rows : {fa4::hopper::kMaxRows, fa4::hopper::kMaxRows + 1}) {
+    SCOPED_TRACE(rows);
+    const bool fits = rows <= fa4::hopper::kMaxRows;
+    auto expect = [&](const std::string& why, const char* direction) {
+      if (fits)
+        EXPECT_EQ(why, "") << direction;
+      else
+        EXPECT_NE(why.find("2^31 - 512"), std::string::npos) << direction << ": " << why;
+    };
+    next = 0;
+    const TensorView q = view(DType::kBF16, {1, rows, 1, 64}), k = view(DType::kBF16, {1, rows, 1, 64}),
+                     v = view(DType::kBF16, {1, rows, 1, 64}), out = view(DType::kBF16, {1, rows, 1, 64}),
+                     lse = view(DType::kFP32, {1, 1, rows});
+    fa4::AttentionOptions fo;
+    fo.backend = fa4::Backend::kCuda;
+    fo.causal = true;
+    expect(fa4::forward_support(q, k, v, out, lse, fo), "forward");
+    // A short query block against the long keys: the key count alone is over the limit.
+    const TensorView q1 = view(DType::kBF16, {1, 128, 1, 64}), out1 = view(DType::kBF16, {1, 128, 1, 64}),
+                     lse1 = view(DType::kFP32, {1, 1, 128});
+    expect(fa4::forward_support(q1, k, v, out1, lse1, fo), "forward, long keys");
+
+    fa4::BackwardOptions bo;
+    bo.backend = fa4::Backend::kCuda;
+    bo.causal = true;
+    const TensorView dout = view(DType::kBF16, {1, rows, 1, 64}), dq = view(DType::kBF16, {1, rows, 1, 64}),
+                     dk = view(DType::kBF16, {1, rows, 1, 64}), dv = view(DType::kBF16, {1, rows, 1, 64});
+    std::string bwd_why;
+    try {
+      EXPECT_GT(fa4::backward_workspace_size(dout, q, k, v, out, lse, dq, dk, dv, bo), 0u);
+    } catch (const fa4::Error& e) {
+      EXPECT_EQ(e.code(), fa4::ErrorCode::kUnsupported) << e.what();
+      bwd_why = e.what();
+    }
+    expect(bwd_why, "backward");
+
+    fa4::KVCacheOptions ko;
+    ko.backend = fa4::Backend::kCuda;
+    const TensorView qd = view(DType::kBF16, {1, 1, 8, 64}), outd = view(DType::kBF16, {1, 1, 8, 64}),
+                     lsed = view(DType::kFP32, {1, 8, 1});
+    expect(fa4::forward_with_kvcache_support(qd, k, v, outd, lsed, ko), "decode");
+  }
+}
+
 }  // namespace

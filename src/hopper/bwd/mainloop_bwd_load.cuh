@@ -169,8 +169,14 @@ struct BwdDqWriter {
           float* dst = p.dq_accum + chunk * (kBlockM * Kt::kHeadDim);
           if (p.deterministic) {
             const int32_t before = blocks_before(p, ti, m);
+            // At least `before` adds, not exactly: with valid indices only the key block whose
+            // turn it is can pass either way, but sequences whose cu_seqlens_q overlap (flagged
+            // as bad, kBadCuSeqlensQ) share a chunk and its count, which then never returns to a
+            // value another sequence's block waits for; with `>=` every chain still finishes
+            // (its blocks before this one have lower tile indices and are done) and the error
+            // is reported instead of the kernel hanging.
             if (leader) {
-              while (arch::load_acquire(p.dq_semaphore + chunk) != before) {
+              while (arch::load_acquire(p.dq_semaphore + chunk) < before) {
               }
             }
             __syncwarp();

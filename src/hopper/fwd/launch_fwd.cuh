@@ -96,7 +96,7 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   p.cu_seqlens_q = fp.cu_seqlens_q;
   p.cu_seqlens_k = fp.cu_seqlens_k;
   p.seqused_k = fp.seqused_k;
-  p.total_q = int32_t(fp.total_q);  // varlen: forward_support allows at most 2^31-1 rows (unused batched)
+  p.total_q = int32_t(fp.total_q);  // varlen: common_support allows at most kMaxRows (unused batched)
   p.total_k = int32_t(fp.total_k);
   p.async_error = ctx.async_error;
   p.sink = fp.sink;

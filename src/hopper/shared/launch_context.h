@@ -10,6 +10,15 @@ namespace fa4::hopper {
 /// <= 2^16) past the last one, which must not overflow.
 inline constexpr int64_t kMaxTiles = int64_t(INT32_MAX) - (int64_t(1) << 16);
 
+/// Longest block any kernel walks (query rows or keys): the tuning tables are checked against it
+/// (hopper_api.cu).
+inline constexpr int32_t kMaxBlockRows = 256;
+/// Most rows of q and of k/v a launch takes (a batched sequence length, a varlen packed total, a
+/// decode kernel's key capacity). Rows and keys are int32 in the kernels, which add a block's
+/// extent to its first index and form fragment rows past a sequence's last row; two blocks of
+/// margin keep those sums inside int32: 2^31 - 512.
+inline constexpr int64_t kMaxRows = int64_t(INT32_MAX) + 1 - 2 * kMaxBlockRows;
+
 /// Host facts the launch needs (queried once per device by hopper_api.cu) and its choices.
 struct LaunchContext {
   int32_t num_sms = 0;
