@@ -72,6 +72,25 @@ def test_padding_mask_matches_per_row_attention():
         assert torch.all(out[b, ~mask[b]] == 0)
 
 
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_cross_attention_keeps_every_query_row(q_len):
+    # Encoder-decoder cross-attention: a non-causal call whose 2-D mask pads the encoder's keys
+    # (row 0 right-padded). No decoder query is padding: each attends to its row's real keys.
+    import fa4
+
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, q_len, 16, generator=g)
+    k, v = (torch.randn(2, 2, 5, 16, generator=g) for _ in range(2))
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    out, _ = fa4_hf.fa4_attention_forward(_Bidirectional(), q, k, v, mask)
+    assert out.shape == (2, q_len, 4, 16)
+    for b in range(2):
+        idx = mask[b].nonzero().flatten()
+        want = fa4.flash_attn_func(q[b:b + 1].transpose(1, 2), k[b:b + 1, :, idx].transpose(1, 2),
+                                   v[b:b + 1, :, idx].transpose(1, 2))
+        torch.testing.assert_close(out[b], want[0], rtol=1e-5, atol=1e-5)
+
+
 def _filled(x, n):  # the first n slots of (b, h, s, d) buffers, as fa4's (b, s, h, d)
     return x[:, :, :n].transpose(1, 2)
 

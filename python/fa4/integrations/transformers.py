@@ -8,8 +8,11 @@ format of the flash-attention family, so each layer receives:
   transposed (as views) into fa4's (batch, seq, heads, dim); GQA is native (no repeat_kv);
 * attention_mask: None (no padding) or a bool (batch, kv_len) padding mask, True = real token.
   Padding is removed and the call becomes varlen (cu_seqlens): left, right or both-sided padding,
-  in prefill and in decode with a KV cache. The queries are the last q_len positions of the kv
-  sequence. Causal masks are bottom-right aligned per sequence, which equals transformers'
+  in prefill and in decode with a KV cache. In self-attention (q_len == kv_len) and in a causal
+  call with more keys than queries (decoding, a chunk into a cache) the queries are the last
+  q_len positions of the kv sequence, and padded query rows are 0; a non-causal call with
+  q_len != kv_len (cross-attention, where the mask pads the encoder's keys) keeps every query
+  row. Causal masks are bottom-right aligned per sequence, which equals transformers'
   position-based causal mask on the real tokens.
   A 4-D mask (a custom or pre-built mask) cannot be represented and is rejected with an error;
 * sliding_window=W (Mistral & co.): a query sees itself and the W-1 keys before it, i.e.
@@ -40,7 +43,7 @@ through fa4.flash_attn_with_kvcache (on CUDA the decode kernel), anything else t
 varlen forward with seqused_k (differentiable; it copies the packed keys). Without position_ids
 all key slots are taken as filled.
 
-Returns (attn_output (batch, q_len, num_heads, head_dim), None); padded query rows are 0.
+Returns (attn_output (batch, q_len, num_heads, head_dim), None).
 """
 
 from __future__ import annotations
@@ -229,7 +232,11 @@ def fa4_attention_forward(module, query, key, value, attention_mask, dropout=0.0
         k, v, kv_len = k[:, :mask.shape[1]], v[:, :mask.shape[1]], mask.shape[1]
     if window[0] >= 0:
         _check_no_holes(mask)
-    q_mask = mask[:, -q_len:]  # the queries are the last q_len positions of the kv sequence
+    if q_len == kv_len or causal:
+        q_mask = mask[:, -q_len:]  # the queries are the last q_len positions of the kv sequence
+    else:
+        # Cross-attention (the mask pads the encoder's keys): no query row is padding.
+        q_mask = torch.ones(batch, q_len, dtype=torch.bool, device=mask.device)
     q_packed, cu_seqlens_q, max_q, q_idx = _unpad(q, q_mask)
     k_packed, cu_seqlens_k, max_k, k_idx = _unpad(k, mask)
     v_packed = v.reshape(-1, *v.shape[2:]).index_select(0, k_idx)
