@@ -354,12 +354,40 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
+_SECOND_ORDER_ERROR = (b"fa4: the attention backward is first-order only; differentiating its "
+                       b"gradients (create_graph=True: a gradient penalty, a Hessian-vector "
+                       b"product) is not supported")
+
+
+def first_order_only(grads, *inputs):
+    """The backward's gradients as they are; or, where autograd records the backward
+    (create_graph=True) and one of `inputs` (the incoming gradient and the forward's
+    differentiable inputs) requires grad, behind a node that raises once the second-order graph
+    is used. Without it the gradients are constants to autograd and their second-order term is
+    silently 0: torch's once_differentiable checks only the incoming gradient, which a gradient
+    penalty's loss weights leave constant. Traced code (torch.compile) keeps the gradients as
+    they are: it compiles the first-order backward only."""
+    if (not torch.is_grad_enabled() or torch.compiler.is_compiling()
+            or not any(t is not None and t.requires_grad for t in inputs)):
+        return list(grads)
+    live = [i for i, g in enumerate(grads) if g is not None]
+    raising = torch._C._functions.DelayedError(_SECOND_ORDER_ERROR, len(live))(
+        *[grads[i].detach().requires_grad_() for i in live])
+    if isinstance(raising, Tensor):
+        raising = (raising,)
+    grads = list(grads)
+    for i, g in zip(live, raising):
+        grads[i] = g
+    return grads
+
+
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, seqused_k = ctx.saved_tensors
     bwd_call = torch.ops.fa4.bwd if _use_custom_op(dout, q) else _bwd_impl
-    dq, dk, dv, dsink = bwd_call(dout, q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k,
-                                 seqused_k, *ctx.scalars)
-    grads = [dq, dk, dv, dsink if sink is not None else None]
+    with torch.no_grad():
+        dq, dk, dv, dsink = bwd_call(dout, q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k,
+                                     seqused_k, *ctx.scalars)
+    grads = first_order_only([dq, dk, dv, dsink if sink is not None else None], dout, q, k, v, sink)
     return tuple(grads + [None] * (_N_FWD_INPUTS - len(grads)))
 
 
@@ -401,8 +429,8 @@ _N_FN_INPUTS = 9  # _FwdFunction's arguments: the 7 tensor slots of fa4::fwd, fn
 
 class _FwdFunction(torch.autograd.Function):
     """Eager autograd for _fwd_impl: the same saved state and backward as the custom op's.
-    First-order only, like the op (whose backward op has no autograd formula): a double backward
-    raises instead of silently dropping the second-order term.
+    First-order only, like the op: a double backward raises instead of silently dropping the
+    second-order term (first_order_only).
 
     The op's 11 scalar arguments come as one tuple: autograd.Function.apply costs ~0.1 us per
     argument, so 9 arguments instead of 19 save a microsecond per call. fn: the public function
@@ -416,7 +444,6 @@ class _FwdFunction(torch.autograd.Function):
         return out, lse
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, dout, dlse):
         return _backward(ctx, dout, dlse)[:_N_FN_INPUTS]
 

@@ -456,16 +456,17 @@ class _RingAttention(torch.autograd.Function):
         return out, lse
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, dout, dlse):
         q, k, v, out, lse, sink = ctx.saved_tensors
-        dout = dout.contiguous()
-        # The blocks' backward with the final out/lse (sink included) gives exact dq/dk/dv.
-        dq, dk, dv = _ring_backward(dout, q, k, v, out, lse, ctx.ring, ctx.plan, ctx.o)
-        dsink = None
-        if sink is not None and ctx.needs_input_grad[3]:
-            dsink = _dsink(dout, out, lse, sink).to(sink.dtype)
-        return dq, dk, dv, dsink, None, None, None
+        with torch.no_grad():
+            dout_c = dout.contiguous()
+            # The blocks' backward with the final out/lse (sink included) gives exact dq/dk/dv.
+            dq, dk, dv = _ring_backward(dout_c, q, k, v, out, lse, ctx.ring, ctx.plan, ctx.o)
+            dsink = None
+            if sink is not None and ctx.needs_input_grad[3]:
+                dsink = _dsink(dout_c, out, lse, sink).to(sink.dtype)
+        grads = _torch_ops.first_order_only([dq, dk, dv, dsink], dout, q, k, v, sink)
+        return (*grads, None, None, None)
 
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, group=None, causal: bool = False,

@@ -368,8 +368,18 @@ def test_eager_path_edge_cases(gen):
                  lambda x: torch.ops.fa4.fwd(x, k, v, None, None, None, None, 0, 0, None, True, -1,
                                              0, 0.0, None, 0.0, "auto", False)[0]):
         (gq,) = torch.autograd.grad(call(qg).pow(2).sum(), (qg,), create_graph=True)
-        with pytest.raises(RuntimeError):
+        with pytest.raises(RuntimeError, match="first-order only"):
             gq.pow(2).sum().backward()
+        # A gradient penalty weights the output by a constant: the incoming gradient needs no
+        # grad, the second-order term runs through q alone (torch's once_differentiable misses it).
+        w = torch.randn_like(q)
+        (gq,) = torch.autograd.grad((call(qg) * w).sum(), (qg,), create_graph=True)
+        with pytest.raises(RuntimeError, match="first-order only"):
+            gq.pow(2).sum().backward()
+        # create_graph=True alone is fine where the gradients are only read.
+        (gq,) = torch.autograd.grad((call(qg) * w).sum(), (qg,), create_graph=True)
+        (gq_ref,) = torch.autograd.grad((call(qg) * w).sum(), (qg,))
+        assert torch.equal(gq.detach(), gq_ref)
     # torch.jit.trace must record the op, not just the output allocations of the bypass.
     traced = torch.jit.trace(lambda x: fa4.flash_attn_func(x, k, v, **kw), (q,), check_trace=False)
     torch.testing.assert_close(traced(2 * q), fa4.flash_attn_func(2 * q, k, v, **kw), rtol=0, atol=0)
