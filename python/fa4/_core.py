@@ -126,6 +126,17 @@ def _dtype_message(fn: str, name: str, dtype, int32_name: str, fp32_name: str,
     return f"{fn}: {name}.dtype = {dtype} is not supported; use {value_names}"
 
 
+def require_writeable(fn: str, *named) -> None:
+    """Refuses a read-only NumPy array (a view of bytes, an mmap opened read-only, a broadcast
+    view) among the (array, name) pairs a call writes; torch tensors and None pass."""
+    for x, name in named:
+        flags = getattr(x, "flags", None)
+        if flags is not None and not getattr(flags, "writeable", True):
+            raise InvalidArgumentError(
+                f"{fn}: {name} is a read-only numpy.ndarray (flags.writeable is False); the call "
+                "writes it")
+
+
 def describe(x, name: str, fn: str, streams=None) -> _capi.Tensor:
     """fa4_tensor view of a NumPy array or torch tensor `x` (named `name` in error messages).
 
@@ -343,6 +354,7 @@ class CallOptions:
         (the torch ops share cached options between calls)."""
         c = CallOptions.__new__(CallOptions)
         c.struct = type(self.struct).from_buffer_copy(self.struct)
+        require_writeable(fn, (workspace, "workspace"))
         t = describe(workspace, "workspace", fn, streams)
         c._keep = self._keep + [t, workspace]
         c.struct.workspace = ctypes.pointer(t)
@@ -425,6 +437,8 @@ def numpy_forward_with_kvcache(q, k_cache, v_cache, *, fn: str, k_new=None, v_ne
             raise InvalidArgumentError(
                 f"{fn}: {name} is a {type(x).__name__}; q, k_cache, v_cache, k, v must all be "
                 "numpy.ndarray or all torch.Tensor")
+    if k_new is not None or v_new is not None:  # appended in place
+        require_writeable(fn, (k_cache, "k_cache"), (v_cache, "v_cache"))
     out_shape, lse_shape = kvcache_output_shapes(q.shape, v_cache.shape)
     if is_int_seqlens(cache_seqlens):
         cache_seqlens = np.full((q.shape[0],), _int32(int(cache_seqlens), "cache_seqlens", fn),
@@ -448,6 +462,7 @@ def forward(q, k, v, out, lse, **options) -> None:
     cu_seqlens_q/k, seqused_k). Raises a :class:`fa4.Fa4Error` subclass; nothing is written then.
     """
     fn = "fa4.forward"
+    require_writeable(fn, (out, "out"), (lse, "lse"))
     opts = CallOptions(fn, **options)
     ts = [describe(x, n, fn) for x, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse"))]
     _capi.forward(*ts, opts.struct)
@@ -459,6 +474,7 @@ def backward(dout, q, k, v, out, lse, dq, dk, dv, dsink=None, **options) -> None
     dk/dv are summed over the query heads sharing each KV head. Give the forward's options.
     """
     fn = "fa4.backward"
+    require_writeable(fn, (dq, "dq"), (dk, "dk"), (dv, "dv"), (dsink, "dsink"))
     opts = CallOptions(fn, **options)
     ts = [describe(x, n, fn) for x, n in ((dout, "dout"), (q, "q"), (k, "k"), (v, "v"),
                                            (out, "out"), (lse, "lse"), (dq, "dq"), (dk, "dk"),

@@ -612,4 +612,20 @@ def kvcache_attention(q, k_cache, v_cache, fn, k=None, v=None, cache_seqlens=Non
     tensors = (q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, page_table, sink)
     if _use_custom_op(*tensors):
         return torch.ops.fa4.fwd_kvcache(*tensors, *scalars)
-    return _kvcache_named(fn, *tensors, *scalars)
+    appends = k is not None or v is not None
+    if appends and not torch.is_inference_mode_enabled():
+        # What torch's in-place ops (and the op's dispatcher) refuse: an inference tensor has no
+        # version counter, so autograd could not see the write.
+        for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if cache.is_inference():
+                raise _capi.InvalidArgumentError(
+                    f"{fn}: {name} is an inference tensor (made under torch.inference_mode()); "
+                    "appending k/v writes it in place, which torch allows only inside "
+                    "torch.inference_mode()")
+    result = _kvcache_named(fn, *tensors, *scalars)
+    if appends:
+        # Written in place, as the op declares (mutates_args): autograd then refuses a backward
+        # that saved the caches' old values, as after any in-place torch op.
+        for cache in (k_cache, v_cache):
+            torch.autograd.graph.increment_version(cache)
+    return result

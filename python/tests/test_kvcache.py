@@ -162,6 +162,41 @@ def test_cpu_int_cache_seqlens_and_batch_idx(gen):
     assert isinstance(again, torch.Tensor) and torch.equal(again, out)
 
 
+def test_cpu_append_is_an_in_place_write_to_autograd(gen):
+    # As after any in-place torch op: a backward that saved the caches' old values refuses to
+    # run, and an inference tensor is written only inside inference_mode (eager and op routes).
+    b, h, d = 2, 2, 16
+    q = _randn(gen, (b, 1, h, d), torch.float32)
+    k_new, v_new = _randn(gen, (b, 1, h, d), torch.float32), _randn(gen, (b, 1, h, d), torch.float32)
+    lens = torch.tensor([3, 5], dtype=torch.int32)
+    for route in ("eager", "op"):
+        kc, vc = _randn(gen, (b, 8, h, d), torch.float32), _randn(gen, (b, 8, h, d), torch.float32)
+        w = torch.ones(b, 8, h, d, requires_grad=True)
+        loss = (w * kc).sum()  # saves kc
+        version = kc._version
+        if route == "eager":
+            fa4.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=lens)
+        else:
+            torch.ops.fa4.fwd_kvcache(q, kc, vc, k_new, v_new, lens, None, None, None, None,
+                                      False, -1, -1, 0.0, 0, None, None, "auto")
+        assert kc._version > version and torch.equal(kc[0, 3], k_new[0, 0])
+        with pytest.raises(RuntimeError, match="inplace operation"):
+            loss.backward()
+    with torch.inference_mode():
+        kc, vc = torch.zeros(b, 8, h, d), torch.zeros(b, 8, h, d)
+    with pytest.raises((ValueError, RuntimeError), match="inference"):
+        fa4.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=lens)
+    assert not kc.any()
+    with torch.inference_mode():
+        fa4.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=lens)
+    assert torch.equal(kc[1, 5], k_new[1, 0])
+    # Attending without appending reads the caches only: no version change.
+    kc = torch.zeros(b, 8, h, d)
+    version = kc._version
+    fa4.flash_attn_with_kvcache(q, kc, kc.clone(), cache_seqlens=lens)
+    assert kc._version == version
+
+
 def test_cpu_full_cache_without_seqlens(gen):
     dtype = torch.float32
     cache = Cache(gen, b=2, h=4, hkv=2, d=16, dtype=dtype, lens=[10, 10], new=0, capacity=10)

@@ -311,6 +311,42 @@ def test_library_errors_carry_messages_and_write_nothing(rng):
     assert np.all(out == POISON) and np.all(lse == POISON)
 
 
+def test_read_only_arrays_are_never_written(rng):
+    # A read-only array the call would write (out, lse, the gradients, an appended KV cache: a
+    # view of bytes, a read-only mmap) is refused by name, and nothing is written. Read-only
+    # inputs are fine, the backward's out and lse among them.
+    q, k, v = _qkv(rng)
+
+    def frozen(a):
+        a = a.copy()
+        a.flags.writeable = False
+        return a
+
+    out = np.full((1, 16, 4, 32), POISON, np.float32)
+    lse = np.full((1, 4, 16), POISON, np.float32)
+    with pytest.raises(fa4.InvalidArgumentError, match=r"fa4\.forward: out is a read-only"):
+        fa4.forward(q, k, v, frozen(out), lse)
+    with pytest.raises(fa4.InvalidArgumentError, match="lse is a read-only"):
+        fa4.forward(q, k, v, out, frozen(lse))
+    assert np.all(out == POISON) and np.all(lse == POISON)
+    fa4.forward(frozen(q), frozen(k), frozen(v), out, lse)
+    grads = [np.full(x.shape, POISON, np.float32) for x in (q, k, v)]
+    for i, name in enumerate(("dq", "dk", "dv")):
+        args = list(grads)
+        args[i] = frozen(args[i])
+        with pytest.raises(fa4.InvalidArgumentError, match=f"{name} is a read-only"):
+            fa4.backward(np.ones_like(out), q, k, v, out, lse, *args)
+    assert all(np.all(g == POISON) for g in grads)
+    fa4.backward(frozen(np.ones_like(out)), q, k, v, frozen(out), frozen(lse), *grads)
+    kc = frozen(np.zeros((1, 8, 2, 32), np.float32))
+    vc = np.zeros((1, 8, 2, 32), np.float32)
+    with pytest.raises(fa4.InvalidArgumentError, match="k_cache is a read-only"):
+        fa4.flash_attn_with_kvcache(q[:, :1], kc, vc, k[:, :1], v[:, :1],
+                                    cache_seqlens=np.array([2], np.int32))
+    assert not kc.any() and not vc.any()
+    fa4.flash_attn_with_kvcache(q[:, :1], kc, vc, cache_seqlens=np.array([2], np.int32))
+
+
 def test_python_side_errors(rng):
     q, k, v = _qkv(rng)
     with pytest.raises(fa4.InvalidArgumentError, match="float64"):
