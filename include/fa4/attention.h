@@ -1,6 +1,7 @@
 // fa4/attention.h — exact attention, forward and backward (FlashAttention-4, arXiv 2603.05451).
 //
-// LAYOUTS (flash-attn's). Strides are free except that the last dim (headdim) must be contiguous.
+// LAYOUTS (flash-attn's). Strides are free except that the last dim (headdim) must be contiguous
+// and no stride may be negative (on a dim of size > 1).
 //   batched:  q    (batch, seqlen_q, num_heads,    headdim)
 //             k    (batch, seqlen_k, num_heads_kv, headdim)
 //             v    (batch, seqlen_k, num_heads_kv, headdim_v)

@@ -32,12 +32,13 @@
  *
  * TENSORS
  *   fa4_tensor is a non-owning view: data pointer, dtype, ndim (0..4), shape and strides in
- *   ELEMENTS (int64, strides may be any value; the last dim must have stride 1 as fa4/attention.h
- *   says), and where the memory lives. For CUDA tensors `stream` is the cudaStream_t (NULL = the
- *   legacy default stream) on which the work is enqueued; the call returns without waiting for
- *   the GPU. All tensors of one call must live on one device. fa4 never allocates or frees caller
- *   memory, nor keeps a pointer to it past the call; CUDA tensors (options->workspace included)
- *   must stay allocated until the call's kernels have run, in stream order.
+ *   ELEMENTS (int64, strides >= 0 on dims of size > 1; the last dim must have stride 1 as
+ *   fa4/attention.h says), and where the memory lives. For CUDA tensors `stream` is the
+ *   cudaStream_t (NULL = the legacy default stream) on which the work is enqueued; the call returns
+ *   without waiting for the GPU. All tensors of one call must live on one device. fa4 never
+ *   allocates or frees caller memory, nor keeps a pointer to it past the call; CUDA tensors
+ *   (options->workspace included) must stay allocated until the call's kernels have run, in stream
+ *   order.
  *
  * THREADS: every function may be called from any thread at the same time.
  */

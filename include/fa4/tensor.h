@@ -47,8 +47,8 @@ struct Device {
   }
 };
 
-/// Non-owning strided view. Up to kMaxDims dimensions; shape[i] >= 0; strides in elements and
-/// may be any value (including 0 on size-1 dims, which fa4 ignores).
+/// Non-owning strided view. Up to kMaxDims dimensions; shape[i] >= 0; strides in elements, any
+/// value >= 0 (0 broadcasts an input; any value, negative too, on size-1 dims, which fa4 ignores).
 struct TensorView {
   static constexpr int kMaxDims = 4;
 

@@ -13,6 +13,7 @@
 #include "common/validate_checks.h"
 #include "core/constants.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -67,6 +68,42 @@ ByteRange byte_range(const TensorView& t) {
   r.hi = r.lo + uintptr_t((span + 1) * elem - 1);
   r.dense = span + 1 == numel && distinct_addresses(t);
   return r;
+}
+
+/// Whether some element of t has a byte in [lo, hi], for a view whose dims nest
+/// (distinct_addresses): by the dims of extent > 1 from the largest stride in, only the (at most
+/// two) blocks that [lo, hi] cuts need a look inside; a block between them lies wholly in it.
+bool element_in(const TensorView& t, uintptr_t lo, uintptr_t hi) {
+  int dims[TensorView::kMaxDims];
+  int n = 0;
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] <= 1) continue;
+    int i = n++;  // by decreasing stride
+    for (; i > 0 && t.stride[dims[i - 1]] < t.stride[d]; --i) dims[i] = dims[i - 1];
+    dims[i] = d;
+  }
+  const int64_t elem = dtype_size(t.dtype);
+  int64_t reach[TensorView::kMaxDims + 1];  // bytes from a block's first to past its last byte
+  reach[n] = elem;
+  for (int i = n - 1; i >= 0; --i) reach[i] = reach[i + 1] + (t.shape[dims[i]] - 1) * t.stride[dims[i]] * elem;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(t.data);
+  // [lo, hi] relative to the view's first byte, clipped to its bytes (the callers' ranges meet).
+  const int64_t want_lo = lo > base ? int64_t(lo - base) : 0;
+  const int64_t want_hi = std::min(int64_t(hi - std::min(hi, base)), reach[0] - 1);
+  if (hi < base || want_lo > want_hi) return false;
+  auto meets = [&](auto&& self, int i, int64_t off) -> bool {
+    if (i == n) return off <= want_hi && off + elem - 1 >= want_lo;
+    const int64_t step = t.stride[dims[i]] * elem, inner = reach[i + 1];
+    // Blocks j with [off + j step, off + j step + inner - 1] meeting [want_lo, want_hi].
+    const int64_t first = want_lo - off - inner + 1;
+    int64_t j_lo = first <= 0 ? 0 : (first + step - 1) / step;
+    int64_t j_hi = want_hi < off ? -1 : (want_hi - off) / step;
+    j_hi = std::min(j_hi, t.shape[dims[i]] - 1);
+    if (j_lo > j_hi) return false;
+    if (j_hi - j_lo >= 2) return true;  // block j_lo + 1 lies wholly inside
+    return self(self, i + 1, off + j_lo * step) || (j_hi > j_lo && self(self, i + 1, off + j_hi * step));
+  };
+  return meets(meets, 0, 0);
 }
 
 }  // namespace
@@ -146,12 +183,18 @@ void check_outputs_apart(const Checker& c, std::initializer_list<const Named*> o
       if (po == o && px == x) return same_view(o->t, x->t);
     return false;
   };
-  auto overlap = [](const ByteRange& a, const ByteRange& b) {
+  auto overlap = [&](int i, int j) {
+    const ByteRange &a = range[i], &b = range[j];
     if (a.hi < b.lo || b.hi < a.lo) return false;
     if (a.lo == b.lo) return true;  // the first elements share an address, dense or not
-    auto inside = [](uintptr_t p, const ByteRange& r) { return p >= r.lo && p <= r.hi; };
-    return (a.dense && b.dense) || (a.dense && (inside(b.lo, a) || inside(b.hi, a))) ||
-           (b.dense && (inside(a.lo, b) || inside(a.hi, b)));
+    if (a.dense && b.dense) return true;
+    // One dense: whether the other has an element in its bytes (exactly where the other's dims
+    // nest, as an output's must; else whether its first or last byte is there).
+    auto meets = [](const TensorView& s, const ByteRange& rs, const ByteRange& d) {
+      if (distinct_addresses(s)) return element_in(s, d.lo, d.hi);
+      return (rs.lo >= d.lo && rs.lo <= d.hi) || (rs.hi >= d.lo && rs.hi <= d.hi);
+    };
+    return (a.dense && meets(named[j]->t, b, a)) || (b.dense && meets(named[i]->t, a, b));
   };
   for (int i = 0; i < n_out; ++i) {
     if (range[i].empty) continue;
@@ -168,7 +211,7 @@ void check_outputs_apart(const Checker& c, std::initializer_list<const Named*> o
     for (int j = i + 1; j < n; ++j) {
       const Named* x = named[j];
       if (range[j].empty || !(x->t.device == t.device)) continue;
-      if (overlap(range[i], range[j]) && !allowed(o, x))
+      if (overlap(i, j) && !allowed(o, x))
         c.invalid(o->name, " and ", x->name, " share memory: an output must not overlap another "
                   "tensor of the call");
     }

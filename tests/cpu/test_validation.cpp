@@ -299,6 +299,16 @@ std::vector<BadCase> bad_cases() {
        kInv, {"out has shape (2, 3, 4, 8) and strides (96, 32, 4, 1) under which elements may share an address"}},
       {"lse_overlaps_out", F::kForward, false,
        [](Problem& p) { p.lse.t.data = static_cast<uint8_t*>(p.out.t.data) + 64; }, kInv, {"out and lse share memory"}},
+      {"lse_inside_padded_out", F::kForward, false,
+       [](Problem& p) {
+         // out with a padded head dim (16 of each row's 32 bytes used), lse (96 bytes) from its
+         // second head's row on: neither end of out lies in lse, but the strides prove that
+         // element [0][0][1][0] and the next 7 do.
+         p.out = make(p.out.t.dtype, {kB, kSq, kH, 2 * kDv});
+         p.out.t.shape[3] = kDv;
+         p.lse.t.data = static_cast<uint8_t*>(p.out.t.data) + 2 * kDv * 2;
+       },
+       kInv, {"out and lse share memory"}},
       {"dk_in_place_of_k", F::kBackward, false, [](Problem& p) { p.dk.t.data = p.k.t.data; },
        kInv, {"dk and k share memory"}},
       {"dq_overlaps_dv", F::kBackward, false, [](Problem& p) { p.dv.t.data = p.dq.t.data; },

@@ -155,6 +155,34 @@ TEST(Validation, LseAnyStrides) {
   EXPECT_EQ(fp.lse_row_stride, kH);
 }
 
+// An output whose padding holds another tensor of the call is accepted: out's rows use 64 of
+// every 192 bytes and lse (96 bytes) lies in the gap after its first row, touching none of out's
+// elements (test_validation.cpp lse_inside_padded_out: the same, overlapping). Both hold what a
+// call with their own buffers gives.
+TEST(Validation, OutputInAnotherOutputsPadding) {
+  Problem p = batched();
+  p.opt.backend = Backend::kCpu;
+  Problem s = p;  // the same inputs; out and lse in one buffer
+  s.out = make(p.out.t.dtype, {kB, kSq, 3 * kH, kDv});
+  s.out.t.shape[2] = kH;
+  s.lse.t.data = static_cast<uint8_t*>(s.out.t.data) + kH * kDv * 2;
+  ASSERT_EQ(kB * kH * kSq * 4, 96);
+  ASSERT_EQ(s.support(nullptr), "");
+  p.forward();
+  s.forward();
+  for (int64_t b = 0; b < kB; ++b)
+    for (int64_t i = 0; i < kSq; ++i)
+      for (int64_t h = 0; h < kH; ++h) {
+        const auto at = [&](const Tensor& x) {
+          return static_cast<const uint16_t*>(x.t.data) + b * x.t.stride[0] + i * x.t.stride[1] + h * x.t.stride[2];
+        };
+        EXPECT_EQ(std::memcmp(at(p.out), at(s.out), kDv * 2), 0) << b << " " << i << " " << h;
+        const float* lp = static_cast<const float*>(p.lse.t.data) + b * kH * kSq + h * kSq + i;
+        const float* ls = static_cast<const float*>(s.lse.t.data) + b * kH * kSq + h * kSq + i;
+        EXPECT_EQ(std::memcmp(lp, ls, 4), 0) << b << " " << i << " " << h;
+      }
+}
+
 // out and lse are the backward's inputs: like q, k and v they may repeat elements (a stride-0
 // broadcast). Two sequences with the same q, k, v and dout; the backward reading sequence 0's out
 // and lse for both (batch stride 0) gives the bits of the backward reading each sequence's own.
