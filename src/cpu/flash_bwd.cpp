@@ -31,9 +31,13 @@ namespace {
 
 using tile::kNegInf;
 
-/// Recomputed P may exceed 1 only by rounding (the forward's lse carries fp32 and exp2-polynomial
-/// error of order 1e-4); anything beyond this slack means a mask or input mismatch.
+/// Recomputed P may exceed 1 only by rounding: the exp2 polynomial's error (of order 1e-4) and the
+/// fp32 lse's own (half an ulp of lse, a relative 2^-24 of it in the exponent, with the score's
+/// and the scale's roundings a few ulps: huge for logits of 1e5 and more). So a row's P, divided
+/// by 2^(|lse_log2| 2^-21), may exceed 1 by this slack; anything beyond means a mask or input
+/// mismatch.
 constexpr float kMaxRecomputedP = 1.01f;
+constexpr float kLseUlpsBudget = 0x1p-21f;
 
 /// Per-row data of the backward: lse in log2 units and D, laid out [head][packed row].
 struct RowStats {
@@ -87,7 +91,9 @@ void compute_row_stats(const detail::BwdParams& p, RowStats& st) {
       const int64_t idx = st.index(p, b, i, si, h);
       st.D[idx] = D;
       // lse = -inf marks a row with no visible key: +inf makes every recomputed P exactly 0.
-      st.lse_log2[idx] = lse == kNegInf ? std::numeric_limits<float>::infinity() : lse * tile::kLog2e;
+      // (In double: one rounding, where lse * kLog2e adds kLog2e's, 2^-25 of a large lse.)
+      st.lse_log2[idx] = lse == kNegInf ? std::numeric_limits<float>::infinity()
+                                        : float(double(lse) * detail::kLog2eF64);
     }
   }
 }
@@ -116,10 +122,13 @@ float probs_and_ds(const detail::BwdParams& p, int64_t rows, int64_t cols, BwdSc
     const uint8_t* vrow = t.vis.data() + i * ld;
     float* prow = t.P.data() + i * ld;
     float* dsrow = t.dS.data() + i * ld;
+    float row_max = 0.0f;
     for (int64_t j = 0; j < cols; ++j) {
       prow[j] = vrow[j] ? std::exp2(std::fma(srow[j], mult, -t.lse_log2[i])) : 0.0f;
-      p_max = prow[j] > p_max ? prow[j] : p_max;
+      row_max = prow[j] > row_max ? prow[j] : row_max;
     }
+    // (A row without keys has lse_log2 = +inf: P = 0 and the allowance inf.)
+    p_max = std::max(p_max, row_max / std::exp2(std::fabs(t.lse_log2[i]) * kLseUlpsBudget));
     // dP = dO V^T, vectorised over the key index.
     for (int64_t j = 0; j < cols; ++j) dsrow[j] = 0.0f;
     for (int64_t e = 0; e < dv; ++e) {
@@ -241,8 +250,9 @@ float dq_tile(const detail::BwdParams& p, const RowStats& st, const tile::Work& 
 
 [[noreturn]] void throw_p_exceeds_one(float p_max) {
   std::ostringstream s;
-  s << "fa4::backward (cpu): recomputed P = exp(s - lse) reaches " << p_max << " > 1: lse does not "
-    << "belong to these q/k and options (mask or inputs differ from the forward's)";
+  s << "fa4::backward (cpu): recomputed P = exp(s - lse) reaches " << p_max << " > 1 (beyond the "
+    << "rounding of its row's fp32 lse): lse does not belong to these q/k and options (mask or "
+    << "inputs differ from the forward's)";
   throw Error(ErrorCode::kInternal, s.str());
 }
 

@@ -535,6 +535,41 @@ TEST(CpuCases, C07_BackwardRejectsForeignLse) {
   EXPECT_THROW(cpu::flash_backward(pr.p), fa4::Error);
 }
 
+// Logits of 2.5e5 and 1e6 (fp32, scale 1): the forward's fp32 lse is then exact to only ~1e-2,
+// which the recomputed P inherits (flash-attn's backward too). The backward must neither call that
+// a foreign lse (the P <= 1 check allows for the lse's rounding) nor stray further: P = (1, 0),
+// so dv = (dout, 0), and dS = P (dP - D) = 0 gives dq = dk = 0.
+TEST(CpuCases, LargeLogitsBackwardWithinTheLseRounding) {
+  for (float x : {500.0f, 1000.0f}) {
+    SCOPED_TRACE(x);
+    constexpr int64_t d = 8;
+    std::vector<float> q(d, 0.0f), k(2 * d, 0.0f), v(2 * d, 0.0f), dout(d, 0.0f), out(d), lse(1),
+        dq(d), dk(2 * d), dv(2 * d);
+    q[0] = x;
+    k[0] = x;          // key 0: logit x^2
+    k[d] = x / 2;      // key 1: logit x^2 / 2
+    for (int64_t e = 0; e < d; ++e) v[e] = 1.0f, v[d + e] = 2.0f, dout[e] = 1.0f;
+    auto t4 = [](std::vector<float>& a, int64_t s) {
+      return TensorView::contiguous(a.data(), DType::kFP32, {1, s, 1, d});
+    };
+    BackwardOptions o;
+    o.softmax_scale = 1.0f;
+    o.backend = Backend::kCpu;
+    const TensorView lse_v = TensorView::contiguous(lse.data(), DType::kFP32, {1, 1, 1});
+    forward(t4(q, 1), t4(k, 2), t4(v, 2), t4(out, 1), lse_v, o);
+    ASSERT_NEAR(lse[0], x * x, x * x * 1e-6f);
+    ASSERT_NO_THROW(backward(t4(dout, 1), t4(q, 1), t4(k, 2), t4(v, 2), t4(out, 1), lse_v, t4(dq, 1),
+                             t4(dk, 2), t4(dv, 2), o));
+    for (int64_t e = 0; e < d; ++e) {
+      EXPECT_NEAR(dv[e], 1.0f, 0.05f) << e;
+      EXPECT_EQ(dv[d + e], 0.0f) << e;
+      EXPECT_NEAR(dq[e], 0.0f, 1e-3f * x) << e;
+      EXPECT_NEAR(dk[e], 0.0f, 1e-3f * x) << e;
+      EXPECT_EQ(dk[d + e], 0.0f) << e;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fa4::test
 
