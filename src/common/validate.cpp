@@ -85,7 +85,8 @@ bool element_in(const TensorView& t, uintptr_t lo, uintptr_t hi) {
   const int64_t elem = dtype_size(t.dtype);
   int64_t reach[TensorView::kMaxDims + 1];  // bytes from a block's first to past its last byte
   reach[n] = elem;
-  for (int i = n - 1; i >= 0; --i) reach[i] = reach[i + 1] + (t.shape[dims[i]] - 1) * t.stride[dims[i]] * elem;
+  for (int i = n - 1; i >= 0; --i)
+    reach[i] = reach[i + 1] + (t.shape[dims[i]] - 1) * t.stride[dims[i]] * elem;
   const uintptr_t base = reinterpret_cast<uintptr_t>(t.data);
   // [lo, hi] relative to the view's first byte, clipped to its bytes (the callers' ranges meet).
   const int64_t want_lo = lo > base ? int64_t(lo - base) : 0;

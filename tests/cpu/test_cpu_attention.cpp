@@ -10,12 +10,15 @@
 // outputs, dk/dv rows past seqused_k) must keep its poison bits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/cpu_attention.h"
@@ -535,6 +538,50 @@ TEST(CpuCases, C07_BackwardRejectsForeignLse) {
   EXPECT_THROW(cpu::flash_backward(pr.p), fa4::Error);
 }
 
+// C08, checked without core/mask.h (which the kernels and both oracles share): window (0, 0)
+// lets query i see key i + seqlen_k - seqlen_q alone (bottom-right), so out[i] is that key's v
+// row bitwise (P = exp2(0) = 1) and lse[i] its logit; rows with no such key give 0 and -inf.
+TEST(CpuCases, C08_WindowZeroZeroIsTheDiagonalAlone) {
+  constexpr int64_t d = 8, h = 2;
+  for (auto [sq, sk] : {std::pair<int64_t, int64_t>{7, 7}, {5, 7}, {7, 5}}) {
+    SCOPED_TRACE(std::to_string(sq) + "x" + std::to_string(sk));
+    std::vector<float> q(sq * h * d), k(sk * h * d), v(sk * h * d), out(sq * h * d), lse(h * sq);
+    for (size_t i = 0; i < q.size(); ++i) q[i] = std::sin(0.3f * float(i));
+    for (size_t i = 0; i < k.size(); ++i) {
+      k[i] = std::cos(0.7f * float(i));
+      v[i] = std::sin(1.1f * float(i) + 0.2f);
+    }
+    std::fill(out.begin(), out.end(), std::nanf(""));
+    std::fill(lse.begin(), lse.end(), std::nanf(""));
+    AttentionOptions o;
+    o.window_size_left = o.window_size_right = 0;
+    o.softmax_scale = 0.5f;
+    for (Backend be : {Backend::kCpu, Backend::kCpuReference}) {
+      o.backend = be;
+      forward(TensorView::contiguous(q.data(), DType::kFP32, {1, sq, h, d}),
+              TensorView::contiguous(k.data(), DType::kFP32, {1, sk, h, d}),
+              TensorView::contiguous(v.data(), DType::kFP32, {1, sk, h, d}),
+              TensorView::contiguous(out.data(), DType::kFP32, {1, sq, h, d}),
+              TensorView::contiguous(lse.data(), DType::kFP32, {1, h, sq}), o);
+      for (int64_t i = 0; i < sq; ++i)
+        for (int64_t hh = 0; hh < h; ++hh) {
+          const int64_t j = i + sk - sq;  // the one visible key
+          const float* o_row = out.data() + (i * h + hh) * d;
+          if (j < 0) {
+            EXPECT_EQ(lse[hh * sq + i], -std::numeric_limits<float>::infinity()) << i;
+            for (int64_t e = 0; e < d; ++e) EXPECT_EQ(o_row[e], 0.0f) << i;
+            continue;
+          }
+          double logit = 0.0;
+          for (int64_t e = 0; e < d; ++e) logit += double(q[(i * h + hh) * d + e]) * k[(j * h + hh) * d + e];
+          EXPECT_NEAR(lse[hh * sq + i], 0.5 * logit, 1e-5) << i << " " << hh;
+          for (int64_t e = 0; e < d; ++e)
+            EXPECT_EQ(o_row[e], v[(j * h + hh) * d + e]) << i << " " << hh << " " << e;
+        }
+    }
+  }
+}
+
 // Logits of 2.5e5 and 1e6 (fp32, scale 1): the forward's fp32 lse is then exact to only ~1e-2,
 // which the recomputed P inherits (flash-attn's backward too). The backward must neither call that
 // a foreign lse (the P <= 1 check allows for the lse's rounding) nor stray further: P = (1, 0),
@@ -558,6 +605,7 @@ TEST(CpuCases, LargeLogitsBackwardWithinTheLseRounding) {
     const TensorView lse_v = TensorView::contiguous(lse.data(), DType::kFP32, {1, 1, 1});
     forward(t4(q, 1), t4(k, 2), t4(v, 2), t4(out, 1), lse_v, o);
     ASSERT_NEAR(lse[0], x * x, x * x * 1e-6f);
+    for (std::vector<float>* g : {&dq, &dk, &dv}) std::fill(g->begin(), g->end(), std::nanf(""));
     ASSERT_NO_THROW(backward(t4(dout, 1), t4(q, 1), t4(k, 2), t4(v, 2), t4(out, 1), lse_v, t4(dq, 1),
                              t4(dk, 2), t4(dv, 2), o));
     for (int64_t e = 0; e < d; ++e) {
@@ -622,6 +670,32 @@ TEST(CpuApi, PublicEntryPointsRunTheCpuImplementations) {
       EXPECT_FALSE(api.out.bitwise_equal(flash.out));
     }
   }
+}
+
+// C32 through the public API: softmax_scale unset is 1/sqrt(headdim of q and k), never of
+// headdim_v: bitwise the call with that scale given, and not the one with 1/sqrt(headdim_v).
+TEST(CpuApi, DefaultScaleIsOneOverSqrtOfTheQkHeaddim) {
+  constexpr int64_t sq = 9, sk = 13, h = 2, d = 72, dv = 40;
+  std::vector<float> q(sq * h * d), k(sk * h * d), v(sk * h * dv);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = std::sin(0.13f * float(i));
+  for (size_t i = 0; i < k.size(); ++i) k[i] = std::cos(0.29f * float(i));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.71f * float(i) + 0.4f);
+  auto run = [&](std::optional<float> scale) {
+    std::vector<float> out(sq * h * dv, std::nanf("")), lse(h * sq, std::nanf(""));
+    AttentionOptions o;
+    o.backend = Backend::kCpu;
+    o.softmax_scale = scale;
+    forward(TensorView::contiguous(q.data(), DType::kFP32, {1, sq, h, d}),
+            TensorView::contiguous(k.data(), DType::kFP32, {1, sk, h, d}),
+            TensorView::contiguous(v.data(), DType::kFP32, {1, sk, h, dv}),
+            TensorView::contiguous(out.data(), DType::kFP32, {1, sq, h, dv}),
+            TensorView::contiguous(lse.data(), DType::kFP32, {1, h, sq}), o);
+    out.insert(out.end(), lse.begin(), lse.end());
+    return out;
+  };
+  const std::vector<float> by_default = run(std::nullopt);
+  EXPECT_EQ(by_default, run(float(1.0 / std::sqrt(double(d)))));
+  EXPECT_NE(by_default, run(float(1.0 / std::sqrt(double(dv)))));
 }
 
 // Accuracy::ok() needs the expected count of written elements: an output the oracle did not

@@ -350,14 +350,16 @@ void check_row_limit_arithmetic() {
           const bool in_range = n >= kr.n_block_min && n < kr.n_block_max;
           if (any) EXPECT_TRUE(in_range) << kM << "x" << kN << " block " << n << " sq " << sq << " sk " << sk;
           if (in_range && !all)
-            EXPECT_TRUE(kr.needs_mask(n, kN)) << kM << "x" << kN << " block " << n << " sq " << sq << " sk " << sk;
+            EXPECT_TRUE(kr.needs_mask(n, kN))
+                << kM << "x" << kN << " block " << n << " sq " << sq << " sk " << sk;
           if (n == n_last) last_pair_sees = any;
         }
         const auto qb = fa4::hopper::query_blocks<kM, kN>(n_last, sq, sk, mk);
         EXPECT_GE(qb.m_lo, 0);
         EXPECT_LE(qb.m_hi, m_last + 1);
         if (last_pair_sees)
-          EXPECT_TRUE(m_last >= qb.m_lo && m_last < qb.m_hi) << kM << "x" << kN << " sq " << sq << " sk " << sk;
+          EXPECT_TRUE(m_last >= qb.m_lo && m_last < qb.m_hi)
+              << kM << "x" << kN << " sq " << sq << " sk " << sk;
       }
 }
 TEST(HopperHost, TileArithmeticAtTheRowLimit) {

@@ -392,6 +392,8 @@ TEST(KvCache, EmptySequenceGivesZeroRow) {
   KvCase c{.name = "sk0", .dtype = DType::kFP32, .batch = 2, .sq = 2, .seqlens = {0, 4},
            .sink = true};
   KvProblem pr(c);
+  fill_poison(pr.out);  // so a row left unwritten shows
+  fill_poison(pr.lse);
   pr.run(Backend::kCpu);
   for (int hh = 0; hh < c.h; ++hh)
     for (int i = 0; i < c.sq; ++i) {

@@ -174,7 +174,8 @@ TEST(Validation, OutputInAnotherOutputsPadding) {
     for (int64_t i = 0; i < kSq; ++i)
       for (int64_t h = 0; h < kH; ++h) {
         const auto at = [&](const Tensor& x) {
-          return static_cast<const uint16_t*>(x.t.data) + b * x.t.stride[0] + i * x.t.stride[1] + h * x.t.stride[2];
+          return static_cast<const uint16_t*>(x.t.data) + b * x.t.stride[0] + i * x.t.stride[1] +
+                 h * x.t.stride[2];
         };
         EXPECT_EQ(std::memcmp(at(p.out), at(s.out), kDv * 2), 0) << b << " " << i << " " << h;
         const float* lp = static_cast<const float*>(p.lse.t.data) + b * kH * kSq + h * kSq + i;

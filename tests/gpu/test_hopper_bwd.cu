@@ -611,7 +611,8 @@ TEST(HopperBwd, OverlappingCuSeqlensQFinishesAndIsReported) {
     DeviceProblem dp(p, nullptr);
     fa4::cli::run_forward(p, dp.placement(), fa4::Backend::kCuda);
     const std::vector<int32_t> cu_q = {0, 768, 0, 768};
-    ASSERT_EQ(cudaMemcpy(dp.placement().cu_q, cu_q.data(), cu_q.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+    ASSERT_EQ(cudaMemcpy(dp.placement().cu_q, cu_q.data(), cu_q.size() * sizeof(int32_t),
+                         cudaMemcpyHostToDevice),
               cudaSuccess);
     fa4::cli::run_backward(p, dp.placement(), fa4::Backend::kCuda);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

@@ -9,9 +9,10 @@
 
 int main() {
   constexpr int64_t kBatch = 1, kSeq = 16, kHeads = 2, kDim = 32;
-  // The CPU FA4 forward computes a share of exp2 with a degree-3 polynomial (relative error
-  // ~1e-4), so fp32 results differ from the float64 reference by about that much.
-  constexpr double kTolerance = 1e-3;
+  // fp32 inputs: every exp2 on the CPU's exp2 (no polynomial share by default for fp32) and
+  // float64 output accumulators, so fp32 rounding of the scores and probabilities is what differs
+  // from the float64 reference: ~1e-7 for these O(1) values.
+  constexpr double kTolerance = 1e-5;
   const int64_t n = kBatch * kSeq * kHeads * kDim;
   std::vector<float> q(n), k(n), v(n), out(n), ref(n);
   std::vector<float> lse(kBatch * kHeads * kSeq), ref_lse(lse.size());
