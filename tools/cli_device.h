@@ -38,16 +38,22 @@ inline void cuda_check(cudaError_t e, const char* what) {
     throw Error(ErrorCode::kCudaError, std::string("fa4 cli: ") + what + ": " + cudaGetErrorString(e));
 }
 
-/// Owns device copies of a Problem's tensors (freed on destruction).
+/// Owns device copies of a Problem's tensors (freed on destruction). Each output is followed by
+/// kGuardBytes of a known byte, checked when it is downloaded: a store past an output's last
+/// element (a padded head dim's columns, a tail row) is an error even where the accuracy check
+/// could not see it (inside the tensor a stray write may land before the element's own).
 class DeviceProblem {
  public:
+  static constexpr size_t kGuardBytes = 256;
+  static constexpr unsigned char kGuardByte = 0xA5;
+
   /// Copies every input (and the poisoned outputs) of p to GPU 0, stream `stream`.
   DeviceProblem(Problem& p, cudaStream_t stream) : p_(p) {
     at_.device = Device::cuda(0, stream);
     at_.q = upload(p.q), at_.k = upload(p.k), at_.v = upload(p.v), at_.dout = upload(p.dout);
-    at_.out = upload(p.out), at_.lse = upload(p.lse);
-    at_.dq = upload(p.dq), at_.dk = upload(p.dk), at_.dv = upload(p.dv);
-    at_.sink = upload(p.sink), at_.dsink = upload(p.dsink);
+    at_.out = upload(p.out, true), at_.lse = upload(p.lse, true);
+    at_.dq = upload(p.dq, true), at_.dk = upload(p.dk, true), at_.dv = upload(p.dv, true);
+    at_.sink = upload(p.sink), at_.dsink = upload(p.dsink, true);
     at_.cu_q = upload(p.cu_seqlens_q), at_.cu_k = upload(p.cu_seqlens_k), at_.used_k = upload(p.seqused_k);
   }
   ~DeviceProblem() {
@@ -58,27 +64,35 @@ class DeviceProblem {
 
   const Placement& placement() const { return at_; }
 
-  /// Waits for the stream, then copies the outputs back into the host Problem.
+  /// Waits for the stream, then copies the outputs back into the host Problem; throws if a call
+  /// wrote into an output's guard.
   void download_outputs() {
     cuda_check(cudaStreamSynchronize(static_cast<cudaStream_t>(at_.device.stream)), "sync");
-    download(p_.out, at_.out), download(p_.lse, at_.lse);
-    download(p_.dq, at_.dq), download(p_.dk, at_.dk), download(p_.dv, at_.dv);
-    download(p_.dsink, at_.dsink);
+    download(p_.out, at_.out, "out"), download(p_.lse, at_.lse, "lse");
+    download(p_.dq, at_.dq, "dq"), download(p_.dk, at_.dk, "dk"), download(p_.dv, at_.dv, "dv");
+    download(p_.dsink, at_.dsink, "dsink");
   }
 
  private:
   static size_t bytes(const HostTensor& t) { return size_t(t.numel() * dtype_size(t.dtype())); }
-  void* upload(HostTensor& t) {
+  void* upload(HostTensor& t, bool output = false) {
     if (t.numel() == 0) return nullptr;
     void* ptr = nullptr;
-    cuda_check(cudaMalloc(&ptr, bytes(t)), "cudaMalloc");
+    cuda_check(cudaMalloc(&ptr, bytes(t) + (output ? kGuardBytes : 0)), "cudaMalloc");
     allocs_.push_back(ptr);
     cuda_check(cudaMemcpy(ptr, t.data(), bytes(t), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    if (output) cuda_check(cudaMemset(static_cast<char*>(ptr) + bytes(t), kGuardByte, kGuardBytes), "guard");
     return ptr;
   }
-  static void download(HostTensor& t, void* ptr) {
+  static void download(HostTensor& t, void* ptr, const char* name) {
     if (t.numel() == 0) return;
     cuda_check(cudaMemcpy(t.data(), ptr, bytes(t), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+    unsigned char guard[kGuardBytes];
+    cuda_check(cudaMemcpy(guard, static_cast<char*>(ptr) + bytes(t), kGuardBytes, cudaMemcpyDeviceToHost),
+               "cudaMemcpy D2H (guard)");
+    for (unsigned char b : guard)
+      if (b != kGuardByte)
+        throw Error(ErrorCode::kInternal, std::string("fa4 cli: the call wrote past the end of ") + name);
   }
 
   Problem& p_;
