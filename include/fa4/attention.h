@@ -137,8 +137,9 @@ struct AttentionOptions {
   std::optional<TensorView> cu_seqlens_q;  ///< int32 (batch + 1), non-decreasing, starts at 0
   std::optional<TensorView> cu_seqlens_k;  ///< int32 (batch + 1), non-decreasing, starts at 0
   std::optional<TensorView> seqused_k;     ///< int32 (batch,): keys used per sequence (<= its length)
-  int32_t max_seqlen_q = 0;                ///< varlen: upper bound of the q lengths
-  int32_t max_seqlen_k = 0;                ///< varlen: upper bound of the k lengths
+  int32_t max_seqlen_q = 0;                ///< varlen: upper bound of the q lengths, > 0 (batch > 0;
+                                           ///< a batch of empty sequences passes 1)
+  int32_t max_seqlen_k = 0;                ///< varlen: upper bound of the k lengths, > 0 likewise
 
   // ---- FlashAttention-4 softmax knobs (paper Sec. 3: software exp2, lazy rescaling) ----
   /// Lazy-rescaling threshold tau in log2 units: the running row max is only raised when it grows

@@ -207,7 +207,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             the first seqused_k[b] are used when seqused_k is given.
         cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,), non-decreasing, starting at 0, on q's
             device.
-        max_seqlen_q, max_seqlen_k: upper bounds of the per-sequence lengths (ints).
+        max_seqlen_q, max_seqlen_k: upper bounds of the per-sequence lengths (ints), > 0 when
+            batch > 0 (a batch of empty sequences passes 1).
         seqused_k: optional int32 (batch,).
         Other arguments: as :func:`flash_attn_func`; masks are per sequence, bottom-right.
 
