@@ -610,12 +610,18 @@ def kvcache_attention(q, k_cache, v_cache, fn, k=None, v=None, cache_seqlens=Non
     scalars = (softmax_scale, _core._bool(causal, "causal", fn), left, right, softcap, num_splits,
                rescale_threshold, exp2_emulation_fraction, backend)
     tensors = (q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, page_table, sink)
+    appends = k is not None or v is not None
+    if appends and torch.is_grad_enabled() and (k_cache.requires_grad or v_cache.requires_grad):
+        # The append has no gradient (the KV-cache path is inference only): writing a cache that
+        # autograd tracks would leave its graph describing the old values.
+        raise _capi.InvalidArgumentError(
+            f"{fn}: k_cache / v_cache require grad; appending k/v writes them in place and has no "
+            "gradient: append under torch.no_grad() or into caches that do not require grad")
     if _use_custom_op(*tensors):
         return torch.ops.fa4.fwd_kvcache(*tensors, *scalars)
-    appends = k is not None or v is not None
     if appends and not torch.is_inference_mode_enabled():
-        # What torch's in-place ops (and the op's dispatcher) refuse: an inference tensor has no
-        # version counter, so autograd could not see the write.
+        # As torch's in-place ops: an inference tensor has no version counter, so autograd could
+        # not see the write.
         for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
             if cache.is_inference():
                 raise _capi.InvalidArgumentError(

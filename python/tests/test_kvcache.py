@@ -190,6 +190,19 @@ def test_cpu_append_is_an_in_place_write_to_autograd(gen):
     with torch.inference_mode():
         fa4.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=lens)
     assert torch.equal(kc[1, 5], k_new[1, 0])
+    # A cache autograd tracks is not appended to (no gradient for the write), on either route;
+    # under no_grad it is.
+    kc = torch.zeros(b, 8, h, d, requires_grad=True)
+    with pytest.raises(ValueError, match="require grad"):
+        fa4.flash_attn_with_kvcache(q, kc, kc.detach().clone(), k_new, v_new, cache_seqlens=lens)
+    with pytest.raises(ValueError, match="require grad"):
+        torch.compile(lambda c: fa4.flash_attn_with_kvcache(q, c, c.detach().clone(), k_new, v_new,
+                                                            cache_seqlens=lens),
+                      backend="eager")(kc)
+    assert not kc.detach().any()
+    with torch.no_grad():
+        fa4.flash_attn_with_kvcache(q, kc, torch.zeros(b, 8, h, d), k_new, v_new, cache_seqlens=lens)
+    assert torch.equal(kc.detach()[1, 5], k_new[1, 0])
     # Attending without appending reads the caches only: no version change.
     kc = torch.zeros(b, 8, h, d)
     version = kc._version

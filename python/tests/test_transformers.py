@@ -72,10 +72,11 @@ def test_padding_mask_matches_per_row_attention():
         assert torch.all(out[b, ~mask[b]] == 0)
 
 
-@pytest.mark.parametrize("q_len", [1, 3])
+@pytest.mark.parametrize("q_len", [1, 3, 5])
 def test_cross_attention_keeps_every_query_row(q_len):
     # Encoder-decoder cross-attention: a non-causal call whose 2-D mask pads the encoder's keys
-    # (row 0 right-padded). No decoder query is padding: each attends to its row's real keys.
+    # (row 0 right-padded). No decoder query is padding, also where the decoder's length equals
+    # the encoder's (5): each attends to its row's real keys.
     import fa4
 
     g = torch.Generator().manual_seed(5)

@@ -324,11 +324,13 @@ void resolve_scalar_options(const Checker& c, const AttentionOptions& o, FwdPara
               "finite float");
   if (!std::isfinite(o.softcap) || !(o.softcap >= 0.0f))
     c.invalid("options.softcap = ", o.softcap, " must be finite and >= 0 (0 = off)");
+  // (softmax_scale / softcap normal, not subnormal: the GPU flushes subnormals to 0.)
   if (o.softcap > 0.0f &&
       (!std::isfinite(static_cast<float>(static_cast<double>(o.softcap) * kLog2eF64)) ||
-       !std::isfinite(p.softmax_scale / o.softcap)))
+       !std::isnormal(p.softmax_scale / o.softcap)))
     c.invalid("options.softcap = ", o.softcap, " with softmax_scale = ", p.softmax_scale,
-              " is out of range: softcap * log2(e) and softmax_scale / softcap must be finite floats");
+              " is out of range: softcap * log2(e) must be a finite float and softmax_scale / "
+              "softcap a finite float of at least FLT_MIN");
   p.softcap = o.softcap;
 
   // Case C08: -1 is the only "unbounded" sentinel; any other negative value would be read as an

@@ -34,10 +34,10 @@ using tile::kNegInf;
 /// Recomputed P may exceed 1 only by rounding: the exp2 polynomial's error (of order 1e-4) and the
 /// fp32 lse's own (half an ulp of lse, a relative 2^-24 of it in the exponent, with the score's
 /// and the scale's roundings a few ulps: huge for logits of 1e5 and more). So a row's P, divided
-/// by 2^(|lse_log2| 2^-21), may exceed 1 by this slack; anything beyond means a mask or input
-/// mismatch.
+/// by its allowance 2^(|lse_log2| kLseRelativeRounding), may exceed 1 by this slack; anything
+/// beyond means a mask or input mismatch.
 constexpr float kMaxRecomputedP = 1.01f;
-constexpr float kLseUlpsBudget = 0x1p-21f;
+constexpr float kLseRelativeRounding = 0x1p-21f;
 
 /// Per-row data of the backward: lse in log2 units and D, laid out [head][packed row].
 struct RowStats {
@@ -128,7 +128,7 @@ float probs_and_ds(const detail::BwdParams& p, int64_t rows, int64_t cols, BwdSc
       row_max = prow[j] > row_max ? prow[j] : row_max;
     }
     // (A row without keys has lse_log2 = +inf: P = 0 and the allowance inf.)
-    p_max = std::max(p_max, row_max / std::exp2(std::fabs(t.lse_log2[i]) * kLseUlpsBudget));
+    p_max = std::max(p_max, row_max / std::exp2(std::fabs(t.lse_log2[i]) * kLseRelativeRounding));
     // dP = dO V^T, vectorised over the key index.
     for (int64_t j = 0; j < cols; ++j) dsrow[j] = 0.0f;
     for (int64_t e = 0; e < dv; ++e) {
@@ -250,9 +250,9 @@ float dq_tile(const detail::BwdParams& p, const RowStats& st, const tile::Work& 
 
 [[noreturn]] void throw_p_exceeds_one(float p_max) {
   std::ostringstream s;
-  s << "fa4::backward (cpu): recomputed P = exp(s - lse) reaches " << p_max << " > 1 (beyond the "
-    << "rounding of its row's fp32 lse): lse does not belong to these q/k and options (mask or "
-    << "inputs differ from the forward's)";
+  s << "fa4::backward (cpu): recomputed P = exp(s - lse) reaches " << p_max << " times the "
+    << "rounding allowance of its row's fp32 lse (> 1): lse does not belong to these q/k and "
+    << "options (mask or inputs differ from the forward's)";
   throw Error(ErrorCode::kInternal, s.str());
 }
 

@@ -506,7 +506,7 @@ TEST(HopperFwd, SanitizeBadVarlenIndices) {
 /// block's extent to int32 row and key indices): at the limit every direction's selector accepts,
 /// one row past it each refuses and names the limit. The queries read no tensor memory, so the
 /// views sit at far-apart addresses that are never dereferenced (no 32-GiB allocation).
-TEST(HopperFwd, RowLimitIsAClearErrorInEveryDirection) {
+TEST(HopperSelectors, RowLimitIsAClearErrorInEveryDirection) {
   REQUIRE_HOPPER();
   REQUIRE_BUCKETS(64, 64, fa4::test::kFwd | fa4::test::kBwd | fa4::test::kDecode);
   const auto dev = fa4::Device::cuda(0);

@@ -8,12 +8,12 @@ format of the flash-attention family, so each layer receives:
   transposed (as views) into fa4's (batch, seq, heads, dim); GQA is native (no repeat_kv);
 * attention_mask: None (no padding) or a bool (batch, kv_len) padding mask, True = real token.
   Padding is removed and the call becomes varlen (cu_seqlens): left, right or both-sided padding,
-  in prefill and in decode with a KV cache. In self-attention (q_len == kv_len) and in a causal
-  call with more keys than queries (decoding, a chunk into a cache) the queries are the last
-  q_len positions of the kv sequence, and padded query rows are 0; a non-causal call with
-  q_len != kv_len (cross-attention, where the mask pads the encoder's keys) keeps every query
-  row. Causal masks are bottom-right aligned per sequence, which equals transformers'
-  position-based causal mask on the real tokens.
+  in prefill and in decode with a KV cache. In a causal or sliding-window call the queries are
+  the last q_len positions of the kv sequence and padded query rows are 0; a non-causal call
+  without a window (an encoder, cross-attention, where the mask pads the encoder's keys)
+  computes every query row against the real keys, as eager and sdpa attention do. Causal masks
+  are bottom-right aligned per sequence, which equals transformers' position-based causal mask
+  on the real tokens.
   A 4-D mask (a custom or pre-built mask) cannot be represented and is rejected with an error;
 * sliding_window=W (Mistral & co.): a query sees itself and the W-1 keys before it, i.e.
   window_size=(W-1, 0) with causal. Windows count positions, so with sliding_window the real
@@ -232,10 +232,14 @@ def fa4_attention_forward(module, query, key, value, attention_mask, dropout=0.0
         k, v, kv_len = k[:, :mask.shape[1]], v[:, :mask.shape[1]], mask.shape[1]
     if window[0] >= 0:
         _check_no_holes(mask)
-    if q_len == kv_len or causal:
-        q_mask = mask[:, -q_len:]  # the queries are the last q_len positions of the kv sequence
+    if causal or window[0] >= 0:
+        # Positions matter (the causal diagonal, the window): the queries are the last q_len
+        # positions of the kv sequence, unpadded like the keys so both align per sequence.
+        q_mask = mask[:, -q_len:]
     else:
-        # Cross-attention (the mask pads the encoder's keys): no query row is padding.
+        # Without positions every query row is computed, as eager and sdpa attention do: in
+        # cross-attention the mask pads the encoder's keys, not the decoder's queries (whatever
+        # the two lengths), and an encoder's padded rows are then finite, never read.
         q_mask = torch.ones(batch, q_len, dtype=torch.bool, device=mask.device)
     q_packed, cu_seqlens_q, max_q, q_idx = _unpad(q, q_mask)
     k_packed, cu_seqlens_k, max_k, k_idx = _unpad(k, mask)
