@@ -252,8 +252,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlen
             or paged (num_pages, page_size, num_heads_kv, headdim / headdim_v) when page_table is
             given (any page_size >= 1). Same dtype as q; last dim contiguous. Written in place
             when k/v are given, as a torch in-place op writes: their autograd version counters
-            advance, and inference tensors are written only inside ``torch.inference_mode()``;
-            NumPy arrays must be writeable.
+            advance, caches that require grad are refused unless grad mode is off, eager calls
+            write inference tensors only inside ``torch.inference_mode()``; NumPy arrays must be
+            writeable.
         k, v: optional (batch, seqlen_new, num_heads_kv, headdim / headdim_v), both or neither:
             row t of sequence b is copied into the cache at key position cache_seqlens[b] + t
             before attending. Requires cache_seqlens. (The library's errors call them k_new and

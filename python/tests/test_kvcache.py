@@ -164,7 +164,8 @@ def test_cpu_int_cache_seqlens_and_batch_idx(gen):
 
 def test_cpu_append_is_an_in_place_write_to_autograd(gen):
     # As after any in-place torch op: a backward that saved the caches' old values refuses to
-    # run, and an inference tensor is written only inside inference_mode (eager and op routes).
+    # run (eager and op routes), and an eager call writes an inference tensor only inside
+    # inference_mode.
     b, h, d = 2, 2, 16
     q = _randn(gen, (b, 1, h, d), torch.float32)
     k_new, v_new = _randn(gen, (b, 1, h, d), torch.float32), _randn(gen, (b, 1, h, d), torch.float32)
