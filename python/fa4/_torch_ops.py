@@ -34,8 +34,12 @@ _FN_BWD = "fa4::bwd"
 
 
 def _last_dim_contiguous(x: Tensor) -> Tensor:
-    # libfa4 needs stride 1 on the last dim; other strides are free, so only that case is copied
-    # (e.g. autograd's expanded gradients, which have stride 0 everywhere).
+    # libfa4 reads an input's memory as it is: a view with torch's lazy negative bit (the imaginary
+    # part of a conjugate, torch._neg_view) is materialised first. libfa4 needs stride 1 on the
+    # last dim; other strides are free, so only that case is copied (e.g. autograd's expanded
+    # gradients, which have stride 0 everywhere).
+    if x.is_neg():
+        x = x.resolve_neg()
     shape = x.shape
     if shape and shape[-1] > 1 and x.stride()[-1] != 1:
         return x.contiguous()
@@ -143,7 +147,8 @@ def _fwd_named(fn, q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seq
     user called; in the op its own name (the op's schema carries no name, so calls that keep the
     op, under torch.compile, a mode or a tensor subclass, name fa4::fwd)."""
     # stride()[-1:]: one call per tensor in the common case (and () for a 0-D one, checked later)
-    if q.stride()[-1:] != (1,) or k.stride()[-1:] != (1,) or v.stride()[-1:] != (1,):
+    if (q.stride()[-1:] != (1,) or k.stride()[-1:] != (1,) or v.stride()[-1:] != (1,)
+            or q.is_neg() or k.is_neg() or v.is_neg()):
         q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     out, lse = _fwd_outputs(q, v, cu_seqlens_q is not None or cu_seqlens_k is not None, fake=False)
     streams = {}
@@ -619,6 +624,12 @@ def kvcache_attention(q, k_cache, v_cache, fn, k=None, v=None, cache_seqlens=Non
             "gradient: append under torch.no_grad() or into caches that do not require grad")
     if _use_custom_op(*tensors):
         return torch.ops.fa4.fwd_kvcache(*tensors, *scalars)
+    if k_cache.is_neg() or v_cache.is_neg():
+        # fa4 reads and appends to the caches' memory as it is; a lazy negation would make both
+        # wrong, and resolving it would copy the whole cache.
+        raise _capi.InvalidArgumentError(
+            f"{fn}: k_cache / v_cache is a view with torch's lazy negative bit; pass "
+            "cache.resolve_neg() (a copy) instead")
     if appends and not torch.is_inference_mode_enabled():
         # As torch's in-place ops: an inference tensor has no version counter, so autograd could
         # not see the write.

@@ -346,6 +346,23 @@ def test_eager_path_matches_custom_op(gen):
     _eager_vs_custom_op(gen, "cpu", torch.float32, grads=True)
 
 
+def test_negative_bit_views_are_read_negated(gen):
+    # torch keeps some negations lazy (a view with the negative bit: the imaginary part of a
+    # conjugate, torch._neg_view); fa4 reads memory, so such inputs are materialised first.
+    q, k, v = (_randn(gen, (1, 9, 2, 16), torch.float32) for _ in range(3))
+    want = fa4.flash_attn_func(q.neg(), k, v, causal=True)
+    got = fa4.flash_attn_func(torch._neg_view(q), k, v, causal=True)
+    assert torch.equal(got, want)
+    qg = torch._neg_view(q).detach().requires_grad_()
+    fa4.flash_attn_func(qg, k, torch._neg_view(v), causal=True).sum().backward()
+    qr = q.neg().requires_grad_()
+    fa4.flash_attn_func(qr, k, v.neg(), causal=True).sum().backward()
+    assert torch.equal(qg.grad, qr.grad)
+    kc = torch.zeros(1, 8, 2, 16)
+    with pytest.raises(ValueError, match="negative bit"):
+        fa4.flash_attn_with_kvcache(q[:, :1], torch._neg_view(kc), kc)
+
+
 def test_eager_path_edge_cases(gen):
     q, k, v, sink = (a.detach() for a in _op_args(gen)[:4])
     kw = dict(causal=True, exp2_emulation_fraction=0.0)
