@@ -54,6 +54,8 @@ def contenders(q, k, v, causal, deterministic=False):
                             (q, k, v), dout)}
     qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
     gqa = qt.shape[1] != kt.shape[1]
+    # SDPA's causal mask is top-left aligned, fa4's bottom-right: equal only for square rows.
+    assert not causal or qt.shape[2] == kt.shape[2], "causal SDPA rows need seqlen_q == seqlen_k"
     for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
         try:
             with sdpa_kernel([be]):

@@ -173,6 +173,8 @@ def sdpa_fn(q, k, v, causal, backend):
     # SDPA takes (b, h, s, d); give it its natural contiguous layout. GQA via enable_gqa.
     qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
     gqa = qt.shape[1] != kt.shape[1]
+    # SDPA's causal mask is top-left aligned, fa4's bottom-right: equal only for square rows.
+    assert not causal or qt.shape[2] == kt.shape[2], "causal SDPA rows need seqlen_q == seqlen_k"
 
     def fn():
         return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=gqa)
@@ -207,16 +209,20 @@ ROUNDS = 3  # set by --rounds
 
 def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
     """Time fa4, torch SDPA's cuDNN and FLASH backends and upstream FlashAttention-4 on (q, k, v) and
-    fill row r: r["fa4"]; with no_split, r["fa4_no_split"] (fa4 again with the stream_k override at
-    0); r["cudnn"], r["flash"], r["upstream_fa4"] (None where the backend fails or is not installed);
+    fill row r: r["fa4"] and r["fa4_kernel"] (the kernel the selector runs); with no_split,
+    r["fa4_no_split"] (fa4 again on the forward kernel without the stream-K split: overrides
+    stream_k 0 and small_q fwd, so the small-query route cannot send it to the decode kernel);
+    r["cudnn"], r["flash"], r["upstream_fa4"] (None where the backend fails or is not installed);
     all in TFLOP/s for `flops`; then r["ratio_cudnn"] = fa4/cudnn and r["ratio_upstream_fa4"] =
     fa4/upstream_fa4 (None without the other). Each is the median over ROUNDS rounds that run every
     contender once, in an order rotated per round, so clock and thermal drift hit all of them alike
     (one pass measured cuDNN 7-12% apart between neighbouring runs). Returns r."""
     fns = contenders(q, k, v, causal)
     if no_split:  # right after fa4, as in the rows' key order
-        fns = {"fa4": fns["fa4"], "fa4_no_split": (fns["fa4"][0], lambda: hopper_overrides(stream_k="0")),
+        fns = {"fa4": fns["fa4"],
+               "fa4_no_split": (fns["fa4"][0], lambda: hopper_overrides(stream_k="0", small_q="fwd")),
                **fns}
+    r["fa4_kernel"] = kernel_name(q, k, v, causal)
     times = rotated_rounds({n: (lambda fn=fn, ctx=ctx: _bench_in(ctx, fn)) for n, (fn, ctx) in fns.items()},
                            ROUNDS)
     # Every contender gets a key (None if it could not be timed), fa4_no_split only when asked for.
@@ -227,6 +233,16 @@ def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
     r["ratio_upstream_fa4"] = (round(r["fa4"] / r["upstream_fa4"], 3)
                                if r["fa4"] and r["upstream_fa4"] else None)
     return r
+
+
+def kernel_name(q, k, v, causal):
+    """The kernel fa4's selector runs for this call (fa4.forward_support), or the reason it
+    refuses."""
+    if q.dim() != 4:
+        return None  # (batched rows only)
+    out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
+    return fa4.forward_support(q, k, v, out, lse, causal=causal)[1]
 
 
 def check_close(q, k, v, causal):
