@@ -525,6 +525,20 @@ TEST(HopperBwd, SanitizeGreedyClaims) {
     }
 }
 
+/// After a call with broken device-side indices: the next check reports the rule naming `index`
+/// (kInvalidArgument), once.
+void expect_index_rule_reported_once(const char* index) {
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  try {
+    fa4::check_async_errors(0);
+    FAIL() << "no asynchronous error reported";
+  } catch (const fa4::Error& e) {
+    EXPECT_EQ(e.code(), fa4::ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find(index), std::string::npos) << e.what();
+  }
+  fa4::check_async_errors(0);  // reported once, then clear
+}
+
 /// Device-resident varlen indices that break the rules: the backward computes nothing for the
 /// sequences concerned (their gradient rows keep the poison; no out-of-bounds access: run under
 /// compute-sanitizer), the good sequence gets exactly the gradients of a run with valid indices,
@@ -556,15 +570,7 @@ TEST(HopperBwd, SanitizeBadVarlenIndices) {
   ASSERT_EQ(cudaMemcpy(dp.placement().cu_k, cu_k.data(), cu_k.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
             cudaSuccess);
   fa4::cli::run_backward(p, dp.placement(), fa4::Backend::kCuda);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  try {
-    fa4::check_async_errors(0);
-    FAIL() << "no asynchronous error reported";
-  } catch (const fa4::Error& e) {
-    EXPECT_EQ(e.code(), fa4::ErrorCode::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("cu_seqlens_k"), std::string::npos) << e.what();
-  }
-  fa4::check_async_errors(0);  // reported once, then clear
+  expect_index_rule_reported_once("cu_seqlens_k");
   dp.download_outputs();
   // Packed rows (of the valid layout): sequence 0's equal the reference, sequences 1-2's are poison.
   const std::vector<char> dq = tensor_bytes(p.dq), dk = tensor_bytes(p.dk), dv = tensor_bytes(p.dv);
@@ -615,15 +621,7 @@ TEST(HopperBwd, OverlappingCuSeqlensQFinishesAndIsReported) {
                          cudaMemcpyHostToDevice),
               cudaSuccess);
     fa4::cli::run_backward(p, dp.placement(), fa4::Backend::kCuda);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    try {
-      fa4::check_async_errors(0);
-      FAIL() << "no asynchronous error reported";
-    } catch (const fa4::Error& e) {
-      EXPECT_EQ(e.code(), fa4::ErrorCode::kInvalidArgument);
-      EXPECT_NE(std::string(e.what()).find("cu_seqlens_q"), std::string::npos) << e.what();
-    }
-    fa4::check_async_errors(0);  // reported once, then clear
+    expect_index_rule_reported_once("cu_seqlens_q");
   }
 }
 
