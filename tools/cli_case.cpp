@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <sstream>
@@ -89,6 +90,9 @@ Problem Problem::make(const CaseSpec& spec) {
       if (!spec.lens_q.empty()) lq = spec.lens_q.at(b);
       if (!spec.lens_k.empty()) lk = spec.lens_k.at(b);
     }
+    if (int64_t(s.cu_q.back()) + lq > INT32_MAX || int64_t(s.cu_k.back()) + lk > INT32_MAX)
+      throw Error(ErrorCode::kInvalidArgument, "fa4 cli: the varlen sequences hold more than 2^31 - 1 rows "
+                                               "in all (int32 cu_seqlens); lower --batch or --seqlen-q/k");
     s.cu_q.push_back(s.cu_q.back() + lq);
     s.cu_k.push_back(s.cu_k.back() + lk);
     s.max_q = std::max(s.max_q, lq);

@@ -9,6 +9,7 @@ add_test(NAME cli.version COMMAND ${_fa4} --version)
 set_tests_properties(cli.version PROPERTIES PASS_REGULAR_EXPRESSION "^fa4 ${PROJECT_VERSION}\n$")
 add_test(NAME cli.info COMMAND ${_fa4} info --json)
 set_tests_properties(cli.info PROPERTIES PASS_REGULAR_EXPRESSION "\"cuda_built\"")
+set_tests_properties(cli.help cli.version cli.info PROPERTIES LABELS "cpu;cli")
 
 # Accuracy checks (exit status 1 on FAIL).
 add_test(NAME cli.check.default COMMAND ${_fa4} check)
@@ -29,6 +30,20 @@ set_tests_properties(cli.check.default cli.check.bwd_gqa_varlen_causal_sink
 add_test(NAME cli.check.bad_window COMMAND ${_fa4} check --window -5 0)
 set_tests_properties(cli.check.bad_window PROPERTIES
   PASS_REGULAR_EXPRESSION "error \\[invalid_argument\\]: .*window_size_left" LABELS "cpu;cli")
+# Sizes, the seed and option pairs are checked by the tool (the error names the option, exit 2):
+# a varlen batch < 0 was an empty case that passed, a seed of -1 wrapped, --deterministic without
+# --backward did nothing.
+add_test(NAME cli.check.bad_varlen_batch COMMAND ${_fa4} check --varlen --batch -5)
+add_test(NAME cli.check.bad_seed COMMAND ${_fa4} check --seed -1)
+add_test(NAME cli.check.deterministic_needs_backward COMMAND ${_fa4} check --deterministic)
+set_tests_properties(cli.check.bad_varlen_batch PROPERTIES PASS_REGULAR_EXPRESSION "--batch" LABELS "cpu;cli")
+set_tests_properties(cli.check.bad_seed PROPERTIES PASS_REGULAR_EXPRESSION "--seed" LABELS "cpu;cli")
+set_tests_properties(cli.check.deterministic_needs_backward PROPERTIES
+  PASS_REGULAR_EXPRESSION "--deterministic requires --backward" LABELS "cpu;cli")
+# An empty case compares nothing and says so instead of PASS.
+add_test(NAME cli.check.empty_case COMMAND ${_fa4} check --batch 0)
+set_tests_properties(cli.check.empty_case PROPERTIES PASS_REGULAR_EXPRESSION "EMPTY"
+  FAIL_REGULAR_EXPRESSION "PASS" LABELS "cpu;cli")
 
 # FLOP count = visible pairs: causal 128x128 -> 128*129/2 = 8256 pairs per head;
 # window (16, 0) on 128x128 -> (1 + ... + 16) + 17 * 112 = 136 + 1904 = 2040.

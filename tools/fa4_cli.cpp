@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <thread>
@@ -58,15 +59,31 @@ struct CaseFlags {
   }
 };
 
+/// A decimal integer in [0, 2^64): CLI11 would wrap "-1" and clamp "2^64" into a uint64.
+const CLI::Validator kSeedRule(
+    [](std::string& v) -> std::string {
+      const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
+      if (!digits || v.size() > 20 || (v.size() == 20 && v > "18446744073709551615"))
+        return "must be an integer in [0, 2^64)";
+      return "";
+    },
+    "UINT64");
+
 void add_case_options(CLI::App* app, CaseFlags& f) {
   CaseSpec& s = f.spec;
-  app->add_option("--batch,-b", s.batch, "batch size")->capture_default_str();
-  app->add_option("--seqlen-q", s.seqlen_q, "query length (varlen: the maximum)")->capture_default_str();
-  app->add_option("--seqlen-k", s.seqlen_k, "key length (varlen: the maximum)")->capture_default_str();
-  app->add_option("--num-heads", s.num_heads, "query heads")->capture_default_str();
+  // Sizes are checked here, so that an error names the option (the library's would name a tensor
+  // dim or a stride, and a varlen batch < 0 would be an empty problem).
+  app->add_option("--batch,-b", s.batch, "batch size")->check(CLI::Range(0, 1 << 30))->capture_default_str();
+  app->add_option("--seqlen-q", s.seqlen_q, "query length (varlen: the maximum)")
+      ->check(CLI::Range(0, INT32_MAX))->capture_default_str();
+  app->add_option("--seqlen-k", s.seqlen_k, "key length (varlen: the maximum)")
+      ->check(CLI::Range(0, INT32_MAX))->capture_default_str();
+  app->add_option("--num-heads", s.num_heads, "query heads")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   app->add_option("--num-heads-kv", s.num_heads_kv, "key/value heads (GQA/MQA); default num-heads")
       ->check(CLI::Range(1, 1 << 20));
-  app->add_option("--headdim,-d", s.headdim, "head dim of q and k")->capture_default_str();
+  app->add_option("--headdim,-d", s.headdim, "head dim of q and k")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   app->add_option("--headdim-v", s.headdim_v, "head dim of v and out; default headdim")
       ->check(CLI::Range(1, 1 << 20));
   app->add_option("--dtype", s.dtype, "element type of q/k/v/out")
@@ -85,9 +102,9 @@ void add_case_options(CLI::App* app, CaseFlags& f) {
                                "default: the kernel's tuned value");
   app->add_option("--device", s.device, "where the implementation under test runs")
       ->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
-  app->add_option("--seed", s.seed, "random seed of the inputs")->capture_default_str();
-  app->add_flag("--backward", s.backward, "also run/check the backward (dq, dk, dv)");
-  app->add_flag("--deterministic", s.deterministic, "deterministic backward");
+  app->add_option("--seed", s.seed, "random seed of the inputs")->check(kSeedRule)->capture_default_str();
+  CLI::Option* backward = app->add_flag("--backward", s.backward, "also run/check the backward (dq, dk, dv)");
+  app->add_flag("--deterministic", s.deterministic, "deterministic backward")->needs(backward);
 }
 
 json spec_json(const CaseSpec& s) {
@@ -142,17 +159,20 @@ int cmd_check(const CaseSpec& spec, bool as_json) {
   const std::vector<test::Accuracy> acc = check_outputs(test, untouched);
 
   bool all_pass = true;
+  int64_t checked = 0;  // elements compared over every output: 0 for an empty case
   json results = json::array();
   for (const test::Accuracy& a : acc) {
     all_pass = all_pass && a.ok();
+    checked += a.checked;
     results.push_back({{"tensor", a.name}, {"max_err", a.err}, {"naive_max_err", a.naive_err},
                        {"atol", a.atol}, {"slack", a.extra}, {"bound", a.bound()},
                        {"checked", a.checked}, {"bad_nonfinite", a.bad_nonfinite},
+                       {"naive_nonfinite", a.naive_nonfinite},
                        {"touched_outside", a.touched_outside}, {"pass", a.ok()}});
   }
   if (as_json) {
     const json j = {{"command", "check"}, {"case", spec_json(spec)}, {"forward_kernel", kernel},
-                    {"results", results}, {"pass", all_pass}};
+                    {"results", results}, {"empty", checked == 0}, {"pass", all_pass}};
     std::cout << j.dump(2) << "\n";
     return all_pass ? 0 : kExitFail;
   }
@@ -161,14 +181,17 @@ int cmd_check(const CaseSpec& spec, bool as_json) {
               "atol", "slack", "bound", "result");
   for (const test::Accuracy& a : acc) {
     std::printf("  %-6s %13.4e %14.4e %11.3e %11.3e %11.4e  %s\n", a.name.c_str(), a.err,
-                a.naive_err, a.atol, a.extra, a.bound(), a.ok() ? "PASS" : "FAIL");
+                a.naive_err, a.atol, a.extra, a.bound(), !a.ok() ? "FAIL" : a.checked ? "PASS" : "EMPTY");
     if (a.bad_nonfinite || a.touched_outside || a.naive_nonfinite)
       std::printf("         %lld wrong NaN/inf, %lld elements written outside the sequences, "
                   "%lld non-finite naive\n", static_cast<long long>(a.bad_nonfinite),
                   static_cast<long long>(a.touched_outside), static_cast<long long>(a.naive_nonfinite));
   }
-  std::printf("%s  (rule: max|fa4-ref| <= 2*max|naive-ref| + atol + slack; ref = float64 oracle)\n",
-              all_pass ? "PASS" : "FAIL");
+  if (all_pass && checked == 0)
+    std::printf("EMPTY  (the case has no element to compare: nothing was checked)\n");
+  else
+    std::printf("%s  (rule: max|fa4-ref| <= 2*max|naive-ref| + atol + slack; ref = float64 oracle)\n",
+                all_pass ? "PASS" : "FAIL");
   return all_pass ? 0 : kExitFail;
 }
 
