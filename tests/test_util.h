@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -112,6 +113,12 @@ inline void fill_poison(HostTensor& t) {
     return;
   }
   for (int64_t i = 0; i < t.numel(); ++i) t.set(i, std::numeric_limits<float>::quiet_NaN());
+}
+
+/// A contiguous fp32 CPU view of `x` with `shape` (x must outlive it): for tests that build small
+/// inputs by hand.
+inline TensorView f32_view(std::vector<float>& x, std::initializer_list<int64_t> shape) {
+  return TensorView::contiguous(x.data(), DType::kFP32, shape);
 }
 
 /// Float64 mirror of a tensor buffer, filled by a naive:: writer; `written` marks the elements the

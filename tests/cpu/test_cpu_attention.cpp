@@ -558,11 +558,8 @@ TEST(CpuCases, C08_WindowZeroZeroIsTheDiagonalAlone) {
     o.softmax_scale = 0.5f;
     for (Backend be : {Backend::kCpu, Backend::kCpuReference}) {
       o.backend = be;
-      forward(TensorView::contiguous(q.data(), DType::kFP32, {1, sq, h, d}),
-              TensorView::contiguous(k.data(), DType::kFP32, {1, sk, h, d}),
-              TensorView::contiguous(v.data(), DType::kFP32, {1, sk, h, d}),
-              TensorView::contiguous(out.data(), DType::kFP32, {1, sq, h, d}),
-              TensorView::contiguous(lse.data(), DType::kFP32, {1, h, sq}), o);
+      forward(f32_view(q, {1, sq, h, d}), f32_view(k, {1, sk, h, d}), f32_view(v, {1, sk, h, d}),
+              f32_view(out, {1, sq, h, d}), f32_view(lse, {1, h, sq}), o);
       for (int64_t i = 0; i < sq; ++i)
         for (int64_t hh = 0; hh < h; ++hh) {
           const int64_t j = i + sk - sq;  // the one visible key
@@ -596,13 +593,11 @@ TEST(CpuCases, LargeLogitsBackwardWithinTheLseRounding) {
     k[0] = x;          // key 0: logit x^2
     k[d] = x / 2;      // key 1: logit x^2 / 2
     for (int64_t e = 0; e < d; ++e) v[e] = 1.0f, v[d + e] = 2.0f, dout[e] = 1.0f;
-    auto t4 = [](std::vector<float>& a, int64_t s) {
-      return TensorView::contiguous(a.data(), DType::kFP32, {1, s, 1, d});
-    };
+    auto t4 = [](std::vector<float>& a, int64_t s) { return f32_view(a, {1, s, 1, d}); };
     BackwardOptions o;
     o.softmax_scale = 1.0f;
     o.backend = Backend::kCpu;
-    const TensorView lse_v = TensorView::contiguous(lse.data(), DType::kFP32, {1, 1, 1});
+    const TensorView lse_v = f32_view(lse, {1, 1, 1});
     forward(t4(q, 1), t4(k, 2), t4(v, 2), t4(out, 1), lse_v, o);
     ASSERT_NEAR(lse[0], x * x, x * x * 1e-6f);
     for (std::vector<float>* g : {&dq, &dk, &dv}) std::fill(g->begin(), g->end(), std::nanf(""));
@@ -685,11 +680,8 @@ TEST(CpuApi, DefaultScaleIsOneOverSqrtOfTheQkHeaddim) {
     AttentionOptions o;
     o.backend = Backend::kCpu;
     o.softmax_scale = scale;
-    forward(TensorView::contiguous(q.data(), DType::kFP32, {1, sq, h, d}),
-            TensorView::contiguous(k.data(), DType::kFP32, {1, sk, h, d}),
-            TensorView::contiguous(v.data(), DType::kFP32, {1, sk, h, dv}),
-            TensorView::contiguous(out.data(), DType::kFP32, {1, sq, h, dv}),
-            TensorView::contiguous(lse.data(), DType::kFP32, {1, h, sq}), o);
+    forward(f32_view(q, {1, sq, h, d}), f32_view(k, {1, sk, h, d}), f32_view(v, {1, sk, h, dv}),
+            f32_view(out, {1, sq, h, dv}), f32_view(lse, {1, h, sq}), o);
     out.insert(out.end(), lse.begin(), lse.end());
     return out;
   };
