@@ -150,13 +150,9 @@ inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::H
 /// which the kernel applies to 128-key blocks: a split's share is ceil(blocks / splits) of them,
 /// so where that rounds up the last splits get fewer or none (GQA 8/1 KV 32k: 112 splits of
 /// 256 blocks, 3 each, the last 26 empty), and the longest walk takes about half the 4-warp
-/// form's steps. Measured (H200, bench/ab_decode.py, kernel time, 8 against 4 warps in one
-/// library, L2 refilled with clean lines before each call): batch 1, GQA 32/8 d128 KV 1k 8.04
-/// against 9.44 us, 8k 16.38 / 17.44, GQA 8/1 32k 16.36 / 16.98, pages of 16 17.43 / 18.97, d64
-/// GQA 8/1 8k 11.26 / 11.51; equal or slower: GQA 8/1 d128 8k 13.81 / 13.80, d64 GQA 32/8 8k
-/// 13.94 / 13.74 (with L2 hot 9.00 / 10.06); with L2 flushed by writes (dirty lines written back
-/// during the call) -3.8..+1.3%, within that mode's noise; splits of 32 blocks and more (GQA 32/8
-/// KV 32k, batch 8 KV 8k, KV 128k) within -1.5..+1.6% (bench/results/history.md).
+/// form's steps. The bounds are where it measured faster than 4 warps at batch 1 (splits of 32
+/// blocks and more were within noise); the figures are in decode/README.md and
+/// bench/results/history.md.
 inline bool decode_eight_warps(const detail::KVCacheParams& p, const detail::HopperDecodeConfig& c, int32_t num_sms,
                                const detail::DecodeTile& t, int32_t splits, int8_t forced = -1) {
   if (c.eight_warp_stages == 0 || t.rows != detail::kDecodeNarrowRows || forced == 0) return false;
