@@ -107,7 +107,82 @@ bool element_in(const TensorView& t, uintptr_t lo, uintptr_t hi) {
   return meets(meets, 0, 0);
 }
 
+/// Whether an element of a and an element of b share a byte, by a pruned search: the offset
+/// between two elements, b's first byte minus a's, is (b.data - a.data) plus a sum over the dims
+/// of both views of index x byte stride (a's indices negated), which must land in
+/// [-(b's element size - 1), a's element size - 1]. Dims of equal stride (two slices of one
+/// buffer) merge into one. By decreasing stride, each dim tries only the indices from which the
+/// inner dims' sums can still reach the target; where every dim's stride exceeds the inner dims'
+/// span that is at most three per dim. 1: a shared byte; 0: none; -1: more than kSteps tries
+/// (strides of the two views that do not nest into each other), undecided.
+int lattice_overlap(const TensorView& a, const TensorView& b) {
+  constexpr int kSteps = 2048;
+  using Wide = __int128;  // address differences and index x stride sums of two int64 spans
+  struct Term {
+    int64_t step, lo, hi;  // byte stride; index range
+  };
+  Term terms[2 * TensorView::kMaxDims];
+  int n = 0;
+  auto add = [&](const TensorView& t, bool negate) {
+    const int64_t elem = dtype_size(t.dtype);
+    for (int d = 0; d < t.ndim; ++d) {
+      if (t.shape[d] <= 1 || t.stride[d] == 0) continue;
+      const int64_t step = t.stride[d] * elem, lo = negate ? 1 - t.shape[d] : 0, hi = negate ? 0 : t.shape[d] - 1;
+      int i = 0;
+      while (i < n && terms[i].step != step) ++i;
+      if (i < n) {
+        terms[i].lo += lo;
+        terms[i].hi += hi;
+      } else {
+        terms[n++] = {step, lo, hi};
+      }
+    }
+  };
+  add(a, true);
+  add(b, false);
+  std::sort(terms, terms + n, [](const Term& x, const Term& y) { return x.step > y.step; });
+  Wide below_lo[2 * TensorView::kMaxDims + 1], below_hi[2 * TensorView::kMaxDims + 1];  // inner sums' range
+  below_lo[n] = below_hi[n] = 0;
+  for (int i = n - 1; i >= 0; --i) {
+    below_lo[i] = below_lo[i + 1] + Wide(terms[i].lo) * terms[i].step;
+    below_hi[i] = below_hi[i + 1] + Wide(terms[i].hi) * terms[i].step;
+  }
+  const Wide gap = Wide(reinterpret_cast<uintptr_t>(b.data)) - Wide(reinterpret_cast<uintptr_t>(a.data));
+  auto floor_div = [](Wide x, int64_t d) { return x >= 0 ? x / d : -((-x + d - 1) / d); };
+  int steps = 0;
+  // Whether the dims from i on can sum into [want_lo, want_hi]: 1, 0, or -1 out of steps.
+  auto search = [&](auto&& self, int i, Wide want_lo, Wide want_hi) -> int {
+    if (i == n) return want_lo <= 0 && 0 <= want_hi;
+    const Term& t = terms[i];
+    const Wide first = std::max<Wide>(t.lo, -floor_div(below_hi[i + 1] - want_lo, t.step));
+    const Wide last = std::min<Wide>(t.hi, floor_div(want_hi - below_lo[i + 1], t.step));
+    for (Wide j = first; j <= last; ++j) {
+      if (++steps > kSteps) return -1;
+      const int r = self(self, i + 1, want_lo - j * t.step, want_hi - j * t.step);
+      if (r != 0) return r;
+    }
+    return 0;
+  };
+  return search(search, 0, -gap - (dtype_size(b.dtype) - 1), -gap + (dtype_size(a.dtype) - 1));
+}
+
 }  // namespace
+
+bool views_overlap(const TensorView& a, const TensorView& b) {
+  const ByteRange ra = byte_range(a), rb = byte_range(b);
+  if (ra.empty || rb.empty || ra.hi < rb.lo || rb.hi < ra.lo) return false;
+  if (ra.lo == rb.lo || (ra.dense && rb.dense)) return true;
+  // One dense and the other nesting: element_in is exact and takes a few steps whatever the strides.
+  if (ra.dense && distinct_addresses(b)) return element_in(b, ra.lo, ra.hi);
+  if (rb.dense && distinct_addresses(a)) return element_in(a, rb.lo, rb.hi);
+  const int r = lattice_overlap(a, b);
+  if (r >= 0) return r == 1;
+  // Undecided: an end element of the strided one inside the dense one's range (provable).
+  auto end_in = [](const ByteRange& s, const ByteRange& d) {
+    return (s.lo >= d.lo && s.lo <= d.hi) || (s.hi >= d.lo && s.hi <= d.hi);
+  };
+  return (ra.dense && end_in(rb, ra)) || (rb.dense && end_in(ra, rb));
+}
 
 TensorView check_view(const Checker& c, const TensorView& t, const char* name, bool is_output) {
   if (t.ndim < 0 || t.ndim > TensorView::kMaxDims)
@@ -184,18 +259,10 @@ void check_outputs_apart(const Checker& c, std::initializer_list<const Named*> o
       if (po == o && px == x) return same_view(o->t, x->t);
     return false;
   };
-  auto overlap = [&](int i, int j) {
+  auto overlap = [&](int i, int j) {  // the ranges first: most pairs end there
     const ByteRange &a = range[i], &b = range[j];
     if (a.hi < b.lo || b.hi < a.lo) return false;
-    if (a.lo == b.lo) return true;  // the first elements share an address, dense or not
-    if (a.dense && b.dense) return true;
-    // One dense: whether the other has an element in its bytes (exactly where the other's dims
-    // nest, as an output's must; else whether its first or last byte is there).
-    auto meets = [](const TensorView& s, const ByteRange& rs, const ByteRange& d) {
-      if (distinct_addresses(s)) return element_in(s, d.lo, d.hi);
-      return (rs.lo >= d.lo && rs.lo <= d.hi) || (rs.hi >= d.lo && rs.hi <= d.hi);
-    };
-    return (a.dense && meets(named[j]->t, b, a)) || (b.dense && meets(named[i]->t, a, b));
+    return views_overlap(named[i]->t, named[j]->t);
   };
   for (int i = 0; i < n_out; ++i) {
     if (range[i].empty) continue;

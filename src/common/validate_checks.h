@@ -64,16 +64,14 @@ void check_ndim(const Checker& c, const Named& x, int want, const char* layout);
 /// Implementations index the last dim (head dim, or a 1-D tensor) with unit stride.
 void check_last_contiguous(const Checker& c, const Named& x);
 
-/// Outputs apart from every other tensor of the call, checked after the rules on each tensor's own
-/// layout, shape and dtype: no two
-/// elements of an output share an address (its dims, by increasing stride, each step past every
-/// element of the dims inside them; a sufficient rule), and no output shares an address with
-/// another output or an input. Provable cases only: two tensors that each fill their address range
-/// (dense) overlap iff the ranges intersect; where only one is dense, an end element of the other
-/// inside its range is an overlap. Interleaved views (e.g. q, k, v slices of one packed tensor)
-/// are not dense and pass. Null tensors (nullptr entries) and empty views are skipped. `in_place`:
-/// (output, input) pairs that may be the same view exactly (same data, dtype, shape and strides),
-/// where every implementation has read an input row before it writes the output row.
+/// Whether some byte of an element of a is a byte of an element of b (non-negative strides whose
+/// spans fit int64, as check_view leaves them). Exact for: two dense views; one dense and one
+/// whose dims nest; two views whose strides, merged (equal strides as one dim), leave each dim's
+/// stride above the inner dims' span, or that take at most 2048 steps of a pruned search. Beyond
+/// that (strides of the two views that interleave at no common period) it is true only when a
+/// first or last element of one lies inside the other, dense, view. No allocation: every call runs it.
+bool views_overlap(const TensorView& a, const TensorView& b);
+
 /// An optional tensor of the options as a check_outputs_apart input (an empty view when unset).
 inline Named named_option(const char* name, const std::optional<TensorView>& t) { return {name, t ? *t : TensorView{}}; }
 
@@ -88,6 +86,14 @@ struct OptionInputs {
         seqused_k(named_option("seqused_k", o.seqused_k)) {}
 };
 
+/// Outputs apart from every other tensor of the call, checked after the rules on each tensor's own
+/// layout, shape and dtype: no two elements of an output share an address (its dims, by
+/// increasing stride, each step past every element of the dims inside them; a sufficient rule),
+/// and no output shares an address with another output or an input (views_overlap). Interleaved
+/// views (q, k, v or dq, dk, dv as slices of one packed tensor) share no address and pass. Null
+/// tensors (nullptr entries) and empty views are skipped. `in_place`: (output, input) pairs that
+/// may be the same view exactly (same data, dtype, shape and strides), where every
+/// implementation has read an input row before it writes the output row.
 void check_outputs_apart(const Checker& c, std::initializer_list<const Named*> outputs,
                          std::initializer_list<const Named*> inputs,
                          std::initializer_list<std::pair<const Named*, const Named*>> in_place = {});
