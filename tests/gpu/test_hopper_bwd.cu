@@ -9,7 +9,8 @@
 // drawn fresh for every run (tests/test_util.h next_seed; FA4_TEST_SEED replays a failure).
 // Cases of ../shared/cases covered here for the backward: fully masked rows give zero gradients, never
 // NaN (causal with seqlen_q > seqlen_k, windows); seqlen_q != seqlen_k bottom-right; tails that are
-// not a multiple of the tiles; GQA/MQA sums of dK/dV; varlen; padded head dims use every channel;
+// not a multiple of the tiles; GQA/MQA sums of dK/dV; varlen, with empty sequences; padded head dims
+// use every channel (varlen too); headdim_v != headdim;
 // dsink; deterministic mode bitwise over 10 runs and across tile orders; NaN in one varlen
 // sequence's rows never reaches the others' gradients; invalid device-side varlen indices
 // (skipped, reported asynchronously); a head dim the kernels cannot read is a clear kUnsupported.
@@ -158,6 +159,89 @@ TEST(HopperBwd, GqaMqaVarlenPaddedDims) {
   }
 }
 
+/// Varlen batches with empty sequences (no queries: dK = dV = 0 over its keys; no keys: dq = 0),
+/// among them C10's (query lengths 0, 1, 0, 1 over key lengths 0, 3, 0, 5, heads 9/3, causal,
+/// scale 1); softcap on the d128 kernel (and d96 padded onto it), with GQA, varlen and a window;
+/// windows and a sink with more queries than keys; headdim_v != headdim on one kernel; padded head
+/// dims in a varlen call (one sequence of 512 rows, 8 heads, d 40 to 144).
+TEST(HopperBwd, EmptySequencesSoftcapAndUnequalDims) {
+  REQUIRE_HOPPER();
+  CaseSpec c = base(64);
+  c.batch = 4;
+  c.varlen = true;
+  c.lens_q = {0, 1, 0, 1};
+  c.lens_k = {0, 3, 0, 5};
+  c.seqlen_q = 1;
+  c.seqlen_k = 5;
+  c.num_heads = 9;
+  c.num_heads_kv = 3;
+  c.causal = true;
+  c.softmax_scale = 1.f;
+  check_case(c);
+  c = base(128);
+  c.batch = 5;
+  c.varlen = true;
+  c.lens_q = {0, 130, 64, 0, 200};
+  c.lens_k = {100, 0, 257, 0, 300};
+  c.seqlen_q = 200;
+  c.seqlen_k = 300;
+  c.num_heads_kv = 2;
+  check_case(c);
+  c.causal = true;
+  c.sink = true;
+  check_case(c);
+  for (int d : {128, 96})
+    for (bool causal : {false, true}) {
+      c = base(d, d == 96 ? "fp16" : "bf16");
+      c.softcap = 5.f;
+      c.causal = causal;
+      check_case(c);
+    }
+  c = base(128);
+  c.softcap = 3.f;
+  c.num_heads = 8;
+  c.num_heads_kv = 2;
+  c.causal = true;
+  check_case(c);
+  c.varlen = true;  // random lengths in [1, 300]
+  c.batch = 4;
+  c.seqlen_q = c.seqlen_k = 300;
+  check_case(c);
+  c.causal = false;
+  c.window = {40, 8};
+  check_case(c);
+  c.softcap = 0.f;
+  check_case(c);
+  for (const auto& w : {std::vector<int32_t>{40, 20}, std::vector<int32_t>{0, 0}}) {
+    c = base(128);
+    c.seqlen_q = 300;  // more queries than keys: rows before the window's reach see no key
+    c.seqlen_k = 100;
+    c.window = w;
+    check_case(c);
+  }
+  c = base(64);
+  c.seqlen_q = 300;
+  c.seqlen_k = 100;
+  c.causal = true;
+  c.sink = true;  // rows without keys: lse = sink, dq = 0, and their share of dsink
+  check_case(c);
+  for (const auto& [d, dv] : {std::pair{128, 64}, std::pair{64, 128}, std::pair{96, 64}, std::pair{128, 96}}) {
+    c = base(d);
+    c.headdim_v = dv;
+    c.causal = dv < d;
+    check_case(c);
+  }
+  for (int d : {40, 72, 80, 96, 104, 144}) {  // padded head dims, varlen: one sequence of 512 rows
+    c = base(d);
+    c.batch = 1;
+    c.varlen = true;
+    c.lens_q = c.lens_k = {512};
+    c.seqlen_q = c.seqlen_k = 512;
+    c.num_heads = 8;
+    check_case(c);
+  }
+}
+
 TEST(HopperBwd, LongerSequences) {
   REQUIRE_HOPPER();
   for (int d : {64, 128}) {
@@ -240,6 +324,13 @@ std::vector<char> tensor_bytes(const fa4::test::HostTensor& t) {
   return std::vector<char>(b, b + t.numel() * fa4::dtype_size(t.dtype()));
 }
 
+/// Fills the device dq, dk and dv with 0xFF (NaN) before a backward run: a row the run leaves
+/// unwritten then shows as NaN, not as an earlier run's values.
+void poison_gradients(const DeviceProblem& dp, const Problem& p) {
+  for (auto [ptr, t] : {std::pair{dp.placement().dq, &p.dq}, {dp.placement().dk, &p.dk}, {dp.placement().dv, &p.dv}})
+    ASSERT_EQ(cudaMemset(ptr, 0xFF, size_t(t->numel() * fa4::dtype_size(t->dtype()))), cudaSuccess);
+}
+
 /// A deterministic-mode CUDA backward of bucket d x dv (base's shape; the test sets the rest).
 CaseSpec deterministic_case(int d, int dv, bool causal) {
   CaseSpec s = base(d);
@@ -301,9 +392,7 @@ TEST(HopperBwd, DkDvTmaEpilogueMatchesDirect) {
     std::vector<std::vector<char>> got[2];
     for (int direct = 0; direct < 2; ++direct) {
       const fa4::test::ScopedOverride epilogue("epilogue", direct ? "direct" : "tma");
-      // Poisoned again before each run: a row only one path writes shows as NaN against the other.
-      for (auto [ptr, t] : {std::pair{dp.placement().dk, &p.dk}, {dp.placement().dv, &p.dv}, {dp.placement().dq, &p.dq}})
-        ASSERT_EQ(cudaMemset(ptr, 0xFF, size_t(t->numel() * fa4::dtype_size(t->dtype()))), cudaSuccess);
+      poison_gradients(dp, p);  // a row only one path writes shows as NaN against the other
       const uint64_t before = fa4::hopper::bwd_tma_epilogue_calls();
       fa4::cli::run_backward(p, dp.placement(), fa4::Backend::kCuda);
       EXPECT_EQ(fa4::hopper::bwd_tma_epilogue_calls() - before, direct ? 0u : 1u) << s.describe() << ": the TMA path";
@@ -317,8 +406,9 @@ TEST(HopperBwd, DkDvTmaEpilogueMatchesDirect) {
   }
 }
 
-/// deterministic = true: ten backward runs on the same inputs give bitwise-equal dq, dk, dv (dense,
-/// causal and a window: three tile orders / query-block ranges).
+/// deterministic = true: ten backward runs on the same inputs, each onto poisoned gradients, give
+/// bitwise-equal dq, dk, dv (dense, causal and a window: three tile orders / query-block ranges),
+/// and the first run passes the accuracy rule.
 TEST(HopperBwd, DeterministicBitwise) {
   REQUIRE_HOPPER();
   for (const fa4::detail::HopperBwdConfig& row : fa4::detail::kHopperBwdConfigs)  // every bucket
@@ -333,15 +423,20 @@ TEST(HopperBwd, DeterministicBitwise) {
     s.seqlen_q = s.seqlen_k = 1024;  // 8 key blocks add into every query block's dQ
     s.seed = fa4::test::next_seed();
     Problem p = Problem::make(s);
+    Problem untouched = p;
     DeviceProblem dp(p, nullptr);
     fa4::cli::run_forward(p, dp.placement(), fa4::Backend::kCuda);
     std::vector<std::vector<char>> first;
     for (int run = 0; run < 10; ++run) {
+      poison_gradients(dp, p);
       fa4::cli::run_backward(p, dp.placement(), fa4::Backend::kCuda);
       dp.download_outputs();
       const std::vector<std::vector<char>> now{tensor_bytes(p.dq), tensor_bytes(p.dk), tensor_bytes(p.dv)};
-      if (run == 0) first = now;
-      else
+      if (run == 0) {
+        first = now;
+        for (const fa4::test::Accuracy& a : fa4::cli::check_outputs(p, untouched))
+          EXPECT_TRUE(a.ok()) << s.describe() << "\n  " << a.str();
+      } else
         for (size_t i = 0; i < now.size(); ++i)
           EXPECT_TRUE(now[i] == first[i]) << "run " << run << " tensor " << i << ": " << s.describe();
     }
@@ -380,6 +475,7 @@ TEST(HopperBwd, DeterministicAcrossTileOrders) {
         const fa4::test::ScopedOverride band("bwd_lpt_band", o.band);
         const fa4::test::ScopedOverride walk("bwd_walk", o.walk);
         const fa4::test::ScopedOverride schedule("schedule", o.schedule);
+        poison_gradients(dp, p);
         fa4::cli::run_backward(p, dp.placement(), fa4::Backend::kCuda);
         dp.download_outputs();
         ASSERT_EQ(cudaGetLastError(), cudaSuccess);
@@ -439,8 +535,7 @@ TEST(HopperBwd, VarlenNaNInTheNextSequenceStaysThere) {
       poison_seq1(at.dout, p.dout, p.seq.cu_q, p.seq.total_q());
       poison_seq1(at.k, p.k, p.seq.cu_k, p.seq.total_k());
       poison_seq1(at.v, p.v, p.seq.cu_k, p.seq.total_k());
-      for (auto [ptr, t] : {std::pair{at.dq, &p.dq}, std::pair{at.dk, &p.dk}, std::pair{at.dv, &p.dv}})
-        ASSERT_EQ(cudaMemset(ptr, 0xFF, size_t(t->numel()) * fa4::dtype_size(t->dtype())), cudaSuccess);
+      poison_gradients(dp, p);
       // Sequence 1's gradient rows start finite (0), not as the 0xFF poison (itself a NaN), so a NaN
       // found there below was written by the kernel.
       fill_seq1(at.dq, p.dq, p.seq.cu_q, p.seq.total_q(), 0);

@@ -187,6 +187,35 @@ TEST(HopperDecode, NegativeLengthAndBadCacheRow) {
   }
 }
 
+// Query heads per KV head that are no power of two (3, 5, 7, 12): the packed rows (a query row and
+// its head's place in the group) split by a division that powers of two would not exercise. One,
+// three and five queries per sequence, causal (the second sequence has fewer keys than queries for
+// five without its appended key), the wide and narrow row tiles, one split and automatic, dense
+// and paged with an appended key.
+TEST(HopperDecode, GroupsThatAreNoPowerOfTwo) {
+  REQUIRE_HOPPER();
+  const int groups[][2] = {{9, 3}, {40, 8}, {28, 4}, {12, 1}};  // heads, heads_kv
+  for (const auto& g : groups)
+    for (int sq : {1, 3, 5})
+      for (const char* tile : {"64", "16"}) {
+        const fa4::test::ScopedOverride forced("decode_tile", tile);
+        KvCase c;
+        c.seqlen_q = sq;
+        c.heads = g[0];
+        c.heads_kv = g[1];
+        c.capacity = 700;
+        c.cache_seqlens = {690, 4};
+        c.causal = true;
+        c.seed = 1500 + g[0] * 11 + sq;
+        c.num_splits = 1;
+        run_case(c);
+        c.num_splits = 0;
+        c.page_size = 16;
+        c.seqlen_new = 1;
+        run_case(c);
+      }
+}
+
 // A NaN in one query row reaches that row only, whether one split finishes it or the last split
 // merges several; tau = 0 takes the rescale branch at every larger block max.
 TEST(HopperDecode, NaNRowAndEagerRescale) {

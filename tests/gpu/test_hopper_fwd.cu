@@ -31,6 +31,7 @@
 #include "gpu/gpu_reference.cuh"
 
 #include "gpu_test_util.cuh"
+#include "test_util.h"
 
 namespace {
 
@@ -491,33 +492,51 @@ TEST(HopperFwd, OutputStorePaths) {
   }
 }
 
-TEST(HopperFwd, NaNInQueryPropagates) {  // C03(b): data NaN must come out as NaN, only there
+// C03(b): a NaN in one query row's data comes out as that row's out and lse, and nowhere else.
+// out and lse start as finite sentinels (a row the kernel skipped would keep them), bf16 and fp16,
+// three buckets, causal and not.
+TEST(HopperFwd, NaNInQueryPropagates) {
   REQUIRE_HOPPER();
-  const int S = 200, H = 2, D = 64;
-  REQUIRE_BUCKETS(D, D, fa4::test::kFwd);
-  std::vector<uint16_t> hq(S * H * D), hk(S * H * D), hv(S * H * D);
-  std::mt19937 rng(7);
-  std::normal_distribution<float> nd;
-  for (auto* v : {&hq, &hk, &hv}) for (auto& x : *v) x = fa4::detail::float_to_bf16(nd(rng));
-  for (int d = 0; d < D; ++d) hq[(5 * H + 1) * D + d] = kPoison16;  // query row 5, head 1 is NaN
-  DevBuf<uint16_t> q(hq.size()), k(hk.size()), v(hv.size()), o(hq.size());
-  DevBuf<float> l(S * H);
-  q.upload(hq); k.upload(hk); v.upload(hv);
-  const auto dev = fa4::Device::cuda(0);
-  fa4::AttentionOptions opt; opt.backend = fa4::Backend::kCuda;
-  fa4::forward(TensorView::contiguous(q.ptr, DType::kBF16, {1, S, H, D}, dev),
-               TensorView::contiguous(k.ptr, DType::kBF16, {1, S, H, D}, dev),
-               TensorView::contiguous(v.ptr, DType::kBF16, {1, S, H, D}, dev),
-               TensorView::contiguous(o.ptr, DType::kBF16, {1, S, H, D}, dev),
-               TensorView::contiguous(l.ptr, DType::kFP32, {1, H, S}, dev), opt);
-  CUDA_OK(cudaDeviceSynchronize());
-  const auto ho = o.download();
-  for (int i = 0; i < S; ++i)
-    for (int h = 0; h < H; ++h) {
-      const bool nan_row = i == 5 && h == 1;
-      for (int d = 0; d < D; ++d)
-        ASSERT_EQ(std::isnan(fa4::detail::bf16_to_float(ho[(i * H + h) * D + d])), nan_row) << i << " " << h;
-    }
+  const int S = 200, H = 2;
+  const float kOutSentinel = 1000.f, kLseSentinel = -12345.f;
+  for (DType t : {DType::kBF16, DType::kFP16})
+    for (int D : {64, 128, 256})
+      for (bool causal : {false, true}) {
+        if (fa4::test::leave_out(D, D, fa4::test::kFwd)) continue;
+        SCOPED_TRACE(std::string(t == DType::kBF16 ? "bf16" : "fp16") + " d" + std::to_string(D) +
+                     (causal ? " causal" : ""));
+        std::vector<uint16_t> hq(S * H * D), hk(S * H * D), hv(S * H * D);
+        std::mt19937 rng(fa4::test::next_seed());
+        std::normal_distribution<float> nd;
+        for (auto* v : {&hq, &hk, &hv}) for (auto& x : *v) x = fa4::test::to16(t, nd(rng));
+        for (int d = 0; d < D; ++d) hq[(5 * H + 1) * D + d] = kPoison16;  // query row 5, head 1 is NaN
+        DevBuf<uint16_t> q(hq.size()), k(hk.size()), v(hv.size()), o(hq.size());
+        DevBuf<float> l(S * H);
+        q.upload(hq); k.upload(hk); v.upload(hv);
+        o.upload(std::vector<uint16_t>(hq.size(), fa4::test::to16(t, kOutSentinel)));
+        l.upload(std::vector<float>(S * H, kLseSentinel));
+        const auto dev = fa4::Device::cuda(0);
+        fa4::AttentionOptions opt;
+        opt.backend = fa4::Backend::kCuda;
+        opt.causal = causal;
+        fa4::forward(TensorView::contiguous(q.ptr, t, {1, S, H, D}, dev), TensorView::contiguous(k.ptr, t, {1, S, H, D}, dev),
+                     TensorView::contiguous(v.ptr, t, {1, S, H, D}, dev), TensorView::contiguous(o.ptr, t, {1, S, H, D}, dev),
+                     TensorView::contiguous(l.ptr, DType::kFP32, {1, H, S}, dev), opt);
+        CUDA_OK(cudaDeviceSynchronize());
+        const auto ho = o.download();
+        const auto hl = l.download();
+        for (int i = 0; i < S; ++i)
+          for (int h = 0; h < H; ++h) {
+            const bool nan_row = i == 5 && h == 1;
+            ASSERT_EQ(std::isnan(hl[h * S + i]), nan_row) << "lse " << i << " " << h << ": " << hl[h * S + i];
+            ASSERT_NE(hl[h * S + i], kLseSentinel) << "lse " << i << " " << h << " unwritten";
+            for (int d = 0; d < D; ++d) {
+              const float x = fa4::test::from16(t, ho[(i * H + h) * D + d]);
+              ASSERT_EQ(std::isnan(x), nan_row) << "out " << i << " " << h << " " << d << ": " << x;
+              ASSERT_NE(x, kOutSentinel) << "out " << i << " " << h << " " << d << " unwritten";
+            }
+          }
+      }
 }
 
 TEST(HopperFwd, MisalignedStrideIsAClearError) {
