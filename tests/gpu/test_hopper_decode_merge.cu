@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gpu/decode_case.cuh"
+#include "test_util.h"
 
 namespace {
 
@@ -87,6 +88,67 @@ TEST(HopperDecode, GraphReplayFollowsCacheSeqlens) {
             << "call " << i << ", replay " << round;
       }
     }
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+  }
+  cudaStreamDestroy(s);
+}
+
+// A serving engine's decode loop: one captured call that appends a token to a paged cache and
+// attends over it, replayed step after step with new q, k_new, v_new and cache_seqlens advanced by
+// one (a sequence starting empty among them). Every replay's out, lse and cache equal, bitwise, an
+// eager call on an identical problem given the same inputs; one split and automatic splits, causal.
+TEST(HopperDecode, GraphReplayOfADecodeLoopWithAppend) {
+  REQUIRE_HOPPER();
+  KvCase c;
+  REQUIRE_BUCKETS(c.d, c.dv, fa4::test::kDecode);
+  c.batch = 3;
+  c.page_size = 16;
+  c.capacity = 512;
+  c.cache_seqlens = {300, 17, 0};
+  c.seqlen_new = 1;
+  c.full_page_table = true;  // the lengths grow past the pages a sequence uses at build time
+  c.causal = true;
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreate(&s));
+  for (int splits : {1, 0}) {
+    SCOPED_TRACE("num_splits " + std::to_string(splits));
+    c.num_splits = splits;
+    c.seed = 850 + splits;
+    KvProblem graph, eager;  // the same seed: the same cache, pages and inputs
+    build(graph, c);
+    build(eager, c);
+    if (::testing::Test::HasFatalFailure()) break;
+    std::string thrown;
+    cudaGraph_t g = capture_call(graph, s, &thrown);
+    ASSERT_EQ(thrown, "");
+    cudaGraphExec_t ge;
+    CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+    std::mt19937 rng(fa4::test::next_seed());
+    std::normal_distribution<float> nd;
+    std::vector<int> lens = graph.cl;
+    for (int step = 0; step < 6; ++step) {
+      std::vector<uint16_t> q(graph.hq.size()), kn(graph.hkn.size()), vn(graph.hvn.size());
+      for (auto* v : {&q, &kn, &vn}) for (auto& x : *v) x = to16(c.dtype, nd(rng));
+      for (KvProblem* P : {&graph, &eager}) {
+        P->q->upload(q);
+        P->kn->upload(kn);
+        P->vn->upload(vn);
+        P->d_cl->upload(lens);
+        CUDA_OK(cudaMemset(P->out->ptr, 0xFF, P->out->n * 2));
+        CUDA_OK(cudaMemset(P->lse->ptr, 0xFF, P->lse->n * 4));
+      }
+      CUDA_OK(cudaGraphLaunch(ge, s));
+      CUDA_OK(cudaStreamSynchronize(s));
+      fa4::forward_with_kvcache(eager.tq, eager.tk, eager.tv, eager.tout, eager.tlse, eager.o);
+      CUDA_OK(cudaDeviceSynchronize());
+      EXPECT_TRUE(graph.out->download() == eager.out->download()) << "out, step " << step;
+      EXPECT_TRUE(graph.lse->download() == eager.lse->download()) << "lse, step " << step;
+      EXPECT_TRUE(graph.k->download() == eager.k->download()) << "k_cache, step " << step;
+      EXPECT_TRUE(graph.v->download() == eager.v->download()) << "v_cache, step " << step;
+      for (int& n : lens) ++n;
+    }
+    EXPECT_NO_THROW(fa4::check_async_errors(0));
     cudaGraphExecDestroy(ge);
     cudaGraphDestroy(g);
   }
