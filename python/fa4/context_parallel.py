@@ -35,8 +35,10 @@ on NCCL they are meant to run on NCCL's streams, overlapped with the kernels. Th
 tested on more than one GPU (the tests run gloo, in 2 and 4 CPU processes).
 
 Not checked (it would cost a collective per call): that every rank passes slices of one shape and
-the same options, and that causal inputs really are zigzag slices. A shape mismatch fails in gloo
-but may hang NCCL; non-zigzag slices with causal=True give wrong results. An error that every rank
+the same options, and that causal inputs really are zigzag slices. A shape mismatch may abort one
+rank in gloo while another computes on a partly received slice, or hang NCCL; slices of one byte
+size but another shape or dtype give wrong results unnoticed, as do non-zigzag slices with
+causal=True. An error that every rank
 raises (fa4 refusing an option in a block call) leaves the group usable: the transfers already
 started are completed before it propagates.
 """
@@ -76,7 +78,7 @@ def _integer(c) -> Optional[int]:
     """c as an int if it is one (int, NumPy integer, integer 0-D CPU tensor), else None; a bool is
     not (True would be read as a length of 1), nor a tensor on a GPU (reading it would wait for
     the device)."""
-    if isinstance(c, bool) or (isinstance(c, Tensor) and c.device.type != "cpu"):
+    if isinstance(c, bool) or (isinstance(c, Tensor) and (c.device.type != "cpu" or c.dtype == torch.bool)):
         return None
     try:
         return operator.index(c)
@@ -98,7 +100,12 @@ def _host_cu(cu_seqlens, fn: str) -> Tensor:
                 f"{fn}: cu_seqlens must hold integers, got a {cu_seqlens.dtype} tensor")
         cu = cu_seqlens.to(torch.int64)
     else:
-        values = list(cu_seqlens)
+        try:
+            values = list(cu_seqlens)
+        except TypeError:
+            raise _capi.InvalidArgumentError(
+                f"{fn}: cu_seqlens must be a 1-D integer tensor or a sequence of ints, got "
+                f"{type(cu_seqlens).__name__} {cu_seqlens!r}") from None
         ints = [_integer(c) for c in values]
         if None in ints:
             raise _capi.InvalidArgumentError(f"{fn}: cu_seqlens must hold integers, got {values!r}")
@@ -506,7 +513,8 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, group=None, causal: bool 
         return_lse: also return this rank's lse (batch, num_heads, seqlen_local), or (num_heads,
             total_local) packed, fp32, natural log.
         rescale_threshold, exp2_emulation_fraction, backend: as in flash_attn_func, for every
-            block call (forward and backward).
+            block call (forward and backward); 'cpu_reference' for the forward only (its backward
+            does not use the final out and lse the ring's block gradients need).
 
     Returns:
         out (batch, seqlen_local, num_heads, headdim_v), or (total_local, num_heads, headdim_v)
@@ -518,8 +526,8 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, group=None, causal: bool 
 
     Raises:
         InvalidArgumentError (ValueError) for bad shapes or argument types (a flag that is not a
-        bool, a missing or non-integer max_seqlen, cu_seqlens that are not integers) or an
-        uninitialised torch.distributed.
+        bool, a missing or non-integer max_seqlen, cu_seqlens that are not integers), backend
+        'cpu_reference' where gradients are needed, or an uninitialised torch.distributed.
         Errors of a block call are fa4's (they name the block's tensors). See the module
         docstring for what is not checked across ranks.
     """
@@ -586,10 +594,18 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, group=None, causal: bool 
         raise _capi.InvalidArgumentError(
             f"{_FN}: sink must be an fp32 tensor of shape (num_heads,) = ({q.shape[-2]},) on q's "
             "device")
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or (
+        sink is not None and sink.requires_grad))
+    if needs_grad and backend == "cpu_reference":
+        # The block gradients add up only where the backward rebuilds P from the lse it is given
+        # (the final one) and takes D from the given out; the float64 oracle recomputes both for
+        # the block's own keys.
+        raise _capi.InvalidArgumentError(
+            f"{_FN}: backend = 'cpu_reference' cannot run the ring's backward (the float64 oracle "
+            "recomputes each block's out and lse instead of using the final ones); use 'cpu' or "
+            "'auto', or call without gradients")
     ring = _Ring(group)
-    needs_grad = q.requires_grad or k.requires_grad or v.requires_grad or (
-        sink is not None and sink.requires_grad)
-    if torch.is_grad_enabled() and needs_grad:
+    if needs_grad:
         out, lse = _RingAttention.apply(q, k, v, sink, ring, plan, o)
     else:
         out, lse = _ring_forward(q, k, v, sink, ring, plan, o)

@@ -171,6 +171,22 @@ def _worker(rank, world, init_file, seed):
         for later in runs[1:]:
             for a, b in zip(runs[0], later):
                 assert torch.equal(a, b), "deterministic ring backward differs between runs"
+        # The options reach every block call, forward and backward (on CPU the deterministic
+        # repeats above would pass without them).
+        seen = []
+        fwd, bwd = fa4._torch_ops._fwd_impl, fa4._torch_ops._bwd_impl
+        # (_fa4_args order: ..., rescale_threshold, exp2_emulation_fraction, backend, deterministic)
+        fa4._torch_ops._fwd_impl = lambda *a: seen.append(("fwd",) + a[-4:]) or fwd(*a)
+        fa4._torch_ops._bwd_impl = lambda *a: seen.append(("bwd",) + a[-4:]) or bwd(*a)
+        try:
+            ql, kl, vl = (cp.shard_sequence(x, None).requires_grad_() for x in (q, k, v))
+            out = cp.ring_attention(ql, kl, vl, causal=True, deterministic=True, backend="cpu",
+                                    rescale_threshold=4.0, exp2_emulation_fraction=0.0)
+            torch.autograd.grad(out, (ql, kl, vl), cp.shard_sequence(dout, None))
+        finally:
+            fa4._torch_ops._fwd_impl, fa4._torch_ops._bwd_impl = fwd, bwd
+        assert [d for d, *_ in seen] == ["fwd"] * world + ["bwd"] * world, seen
+        assert all(tuple(x) == (4.0, 0.0, "cpu", True) for _, *x in seen), seen
     finally:
         dist.destroy_process_group()
 
@@ -242,11 +258,37 @@ def test_layout_arguments_are_checked():
     with pytest.raises(Exception) as got:
         ring(q, q, q, cu_seqlens=[0, 8, 16], max_seqlen=torch.tensor(8))
     assert "max_seqlen" not in str(got.value)
-    for bad in ([0, 7.5, 16], [0, True, 16], torch.tensor([0.0, 8.0, 16.0])):
+    for bad in ([0, 7.5, 16], [0, True, 16], [0, torch.tensor(True), 16], torch.tensor([0.0, 8.0, 16.0])):
         with pytest.raises(err, match=rf"^{fn}: cu_seqlens must hold integers"):
             ring(q, q, q, cu_seqlens=bad, max_seqlen=9)
         with pytest.raises(err, match="shard_sequence: cu_seqlens must hold integers"):
             cp.shard_sequence(q, cu_seqlens=bad)
+    with pytest.raises(err, match=rf"^{fn}: max_seqlen = .* must be an int$"):  # a 0-D bool tensor
+        ring(q, q, q, cu_seqlens=[0, 8, 16], max_seqlen=torch.tensor(True))
+    with pytest.raises(err, match=r"shard_sequence: dim = .* must be an int"):
+        cp.shard_sequence(x, dim=torch.tensor(True))
+    for fn_, call in ((fn, lambda: ring(q, q, q, cu_seqlens=16, max_seqlen=8)),
+                      ("shard_sequence", lambda: cp.shard_sequence(q, cu_seqlens=16)),
+                      ("gather_sequence", lambda: cp.gather_sequence(q, cu_seqlens=16))):
+        with pytest.raises(err, match=rf"{fn_}: cu_seqlens must be a 1-D integer tensor or a sequence of ints"):
+            call()
+
+
+def test_cpu_reference_backend_is_forward_only():
+    # The ring's block gradients add up only where the backward uses the final out and lse it is
+    # given; the float64 oracle recomputes each block's own (its ring gradients were off by ~1).
+    # Refused where gradients are needed, before the process group is touched (none here).
+    ring = fa4.context_parallel.ring_attention
+    q = torch.zeros(1, 4, 2, 16)
+    qg = q.clone().requires_grad_()
+    with pytest.raises(fa4.InvalidArgumentError,
+                       match=r"^fa4\.context_parallel\.ring_attention: backend = 'cpu_reference' cannot run"):
+        ring(qg, q, q, backend="cpu_reference")
+    if not dist.is_initialized():  # without gradients the call goes on to the group check
+        with pytest.raises(fa4.InvalidArgumentError, match="not initialized"):
+            ring(q, q, q, backend="cpu_reference")
+        with torch.no_grad(), pytest.raises(fa4.InvalidArgumentError, match="not initialized"):
+            ring(qg, q, q, backend="cpu_reference")
 
 
 def _error_worker(rank, world, init_file):
