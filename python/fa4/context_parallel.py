@@ -191,7 +191,9 @@ def gather_sequence(x: Tensor, group=None, *, zigzag: bool = True, dim: Optional
         cu_seqlens: packed layout: the SLICE's cumulative lengths (the whole ones // world_size).
 
     Returns:
-        The full tensor, world_size times as long along dim, on every rank.
+        The full tensor, world_size times as long along dim, on every rank. Not differentiable
+        (torch.distributed.all_gather): gather results for evaluation or checking, and take
+        gradients through ring_attention's per-rank output.
     """
     fn = "fa4.context_parallel.gather_sequence"
     zigzag = _core._bool(zigzag, "zigzag", fn)
