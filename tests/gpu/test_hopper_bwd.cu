@@ -1,6 +1,7 @@
 // tests/gpu/test_hopper_bwd.cu — the Hopper backward against the float64 oracle, through the public
 // fa4::forward + fa4::backward on CUDA tensors (the forward's out and lse feed the backward, as in
-// training).
+// training). More of the option matrix: test_hopper_bwd_options.cu; training layouts:
+// test_hopper_bwd_layouts.cu.
 //
 // Rule (tests/accuracy_check.h, the one `fa4 check` uses): for out, lse, dq, dk, dv and dsink,
 // max|x - ref64| <= 2 * max|naive_same_precision - ref64| + atol (+ the documented stored-O term for
@@ -9,8 +10,7 @@
 // drawn fresh for every run (tests/test_util.h next_seed; FA4_TEST_SEED replays a failure).
 // Cases of ../shared/cases covered here for the backward: fully masked rows give zero gradients, never
 // NaN (causal with seqlen_q > seqlen_k, windows); seqlen_q != seqlen_k bottom-right; tails that are
-// not a multiple of the tiles; GQA/MQA sums of dK/dV; varlen, with empty sequences; padded head dims
-// use every channel (varlen too); headdim_v != headdim;
+// not a multiple of the tiles; GQA/MQA sums of dK/dV; varlen; padded head dims use every channel;
 // dsink; deterministic mode bitwise over 10 runs and across tile orders; NaN in one varlen
 // sequence's rows never reaches the others' gradients; invalid device-side varlen indices
 // (skipped, reported asynchronously); a head dim the kernels cannot read is a clear kUnsupported.
@@ -22,47 +22,11 @@
 #include <utility>
 #include <vector>
 
-#include "../tools/cli_case.h"
-#include "../tools/cli_device.h"
-#include "gpu_test_util.cuh"
+#include "gpu/bwd_case.cuh"
 #include "hopper/bwd/tuning_bwd.h"
 #include "hopper/hopper_api.h"
 
 namespace {
-
-using fa4::cli::CaseSpec;
-using fa4::cli::DeviceProblem;
-using fa4::cli::Problem;
-
-/// Forward + backward on the GPU for a fresh draw of `spec`; every output checked. Nothing where
-/// the case is left out (a bucket it needs not compiled in this build).
-void check_case(CaseSpec spec) {
-  if (fa4::test::leave_out(spec.headdim, spec.dim_v(), fa4::test::kFwd | fa4::test::kBwd)) return;
-  spec.device = "cuda";
-  spec.backward = true;
-  spec.seed = fa4::test::next_seed();
-  Problem test = Problem::make(spec);
-  Problem untouched = test;
-  {
-    DeviceProblem dp(test, nullptr);
-    fa4::cli::run_forward(test, dp.placement(), fa4::Backend::kCuda);
-    fa4::cli::run_backward(test, dp.placement(), fa4::Backend::kCuda);
-    dp.download_outputs();
-  }
-  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-  for (const fa4::test::Accuracy& a : fa4::cli::check_outputs(test, untouched))
-    EXPECT_TRUE(a.ok()) << spec.describe() << "\n  " << a.str();
-}
-
-CaseSpec base(int d, const char* dtype = "bf16") {
-  CaseSpec s;
-  s.batch = 2;
-  s.seqlen_q = s.seqlen_k = 256;
-  s.num_heads = 4;
-  s.headdim = d;
-  s.dtype = dtype;
-  return s;
-}
 
 TEST(HopperBwd, EveryBucketAndDtype) {
   REQUIRE_HOPPER();
@@ -159,89 +123,6 @@ TEST(HopperBwd, GqaMqaVarlenPaddedDims) {
   }
 }
 
-/// Varlen batches with empty sequences (no queries: dK = dV = 0 over its keys; no keys: dq = 0),
-/// among them C10's (query lengths 0, 1, 0, 1 over key lengths 0, 3, 0, 5, heads 9/3, causal,
-/// scale 1); softcap on the d128 kernel (and d96 padded onto it), with GQA, varlen and a window;
-/// windows and a sink with more queries than keys; headdim_v != headdim on one kernel; padded head
-/// dims in a varlen call (one sequence of 512 rows, 8 heads, d 40 to 144).
-TEST(HopperBwd, EmptySequencesSoftcapAndUnequalDims) {
-  REQUIRE_HOPPER();
-  CaseSpec c = base(64);
-  c.batch = 4;
-  c.varlen = true;
-  c.lens_q = {0, 1, 0, 1};
-  c.lens_k = {0, 3, 0, 5};
-  c.seqlen_q = 1;
-  c.seqlen_k = 5;
-  c.num_heads = 9;
-  c.num_heads_kv = 3;
-  c.causal = true;
-  c.softmax_scale = 1.f;
-  check_case(c);
-  c = base(128);
-  c.batch = 5;
-  c.varlen = true;
-  c.lens_q = {0, 130, 64, 0, 200};
-  c.lens_k = {100, 0, 257, 0, 300};
-  c.seqlen_q = 200;
-  c.seqlen_k = 300;
-  c.num_heads_kv = 2;
-  check_case(c);
-  c.causal = true;
-  c.sink = true;
-  check_case(c);
-  for (int d : {128, 96})
-    for (bool causal : {false, true}) {
-      c = base(d, d == 96 ? "fp16" : "bf16");
-      c.softcap = 5.f;
-      c.causal = causal;
-      check_case(c);
-    }
-  c = base(128);
-  c.softcap = 3.f;
-  c.num_heads = 8;
-  c.num_heads_kv = 2;
-  c.causal = true;
-  check_case(c);
-  c.varlen = true;  // random lengths in [1, 300]
-  c.batch = 4;
-  c.seqlen_q = c.seqlen_k = 300;
-  check_case(c);
-  c.causal = false;
-  c.window = {40, 8};
-  check_case(c);
-  c.softcap = 0.f;
-  check_case(c);
-  for (const auto& w : {std::vector<int32_t>{40, 20}, std::vector<int32_t>{0, 0}}) {
-    c = base(128);
-    c.seqlen_q = 300;  // more queries than keys: rows before the window's reach see no key
-    c.seqlen_k = 100;
-    c.window = w;
-    check_case(c);
-  }
-  c = base(64);
-  c.seqlen_q = 300;
-  c.seqlen_k = 100;
-  c.causal = true;
-  c.sink = true;  // rows without keys: lse = sink, dq = 0, and their share of dsink
-  check_case(c);
-  for (const auto& [d, dv] : {std::pair{128, 64}, std::pair{64, 128}, std::pair{96, 64}, std::pair{128, 96}}) {
-    c = base(d);
-    c.headdim_v = dv;
-    c.causal = dv < d;
-    check_case(c);
-  }
-  for (int d : {40, 72, 80, 96, 104, 144}) {  // padded head dims, varlen: one sequence of 512 rows
-    c = base(d);
-    c.batch = 1;
-    c.varlen = true;
-    c.lens_q = c.lens_k = {512};
-    c.seqlen_q = c.seqlen_k = 512;
-    c.num_heads = 8;
-    check_case(c);
-  }
-}
-
 TEST(HopperBwd, LongerSequences) {
   REQUIRE_HOPPER();
   for (int d : {64, 128}) {
@@ -317,29 +198,6 @@ TEST(HopperBwd, WideHeadDims) {
     c.causal = d != 128;
     check_case(c);
   }
-}
-
-std::vector<char> tensor_bytes(const fa4::test::HostTensor& t) {
-  const char* b = static_cast<const char*>(t.data());
-  return std::vector<char>(b, b + t.numel() * fa4::dtype_size(t.dtype()));
-}
-
-/// Fills the device dq, dk and dv with 0xFF (NaN) before a backward run: a row the run leaves
-/// unwritten then shows as NaN, not as an earlier run's values.
-void poison_gradients(const DeviceProblem& dp, const Problem& p) {
-  for (auto [ptr, t] : {std::pair{dp.placement().dq, &p.dq}, {dp.placement().dk, &p.dk}, {dp.placement().dv, &p.dv}})
-    ASSERT_EQ(cudaMemset(ptr, 0xFF, size_t(t->numel() * fa4::dtype_size(t->dtype()))), cudaSuccess);
-}
-
-/// A deterministic-mode CUDA backward of bucket d x dv (base's shape; the test sets the rest).
-CaseSpec deterministic_case(int d, int dv, bool causal) {
-  CaseSpec s = base(d);
-  s.headdim_v = dv;
-  s.device = "cuda";
-  s.backward = true;
-  s.deterministic = true;
-  s.causal = causal;
-  return s;
 }
 
 /// dK and dV through smem + TMA stores (TMA-aligned: the default) are bitwise those of the direct
