@@ -216,6 +216,37 @@ TEST(HopperDecode, GroupsThatAreNoPowerOfTwo) {
       }
 }
 
+// Batch invariance: a sequence's out and lse do not depend on the other sequences' lengths (the
+// split count and row tiles follow the shapes only). Lengths 900, 1000, 120, 500 of a 1024-key
+// cache, then the first set to 800: sequences 1 to 3 bitwise the same; automatic and fixed splits.
+TEST(HopperDecode, OtherSequencesLengthsChangeNothing) {
+  REQUIRE_HOPPER();
+  for (int splits : {0, 3}) {
+    KvCase c;
+    if (fa4::test::leave_out(c.d, c.dv, fa4::test::kDecode)) continue;
+    c.batch = 4;
+    c.heads = 32;
+    c.heads_kv = 8;
+    c.capacity = 1024;
+    c.cache_seqlens = {900, 1000, 120, 500};
+    c.num_splits = splits;
+    c.seed = 1700 + splits;
+    KvProblem P;
+    build(P, c);
+    if (::testing::Test::HasFatalFailure()) return;
+    std::vector<uint16_t> out[2];
+    std::vector<float> lse[2];
+    run_fa4(P, out[0], lse[0]);
+    P.d_cl->upload(std::vector<int>{800, 1000, 120, 500});
+    run_fa4(P, out[1], lse[1]);
+    if (::testing::Test::HasFatalFailure()) return;
+    const size_t out_seq = out[0].size() / 4, lse_seq = lse[0].size() / 4;  // (B, Sq, H, dv), (B, H, Sq)
+    EXPECT_NE(0, std::memcmp(out[0].data(), out[1].data(), out_seq * 2)) << "sequence 0 did not change";
+    EXPECT_EQ(0, std::memcmp(out[0].data() + out_seq, out[1].data() + out_seq, 3 * out_seq * 2)) << c.name();
+    EXPECT_EQ(0, std::memcmp(lse[0].data() + lse_seq, lse[1].data() + lse_seq, 3 * lse_seq * 4)) << c.name();
+  }
+}
+
 // A NaN in one query row reaches that row only, whether one split finishes it or the last split
 // merges several; tau = 0 takes the rescale branch at every larger block max.
 TEST(HopperDecode, NaNRowAndEagerRescale) {
