@@ -3,8 +3,9 @@
 // one packed (b, s, h + 2 h_kv, d) buffer; dout with padded rows; out with rows of an odd element
 // count (neither the forward's TMA epilogue nor the backward's 16-byte loads of out apply); lse
 // laid out (b, s, h); dq/dk/dv as slices of one packed buffer starting 1, 2 or 8 elements in (the
-// element, 4-byte and 16-byte stores of dq, dk and dv). The memory around the outputs (out's row
-// padding, the packed gradients' first elements and tail) must stay poisoned.
+// element, 4-byte and 16-byte stores of dq, dk and dv); one sequence and one head with odd strides
+// on those size-1 dims. The memory around the outputs (out's row padding, the packed gradients'
+// first elements and tail) must stay poisoned.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -93,9 +94,17 @@ int64_t unowned_written(const Buffer& b, const std::vector<bool>& owned, int64_t
   return written;
 }
 
+/// `at` with stride 3 on every dim of extent 1 of t (a size-1 dim's stride is never used: case
+/// C20, where an odd one was once taken for a misaligned layout).
+Place odd_unit_strides(const HostTensor& t, Place at) {
+  for (size_t d = 0; d < t.shape().size(); ++d)
+    if (t.shape()[d] == 1) at.stride[d] = 3;
+  return at;
+}
+
 /// One case: spec (batched, backward) on the packed and padded layouts above, dq/dk/dv `shift`
-/// elements into their buffer.
-void check_packed_layouts(CaseSpec spec, int64_t shift) {
+/// elements into their buffer; `odd_units`: every size-1 dim with stride 3.
+void check_packed_layouts(CaseSpec spec, int64_t shift, bool odd_units = false) {
   if (fa4::test::leave_out(spec.headdim, spec.dim_v(), fa4::test::kFwd | fa4::test::kBwd)) return;
   spec.device = "cuda";
   spec.backward = true;
@@ -127,11 +136,14 @@ void check_packed_layouts(CaseSpec spec, int64_t shift) {
   fa4::cli::Placement at;
   at.device = fa4::Device::cuda(0, nullptr);
   const fa4::BackwardOptions opts = fa4::cli::make_options(p, at, fa4::Backend::kCuda);
-  const TensorView qv = qkv.view(p.q, q_at), kv = qkv.view(p.k, k_at), vv = qkv.view(p.v, v_at);
-  const TensorView outv = out.view(p.out, out_at), lsev = lse.view(p.lse, lse_at);
+  auto view = [&](const Buffer& b, const HostTensor& t, const Place& place) {
+    return b.view(t, odd_units ? odd_unit_strides(t, place) : place);
+  };
+  const TensorView qv = view(qkv, p.q, q_at), kv = view(qkv, p.k, k_at), vv = view(qkv, p.v, v_at);
+  const TensorView outv = view(out, p.out, out_at), lsev = view(lse, p.lse, lse_at);
   fa4::forward(qv, kv, vv, outv, lsev, opts);
-  fa4::backward(dout.view(p.dout, dout_at), qv, kv, vv, outv, lsev, grads.view(p.dq, dq_at),
-                grads.view(p.dk, dk_at), grads.view(p.dv, dv_at), opts);
+  fa4::backward(view(dout, p.dout, dout_at), qv, kv, vv, outv, lsev, view(grads, p.dq, dq_at),
+                view(grads, p.dk, dk_at), view(grads, p.dv, dv_at), opts);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   for (Buffer* b : {&out, &lse, &grads}) ASSERT_TRUE(b->download());
   EXPECT_EQ(unowned_written(out, out_owned, e), 0) << "bytes of out's row padding written: " << spec.describe();
@@ -157,6 +169,23 @@ TEST(HopperBwdLayouts, PackedPaddedAndMisaligned) {
       s.dtype = shift == 2 ? "fp16" : "bf16";
       s.causal = shift != 8;
       check_packed_layouts(s, shift);
+    }
+}
+
+// One sequence and one head (q, k and v), every size-1 dim with stride 3: the TMA rules and the
+// stores must ignore those strides (case C20). Every bucket, causal and not.
+TEST(HopperBwdLayouts, SizeOneDimsWithOddStrides) {
+  REQUIRE_HOPPER();
+  for (const fa4::detail::HopperBwdConfig& row : fa4::detail::kHopperBwdConfigs)
+    for (bool causal : {false, true}) {
+      CaseSpec s;
+      s.batch = 1;
+      s.seqlen_q = s.seqlen_k = 200;
+      s.num_heads = s.num_heads_kv = 1;
+      s.headdim = row.headdim;
+      s.headdim_v = row.headdim_v;
+      s.causal = causal;
+      check_packed_layouts(s, 8, true);
     }
 }
 
