@@ -105,8 +105,8 @@ def release_cached_memory(device=0) -> None:
 def _cuda_index(device, fn: str) -> int:
     """A CUDA device index from an int, or from anything torch.device accepts ("cuda:1",
     torch.device("cuda") = the current device)."""
-    if type(device) is int:
-        return device
+    if type(device) is int:  # (int32: the C ABI's type; a larger one would wrap to another device)
+        return _core._int32(device, "device", fn)
     torch = sys.modules.get("torch")
     if isinstance(device, bool):
         torch = None  # (not an index, although an int)
@@ -167,7 +167,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
 
     Returns:
         out (batch, seqlen_q, num_heads, headdim_v), dtype of q; with return_lse also
-        lse (batch, num_heads, seqlen_q) fp32, natural log (-inf for rows that see no key).
+        lse (batch, num_heads, seqlen_q) fp32, natural log (for rows that see no key: -inf, or
+        sink[h] when a sink is given).
         torch: out is differentiable w.r.t. q, k, v and sink; lse is not.
 
     Raises:

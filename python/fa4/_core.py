@@ -11,7 +11,7 @@ import struct
 import sys
 
 from . import _capi
-from ._capi import InvalidArgumentError
+from ._capi import Fa4Error, InvalidArgumentError, LibraryNotFoundError
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
@@ -258,6 +258,12 @@ def _bool(value, what: str, fn: str) -> bool:
     raise _not_a("bool", given, what, fn)
 
 
+# float32's rounding: |x| <= 2^-150 rounds to 0, |x| >= 2^128 - 2^103 to inf.
+_F32_UNDERFLOW = 2.0 ** -150
+_F32_OVERFLOW = 2.0 ** 128 - 2.0 ** 103
+_INF = float("inf")
+
+
 def _float(value, what: str, fn: str) -> float:
     """A real number as a Python float (ints and NumPy scalars too). Strings are refused although
     float() would parse them (softcap="3" is a mistake, not a number), bools (the flags' type), and
@@ -266,19 +272,32 @@ def _float(value, what: str, fn: str) -> float:
     of one or more dims (float() would take a one-element one). A 0-d NumPy array is taken as its
     value: torch.compile traces a NumPy scalar as one, so refusing it would refuse np.float32(0.5)
     in compiled code (_int32 and _bool take 0-d arrays of their kinds alike)."""
-    if type(value) is float:  # the common cases, first
-        return value
-    if type(value) is int:
-        return float(value)
-    if not isinstance(value, (str, bytes, bytearray, bool)) and not is_torch_tensor(value):
-        np = sys.modules.get("numpy")
-        if np is None or not (isinstance(value, np.bool_)
-                              or (isinstance(value, np.ndarray) and value.ndim != 0)):
-            try:
-                return float(value)
-            except (TypeError, ValueError):
-                pass
-    raise _not_a("float", value, what, fn)
+    if type(value) is float:  # the common case, first
+        f = value
+    else:
+        f = None
+        if not isinstance(value, (str, bytes, bytearray, bool)) and not is_torch_tensor(value):
+            np = sys.modules.get("numpy")
+            if np is None or not (isinstance(value, np.bool_)
+                                  or (isinstance(value, np.ndarray) and value.ndim != 0)):
+                try:
+                    f = float(value)
+                except OverflowError:  # an int past float64's range
+                    f = float("inf")
+                except (TypeError, ValueError):
+                    pass
+        if f is None:
+            raise _not_a("float", value, what, fn)
+    # The C ABI's options are float32: a finite value that would round to 0 or to inf there is
+    # refused (softcap = 1e-50 would turn softcapping off). 0, NaN and a given inf go on to the
+    # library's rules, which name them.
+    if f == 0.0 or f != f or _F32_UNDERFLOW < abs(f) < _F32_OVERFLOW:
+        return f
+    if abs(f) == _INF and not isinstance(value, int):
+        return f
+    raise InvalidArgumentError(
+        f"{fn}: {what} = {value!r} rounds to {'0' if abs(f) <= _F32_UNDERFLOW else 'inf'} in float32, "
+        "the type of fa4's options")
 
 
 def normalize_window(window_size, fn: str):
@@ -484,11 +503,19 @@ def backward(dout, q, k, v, out, lse, dq, dk, dv, dsink=None, **options) -> None
 
 
 def forward_support(q, k, v, out, lse, **options):
-    """(True, kernel_name) if :func:`forward` would run on these arguments, else (False, reason).
-    Runs nothing and writes nothing."""
+    """(True, kernel_name) if :func:`forward` would run on these arguments, else (False, reason):
+    the message :func:`forward` would raise (an InvalidArgumentError's, an UnsupportedError's or a
+    NoDeviceError's), for the arrays' own rules (dtype, rank, device) and the options' too. Runs
+    nothing and writes nothing. Raises only what no call could get past: TypeError for an unknown
+    keyword, LibraryNotFoundError without libfa4."""
     fn = "fa4.forward_support"
-    opts = CallOptions(fn, **options)
-    ts = [describe(x, n, fn) for x, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse"))]
+    try:
+        opts = CallOptions(fn, **options)
+        ts = [describe(x, n, fn) for x, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse"))]
+    except LibraryNotFoundError:
+        raise
+    except Fa4Error as e:
+        return False, str(e)
     return _capi.forward_support(*ts, opts.struct)
 
 

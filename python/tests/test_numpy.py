@@ -380,6 +380,13 @@ def test_python_side_errors(rng):
         with pytest.raises(fa4.InvalidArgumentError,
                            match=rf"^fa4.flash_attn_func: {name} = .* must be a float$"):
             fa4.flash_attn_func(q, k, v, **{name: bad})
+    # The options are float32 in the C ABI: a finite value that rounds to 0 or inf there is refused
+    # (softcap = 1e-50 turned softcapping off: the output equalled the uncapped one).
+    for name, bad, to in (("softcap", 1e-50, "0"), ("softcap", 1e39, "inf"), ("softmax_scale", 10 ** 400, "inf"),
+                          ("rescale_threshold", np.float64(-1e-300), "0")):
+        with pytest.raises(fa4.InvalidArgumentError,
+                           match=rf"^fa4.flash_attn_func: {name} = .* rounds to {to} in float32"):
+            fa4.flash_attn_func(q, k, v, **{name: bad})
     kv = dict(cache_seqlens=np.array([q.shape[1]], np.int32))
     for call in (lambda **kw: fa4.flash_attn_func(q, k, v, **kw),
                  lambda **kw: fa4.flash_attn_varlen_func(
@@ -450,6 +457,15 @@ def test_forward_support_reports_kernel_and_reasons(rng):
     assert not ok and "headdim" in why
     ok, why = fa4.forward_support(q, k, v, out, lse, backend="cuda")
     assert not ok and "cuda" in why.lower()
+    # The arrays' and options' own rules are reasons too, not exceptions.
+    ok, why = fa4.forward_support(q.astype(np.float64), k, v, out, lse)
+    assert not ok and why.startswith("fa4.forward_support: q.dtype = float64 is not supported")
+    ok, why = fa4.forward_support(q, k, v, out, lse, backend="gpu")
+    assert not ok and why.startswith("fa4.forward_support: backend = 'gpu' must be one of")
+    ok, why = fa4.forward_support(q, k, v, out, lse, softcap=1e-50)
+    assert not ok and "softcap = 1e-50 rounds to 0" in why
+    with pytest.raises(TypeError):
+        fa4.forward_support(q, k, v, out, lse, no_such_option=1)
 
 
 def test_version_and_build_info():

@@ -557,6 +557,12 @@ def test_release_cached_memory_device_argument():
             fa4.release_cached_memory(bad)
     with pytest.raises(fa4.InvalidArgumentError, match="device_index = -1 must be >= 0"):
         fa4.release_cached_memory(-1)
+    # int32 in the C ABI: 2^32 wrapped to device 0, 2^32 - 1 to -1.
+    for bad in (2 ** 32, 2 ** 32 - 1):
+        for fn in (fa4.release_cached_memory, fa4.check_async_errors):
+            with pytest.raises(fa4.InvalidArgumentError,
+                               match=rf"fa4.{fn.__name__}: device = {bad} does not fit in int32"):
+                fn(bad)
 
 
 @needs_cuda
