@@ -87,8 +87,9 @@
 // (forward_with_kvcache). The other exception: ErrorCode::kInternal from the CPU backward's
 // consistency check (P = exp(s - lse) must be <= 1, i.e. lse belongs to these inputs and options)
 // is raised after dq/dk/dv were written. Codes: kInvalidArgument (a rule of this header),
-// kUnsupported (valid, but no implementation for it: the CUDA rules below), kNoDevice (CUDA
-// tensors and no usable GPU, or a build without CUDA), kCudaError, kInternal.
+// kUnsupported (valid, but no implementation for it: headdim or headdim_v above 256 on every
+// backend, fp8 q, and the CUDA rules below), kNoDevice (CUDA tensors and no usable GPU, or a build
+// without CUDA), kCudaError, kInternal.
 //
 // CUDA (the Hopper kernels). Valid inputs the CUDA kernels refuse with kUnsupported
 // (forward_support() & co. name the rule):
@@ -123,12 +124,14 @@ enum class Backend : int32_t { kAuto = 0, kCpu = 1, kCpuReference = 2, kCuda = 3
 /// Options shared by forward and backward. The backward must be given the options the forward used.
 struct AttentionOptions {
   /// Multiplies q.k. Default 1/sqrt(headdim) (the real headdim of q, never a padded one, never
-  /// headdim_v). Must be finite and > 0.
+  /// headdim_v). Must be finite, > 0 and at most FLT_MAX / log2(e) (about 2.36e38: the kernels
+  /// scale in log2 units); with softcap, softmax_scale / softcap must be at least FLT_MIN.
   std::optional<float> softmax_scale;
   bool causal = false;            ///< bottom-right aligned; same as window (-1, 0)
   int32_t window_size_left = -1;  ///< -1 = unbounded; any other negative value is an error
   int32_t window_size_right = -1; ///< -1 = unbounded; any other negative value is an error
-  float softcap = 0.0f;           ///< 0 = off; else s -> softcap * tanh(s / softcap); must be >= 0
+  float softcap = 0.0f;           ///< 0 = off; else s -> softcap * tanh(s / softcap); must be
+                                  ///< >= 0 with softcap * log2(e) a finite float
 
   /// Learnable sink: fp32 (num_heads,), a logit in the units of s (after softmax_scale/softcap).
   std::optional<TensorView> sink;
@@ -138,8 +141,10 @@ struct AttentionOptions {
   std::optional<TensorView> cu_seqlens_k;  ///< int32 (batch + 1), non-decreasing, starts at 0
   std::optional<TensorView> seqused_k;     ///< int32 (batch,): keys used per sequence (<= its length)
   int32_t max_seqlen_q = 0;                ///< varlen: upper bound of the q lengths, > 0 (batch > 0;
-                                           ///< a batch of empty sequences passes 1)
-  int32_t max_seqlen_k = 0;                ///< varlen: upper bound of the k lengths, > 0 likewise
+                                           ///< a batch of empty sequences passes 1); batched: 0 or
+                                           ///< seqlen_q
+  int32_t max_seqlen_k = 0;                ///< varlen: upper bound of the k lengths, > 0 likewise;
+                                           ///< batched: 0 or seqlen_k
 
   // ---- FlashAttention-4 softmax knobs (paper Sec. 3: software exp2, lazy rescaling) ----
   /// Lazy-rescaling threshold tau in log2 units: the running row max is only raised when it grows

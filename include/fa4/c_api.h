@@ -177,7 +177,9 @@ FA4_C_EXPORT int32_t fa4_backward_workspace_size(const fa4_tensor* dout, const f
  *  tensor. FA4_STATUS_OK: supported, and the kernel's name is written to kernel_name (NUL-
  *  terminated, truncated to kernel_name_capacity; kernel_name may be NULL). Otherwise the status
  *  and fa4_last_error() say why: INVALID_ARGUMENT (with fa4_forward's message) for a broken rule,
- *  UNSUPPORTED (with the selector's message) when no kernel of this build/device takes them. */
+ *  UNSUPPORTED (with the selector's message) when no kernel of this build/device takes them,
+ *  NO_DEVICE for CUDA tensors without a usable GPU (or a build without CUDA), INTERNAL for a fault
+ *  of fa4 itself: the status fa4_forward would return. */
 FA4_C_EXPORT int32_t fa4_forward_support(const fa4_tensor* q, const fa4_tensor* k,
                                          const fa4_tensor* v, const fa4_tensor* out,
                                          const fa4_tensor* lse, const fa4_options* options,

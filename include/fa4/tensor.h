@@ -11,7 +11,8 @@
 
 namespace fa4 {
 
-/// Element types. kFP8E4M3 is reserved: every entry point rejects it with ErrorCode::kUnsupported.
+/// Element types. kFP8E4M3 is reserved: every entry point rejects it, with ErrorCode::kUnsupported
+/// as q's dtype and with kInvalidArgument elsewhere (a tensor whose dtype must be q's, or fp32).
 enum class DType : int32_t { kBF16 = 0, kFP16 = 1, kFP32 = 2, kFP8E4M3 = 3, kInt32 = 4 };
 
 /// Bytes per element of `t`.
@@ -59,10 +60,12 @@ struct TensorView {
   int64_t stride[kMaxDims] = {0, 0, 0, 0};
   Device device{};
 
-  /// Row-major contiguous view of `shape`.
+  /// Row-major contiguous view of `shape`. Throws fa4::Error (kInvalidArgument) for more than
+  /// kMaxDims dims or a negative extent.
   static TensorView contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape,
                                Device device = Device::cpu());
-  /// View with explicit strides (elements). `shape` and `stride` must have the same length.
+  /// View with explicit strides (elements). Throws fa4::Error (kInvalidArgument) where `shape` and
+  /// `stride` differ in length, for more than kMaxDims dims or a negative extent.
   static TensorView strided(void* data, DType dtype, std::initializer_list<int64_t> shape,
                             std::initializer_list<int64_t> stride, Device device = Device::cpu());
 
