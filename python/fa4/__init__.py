@@ -148,20 +148,23 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
         k: (batch, seqlen_k, num_heads_kv, headdim); num_heads % num_heads_kv == 0 (GQA/MQA:
             query head h uses kv head h // (num_heads // num_heads_kv)).
         v: (batch, seqlen_k, num_heads_kv, headdim_v).
-        softmax_scale: multiplies q.k; default 1/sqrt(headdim).
+        softmax_scale: multiplies q.k; default 1/sqrt(headdim) (q's real head dim); finite, > 0.
         causal: bottom-right aligned causal mask (same as window_size=(-1, 0)).
         window_size: (left, right) local window, -1 (or None) = unbounded; bottom-right aligned:
             query i sees key j iff i + sk - sq - left <= j <= i + sk - sq + right.
-        softcap: 0 = off; else scores s -> softcap * tanh(s / softcap).
-        sink: fp32 (num_heads,) learnable sink logits (joins the softmax denominator only).
+        softcap: 0 = off; else scores s -> softcap * tanh(s / softcap); >= 0.
+        sink: fp32 (num_heads,) learnable sink logits, in the units of the scores (after
+            softmax_scale and softcap, natural log): exp(sink[h]) joins row h's softmax
+            denominator only.
         deterministic: bitwise-reproducible backward (autograd on torch tensors); the forward is so
             on one device without it (except a CUDA stream-K forward whose cooperative launch the
             device refuses, e.g. under MPS: include/fa4/attention.h), so a forward-only call
             (NumPy) needs nothing more.
         return_lse: also return lse.
-        rescale_threshold: FA4 lazy-rescaling threshold tau in log2 units (paper Sec. 3);
-            default the library's (8).
-        exp2_emulation_fraction: share of exp2 done by the software polynomial (multiple of 1/16).
+        rescale_threshold: FA4 lazy-rescaling threshold tau in log2 units (paper Sec. 3), in
+            [0, 8]; default the library's (8). Changes rounding only.
+        exp2_emulation_fraction: share of exp2 done by the software polynomial (paper Sec. 3), a
+            multiple of 1/16 in [0, 1]; default the kernel's tuned share. Changes rounding only.
         backend: "auto" (CUDA tensors -> Hopper kernels, CPU -> CPU FA4), "cpu",
             "cpu_reference" (float64 naive oracle) or "cuda".
 
@@ -172,9 +175,13 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
         torch: out is differentiable w.r.t. q, k, v and sink; lse is not.
 
     Raises:
-        InvalidArgumentError (ValueError) for a broken rule, UnsupportedError
-        (NotImplementedError) where no kernel exists (e.g. a CUDA head dim that is no multiple of 8),
-        NoDeviceError / CudaError (RuntimeError). Nothing is written on error.
+        InvalidArgumentError (ValueError) for a broken rule (the message names the tensor or
+        option and the rule), UnsupportedError (NotImplementedError) where no kernel exists (a
+        head dim above 256 anywhere; on CUDA: fp32, a head dim that is no multiple of 8, a bucket
+        this build did not compile, exp2_emulation_fraction > 0 on a bucket whose key tile is no
+        multiple of 128), NoDeviceError / CudaError (RuntimeError). Nothing is written on error.
+        The options are float32 in the library: a value that rounds to 0 or inf there is an
+        InvalidArgumentError.
 
     Algorithm: FlashAttention-4 (arXiv 2603.05451): tiled online softmax with software exp2 and
     lazy rescaling; see include/fa4/attention.h for the full semantics.
@@ -216,6 +223,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     Returns:
         out (total_q, num_heads, headdim_v); with return_lse also lse (num_heads, total_q) fp32.
         Rows outside every sequence: out 0, lse -inf.
+
+    Raises:
+        As :func:`flash_attn_func`. CPU-resident cu_seqlens / seqused_k are checked before the call
+        (a sequence past the packed rows is an InvalidArgumentError); CUDA-resident ones by the
+        kernel, without a host sync: a sequence that breaks a rule is skipped (its rows unwritten)
+        and the next fa4 call on the device raises InvalidArgumentError naming the rule (or
+        :func:`check_async_errors`).
     """
     if return_lse is not True and return_lse is not False:  # a flag, never truthiness
         return_lse = _core._bool(return_lse, "return_lse", "fa4.flash_attn_varlen_func")

@@ -474,11 +474,18 @@ def numpy_forward_with_kvcache(q, k_cache, v_cache, *, fn: str, k_new=None, v_ne
 
 # ---- low-level entry points (caller-allocated outputs; NumPy or torch, no autograd) --------------
 def forward(q, k, v, out, lse, **options) -> None:
-    """Runs fa4_forward on caller-allocated `out` and `lse` (NumPy arrays or torch tensors).
+    """Runs fa4_forward on caller-allocated `out` and `lse` (NumPy arrays or torch tensors, no
+    autograd). Batched: q (batch, seqlen_q, num_heads, headdim), k (batch, seqlen_k, num_heads_kv,
+    headdim), v (batch, seqlen_k, num_heads_kv, headdim_v), out (batch, seqlen_q, num_heads,
+    headdim_v) in q's dtype (bf16, fp16 or fp32), lse (batch, num_heads, seqlen_q) fp32, natural
+    log; varlen (cu_seqlens_q/k given): the batch and seqlen dims become total_q / total_k rows and
+    lse is (num_heads, total_q). Full rules: include/fa4/attention.h.
 
-    Shapes, dtypes and semantics: include/fa4/attention.h. Options are the keyword arguments of
-    :func:`fa4.flash_attn_func` / :func:`fa4.flash_attn_varlen_func` (plus max_seqlen_q/k,
-    cu_seqlens_q/k, seqused_k). Raises a :class:`fa4.Fa4Error` subclass; nothing is written then.
+    Options (keywords): softmax_scale, causal, window_size, softcap, sink, cu_seqlens_q,
+    cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, rescale_threshold,
+    exp2_emulation_fraction, backend, deterministic, with :func:`fa4.flash_attn_func`'s meanings
+    (there is no return_lse: lse is always written). Raises a :class:`fa4.Fa4Error` subclass, as
+    flash_attn_func does (nothing is written then); TypeError for an unknown keyword.
     """
     fn = "fa4.forward"
     require_writeable(fn, (out, "out"), (lse, "lse"))
@@ -488,9 +495,13 @@ def forward(q, k, v, out, lse, **options) -> None:
 
 
 def backward(dout, q, k, v, out, lse, dq, dk, dv, dsink=None, **options) -> None:
-    """Runs fa4_backward, writing caller-allocated dq, dk, dv (and dsink iff a sink is given).
-
-    dk/dv are summed over the query heads sharing each KV head. Give the forward's options.
+    """Runs fa4_backward, writing caller-allocated dq, dk, dv (and dsink iff a sink is given; fp32
+    (num_heads,)). dout, dq, dk, dv have the shapes and dtype of out, q, k, v (see :func:`forward`);
+    out and lse are the forward's. dk/dv are summed over the query heads sharing each KV head.
+    Give the forward's options (the same keywords; deterministic=True orders the dq additions so
+    that repeated runs are bitwise equal). Raises a :class:`fa4.Fa4Error` subclass as
+    :func:`forward` does (the CPU's InternalError for an lse that does not belong to these inputs
+    comes after the gradients were written).
     """
     fn = "fa4.backward"
     require_writeable(fn, (dq, "dq"), (dk, "dk"), (dv, "dv"), (dsink, "dsink"))
