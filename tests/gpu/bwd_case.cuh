@@ -77,4 +77,32 @@ CaseSpec deterministic_case(int d, int dv, bool causal) {
   return s;
 }
 
+/// Ten deterministic backward runs of a fresh draw of `s` (deterministic_case) on one forward's
+/// out and lse, each onto poisoned gradients (dsink too): bitwise-equal dq, dk, dv, dsink, and the
+/// first run within the accuracy rule.
+void check_deterministic_runs(CaseSpec s) {
+  s.seed = fa4::test::next_seed();
+  Problem p = Problem::make(s);
+  Problem untouched = p;
+  DeviceProblem dp(p, nullptr);
+  fa4::cli::run_forward(p, dp.placement(), fa4::Backend::kCuda);
+  std::vector<std::vector<char>> first;
+  for (int run = 0; run < 10; ++run) {
+    poison_gradients(dp, p);
+    if (s.sink) ASSERT_EQ(cudaMemset(dp.placement().dsink, 0xFF, size_t(p.dsink.numel()) * 4), cudaSuccess);
+    fa4::cli::run_backward(p, dp.placement(), fa4::Backend::kCuda);
+    dp.download_outputs();
+    std::vector<std::vector<char>> now{tensor_bytes(p.dq), tensor_bytes(p.dk), tensor_bytes(p.dv)};
+    if (s.sink) now.push_back(tensor_bytes(p.dsink));
+    if (run == 0) {
+      first = now;
+      for (const fa4::test::Accuracy& a : fa4::cli::check_outputs(p, untouched))
+        EXPECT_TRUE(a.ok()) << s.describe() << "\n  " << a.str();
+    } else {
+      for (size_t i = 0; i < now.size(); ++i)
+        EXPECT_TRUE(now[i] == first[i]) << "run " << run << " tensor " << i << " (dq, dk, dv, dsink): " << s.describe();
+    }
+  }
+}
+
 }  // namespace

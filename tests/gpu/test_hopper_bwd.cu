@@ -279,25 +279,7 @@ TEST(HopperBwd, DeterministicBitwise) {
     s.num_heads = 4;
     s.num_heads_kv = 2;
     s.seqlen_q = s.seqlen_k = 1024;  // 8 key blocks add into every query block's dQ
-    s.seed = fa4::test::next_seed();
-    Problem p = Problem::make(s);
-    Problem untouched = p;
-    DeviceProblem dp(p, nullptr);
-    fa4::cli::run_forward(p, dp.placement(), fa4::Backend::kCuda);
-    std::vector<std::vector<char>> first;
-    for (int run = 0; run < 10; ++run) {
-      poison_gradients(dp, p);
-      fa4::cli::run_backward(p, dp.placement(), fa4::Backend::kCuda);
-      dp.download_outputs();
-      const std::vector<std::vector<char>> now{tensor_bytes(p.dq), tensor_bytes(p.dk), tensor_bytes(p.dv)};
-      if (run == 0) {
-        first = now;
-        for (const fa4::test::Accuracy& a : fa4::cli::check_outputs(p, untouched))
-          EXPECT_TRUE(a.ok()) << s.describe() << "\n  " << a.str();
-      } else
-        for (size_t i = 0; i < now.size(); ++i)
-          EXPECT_TRUE(now[i] == first[i]) << "run " << run << " tensor " << i << ": " << s.describe();
-    }
+    check_deterministic_runs(s);
   }
 }
 
