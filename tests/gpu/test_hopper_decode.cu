@@ -247,6 +247,82 @@ TEST(HopperDecode, OtherSequencesLengthsChangeNothing) {
   }
 }
 
+// Strided views, as serving code hands them: q, k_new and v_new as slices of one fused (batch,
+// seqlen, heads + 2 heads_kv, d) projection, the k and v caches as the two halves of one (pages,
+// page_size, 2, heads_kv, d) buffer (dense: (batch, capacity, 2, heads_kv, d)), out with padded rows:
+// out, lse and the cache after the append bitwise those of the same call on contiguous tensors,
+// and out's row padding untouched.
+TEST(HopperDecode, StridedViewsMatchContiguous) {
+  REQUIRE_HOPPER();
+  for (int ps : {16, 0}) {
+    KvCase c;
+    if (fa4::test::leave_out(c.d, c.dv, fa4::test::kDecode)) continue;
+    c.batch = 3;
+    c.seqlen_q = c.seqlen_new = 2;
+    c.page_size = ps;
+    c.capacity = 300;
+    c.cache_seqlens = {100, 0, 250};
+    c.causal = true;
+    c.seed = 1800 + ps;
+    KvProblem P;
+    build(P, c);
+    if (::testing::Test::HasFatalFailure()) return;
+    std::vector<uint16_t> out_ref;
+    std::vector<float> lse_ref;
+    run_fa4(P, out_ref, lse_ref);  // contiguous; leaves the appended cache in P.k / P.v
+    if (::testing::Test::HasFatalFailure()) return;
+    const std::vector<uint16_t> k_ref = P.k->download(), v_ref = P.v->download();
+    const int64_t B = P.B, S = c.seqlen_q, H = P.H, HK = P.HK, D = c.d;
+    ASSERT_EQ(c.d, c.dv);
+    const int64_t row = (H + 2 * HK) * D, out_row = H * D + 8, kv_row = 2 * HK * D;
+    std::vector<uint16_t> fused(size_t(B * S * row)), kv(size_t(P.cache_rows * kv_row));
+    for (int64_t t = 0; t < B * S; ++t) {
+      std::copy_n(&P.hq[t * H * D], H * D, &fused[t * row]);
+      std::copy_n(&P.hkn[t * HK * D], HK * D, &fused[t * row + H * D]);
+      std::copy_n(&P.hvn[t * HK * D], HK * D, &fused[t * row + (H + HK) * D]);
+    }
+    for (int64_t r = 0; r < P.cache_rows; ++r) {  // the pre-append cache
+      std::copy_n(&P.hk[r * HK * D], HK * D, &kv[r * kv_row]);
+      std::copy_n(&P.hv[r * HK * D], HK * D, &kv[r * kv_row + HK * D]);
+    }
+    DevBuf<uint16_t> dfused(fused.size()), dkv(kv.size()), dout(size_t(B * S * out_row));
+    dfused.upload(fused);
+    dkv.upload(kv);
+    dout.upload(std::vector<uint16_t>(dout.n, kPoison16));
+    CUDA_OK(cudaMemset(P.lse->ptr, 0xFF, P.lse->n * 4));
+    const auto dev = fa4::Device::cuda(0);
+    const DType t = c.dtype;
+    const int64_t outer = ps ? P.num_pages : P.batch_cache, inner = ps ? ps : P.cap;
+    auto fused_view = [&](int64_t first, int64_t heads) {
+      return TensorView::strided(dfused.ptr + first, t, {B, S, heads, D}, {S * row, row, D, 1}, dev);
+    };
+    auto cache_view = [&](int64_t first) {
+      return TensorView::strided(dkv.ptr + first, t, {outer, inner, HK, D}, {inner * kv_row, kv_row, D, 1}, dev);
+    };
+    fa4::KVCacheOptions o = P.o;
+    o.k_new = fused_view(H * D, HK);
+    o.v_new = fused_view((H + HK) * D, HK);
+    fa4::forward_with_kvcache(fused_view(0, H), cache_view(0), cache_view(HK * D),
+                              TensorView::strided(dout.ptr, t, {B, S, H, D}, {S * out_row, out_row, D, 1}, dev),
+                              P.tlse, o);
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> got = dout.download(), cache = dkv.download();
+    int64_t out_diff = 0, pad_written = 0, cache_diff = 0;
+    for (int64_t r = 0; r < B * S; ++r) {
+      out_diff += !std::equal(&got[r * out_row], &got[r * out_row + H * D], &out_ref[r * H * D]);
+      for (int64_t e = H * D; e < out_row; ++e) pad_written += got[r * out_row + e] != kPoison16;
+    }
+    for (int64_t r = 0; r < P.cache_rows; ++r)
+      cache_diff += !std::equal(&cache[r * kv_row], &cache[r * kv_row + HK * D], &k_ref[r * HK * D]) ||
+                    !std::equal(&cache[r * kv_row + HK * D], &cache[(r + 1) * kv_row], &v_ref[r * HK * D]);
+    EXPECT_EQ(out_diff, 0) << c.name() << ": out rows differing from the contiguous call";
+    EXPECT_EQ(pad_written, 0) << c.name() << ": out's row padding written";
+    EXPECT_EQ(cache_diff, 0) << c.name() << ": cache rows differing after the append";
+    EXPECT_TRUE(P.lse->download() == lse_ref) << c.name() << ": lse";
+    EXPECT_NO_THROW(fa4::check_async_errors(0));
+  }
+}
+
 // A NaN in one query row reaches that row only, whether one split finishes it or the last split
 // merges several; tau = 0 takes the rescale branch at every larger block max.
 TEST(HopperDecode, NaNRowAndEagerRescale) {
