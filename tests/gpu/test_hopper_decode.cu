@@ -323,6 +323,39 @@ TEST(HopperDecode, StridedViewsMatchContiguous) {
   }
 }
 
+// Shared cache memory without an append (prefix caching): sequences whose page tables point at the
+// same physical pages for their first keys, and dense sequences reading one cache row (repeated
+// cache_batch_idx). Each sequence against the reference on the keys it addresses.
+TEST(HopperDecode, SharedPagesAndRepeatedCacheRows) {
+  REQUIRE_HOPPER();
+  for (int splits : {1, 0}) {
+    KvCase c;
+    if (fa4::test::leave_out(c.d, c.dv, fa4::test::kDecode)) continue;
+    c.batch = 3;
+    c.page_size = 16;
+    c.capacity = 400;
+    c.cache_seqlens = {390, 40, 200};
+    c.num_splits = splits;
+    c.seed = 1900 + splits;
+    KvProblem P;
+    build(P, c);
+    if (::testing::Test::HasFatalFailure()) return;
+    for (int b : {1, 2})  // the first 3 pages (48 keys) of sequence 0 are also those of 1 and 2
+      for (int p = 0; p < 3; ++p) P.page_table[b * P.max_pages + p] = P.page_table[p];
+    P.d_pt->upload(P.page_table);
+    check_built(P);
+    c.page_size = 0;
+    c.batch_idx = true;
+    c.seed = 1950 + splits;
+    KvProblem D;
+    build(D, c);
+    if (::testing::Test::HasFatalFailure()) return;
+    D.cb[2] = D.cb[0];  // sequences 0 and 2 read one cache row (lengths 390 and 200 of it)
+    D.d_cb->upload(D.cb);
+    check_built(D);
+  }
+}
+
 // A NaN in one query row reaches that row only, whether one split finishes it or the last split
 // merges several; tau = 0 takes the rescale branch at every larger block max.
 TEST(HopperDecode, NaNRowAndEagerRescale) {
