@@ -63,6 +63,7 @@ struct KvCase {
   float tau = 8.f;               // rescale_threshold (0: rescale at every new max)
   bool full_page_table = false;  // every page-table slot holds a page (lengths may change later)
   bool nan_past_keys = false;    // every cache row no sequence attends to (at build time) holds NaN
+  int guard_rows = 0;            // k/v buffer rows after the cache (outside its views): never written
   uint32_t seed = 1;
 
   std::string name() const {
@@ -137,8 +138,9 @@ inline void build(KvProblem& P, const KvCase& c) {
   auto fill = [&](std::vector<uint16_t>& v, size_t n) { v.resize(n); for (auto& x : v) x = to16(c.dtype, nd(rng)); };
   fill(P.hq, size_t(P.B) * P.Sq * P.H * c.d);
   if (c.nan_q) P.hq[0] = kPoison16;
-  fill(P.hk, size_t(P.cache_rows) * P.HK * c.d);
-  fill(P.hv, size_t(P.cache_rows) * P.HK * c.dv);
+  // (guard_rows more rows after the cache's views: compared after the call like the cache's own)
+  fill(P.hk, size_t(P.cache_rows + c.guard_rows) * P.HK * c.d);
+  fill(P.hv, size_t(P.cache_rows + c.guard_rows) * P.HK * c.dv);
   if (c.nan_past_keys) {  // before k_after / v_after are copied, so the expectation holds the NaNs
     std::vector<char> used(size_t(P.cache_rows), 0);
     for (int b = 0; b < P.B; ++b)

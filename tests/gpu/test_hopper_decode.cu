@@ -356,6 +356,28 @@ TEST(HopperDecode, SharedPagesAndRepeatedCacheRows) {
   }
 }
 
+// The last sequence's cache_seqlens one past the room for its append (capacity - seqlen_new + 1):
+// its append would write the row after the cache (the buffer's guard rows). The sequence is
+// skipped and reported, the guard rows and every other row stay as they were; dense and paged.
+TEST(HopperDecode, LastSequenceAppendPastTheCache) {
+  REQUIRE_HOPPER();
+  for (int ps : {0, 16}) {
+    KvCase c;
+    c.batch = 3;
+    c.page_size = ps;
+    c.capacity = 304;
+    c.cache_seqlens = {100, 200, 250};
+    c.seqlen_new = 4;
+    c.seqlen_q = 4;
+    c.causal = true;
+    c.bad_seqlen_b = 2;
+    c.bad_seqlen_value = 304 - 4 + 1;
+    c.guard_rows = 8;
+    c.seed = 2000 + ps;
+    run_case(c);
+  }
+}
+
 // A NaN in one query row reaches that row only, whether one split finishes it or the last split
 // merges several; tau = 0 takes the rescale branch at every larger block max.
 TEST(HopperDecode, NaNRowAndEagerRescale) {
