@@ -27,7 +27,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # upstream_fa4_func: upstream FlashAttention-4 (None where it is not installed)
-from bench_fwd import bench, rotated_rounds, run_meta, tflops, upstream_fa4_func, upstream_fa4_version  # noqa: E402
+from bench_fwd import (agreement, bench, rotated_rounds, run_meta, tflops, upstream_fa4_func,  # noqa: E402
+                       upstream_fa4_version)
 
 import fa4  # noqa: E402
 
@@ -76,8 +77,23 @@ def contenders(q, k, v, causal, deterministic=False):
     return fns
 
 
+def gradient_results(fns):
+    """Each contender's (dq, dk, dv) once, in fa4's (batch, seqlen, heads, headdim) layout (SDPA's
+    transposed back); None for a contender that fails here."""
+    res = {}
+    for name, f in fns.items():
+        try:
+            res[name] = tuple(g.transpose(1, 2) if name in ("cudnn", "flash") else g for g in f())
+        except Exception as e:
+            print(f"# {name} gradient check failed: {str(e).splitlines()[0][:120]}", file=sys.stderr)
+            res[name] = None
+    return res
+
+
 def time_row(r, fns, flops):
-    """Median over ROUNDS rounds, each running every contender once in a rotated order."""
+    """Median over ROUNDS rounds, each running every contender once in a rotated order; first
+    r["max_rel_diff_vs_fa4"], every contender's dq, dk, dv against fa4's (bench_fwd.agreement)."""
+    r["max_rel_diff_vs_fa4"] = agreement(gradient_results(fns))
     times = rotated_rounds({n: (lambda f=f: bench(f)) for n, f in fns.items()}, ROUNDS)
     for n in ["fa4", "cudnn", "flash", "upstream_fa4"]:
         r[n] = tflops(flops, statistics.median(times[n])) if times.get(n) else None

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa4
-from bench_fwd import bench, rotated_rounds, run_meta, sdpa_fn
+from bench_fwd import agreement, bench, rotated_rounds, run_meta, sdpa_fn
 
 ROUNDS = 3
 
@@ -73,10 +73,15 @@ def time_row(r, batch, seqlen_k, seqlen_q, heads, heads_kv, d, page_size, dt, ge
     # of host time, which fa4's calls do not pay).
     graph_fn = graphed(fa4_fn)
     timers = {"fa4": lambda: bench(fa4_fn), "fa4_graph": lambda: bench(graph_fn)}
+    results = {"fa4": (fa4_fn(),)}
     for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
         fn = sdpa_fn(q, k, v, False, be)
         if fn:
             timers[name] = (lambda fn=fn, be=be: _bench_in(be, fn))
+            with sdpa_kernel([be]):
+                results[name] = (fn().transpose(1, 2),)
+    # The contenders' outputs against fa4's (bench_fwd.agreement), before the timing.
+    r["max_rel_diff_vs_fa4"] = agreement(results)
     times = rotated_rounds(timers, ROUNDS)
     gbytes = batch * seqlen_k * heads_kv * 2 * d * q.element_size() / 1e9
     for n in ("fa4", "fa4_graph", "cudnn", "flash"):

@@ -142,6 +142,48 @@ def _bench_in(ctx, fn):
         return bench(fn)
 
 
+# A contender whose result differs from fa4's by more than this share of fa4's largest magnitude
+# computes another function (a mask aligned elsewhere, a dropped option): its time is no comparison.
+AGREEMENT_LIMIT = 0.05
+
+
+def agreement(results, reference="fa4"):
+    """name -> max |x - ref| / max |ref| over the tensors of each contender's result against
+    `reference`'s (results: name -> tuple of tensors in one layout; None where a contender gave
+    none). Prints a warning for each contender past AGREEMENT_LIMIT. The timed kernels are checked
+    this way once per row; fa4's own accuracy is its test suite's job (and check_close's)."""
+    ref = results[reference]
+    out = {}
+    for name, got in results.items():
+        if name == reference or got is None:
+            continue
+        diffs = [float((a.float() - b.float()).abs().max()) / (float(b.float().abs().max()) or 1.0)
+                 for a, b in zip(got, ref)]
+        worst = float("nan") if any(d != d for d in diffs) else max(diffs, default=0.0)
+        out[name] = round(worst, 5)
+        if not worst <= AGREEMENT_LIMIT:  # (NaN too)
+            print(f"# {name} disagrees with {reference}: max diff {worst:.3g} of its largest value",
+                  file=sys.stderr)
+    return out
+
+
+def forward_results(fns):
+    """Each contender's forward output once (in its context), as fa4's (batch, seqlen, heads,
+    headdim) layout: SDPA's (batch, heads, seqlen, headdim) transposed, upstream's (out, lse) cut
+    to out. A contender that fails here gives None."""
+    res = {}
+    for name, (fn, ctx) in fns.items():
+        try:
+            with ctx():
+                o = fn()
+            o = o[0] if isinstance(o, tuple) else o
+            res[name] = (o.transpose(1, 2) if name in ("cudnn", "flash") else o,)
+        except Exception as e:
+            print(f"# {name} output check failed: {str(e).splitlines()[0][:120]}", file=sys.stderr)
+            res[name] = None
+    return res
+
+
 def tflops(flops, ms):
     return round(flops / ms / 1e9, 1)
 
@@ -209,7 +251,8 @@ ROUNDS = 3  # set by --rounds
 
 def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
     """Time fa4, torch SDPA's cuDNN and FLASH backends and upstream FlashAttention-4 on (q, k, v) and
-    fill row r: r["fa4"] and r["fa4_kernel"] (the kernel the selector runs); with no_split,
+    fill row r: r["fa4"] and r["fa4_kernel"] (the kernel the selector runs), r["max_rel_diff_vs_fa4"]
+    (agreement: every contender's output against fa4's, before the timing); with no_split,
     r["fa4_no_split"] (fa4 again on the forward kernel without the stream-K split: overrides
     stream_k 0 and small_q fwd, so the small-query route cannot send it to the decode kernel);
     r["cudnn"], r["flash"], r["upstream_fa4"] (None where the backend fails or is not installed);
@@ -223,6 +266,7 @@ def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
                "fa4_no_split": (fns["fa4"][0], lambda: hopper_overrides(stream_k="0", small_q="fwd")),
                **fns}
     r["fa4_kernel"] = kernel_name(q, k, v, causal)
+    r["max_rel_diff_vs_fa4"] = agreement(forward_results(fns))
     times = rotated_rounds({n: (lambda fn=fn, ctx=ctx: _bench_in(ctx, fn)) for n, (fn, ctx) in fns.items()},
                            ROUNDS)
     # Every contender gets a key (None if it could not be timed), fa4_no_split only when asked for.
