@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <sstream>
 
@@ -64,6 +65,7 @@ std::string CaseSpec::describe() const {
     s << name;
     for (size_t i = 0; i < values->size(); ++i) s << (i ? "," : "") << (*values)[i];
   }
+  if (pad_rows) s << " pad_rows=" << pad_rows;
   if (rescale_threshold != 8.0f) s << " tau=" << rescale_threshold;
   if (exp2_emulation_fraction) s << " exp2_emulation_fraction=" << *exp2_emulation_fraction;
   if (backward) s << (deterministic ? " +bwd(deterministic)" : " +bwd");
@@ -105,19 +107,30 @@ Problem Problem::make(const CaseSpec& spec) {
 
   const DType t = spec.dtype_enum();
   const int64_t h = spec.num_heads, hk = spec.heads_kv(), d = spec.headdim, dv = spec.dim_v();
+  if (spec.pad_rows < 0 || (spec.pad_rows > 0 && !spec.varlen))
+    throw Error(ErrorCode::kInvalidArgument, "fa4 cli: --pad-rows must be >= 0 and needs --varlen");
+  if (s.total_q() + spec.pad_rows > INT32_MAX || s.total_k() + spec.pad_rows > INT32_MAX)
+    throw Error(ErrorCode::kInvalidArgument, "fa4 cli: the varlen rows and --pad-rows exceed 2^31 - 1 rows");
+  const int64_t pad = spec.pad_rows;
   auto rows = [&](int64_t total, int64_t per_seq, int64_t heads, int64_t dim) {
-    return spec.varlen ? std::vector<int64_t>{total, heads, dim}
+    return spec.varlen ? std::vector<int64_t>{total + pad, heads, dim}
                        : std::vector<int64_t>{spec.batch, per_seq, heads, dim};
+  };
+  // The pad rows' inputs are NaN: rows in no sequence must never reach an output.
+  auto nan_pad = [&](HostTensor& x, int64_t total) {
+    const int64_t per_row = x.numel() / std::max<int64_t>(total + pad, 1);
+    for (int64_t i = total * per_row; i < x.numel(); ++i) x.set(i, std::numeric_limits<float>::quiet_NaN());
   };
   p.q = HostTensor(t, rows(s.total_q(), spec.seqlen_q, h, d));
   p.k = HostTensor(t, rows(s.total_k(), spec.seqlen_k, hk, d));
   p.v = HostTensor(t, rows(s.total_k(), spec.seqlen_k, hk, dv));
   p.out = HostTensor(t, rows(s.total_q(), spec.seqlen_q, h, dv));
-  p.lse = HostTensor(DType::kFP32, spec.varlen ? std::vector<int64_t>{h, s.total_q()}
+  p.lse = HostTensor(DType::kFP32, spec.varlen ? std::vector<int64_t>{h, s.total_q() + pad}
                                                : std::vector<int64_t>{spec.batch, h, spec.seqlen_q});
   fill_normal(p.q, rng);
   fill_normal(p.k, rng);
   fill_normal(p.v, rng);
+  if (pad) nan_pad(p.q, s.total_q()), nan_pad(p.k, s.total_k()), nan_pad(p.v, s.total_k());
   if (spec.sink) {
     p.sink = HostTensor(DType::kFP32, {h});
     // Centred near log(seqlen_k), the size of the keys' share of the softmax denominator, so the
@@ -127,6 +140,7 @@ Problem Problem::make(const CaseSpec& spec) {
   if (spec.backward) {
     p.dout = HostTensor(t, p.out.shape());
     fill_normal(p.dout, rng);
+    if (pad) nan_pad(p.dout, s.total_q());
     p.dq = HostTensor(t, p.q.shape());
     p.dk = HostTensor(t, p.k.shape());
     p.dv = HostTensor(t, p.v.shape());

@@ -40,6 +40,8 @@ struct CaseSpec {
   std::vector<int32_t> lens_q;             ///< varlen: these query lengths (one per sequence) instead
   std::vector<int32_t> lens_k;             ///< varlen: these key lengths (one per sequence) instead
   std::vector<int32_t> used_k;             ///< varlen: seqused_k (one per sequence, <= its length)
+  int32_t pad_rows = 0;  ///< varlen: packed rows after the last sequence (in none), NaN in q/k/v/dout;
+                         ///< the outputs' must stay untouched
   float rescale_threshold = 8.0f;
   std::optional<float> exp2_emulation_fraction;
   std::string device = "cpu";

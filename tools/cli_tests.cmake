@@ -22,7 +22,10 @@ add_test(NAME cli.check.fp16_sq_gt_sk_causal_dv
                  --headdim-v 72 --backward --seed 3)
 add_test(NAME cli.check.exp2_all_emulated_tau0
          COMMAND ${_fa4} check --exp2-emulation-fraction 1 --rescale-threshold 0 --seed 4)
-set_tests_properties(cli.check.default cli.check.bwd_gqa_varlen_causal_sink
+# Rows after the last varlen sequence hold NaN inputs; every output there must stay untouched.
+add_test(NAME cli.check.varlen_pad_rows
+         COMMAND ${_fa4} check --varlen --pad-rows 7 --backward --causal --sink --num-heads 4 --num-heads-kv 2 --seed 5)
+set_tests_properties(cli.check.default cli.check.bwd_gqa_varlen_causal_sink cli.check.varlen_pad_rows
   cli.check.fp32_window_softcap_bwd cli.check.fp16_sq_gt_sk_causal_dv cli.check.exp2_all_emulated_tau0
   PROPERTIES LABELS "cpu;cli")
 
@@ -36,6 +39,9 @@ set_tests_properties(cli.check.bad_window PROPERTIES
 add_test(NAME cli.check.bad_varlen_batch COMMAND ${_fa4} check --varlen --batch -5)
 add_test(NAME cli.check.bad_seed COMMAND ${_fa4} check --seed -1)
 add_test(NAME cli.check.deterministic_needs_backward COMMAND ${_fa4} check --deterministic)
+add_test(NAME cli.check.pad_rows_needs_varlen COMMAND ${_fa4} check --pad-rows 3)
+set_tests_properties(cli.check.pad_rows_needs_varlen PROPERTIES
+  PASS_REGULAR_EXPRESSION "--pad-rows requires --varlen" LABELS "cpu;cli")
 set_tests_properties(cli.check.bad_varlen_batch PROPERTIES PASS_REGULAR_EXPRESSION "--batch" LABELS "cpu;cli")
 set_tests_properties(cli.check.bad_seed PROPERTIES PASS_REGULAR_EXPRESSION "--seed" LABELS "cpu;cli")
 set_tests_properties(cli.check.deterministic_needs_backward PROPERTIES

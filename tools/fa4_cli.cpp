@@ -94,7 +94,10 @@ void add_case_options(CLI::App* app, CaseFlags& f) {
   app->add_option("--softcap", s.softcap, "tanh logit cap (0 = off)")->capture_default_str();
   app->add_flag("--sink", s.sink, "add random per-head attention-sink logits");
   f.scale_opt = app->add_option("--softmax-scale", f.softmax_scale, "default 1/sqrt(headdim)");
-  app->add_flag("--varlen", s.varlen, "packed layout with random lengths in [1, seqlen]");
+  CLI::Option* varlen = app->add_flag("--varlen", s.varlen, "packed layout with random lengths in [1, seqlen]");
+  app->add_option("--pad-rows", s.pad_rows,
+                  "varlen: packed rows after the last sequence, NaN in the inputs; outputs there must stay untouched")
+      ->check(CLI::Range(0, 1 << 30))->needs(varlen)->capture_default_str();
   app->add_option("--rescale-threshold", s.rescale_threshold, "lazy-rescaling threshold tau (log2 units)")
       ->capture_default_str();
   f.exp2_opt = app->add_option("--exp2-emulation-fraction", f.exp2_emulation_fraction,
@@ -113,7 +116,7 @@ json spec_json(const CaseSpec& s) {
             {"headdim_v", s.dim_v()}, {"dtype", s.dtype}, {"causal", s.causal},
             {"window_size_left", s.window[0]}, {"window_size_right", s.window[1]},
             {"softcap", s.softcap}, {"sink", s.sink}, {"softmax_scale", s.resolved_scale()},
-            {"varlen", s.varlen}, {"rescale_threshold", s.rescale_threshold},
+            {"varlen", s.varlen}, {"pad_rows", s.pad_rows}, {"rescale_threshold", s.rescale_threshold},
             {"device", s.device}, {"seed", s.seed}, {"backward", s.backward},
             {"deterministic", s.deterministic}};
   j["exp2_emulation_fraction"] = s.exp2_emulation_fraction ? json(*s.exp2_emulation_fraction) : json(nullptr);

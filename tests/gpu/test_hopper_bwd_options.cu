@@ -97,6 +97,23 @@ TEST(HopperBwd, EmptySequencesSoftcapAndUnequalDims) {
   }
 }
 
+/// Packed rows after the last varlen sequence (C12: outputs outside every sequence untouched),
+/// their q, k, v and dout rows NaN (they must reach no output): every bucket, causal and not.
+TEST(HopperBwd, VarlenRowsAfterTheLastSequence) {
+  REQUIRE_HOPPER();
+  for (int d : {64, 128, 192, 256})
+    for (bool causal : {false, true}) {
+      CaseSpec c = base(d, causal ? "fp16" : "bf16");
+      c.batch = 3;
+      c.varlen = true;  // random lengths in [1, 300]
+      c.seqlen_q = c.seqlen_k = 300;
+      c.num_heads_kv = 2;
+      c.pad_rows = 37;
+      c.causal = causal;
+      check_case(c);
+    }
+}
+
 /// Explicit softmax scales used alike by the forward and the backward (1, 0.01, 1/d, 10 and the
 /// default 1/sqrt(72), never the padded 128 or headdim_v) on d72, which runs padded on the d128
 /// kernel, and on 192 x 128; an empty batch (B = 0 with 3952 x 16: empty outputs, dsink = 0).
