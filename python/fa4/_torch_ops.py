@@ -376,10 +376,16 @@ def first_order_only(grads, *inputs):
             or not any(t is not None and t.requires_grad for t in inputs)):
         return list(grads)
     live = [i for i, g in enumerate(grads) if g is not None]
-    raising = torch._C._functions.DelayedError(_SECOND_ORDER_ERROR, len(live))(
-        *[grads[i].detach().requires_grad_() for i in live])
+    # The node also takes the inputs that require grad (its outputs for them are dropped): only
+    # then does it sit on a path from the gradients to those inputs, so that autograd.grad(dq, q)
+    # reaches it and raises. Behind detached copies alone, q was unreachable: "not used in the
+    # graph", or None with allow_unused=True (a second derivative silently taken as absent).
+    linked = [t for t in inputs if t is not None and t.requires_grad]
+    raising = torch._C._functions.DelayedError(_SECOND_ORDER_ERROR, len(live) + len(linked))(
+        *[grads[i].detach().requires_grad_() for i in live], *linked)
     if isinstance(raising, Tensor):
         raising = (raising,)
+    raising = raising[:len(live)]
     grads = list(grads)
     for i, g in zip(live, raising):
         grads[i] = g

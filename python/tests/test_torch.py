@@ -393,6 +393,12 @@ def test_eager_path_edge_cases(gen):
         (gq,) = torch.autograd.grad((call(qg) * w).sum(), (qg,), create_graph=True)
         with pytest.raises(RuntimeError, match="first-order only"):
             gq.pow(2).sum().backward()
+        # ... and so must autograd.grad towards an input (a Hessian-vector product): the raising
+        # node lies on the path to q (behind detached copies alone, q was "not used in the graph",
+        # and allow_unused=True returned None, a second derivative taken as absent).
+        for unused in (False, True):
+            with pytest.raises(RuntimeError, match="first-order only"):
+                torch.autograd.grad(gq.pow(2).sum(), (qg,), retain_graph=True, allow_unused=unused)
         # create_graph=True alone is fine where the gradients are only read.
         (gq,) = torch.autograd.grad((call(qg) * w).sum(), (qg,), create_graph=True)
         (gq_ref,) = torch.autograd.grad((call(qg) * w).sum(), (qg,))
