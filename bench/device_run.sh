@@ -8,7 +8,8 @@
 # VARIANTS="name=dir ..." (more trees, e.g. branches unpacked with git archive: each built into
 # build-<name>, buckets VAR_HD (default OLD_HD, then HD), beside the others, and timed in the same
 # A/B as name), SANITIZE=1, PYTEST=1 (python/tests against this
-# build), HOST=1 (bench/host_overhead.py), GTEST_FILTER (of the GPU test run), SAN_FILTER (gtest
+# build), HOST=1 (bench/host_overhead.py), GTEST_FILTER (of the GPU test run), TEST_TIMEOUT
+# (seconds for it, default 400), SAN_FILTER (gtest
 # filter of the sanitizer runs), SAN_TIMEOUT (seconds per sanitizer tool, default 150),
 # BENCH=1 (bench/bench_fwd.py, BENCH_ARGS), BWD=1 (bench/bench_bwd.py, BWD_ARGS), DECODE=1
 # (bench/bench_decode.py, DECODE_ARGS), DAB=1 (bench/ab_decode.py over OLD / new / VARIANTS,
@@ -62,7 +63,7 @@ export LD_LIBRARY_PATH=$PWD/build-dev/src:/usr/local/cuda/lib64:$LD_LIBRARY_PATH
 B=build-dev
 echo "HGMMA in SASS: $(cuobjdump --dump-sass $B/src/libfa4.so 2>/dev/null | grep -c HGMMA)"
 summ() { grep -E "^\[  (PASSED|FAILED)|^\[  FAILED|Failure|Expected|Which is|which is|actual|SKIPPED" | head -${1:-60}; }
-timeout ${TEST_TIMEOUT:-300} $B/tests/fa4_gpu_tests ${GTEST_FILTER:+--gtest_filter="$GTEST_FILTER"} > $OUT/gpu_tests.log 2>&1
+timeout ${TEST_TIMEOUT:-400} $B/tests/fa4_gpu_tests ${GTEST_FILTER:+--gtest_filter="$GTEST_FILTER"} > $OUT/gpu_tests.log 2>&1
 echo "gpu tests rc=$?"; summ 60 < $OUT/gpu_tests.log
 if [ "${SANITIZE:-0}" = 1 ]; then
   F=${SAN_FILTER:-'HopperArch.*:HopperFwd.Sanitize*:HopperBwd.Sanitize*:HopperDecode.Sanitize*'}
