@@ -385,19 +385,28 @@ void release_cached_memory(int device) {
   // capture it would break is under way.)
   int current = -1;
   cudaError_t e = cudaGetDevice(&current);
-  if (e == cudaSuccess) e = cudaSetDevice(device);
+  if (e == cudaSuccess && current != device) e = cudaSetDevice(device);
   if (e == cudaSuccess) e = cudaDeviceSynchronize();
   if (e != cudaSuccess) {
     keep();
   } else {
+    // A free CUDA refuses (another thread began a global-mode capture after the wait) keeps its
+    // buffer in the cache too.
+    std::vector<CachedBuffer*> unfreed;
     for (CachedBuffer* b : detached) {
       const cudaError_t f = cudaFree(b->ptr);
-      if (e == cudaSuccess) e = f;
-      delete b;
+      if (f == cudaSuccess) {
+        delete b;
+      } else {
+        unfreed.push_back(b);
+        if (e == cudaSuccess) e = f;
+      }
     }
+    detached.swap(unfreed);
+    if (!detached.empty()) keep();
     if (e == cudaSuccess && pool) e = cudaMemPoolTrimTo(pool, 0);
   }
-  if (current >= 0) cudaSetDevice(current);
+  if (current >= 0 && current != device) cudaSetDevice(current);
   check(e, "release_cached_memory");
 }
 
