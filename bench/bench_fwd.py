@@ -153,6 +153,8 @@ def agreement(results, reference="fa4"):
     none). Prints a warning for each contender past AGREEMENT_LIMIT. The timed kernels are checked
     this way once per row; fa4's own accuracy is its test suite's job (and check_close's)."""
     ref = results[reference]
+    if ref is None:  # (the reference failed on this row: nothing to compare, the run goes on)
+        return {name: None for name in results if name != reference}
     out = {}
     for name, got in results.items():
         if name == reference or got is None:
