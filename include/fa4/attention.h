@@ -45,8 +45,11 @@
 //     with stride 0; the caches when appended to) must not overlap: no two
 //     elements of one output share an address (its dims, by increasing stride, each step past the
 //     elements of the dims inside them), and no output shares memory with another tensor of the
-//     call (kInvalidArgument, for the overlaps the strides prove: interleaved views such as q, k,
-//     v or dq, dk, dv slices of one packed tensor pass). Allowed in place: out = q (the same view;
+//     call (kInvalidArgument where the check finds a shared byte: exactly for dense views, and for
+//     strided ones whose strides nest into each other's, as slices of one packed tensor do, where
+//     interleaved views such as q, k, v or dq, dk, dv pass; two outputs with row strides of no
+//     common period, e.g. 12288 and 12287 elements, may overlap unnoticed: src/common/
+//     validate_checks.h views_overlap). Allowed in place: out = q (the same view;
 //     forward() with the batched layout) and dq = q (the same view; backward()).
 //   * varlen on CUDA: device-resident cu_seqlens/seqused_k are checked by the kernel, not before
 //     the call (see check_async_errors): a sequence breaking a rule is skipped and reported by the
