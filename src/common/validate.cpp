@@ -140,7 +140,8 @@ int lattice_overlap(const TensorView& a, const TensorView& b) {
   };
   add(a, true);
   add(b, false);
-  std::sort(terms, terms + n, [](const Term& x, const Term& y) { return x.step > y.step; });
+  for (int i = 1; i < n; ++i)  // by decreasing step (insertion sort: at most 8 terms)
+    for (int j = i; j > 0 && terms[j - 1].step < terms[j].step; --j) std::swap(terms[j - 1], terms[j]);
   Wide below_lo[2 * TensorView::kMaxDims + 1], below_hi[2 * TensorView::kMaxDims + 1];  // inner sums' range
   below_lo[n] = below_hi[n] = 0;
   for (int i = n - 1; i >= 0; --i) {
