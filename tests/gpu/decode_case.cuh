@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -229,18 +230,19 @@ inline void run_fa4(KvProblem& P, std::vector<uint16_t>& out, std::vector<float>
   lse = P.lse->download();
 }
 
-/// Captures one forward_with_kvcache call of each problem (its options and tensors moved to stream
-/// s), in order, into a graph. The capture ends even if a call throws (a thread left capturing
-/// fails every later CUDA call); the message is then in *thrown.
+/// Captures one forward_with_kvcache call of each problem (its tensors and the options' tensors,
+/// k_new / v_new included, moved to stream s), in order, into a graph. The capture ends even if a
+/// call throws (a thread left capturing fails every later CUDA call); the message is then in *thrown.
 inline cudaGraph_t capture_calls(const std::vector<KvProblem*>& problems, cudaStream_t s, std::string* thrown) {
   auto on = [&](TensorView t) { t.device.stream = s; return t; };
   const fa4::test::Capture c = fa4::test::capture_graph(
       s, cudaStreamCaptureModeThreadLocal,
       [&] {
         for (KvProblem* P : problems) {
-          fa4::KVCacheOptions o = P->o;
-          if (o.cache_seqlens) o.cache_seqlens = on(*o.cache_seqlens);
-          if (o.page_table) o.page_table = on(*o.page_table);
+          fa4::KVCacheOptions o = P->o;  // every tensor of the call on s (the rule: q's stream)
+          for (std::optional<TensorView>* t : {&o.cache_seqlens, &o.page_table, &o.cache_batch_idx, &o.k_new,
+                                               &o.v_new, &o.sink})
+            if (*t) *t = on(**t);
           fa4::forward_with_kvcache(on(P->tq), on(P->tk), on(P->tv), on(P->tout), on(P->tlse), o);
         }
       },
