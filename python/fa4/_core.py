@@ -283,7 +283,7 @@ def _float(value, what: str, fn: str) -> float:
                 try:
                     f = float(value)
                 except OverflowError:  # an int past float64's range
-                    f = float("inf")
+                    f = _INF
                 except (TypeError, ValueError):
                     pass
         if f is None:

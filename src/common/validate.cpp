@@ -167,10 +167,8 @@ int lattice_overlap(const TensorView& a, const TensorView& b) {
   return search(search, 0, -gap - (dtype_size(b.dtype) - 1), -gap + (dtype_size(a.dtype) - 1));
 }
 
-}  // namespace
-
-bool views_overlap(const TensorView& a, const TensorView& b) {
-  const ByteRange ra = byte_range(a), rb = byte_range(b);
+/// views_overlap with the views' byte ranges already at hand (check_outputs_apart has them).
+bool ranges_overlap(const TensorView& a, const ByteRange& ra, const TensorView& b, const ByteRange& rb) {
   if (ra.empty || rb.empty || ra.hi < rb.lo || rb.hi < ra.lo) return false;
   if (ra.lo == rb.lo || (ra.dense && rb.dense)) return true;
   // One dense and the other nesting: element_in is exact and takes a few steps whatever the strides.
@@ -183,6 +181,12 @@ bool views_overlap(const TensorView& a, const TensorView& b) {
     return (s.lo >= d.lo && s.lo <= d.hi) || (s.hi >= d.lo && s.hi <= d.hi);
   };
   return (ra.dense && end_in(rb, ra)) || (rb.dense && end_in(ra, rb));
+}
+
+}  // namespace
+
+bool views_overlap(const TensorView& a, const TensorView& b) {
+  return ranges_overlap(a, byte_range(a), b, byte_range(b));
 }
 
 TensorView check_view(const Checker& c, const TensorView& t, const char* name, bool is_output) {
@@ -260,11 +264,7 @@ void check_outputs_apart(const Checker& c, std::initializer_list<const Named*> o
       if (po == o && px == x) return same_view(o->t, x->t);
     return false;
   };
-  auto overlap = [&](int i, int j) {  // the ranges first: most pairs end there
-    const ByteRange &a = range[i], &b = range[j];
-    if (a.hi < b.lo || b.hi < a.lo) return false;
-    return views_overlap(named[i]->t, named[j]->t);
-  };
+  auto overlap = [&](int i, int j) { return ranges_overlap(named[i]->t, range[i], named[j]->t, range[j]); };
   for (int i = 0; i < n_out; ++i) {
     if (range[i].empty) continue;
     const Named* o = named[i];
