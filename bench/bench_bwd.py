@@ -27,7 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # upstream_fa4_func: upstream FlashAttention-4 (None where it is not installed)
-from bench_fwd import (agreement, bench, rotated_rounds, run_meta, tflops, upstream_fa4_func,  # noqa: E402
+from bench_fwd import (agreement, bench, fa4_layout, rotated_rounds, run_meta, tflops, upstream_fa4_func,  # noqa: E402
                        upstream_fa4_version)
 
 import fa4  # noqa: E402
@@ -83,7 +83,7 @@ def gradient_results(fns):
     res = {}
     for name, f in fns.items():
         try:
-            res[name] = tuple(g.transpose(1, 2) if name in ("cudnn", "flash") else g for g in f())
+            res[name] = tuple(fa4_layout(name, g) for g in f())
         except Exception as e:
             print(f"# {name} gradient check failed: {str(e).splitlines()[0][:120]}", file=sys.stderr)
             res[name] = None

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa4
-from bench_fwd import agreement, bench, rotated_rounds, run_meta, sdpa_fn
+from bench_fwd import agreement, bench, fa4_layout, rotated_rounds, run_meta, sdpa_fn
 
 ROUNDS = 3
 
@@ -79,7 +79,7 @@ def time_row(r, batch, seqlen_k, seqlen_q, heads, heads_kv, d, page_size, dt, ge
         if fn:
             timers[name] = (lambda fn=fn, be=be: _bench_in(be, fn))
             with sdpa_kernel([be]):
-                results[name] = (fn().transpose(1, 2),)
+                results[name] = (fa4_layout(name, fn()),)
     # The contenders' outputs against fa4's (bench_fwd.agreement), before the timing.
     r["max_rel_diff_vs_fa4"] = agreement(results)
     times = rotated_rounds(timers, ROUNDS)

@@ -169,6 +169,14 @@ def agreement(results, reference="fa4"):
     return out
 
 
+SDPA_CONTENDERS = ("cudnn", "flash")  # torch SDPA's backends: (batch, heads, seqlen, headdim) tensors
+
+
+def fa4_layout(name, t):
+    """Contender `name`'s tensor t in fa4's (batch, seqlen, heads, headdim) layout."""
+    return t.transpose(1, 2) if name in SDPA_CONTENDERS else t
+
+
 def forward_results(fns):
     """Each contender's forward output once (in its context), as fa4's (batch, seqlen, heads,
     headdim) layout: SDPA's (batch, heads, seqlen, headdim) transposed, upstream's (out, lse) cut
@@ -179,7 +187,7 @@ def forward_results(fns):
             with ctx():
                 o = fn()
             o = o[0] if isinstance(o, tuple) else o
-            res[name] = (o.transpose(1, 2) if name in ("cudnn", "flash") else o,)
+            res[name] = (fa4_layout(name, o),)
         except Exception as e:
             print(f"# {name} output check failed: {str(e).splitlines()[0][:120]}", file=sys.stderr)
             res[name] = None

@@ -98,6 +98,12 @@ class HostTensor {
   std::vector<uint8_t> bytes_;
 };
 
+/// The bytes of t's elements (to compare results bitwise, with each other or with a device copy).
+inline std::vector<char> tensor_bytes(const HostTensor& t) {
+  const char* b = static_cast<const char*>(t.data());
+  return std::vector<char>(b, b + t.numel() * dtype_size(t.dtype()));
+}
+
 /// Fills every element with N(mean, stddev^2) (rounded to the dtype), fresh seed per call.
 inline void fill_normal(HostTensor& t, float mean = 0.0f, float stddev = 1.0f) {
   std::mt19937_64 rng(next_seed());

@@ -54,11 +54,6 @@ CaseSpec base(int d, const char* dtype = "bf16") {
   return s;
 }
 
-std::vector<char> tensor_bytes(const fa4::test::HostTensor& t) {
-  const char* b = static_cast<const char*>(t.data());
-  return std::vector<char>(b, b + t.numel() * fa4::dtype_size(t.dtype()));
-}
-
 /// Fills the device dq, dk and dv with 0xFF (NaN) before a backward run: a row the run leaves
 /// unwritten then shows as NaN, not as an earlier run's values.
 void poison_gradients(const DeviceProblem& dp, const Problem& p) {

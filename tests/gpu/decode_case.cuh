@@ -254,18 +254,6 @@ inline cudaGraph_t capture_calls(const std::vector<KvProblem*>& problems, cudaSt
 
 inline cudaGraph_t capture_call(KvProblem& P, cudaStream_t s, std::string* thrown) { return capture_calls({&P}, s, thrown); }
 
-inline void check_built(KvProblem& P);
-
-/// The whole check of one case (see the file comment); none where the case is left out (its bucket
-/// not compiled in this build).
-inline void run_case(const KvCase& c) {
-  if (fa4::test::leave_out(c.d, c.dv, fa4::test::kDecode)) return;
-  KvProblem P;
-  build(P, c);
-  if (::testing::Test::HasFatalFailure()) return;
-  check_built(P);
-}
-
 /// run_case's checks on a built problem (whose host and device index tensors a test may have
 /// edited alike after build, e.g. to share pages).
 inline void check_built(KvProblem& P) {
@@ -407,6 +395,16 @@ inline void check_built(KvProblem& P) {
   EXPECT_EQ(bad_skipped, 0) << c.name() << ": a sequence with broken indices was written";
   EXPECT_LE(err, 2 * nerr + kAtolO) << c.name() << " kernel " << kernel << ": O err " << err << " naive " << nerr;
   EXPECT_LE(lerr, 2 * nlerr + kAtolLse) << c.name() << ": LSE err " << lerr << " naive " << nlerr;
+}
+
+/// The whole check of one case (see the file comment); none where the case is left out (its bucket
+/// not compiled in this build).
+inline void run_case(const KvCase& c) {
+  if (fa4::test::leave_out(c.d, c.dv, fa4::test::kDecode)) return;
+  KvProblem P;
+  build(P, c);
+  if (::testing::Test::HasFatalFailure()) return;
+  check_built(P);
 }
 
 }  // namespace

@@ -34,18 +34,13 @@ struct Place {
 /// A buffer's image on the host (poisoned with 0xFF: NaN in bf16, fp16 and fp32) and its device copy.
 struct Buffer {
   std::vector<uint8_t> host;
-  void* device = nullptr;
-  explicit Buffer(size_t bytes) : host(bytes, 0xFF) {
-    if (cudaMalloc(&device, bytes) != cudaSuccess) device = nullptr;
-  }
-  ~Buffer() { cudaFree(device); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  bool upload() { return cudaMemcpy(device, host.data(), host.size(), cudaMemcpyHostToDevice) == cudaSuccess; }
-  bool download() { return cudaMemcpy(host.data(), device, host.size(), cudaMemcpyDeviceToHost) == cudaSuccess; }
+  fa4::test::DevBuf<uint8_t> device;
+  explicit Buffer(size_t bytes) : host(bytes, 0xFF), device(bytes) {}
+  bool upload() { return cudaMemcpy(device.ptr, host.data(), host.size(), cudaMemcpyHostToDevice) == cudaSuccess; }
+  bool download() { return cudaMemcpy(host.data(), device.ptr, host.size(), cudaMemcpyDeviceToHost) == cudaSuccess; }
   TensorView view(const HostTensor& t, const Place& at) const {
     TensorView v;
-    v.data = static_cast<uint8_t*>(device) + at.first * fa4::dtype_size(t.dtype());
+    v.data = device.ptr + at.first * fa4::dtype_size(t.dtype());
     v.dtype = t.dtype();
     v.ndim = int32_t(t.shape().size());
     for (int d = 0; d < v.ndim; ++d) {
@@ -125,7 +120,7 @@ void check_packed_layouts(CaseSpec spec, int64_t shift, bool odd_units = false) 
 
   Buffer qkv(size_t(B * S * row * e)), dout(size_t(B * S * dout_row * e));
   Buffer out(size_t(B * S * out_row * e)), lse(size_t(B * S * H * 4)), grads(size_t((B * S * row + shift + 8) * e));
-  ASSERT_TRUE(qkv.device && dout.device && out.device && lse.device && grads.device);
+  ASSERT_TRUE(qkv.device.ptr && dout.device.ptr && out.device.ptr && lse.device.ptr && grads.device.ptr);
   scatter(p.q, q_at, qkv), scatter(p.k, k_at, qkv), scatter(p.v, v_at, qkv), scatter(p.dout, dout_at, dout);
   std::vector<bool> out_owned(out.host.size() / e), grads_owned(grads.host.size() / e);
   each_element(p.out, out_at, [&](int64_t, int64_t off) { out_owned[off] = true; });

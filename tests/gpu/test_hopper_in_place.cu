@@ -20,29 +20,6 @@ using fa4::cli::CaseSpec;
 using fa4::cli::DeviceProblem;
 using fa4::cli::Problem;
 
-/// A device copy of a device buffer of `bytes`, freed with the object.
-struct DeviceCopy {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  DeviceCopy(const void* src, size_t n) : bytes(n) {
-    if (cudaMalloc(&ptr, n) != cudaSuccess || cudaMemcpy(ptr, src, n, cudaMemcpyDeviceToDevice) != cudaSuccess)
-      ptr = nullptr;
-  }
-  ~DeviceCopy() { cudaFree(ptr); }
-  DeviceCopy(const DeviceCopy&) = delete;
-  DeviceCopy& operator=(const DeviceCopy&) = delete;
-  std::vector<char> download() const {
-    std::vector<char> h(bytes);
-    if (cudaMemcpy(h.data(), ptr, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) h.clear();
-    return h;
-  }
-};
-
-std::vector<char> bytes_of(const fa4::test::HostTensor& t) {
-  const char* b = static_cast<const char*>(t.data());
-  return std::vector<char>(b, b + t.numel() * fa4::dtype_size(t.dtype()));
-}
-
 size_t size_of(const fa4::test::HostTensor& t) { return size_t(t.numel() * fa4::dtype_size(t.dtype())); }
 
 /// Forward and deterministic backward into separate buffers, then the forward with out = (a copy
@@ -60,11 +37,12 @@ void check_in_place(CaseSpec s, const char* route) {
   fa4::cli::run_forward(p, apart, fa4::Backend::kCuda);
   fa4::cli::run_backward(p, apart, fa4::Backend::kCuda);
   dp.download_outputs();
-  const std::vector<char> out = bytes_of(p.out), lse = bytes_of(p.lse), dq = bytes_of(p.dq);
-  const std::vector<char> dk = bytes_of(p.dk), dv = bytes_of(p.dv);
+  const std::vector<char> out = tensor_bytes(p.out), lse = tensor_bytes(p.lse), dq = tensor_bytes(p.dq);
+  const std::vector<char> dk = tensor_bytes(p.dk), dv = tensor_bytes(p.dv);
 
-  DeviceCopy q_out(apart.q, size_of(p.q));
+  fa4::test::DevBuf<char> q_out(size_of(p.q));
   ASSERT_NE(q_out.ptr, nullptr);
+  ASSERT_EQ(cudaMemcpy(q_out.ptr, apart.q, q_out.n, cudaMemcpyDeviceToDevice), cudaSuccess);
   fa4::cli::Placement at = apart;
   at.q = at.out = q_out.ptr;
   const std::string kernel = fa4::cli::forward_kernel_name(p, at);
@@ -74,10 +52,11 @@ void check_in_place(CaseSpec s, const char* route) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_TRUE(q_out.download() == out) << "out written over q (" << kernel << "): " << s.describe();
   dp.download_outputs();
-  EXPECT_TRUE(bytes_of(p.lse) == lse) << "lse of the in-place forward: " << s.describe();
+  EXPECT_TRUE(tensor_bytes(p.lse) == lse) << "lse of the in-place forward: " << s.describe();
 
-  DeviceCopy q_dq(apart.q, size_of(p.q));
+  fa4::test::DevBuf<char> q_dq(size_of(p.q));
   ASSERT_NE(q_dq.ptr, nullptr);
+  ASSERT_EQ(cudaMemcpy(q_dq.ptr, apart.q, q_dq.n, cudaMemcpyDeviceToDevice), cudaSuccess);
   at = apart;
   at.q = at.dq = q_dq.ptr;
   for (void* g : {apart.dk, apart.dv})
@@ -86,7 +65,7 @@ void check_in_place(CaseSpec s, const char* route) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_TRUE(q_dq.download() == dq) << "dq written over q: " << s.describe();
   dp.download_outputs();
-  EXPECT_TRUE(bytes_of(p.dk) == dk && bytes_of(p.dv) == dv) << "dk/dv of the in-place backward: " << s.describe();
+  EXPECT_TRUE(tensor_bytes(p.dk) == dk && tensor_bytes(p.dv) == dv) << "dk/dv of the in-place backward: " << s.describe();
 }
 
 TEST(HopperInPlace, OutOverQAndDqOverQ) {
