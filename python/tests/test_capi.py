@@ -314,7 +314,7 @@ def test_kvcache_support_name_and_status():
         True, "cpu::reference_forward_with_kvcache")
     o.backend = _capi.BACKENDS["cuda"]
     ok, why = _capi.forward_with_kvcache_support(*views[:5], o, args)
-    assert not ok and why.startswith("fa4::forward_with_kvcache: options.backend = kCuda")
+    assert not ok and why.startswith("fa4::forward_with_kvcache: options.backend = kCuda ('cuda') needs CUDA tensors")
 
 
 def test_documented_leniencies_of_abi_v3():

@@ -32,12 +32,13 @@ struct Selection {
   std::string kernel;  ///< name of what runs (reported by forward_support)
 };
 
+/// Both spellings: the C++ enumerator and the name Python and the CLI take.
 const char* backend_name(Backend b) {
   switch (b) {
-    case Backend::kAuto: return "kAuto";
-    case Backend::kCpu: return "kCpu";
-    case Backend::kCpuReference: return "kCpuReference";
-    case Backend::kCuda: return "kCuda";
+    case Backend::kAuto: return "kAuto ('auto')";
+    case Backend::kCpu: return "kCpu ('cpu')";
+    case Backend::kCpuReference: return "kCpuReference ('cpu_reference')";
+    case Backend::kCuda: return "kCuda ('cuda')";
   }
   return "unknown";
 }
@@ -87,7 +88,8 @@ Selection select(const detail::FwdParams& p, Backend backend, Direction dir, con
                                                     : "cpu::reference_forward_with_kvcache");
       case Backend::kCuda:
         return reject(ErrorCode::kInvalidArgument, fn,
-                      "options.backend = kCuda needs CUDA tensors, but q is on the cpu");
+                      std::string("options.backend = ") + backend_name(backend) +
+                          " needs CUDA tensors, but q is on the cpu");
     }
   }
 

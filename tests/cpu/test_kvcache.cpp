@@ -416,7 +416,7 @@ TEST(KvCache, SupportNamesTheImplementation) {
   pr.opt.backend = Backend::kCuda;
   const std::string why = forward_with_kvcache_support(pr.q.view(), pr.kc.view(), pr.vc.view(),
                                                        pr.out.view(), pr.lse.view(), pr.opt, &name);
-  EXPECT_NE(why.find("fa4::forward_with_kvcache: options.backend = kCuda needs CUDA tensors"),
+  EXPECT_NE(why.find("fa4::forward_with_kvcache: options.backend = kCuda ('cuda') needs CUDA tensors"),
             std::string::npos) << why;
   EXPECT_EQ(name, "");
 }

@@ -259,7 +259,7 @@ std::vector<BadCase> bad_cases() {
        kInv, {"page_table: sequences 0 and 1 both append into page 1 slot 0", "distinct"}},
       // ---- backend ----
       {"backend_cuda_on_cpu_tensors", false, [](KvProblem& p) { p.opt.backend = Backend::kCuda; },
-       kInv, {"options.backend = kCuda needs CUDA tensors"}},
+       kInv, {"options.backend = kCuda ('cuda') needs CUDA tensors"}},
       {"backend_not_an_enum", false,
        [](KvProblem& p) { p.opt.backend = static_cast<Backend>(7); },
        kInv, {"options.backend = 7 is not a fa4::Backend value"}},
