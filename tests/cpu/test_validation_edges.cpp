@@ -243,7 +243,7 @@ TEST(Validation, CudaTensorsSelector) {
     ADD_FAILURE() << "no error";
   } catch (const fa4::Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("kCpu needs CPU tensors"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("kCpu ('cpu') needs CPU tensors"), std::string::npos) << e.what();
   }
 #if !FA4_WITH_CUDA
   p.opt.backend = Backend::kAuto;
