@@ -42,6 +42,9 @@ namespace fa4::cpu {
 namespace {
 
 using tile::kNegInf;
+/// |m*mult| from which accumulate_tile subtracts the max before scaling: below it m*mult is
+/// rounded by at most 1/2 (log2 units), so P <= 2^(tau + 1/2).
+constexpr float kExactShiftLimit = 0x1p24f;
 
 /// Per-thread scratch for one query tile: float32 tiles; the row sum l and the output accumulator
 /// in Acc (float64 for fp32 inputs, float32 otherwise: the top of the file says why).
@@ -91,10 +94,15 @@ void accumulate_tile(const detail::FwdParams& p, Exp2Emulation emulation, int64_
     // m still -inf: every visible score so far is NaN or -inf; subtracting 0 keeps NaN as NaN and
     // -inf as P = 0, never inf - inf.
     const float m_scaled = m == kNegInf ? 0.0f : m * mult;
+    // x = s*mult - m*mult with one fma, as the GPU does. The rounding of m*mult shifts every x of
+    // the row alike (harmless to acc / l) by up to half an ulp of m*mult: beyond 2^24 log2 units
+    // that shift could reach exp2's overflow (and exp2_emulated's domain, <= 127), so such rows
+    // take x = (s - m)*mult, which s <= m (+ tau) bounds.
+    const bool far = std::fabs(m_scaled) >= kExactShiftLimit;
     Acc rowsum = 0;
     for (int64_t j = 0; j < cols; ++j) {
       if (!vrow[j]) continue;  // masked: P is exactly 0 and the V row is not read
-      const float x = std::fma(srow[j], mult, -m_scaled);
+      const float x = far ? (srow[j] - m) * mult : std::fma(srow[j], mult, -m_scaled);
       const float pj = emulation.uses_emulation(int32_t(j)) ? exp2_emulated(x) : std::exp2(x);
       rowsum += pj;
       const float pv = round_p ? detail::round_to(p.dtype, pj) : pj;

@@ -613,6 +613,46 @@ TEST(CpuCases, LargeLogitsBackwardWithinTheLseRounding) {
   }
 }
 
+// Logits up to 5e11 (fp32, scale 1/2): m * scale * log2(e) is then rounded by up to 2^15, more
+// than exp2 takes before it overflows (128) and than the software exp2's domain (127). Such a row
+// is one-hot on its largest logit: out is that key's v row and lse its logit, never NaN. The
+// logits rise to the middle of the sequence (the running max is raised tile after tile) and fall
+// after it; one query's logits are all negative (about -5e9).
+TEST(CpuCases, HugeLogitsForwardIsOneHot) {
+  constexpr int64_t d = 8, sk = 300, peak = 150;
+  const std::vector<float> qs = {1e8f, 1e10f, 1e12f, -1e10f};
+  const int64_t sq = int64_t(qs.size());
+  std::vector<float> q(sq * d, 0.0f), k(sk * d, 0.0f), v(sk * d), out(sq * d), lse(sq);
+  for (int64_t i = 0; i < sq; ++i) q[i * d] = qs[size_t(i)];
+  for (int64_t j = 0; j < sk; ++j) {
+    k[j * d] = 1.0f - 0.5f * float(std::abs(j - peak)) / float(sk);  // in (0.5, 1], 1 at the peak
+    for (int64_t e = 0; e < d; ++e) v[j * d + e] = float(j) + 0.125f * float(e);
+  }
+  for (float fraction : {0.0f, 0.5f}) {
+    for (Backend be : {Backend::kCpu, Backend::kCpuReference}) {
+      SCOPED_TRACE(std::string(be == Backend::kCpu ? "cpu" : "reference") + " exp2 share " +
+                   std::to_string(fraction));
+      std::fill(out.begin(), out.end(), std::nanf(""));
+      std::fill(lse.begin(), lse.end(), std::nanf(""));
+      AttentionOptions o;
+      o.softmax_scale = 0.5f;
+      o.exp2_emulation_fraction = fraction;
+      o.backend = be;
+      forward(f32_view(q, {1, sq, 1, d}), f32_view(k, {1, sk, 1, d}), f32_view(v, {1, sk, 1, d}),
+              f32_view(out, {1, sq, 1, d}), f32_view(lse, {1, 1, sq}), o);
+      for (int64_t i = 0; i < sq; ++i) {
+        int64_t jmax = 0;  // the largest logit q k_j (no ties: the gaps are >= |q| / 600)
+        for (int64_t j = 1; j < sk; ++j)
+          if (q[i * d] * k[j * d] > q[i * d] * k[jmax * d]) jmax = j;
+        const double logit = 0.5 * double(q[i * d]) * double(k[jmax * d]);
+        EXPECT_NEAR(lse[i], logit, std::fabs(logit) * 1e-6) << "query " << i;
+        for (int64_t e = 0; e < d; ++e)
+          EXPECT_EQ(out[i * d + e], v[jmax * d + e]) << "query " << i << " channel " << e;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fa4::test
 
