@@ -110,6 +110,10 @@
 //     whose key tile is not a multiple of 128; the KV-cache kernel);
 //   * size limits (at most 2^31 - 512 rows of q and of k/v, and keys of a KV cache; tile
 //     counts in the messages).
+// A CUDA call runs on q's device: it makes that device current for the call, then makes the
+// thread's previous device current again, unless that device has no CUDA context yet (a thread
+// that never used CUDA): restoring would create one there (hundreds of MiB), so the thread stays
+// on q's device, as PyTorch's device guard does. release_cached_memory() does the same.
 #pragma once
 
 #include <cstddef>

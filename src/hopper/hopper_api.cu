@@ -175,7 +175,7 @@ std::string bucket_name(const detail::FwdParams& p, int d, int dv) {
 }
 
 /// Makes `device` current for the scope (launches, scratch and smem limits are per device) and
-/// gives the caller's device back afterwards.
+/// gives the caller's device back afterwards where that device has a context (has_primary_context).
 class ScopedDevice {
  public:
   ScopedDevice(int device, const char* fn) : cur_(device) {
@@ -184,7 +184,7 @@ class ScopedDevice {
       throw Error(ErrorCode::kCudaError, std::string(fn) + " (hopper): cudaSetDevice failed");
   }
   ~ScopedDevice() {
-    if (prev_ >= 0 && prev_ != cur_) cudaSetDevice(prev_);
+    if (prev_ >= 0 && prev_ != cur_ && has_primary_context(prev_)) cudaSetDevice(prev_);
   }
   ScopedDevice(const ScopedDevice&) = delete;
   ScopedDevice& operator=(const ScopedDevice&) = delete;

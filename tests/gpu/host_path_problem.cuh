@@ -21,11 +21,13 @@ struct HostPathProblem {
   int64_t rows_q, rows_k;
   int H, HK, d, batch;  // batch 0: varlen
   int seqlen_q = 0, seqlen_k = 0;
+  int device = 0;  // where the buffers were allocated (the device current at construction)
   uint16_t *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr;
   float* lse = nullptr;
 
   HostPathProblem(int64_t rq, int64_t rk, int h, int hk, int dim, int b, uint32_t seed, int sq = 0, int sk = 0)
       : rows_q(rq), rows_k(rk), H(h), HK(hk), d(dim), batch(b), seqlen_q(sq), seqlen_k(sk) {
+    cudaGetDevice(&device);
     cudaMalloc(&q, rows_q * H * d * 2);
     cudaMalloc(&k, rows_k * HK * d * 2);
     cudaMalloc(&v, rows_k * HK * d * 2);
@@ -53,7 +55,7 @@ struct HostPathProblem {
     cudaMemsetAsync(lse, 0xFF, rows_q * H * 4, s);
   }
   void run(const fa4::AttentionOptions& o, cudaStream_t s) const {
-    const auto dev = fa4::Device::cuda(0, s);
+    const auto dev = fa4::Device::cuda(device, s);
     if (batch == 0) {
       fa4::forward(TensorView::contiguous(q, DType::kBF16, {rows_q, H, d}, dev),
                    TensorView::contiguous(k, DType::kBF16, {rows_k, HK, d}, dev),

@@ -1,6 +1,8 @@
 // src/hopper/shared/device_state.cpp — launch scratch and the asynchronous error word (device_state.h).
 #include "hopper/shared/device_state.h"
 
+#include <cuda.h>
+
 #include <atomic>
 #include <cstdint>
 #include <iterator>
@@ -406,8 +408,41 @@ void release_cached_memory(int device) {
     if (!detached.empty()) keep();
     if (e == cudaSuccess && pool) e = cudaMemPoolTrimTo(pool, 0);
   }
-  if (current >= 0 && current != device) cudaSetDevice(current);
+  if (current >= 0 && current != device && has_primary_context(current)) cudaSetDevice(current);
   check(e, "release_cached_memory");
+}
+
+bool has_primary_context(int device) {
+  // Through the runtime's driver entry points: libfa4 links the runtime only.
+  using DeviceGet = CUresult (*)(CUdevice*, int);
+  using PrimaryCtxGetState = CUresult (*)(CUdevice, unsigned int*, int*);
+  struct Entries {
+    DeviceGet get = nullptr;
+    PrimaryCtxGetState state = nullptr;
+  };
+  static const Entries entries = [] {
+    auto find = [](const char* symbol) -> void* {
+      void* f = nullptr;
+      cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+      const cudaError_t e = cudaGetDriverEntryPointByVersion(symbol, &f, 12000, cudaEnableDefault, &found);
+#else
+      const cudaError_t e = cudaGetDriverEntryPoint(symbol, &f, cudaEnableDefault, &found);
+#endif
+      if (e != cudaSuccess) cudaGetLastError();
+      return e == cudaSuccess && found == cudaDriverEntryPointSuccess ? f : nullptr;
+    };
+    Entries en;
+    en.get = reinterpret_cast<DeviceGet>(find("cuDeviceGet"));
+    en.state = reinterpret_cast<PrimaryCtxGetState>(find("cuDevicePrimaryCtxGetState"));
+    return en;
+  }();
+  if (!entries.get || !entries.state) return true;
+  CUdevice dev{};
+  unsigned int flags = 0;
+  int active = 0;
+  if (entries.get(&dev, device) != CUDA_SUCCESS || entries.state(dev, &flags, &active) != CUDA_SUCCESS) return true;
+  return active != 0;
 }
 
 EagerScratchStats eager_scratch_stats(int device) {

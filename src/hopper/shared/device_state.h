@@ -130,6 +130,13 @@ class ScratchHold {
   LaunchScratch s_{};
 };
 
+/// Whether `device`'s primary context is active (PyTorch's hasPrimaryContext). Making a device
+/// current creates its context (hundreds of MiB on the GPU), so fa4 gives a thread its previous
+/// device back only where that device has one: a thread that never used CUDA, calling on cuda:3,
+/// stays on device 3 instead of getting a context on device 0 (PyTorch's device guard does the
+/// same). True where the driver cannot be asked (then the device is restored as before).
+bool has_primary_context(int device);
+
 /// fa4::release_cached_memory for the Hopper kernels: waits for `device` (cudaDeviceSynchronize),
 /// then frees its eager scratch that no call holds (every stream's buffers, the outgrown ones) and
 /// trims its pool to nothing in use. Captured calls' scratch is not touched. A no-op when nothing
