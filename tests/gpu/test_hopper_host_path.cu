@@ -511,6 +511,8 @@ TEST(HopperFwd, SanitizeBadVarlenIndices) {
 // Device 0's context exists here, so the driver must report it; with two GPUs, a fresh thread
 // calling on device 1 computes there and is back on device 0 afterwards.
 TEST(HopperFwd, CallOnAnotherDeviceGivesTheThreadItsDeviceBack) {
+  REQUIRE_HOPPER();
+  REQUIRE_BUCKETS(64, 64, fa4::test::kFwd);
   ASSERT_EQ(cudaFree(nullptr), cudaSuccess);
   EXPECT_TRUE(fa4::hopper::has_primary_context(0));
   int count = 0;
