@@ -113,7 +113,7 @@
 // A CUDA call runs on q's device: it makes that device current for the call, then makes the
 // thread's previous device current again, unless that device has no CUDA context yet (a thread
 // that never used CUDA): restoring would create one there (hundreds of MiB), so the thread stays
-// on q's device, as PyTorch's device guard does. release_cached_memory() does the same.
+// on q's device (cudaGetDevice then says so). release_cached_memory() does the same.
 #pragma once
 
 #include <cstddef>

@@ -32,7 +32,7 @@ struct Selection {
   std::string kernel;  ///< name of what runs (reported by forward_support)
 };
 
-/// Both spellings: the C++ enumerator and the name Python and the CLI take.
+/// Both spellings: the C++ enumerator and Python's name.
 const char* backend_name(Backend b) {
   switch (b) {
     case Backend::kAuto: return "kAuto ('auto')";

@@ -78,7 +78,8 @@ struct Exp2EmulationConsts {
 /// correctly rounded bf16 of 2^x: 99.83% equal, 99.9885% within 1 ulp (the rest is the subnormal
 /// band above), 100% within 2 ulps on [-126, 0]; fp32 max relative error 8.567e-05.
 ///
-/// Host/device bitwise identity (the CPU FA4 implementation must match the GPU kernels exactly):
+/// Host/device bitwise identity (the CPU FA4 implementation and the GPU kernels give the same
+/// exponential of one argument):
 ///   * step 2: on device t = __fadd_rd(x, M); on the host t = M + floorf(x). For |x| <= 127 the
 ///     exact sum x + M lies in [2^23, 2^24) where floats are spaced by 1, so rounding it toward
 ///     -inf gives exactly M + floor(x); and M + floorf(x) is a sum of two integers below 2^24,

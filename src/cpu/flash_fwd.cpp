@@ -7,7 +7,7 @@
 //
 // Source: FlashAttention-4 (arXiv 2603.05451) Sec. 3 — online softmax in the log2 domain with
 //   * LAZY RESCALING: the running row max m is only raised when a tile's max exceeds it by more than
-//     tau = p.rescale_threshold (log2 units). While m is stale, P = 2^(s*mult - m*mult) may reach
+//     tau = p.rescale_threshold (log2 units). While m is stale, P = 2^((s - m)*mult) may reach
 //     2^tau, which fp32 (and bf16/fp16 for tau <= 8) hold exactly enough; the row sum l and the
 //     output accumulator use the SAME stale m, so the final out = acc / l is exact. tau = 0 gives
 //     the classic always-rescale online softmax. When m is raised, acc and l are multiplied by
@@ -19,7 +19,7 @@
 //
 // Per (batch, head, tile of kCpuTileM queries), key tiles of kCpuTileN:
 //   s = q.k (fp32; softcap: s = softcap*tanh(scale q.k / softcap)), masked pairs s = -inf
-//   x = s*mult - m*mult (one fma), mult = scale*log2e (log2e with softcap), P = exp2(x)
+//   x = (s - m)*mult, mult = scale*log2e (log2e with softcap), P = exp2(x)
 //   l += sum_j P, acc += round(P) V   (l and acc: see the top of the file)
 // ROUNDING OF P: for bf16/fp16 inputs P is rounded to the input dtype before the P.V product, as
 // the GPU does when it feeds P to the tensor cores; the row sum l uses the unrounded fp32 P (as the
@@ -42,9 +42,6 @@ namespace fa4::cpu {
 namespace {
 
 using tile::kNegInf;
-/// |m*mult| from which accumulate_tile subtracts the max before scaling: below it m*mult is
-/// rounded by at most 1/2 (log2 units), so P <= 2^(tau + 1/2).
-constexpr float kExactShiftLimit = 0x1p24f;
 
 /// Per-thread scratch for one query tile: float32 tiles; the row sum l and the output accumulator
 /// in Acc (float64 for fp32 inputs, float32 otherwise: the top of the file says why).
@@ -93,16 +90,16 @@ void accumulate_tile(const detail::FwdParams& p, Exp2Emulation emulation, int64_
     }
     // m still -inf: every visible score so far is NaN or -inf; subtracting 0 keeps NaN as NaN and
     // -inf as P = 0, never inf - inf.
-    const float m_scaled = m == kNegInf ? 0.0f : m * mult;
-    // x = s*mult - m*mult with one fma, as the GPU does. The rounding of m*mult shifts every x of
-    // the row alike (harmless to acc / l) by up to half an ulp of m*mult: beyond 2^24 log2 units
-    // that shift could reach exp2's overflow (and exp2_emulated's domain, <= 127), so such rows
-    // take x = (s - m)*mult, which s <= m (+ tau) bounds.
-    const bool far = std::fabs(m_scaled) >= kExactShiftLimit;
+    const float m_sub = m == kNegInf ? 0.0f : m;
     Acc rowsum = 0;
     for (int64_t j = 0; j < cols; ++j) {
       if (!vrow[j]) continue;  // masked: P is exactly 0 and the V row is not read
-      const float x = far ? (srow[j] - m) * mult : std::fma(srow[j], mult, -m_scaled);
+      // x = (s - m) * mult: the difference first, as merge_weight takes (m_old - m_new) * mult,
+      // so every tile's P is against the same exact shift m * mult. (The Hopper kernels use one
+      // fma, s * mult - round(m * mult), whose rounding differs between the maxima of a row:
+      // earlier tiles' weights are then off by 2^(half an ulp of m * mult), and beyond 2^31 log2
+      // units x itself overflows exp2.)
+      const float x = (srow[j] - m_sub) * mult;
       const float pj = emulation.uses_emulation(int32_t(j)) ? exp2_emulated(x) : std::exp2(x);
       rowsum += pj;
       const float pv = round_p ? detail::round_to(p.dtype, pj) : pj;

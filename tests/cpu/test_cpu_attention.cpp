@@ -653,6 +653,47 @@ TEST(CpuCases, HugeLogitsForwardIsOneHot) {
   }
 }
 
+// Large logits whose max rises by one ulp per key tile: tile t (128 keys) holds the scores
+// 1e6 + t/16 + i/32, i = 0..127 (fp32, exact: q = e0, k_j = s_j e0, scale 1), so with tau 0 the
+// running max moves at every tile while every tile keeps about the same weight. Each tile's P
+// must be taken against the shift the rescale factor assumes: with P = 2^(s*mult - round(m*mult))
+// and the factor 2^((m_old - m_new)*mult), earlier tiles were weighted wrong by up to 2^(1/16).
+// Against float64 softmax of the same scores: out within 1e-5 (v = the tile index), lse within
+// 2 ulps.
+TEST(CpuCases, RisingMaxAtLargeLogitsKeepsTheTilesWeights) {
+  constexpr int64_t d = 8, sk = 512;
+  std::vector<float> q(d, 0.0f), k(sk * d, 0.0f), v(sk * d), out(d), lse(1);
+  q[0] = 1.0f;
+  std::vector<double> w(sk);
+  for (int64_t j = 0; j < sk; ++j) {
+    k[j * d] = 1e6f + float(j / 128) / 16.0f + float(j % 128) / 32.0f;
+    for (int64_t e = 0; e < d; ++e) v[j * d + e] = float(j / 128) + 0.125f * float(e);
+  }
+  double wmax = 0.0, wsum = 0.0;
+  for (int64_t j = 0; j < sk; ++j) wmax = std::max(wmax, double(k[j * d]));
+  for (int64_t j = 0; j < sk; ++j) wsum += (w[j] = std::exp(double(k[j * d]) - wmax));
+  for (float tau : {0.0f, 8.0f}) {
+    for (float fraction : {0.0f, 0.5f}) {
+      SCOPED_TRACE("tau " + std::to_string(tau) + " exp2 share " + std::to_string(fraction));
+      std::fill(out.begin(), out.end(), std::nanf(""));
+      AttentionOptions o;
+      o.softmax_scale = 1.0f;
+      o.rescale_threshold = tau;
+      o.exp2_emulation_fraction = fraction;
+      o.backend = Backend::kCpu;
+      forward(f32_view(q, {1, 1, 1, d}), f32_view(k, {1, sk, 1, d}), f32_view(v, {1, sk, 1, d}),
+              f32_view(out, {1, 1, 1, d}), f32_view(lse, {1, 1, 1}), o);
+      EXPECT_NEAR(lse[0], wmax + std::log(wsum), 2 * 0.0625);
+      for (int64_t e = 0; e < d; ++e) {
+        double ref = 0.0;
+        for (int64_t j = 0; j < sk; ++j) ref += w[j] * v[j * d + e];
+        // The software exp2's relative error (8.6e-5) weighs in where half the keys use it.
+        EXPECT_NEAR(out[e], ref / wsum, fraction > 0 ? 1e-3 : 1e-5) << "channel " << e;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fa4::test
 

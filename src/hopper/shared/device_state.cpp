@@ -412,7 +412,7 @@ void release_cached_memory(int device) {
   check(e, "release_cached_memory");
 }
 
-bool has_primary_context(int device) {
+std::optional<bool> primary_context_state(int device) {
   // Through the runtime's driver entry points: libfa4 links the runtime only.
   using DeviceGet = CUresult (*)(CUdevice*, int);
   using PrimaryCtxGetState = CUresult (*)(CUdevice, unsigned int*, int*);
@@ -437,13 +437,16 @@ bool has_primary_context(int device) {
     en.state = reinterpret_cast<PrimaryCtxGetState>(find("cuDevicePrimaryCtxGetState"));
     return en;
   }();
-  if (!entries.get || !entries.state) return true;
+  if (!entries.get || !entries.state) return std::nullopt;
   CUdevice dev{};
   unsigned int flags = 0;
   int active = 0;
-  if (entries.get(&dev, device) != CUDA_SUCCESS || entries.state(dev, &flags, &active) != CUDA_SUCCESS) return true;
+  if (entries.get(&dev, device) != CUDA_SUCCESS || entries.state(dev, &flags, &active) != CUDA_SUCCESS)
+    return std::nullopt;
   return active != 0;
 }
+
+bool has_primary_context(int device) { return primary_context_state(device).value_or(true); }
 
 EagerScratchStats eager_scratch_stats(int device) {
   std::lock_guard<std::mutex> lock(g_mu);

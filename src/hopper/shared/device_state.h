@@ -52,6 +52,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 namespace fa4::hopper {
 
@@ -130,11 +131,14 @@ class ScratchHold {
   LaunchScratch s_{};
 };
 
-/// Whether `device`'s primary context is active (PyTorch's hasPrimaryContext). Making a device
-/// current creates its context (hundreds of MiB on the GPU), so fa4 gives a thread its previous
-/// device back only where that device has one: a thread that never used CUDA, calling on cuda:3,
-/// stays on device 3 instead of getting a context on device 0 (PyTorch's device guard does the
-/// same). True where the driver cannot be asked (then the device is restored as before).
+/// Whether `device`'s primary context is active (cuDevicePrimaryCtxGetState); nullopt where the
+/// driver cannot be asked.
+std::optional<bool> primary_context_state(int device);
+
+/// primary_context_state, true where unknown. Making a device current creates its context
+/// (hundreds of MiB on the GPU), so fa4 gives a thread its previous device back only where that
+/// device has one: a thread that never used CUDA, calling on cuda:3, stays on device 3 instead of
+/// getting a context on device 0 (PyTorch's device guard creates none either).
 bool has_primary_context(int device);
 
 /// fa4::release_cached_memory for the Hopper kernels: waits for `device` (cudaDeviceSynchronize),
