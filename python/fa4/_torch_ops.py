@@ -598,6 +598,15 @@ def _kvcache_fake(q, k_cache, v_cache, k_new, v_new, cache_seqlens, cache_batch_
     return _kvcache_outputs(q, v_cache)
 
 
+@torch.compiler.disable
+def _refuse_append_into_grad_caches(fn):
+    # Raised outside any traced graph: dynamo of torch 2.11 cannot trace raising fa4's errors
+    # (classes with two bases) and fails with an AssertionError instead of this ValueError.
+    raise _capi.InvalidArgumentError(
+        f"{fn}: k_cache / v_cache require grad; appending k/v writes them in place and has no "
+        "gradient: append under torch.no_grad() or into caches that do not require grad")
+
+
 def kvcache_attention(q, k_cache, v_cache, fn, k=None, v=None, cache_seqlens=None,
                       cache_batch_idx=None, page_table=None, softmax_scale=None, causal=False,
                       window_size=(-1, -1), softcap=0.0, sink=None, num_splits=0,
@@ -625,9 +634,7 @@ def kvcache_attention(q, k_cache, v_cache, fn, k=None, v=None, cache_seqlens=Non
     if appends and torch.is_grad_enabled() and (k_cache.requires_grad or v_cache.requires_grad):
         # The append has no gradient (the KV-cache path is inference only): writing a cache that
         # autograd tracks would leave its graph describing the old values.
-        raise _capi.InvalidArgumentError(
-            f"{fn}: k_cache / v_cache require grad; appending k/v writes them in place and has no "
-            "gradient: append under torch.no_grad() or into caches that do not require grad")
+        _refuse_append_into_grad_caches(fn)
     if _use_custom_op(*tensors):
         return torch.ops.fa4.fwd_kvcache(*tensors, *scalars)
     if k_cache.is_neg() or v_cache.is_neg():
