@@ -297,8 +297,8 @@ size_t backward_workspace_size(const TensorView& dout, const TensorView& q, cons
 /// output, never read or write out of bounds, and record the rule for
 /// check_async_errors() — as for device-resident varlen indices. A sequence so skipped is not
 /// appended either. Not detected on CUDA (the caller's responsibility: they race): overlapping
-/// paged appends and, with k_new, repeated cache_batch_idx values. With several broken rules in
-/// one call, the report may name only some of them (bits set at once by several CTAs can merge).
+/// paged appends and, with k_new, repeated cache_batch_idx values. The report names every rule
+/// broken (each has its own flag); a sequence breaking several may be skipped at the first.
 void forward_with_kvcache(const TensorView& q, const TensorView& k_cache,
                           const TensorView& v_cache, const TensorView& out, const TensorView& lse,
                           const KVCacheOptions& options = {});

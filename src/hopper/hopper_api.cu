@@ -367,7 +367,7 @@ void forward(const detail::FwdParams& p) {
   ctx.stream_k = o.stream_k;
 
   const ScopedDevice scoped_device(p.device.index, "fa4::forward");
-  if (p.is_varlen) ctx.async_error = async_error_word(p.device.index);  // on p's device
+  if (p.is_varlen) ctx.async_error = async_error_record(p.device.index);  // on p's device
 
   const detail::HopperFwdConfig* c = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
   const bool bf16 = p.dtype == DType::kBF16;
@@ -432,7 +432,7 @@ void backward(const detail::BwdParams& p) {
                      check_tma_tensor("dv", p.dv, p.dv_stride, rows_k, p.num_heads_kv, p.batch, p.is_varlen, elem).empty();
   if (ctx.tma_epilogue) g_bwd_tma_epilogue_calls.fetch_add(1, std::memory_order_relaxed);
   const ScopedDevice scoped_device(p.device.index, "fa4::backward");
-  if (p.is_varlen) ctx.async_error = async_error_word(p.device.index);
+  if (p.is_varlen) ctx.async_error = async_error_record(p.device.index);
 
   const bool bf16 = p.dtype == DType::kBF16;
 #define FA4_DISPATCH_BWD(D, DV) FA4_DISPATCH_ROW(find_hopper_bwd_config, run_bwd, D, DV)
@@ -499,7 +499,7 @@ void forward_kvcache(const detail::KVCacheParams& p, const char* fn) {
   ctx.decode_tile = overrides.decode_tile;
   ctx.decode_warps = overrides.decode_warps;
   const ScopedDevice scoped_device(p.device.index, fn);
-  ctx.async_error = async_error_word(p.device.index);
+  ctx.async_error = async_error_record(p.device.index);
 
   const detail::HopperDecodeConfig* c = detail::hopper_decode_bucket(p.headdim, p.headdim_v);
   const bool bf16 = p.dtype == DType::kBF16;

@@ -77,12 +77,6 @@ __device__ __forceinline__ CacheSeq cache_seq(const detail::KVCacheParams& p, in
   return s;
 }
 
-/// Records broken rules in the device's error word (mapped host memory: a plain read-modify-write,
-/// PCIe need not carry atomics; bits set at once by several CTAs may merge, see device_state.h).
-__device__ __forceinline__ void report(uint32_t* word, uint32_t bits) {
-  volatile uint32_t* w = word;
-  *w = *w | bits;
-}
 
 /// Offset (elements) of key j's row in a cache (page-table entry already checked).
 __device__ __forceinline__ int64_t cache_row_offset(const detail::KVCacheParams& p, const int32_t* pages,
@@ -117,7 +111,7 @@ __global__ void __launch_bounds__(64) append_kernel(const __grid_constant__ Deco
   uint32_t bad = s.bad;
   if (!bad && p.paged && !pages_valid(p, pages, 0, s.seqlen_k)) bad |= kBadPageTable;
   if (bad) {
-    if (threadIdx.x == 0) report(a.async_error, bad);
+    if (threadIdx.x == 0) report_async_error(a.async_error, bad);
     return;
   }
   const int32_t j = s.cached + t;
@@ -235,7 +229,7 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
   if (p.paged && !bad && !pages_valid(p, pages, split == 0 ? 0 : split_first, split_last)) bad |= kBadPageTable;
   __shared__ int32_t s_last;
   if (bad) {
-    if (tid == 0) report(a.async_error, bad);
+    if (tid == 0) report_async_error(a.async_error, bad);
     if (a.cluster == 1) {
       if (a.num_splits > 1) arrive_last(a, &s_last, true, 0, a.num_splits);  // never the merging CTA
       return;

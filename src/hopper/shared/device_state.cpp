@@ -1,10 +1,11 @@
-// src/hopper/shared/device_state.cpp — launch scratch and the asynchronous error word (device_state.h).
+// src/hopper/shared/device_state.cpp — launch scratch and the asynchronous error record (device_state.h).
 #include "hopper/shared/device_state.h"
 
 #include <cuda.h>
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -244,7 +245,7 @@ struct CapturedShare {
 };
 std::map<std::tuple<int, std::uintptr_t, int>, CapturedShare> g_captured;  // (g_mu)
 
-uint32_t* g_error_words = nullptr;  // mapped host memory, one word per device
+uint64_t* g_error_words = nullptr;  // mapped host memory, one 8-byte record per device
 int g_error_devices = 0;
 
 }  // namespace
@@ -478,33 +479,40 @@ void count_fwd_dynamic_launch() { g_fwd_dynamic_launches.fetch_add(1, std::memor
 
 uint64_t fwd_dynamic_launches() { return g_fwd_dynamic_launches.load(std::memory_order_relaxed); }
 
-uint32_t* async_error_word(int device) {
+uint32_t* async_error_record(int device) {
   // Allocated once; with unified addressing (every 64-bit platform CUDA supports) the portable
   // mapped allocation has one address, valid on the host and on every device.
   static std::once_flag once;
-  static uint32_t* device_words = nullptr;
+  static uint64_t* device_records = nullptr;
   std::call_once(once, [] {
     RelaxedCapture relaxed;
     int count = 0;
     check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
     void* h = nullptr;
-    check(cudaHostAlloc(&h, size_t(count) * sizeof(uint32_t), cudaHostAllocPortable | cudaHostAllocMapped),
-          "cudaHostAlloc (error word)");
-    for (int i = 0; i < count; ++i) static_cast<volatile uint32_t*>(h)[i] = 0;
+    check(cudaHostAlloc(&h, size_t(count) * sizeof(uint64_t), cudaHostAllocPortable | cudaHostAllocMapped),
+          "cudaHostAlloc (error record)");
+    for (int i = 0; i < count; ++i) static_cast<volatile uint64_t*>(h)[i] = 0;
     void* d = nullptr;
-    check(cudaHostGetDevicePointer(&d, h, 0), "cudaHostGetDevicePointer (error word)");
-    device_words = static_cast<uint32_t*>(d);
+    check(cudaHostGetDevicePointer(&d, h, 0), "cudaHostGetDevicePointer (error record)");
+    device_records = static_cast<uint64_t*>(d);
     g_error_devices = count;
-    __atomic_store_n(&g_error_words, static_cast<uint32_t*>(h), __ATOMIC_RELEASE);
+    __atomic_store_n(&g_error_words, static_cast<uint64_t*>(h), __ATOMIC_RELEASE);
   });
-  return device_words + device;
+  return reinterpret_cast<uint32_t*>(device_records + device);
 }
 
 void check_async_errors(int device) {
-  uint32_t* words = __atomic_load_n(&g_error_words, __ATOMIC_ACQUIRE);
-  if (!words || device < 0 || device >= g_error_devices) return;
-  if (__atomic_load_n(&words[device], __ATOMIC_RELAXED) == 0) return;
-  const uint32_t bits = __atomic_exchange_n(&words[device], 0u, __ATOMIC_ACQ_REL);
+  uint64_t* records = __atomic_load_n(&g_error_words, __ATOMIC_ACQUIRE);
+  if (!records || device < 0 || device >= g_error_devices) return;
+  if (__atomic_load_n(&records[device], __ATOMIC_RELAXED) == 0) return;
+  // One exchange takes every flag set so far; a kernel's store after it stays for the next check.
+  const uint64_t flags = __atomic_exchange_n(&records[device], uint64_t(0), __ATOMIC_ACQ_REL);
+  uint32_t bits = 0;
+  for (int i = 0; i < 8; ++i) {
+    uint8_t byte;
+    std::memcpy(&byte, reinterpret_cast<const uint8_t*>(&flags) + i, 1);
+    if (byte != 0) bits |= 1u << i;
+  }
   if (bits == 0) return;
   std::string what;
   auto add = [&](uint32_t bit, const char* rule) {

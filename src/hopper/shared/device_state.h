@@ -38,13 +38,14 @@
 //     instantiated from one captured graph running at the same time (they would share the
 //     buffers; the replays of one executable graph are ordered by CUDA). Where the graph also
 //     holds graph memory, CUDA refuses the second instantiation itself.
-//   * the asynchronous error word: a kernel that meets varlen or KV-cache indices breaking the
+//   * the asynchronous error record: a kernel that meets varlen or KV-cache indices breaking the
 //     rules (cu_seqlens_q/k, seqused_k, cache_seqlens, cache_batch_idx, page_table; checked on the
 //     device, where the host cannot read them without a sync) computes nothing for that sequence
-//     and sets a bit here, in mapped host memory; the next CUDA call on the device (forward,
-//     backward, forward_with_kvcache), or fa4::check_async_errors, reports it (at least once: bits set by
-//     several CTAs at once may merge, and a kernel still running when the word is cleared may set
-//     its bit again).
+//     and sets the rule's flag byte here, in mapped host memory; the next CUDA call on the device
+//     (forward, backward, forward_with_kvcache), or fa4::check_async_errors, reports every rule
+//     flagged (at least once: a kernel still running when the record is cleared may set its flag
+//     again; calls on the device from several threads share the record, so the report may come
+//     from another thread's call).
 // Not supported: cudaDeviceReset while fa4 is loaded (the cached buffers would dangle).
 #pragma once
 
@@ -178,7 +179,10 @@ CaptureScratchStats capture_scratch_stats();
 void count_fwd_dynamic_launch();
 uint64_t fwd_dynamic_launches();
 
-/// Bits of the asynchronous error word.
+/// The broken rules a kernel can record (check_async_errors). Each is one byte of the device's
+/// 8-byte error record in mapped host memory, set to 1 with a plain store (report_async_error):
+/// PCIe need not carry atomics, and a read-modify-write of one shared word lost the bits another
+/// CTA or another call set at the same moment; stores of 1 to separate bytes lose none.
 enum AsyncError : uint32_t {
   kBadCuSeqlensQ = 1u << 0,  ///< cu_seqlens_q: not 0 at [0], decreasing, past total_q, or a length > max_seqlen_q
   kBadCuSeqlensK = 1u << 1,  ///< cu_seqlens_k: likewise with total_k, max_seqlen_k
@@ -187,9 +191,21 @@ enum AsyncError : uint32_t {
   kBadCacheBatchIdx = 1u << 4,  ///< cache_batch_idx[b] outside [0, k_cache.shape[0])
   kBadPageTable = 1u << 5,      ///< a used page_table entry outside [0, num_pages)
 };
+static_assert(kBadPageTable < (1u << 8), "one flag byte per rule: the record holds 8");
 
-/// Device address of `device`'s error word (mapped host memory, allocated on first use).
-uint32_t* async_error_word(int device);
+/// Device address of `device`'s error record (8 bytes of mapped host memory, one per AsyncError
+/// bit; allocated on first use).
+uint32_t* async_error_record(int device);
+
+#if defined(__CUDACC__)
+/// Records the rules of `bits` (AsyncError) in an error record (async_error_record).
+__device__ __forceinline__ void report_async_error(uint32_t* record, uint32_t bits) {
+  volatile uint8_t* flags = reinterpret_cast<volatile uint8_t*>(record);
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    if (bits & (1u << i)) flags[i] = 1;
+}
+#endif
 
 /// Throws fa4::Error(kInvalidArgument) describing the bits set by earlier kernels on `device`
 /// and clears them; returns if none is set (or nothing was ever launched there). Reads host

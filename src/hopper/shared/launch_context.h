@@ -56,7 +56,7 @@ struct LaunchContext {
   /// Decode: the narrow tile's 4-warp (0) or 8-warp (1) form, or the selector's (-1,
   /// decode/launch_decode.h decode_eight_warps): override "decode_warps", for the tests and the A/B.
   int8_t decode_warps = -1;
-  /// Varlen and KV-cache calls: the device's asynchronous error word (device_state.h); else nullptr.
+  /// Varlen and KV-cache calls: the device's asynchronous error record (device_state.h); else nullptr.
   uint32_t* async_error = nullptr;
   /// The API call the decode launch names in CUDA errors (forward_with_kvcache, or fa4::forward
   /// for a small-query forward the selector sent there).

@@ -30,7 +30,7 @@ struct SeqBounds {
 /// the varlen indices or the batched lengths. Called by whole warps (the loads are broadcast from
 /// lane 0). kValidate: check the varlen rules (the host cannot read the indices without a sync): a
 /// sequence that breaks one gets zero lengths, so no row of it is read or written, and thread 0 of
-/// the CTA records the rule in the device's error word (device_state.h).
+/// the CTA records the rule in the device's error record (device_state.h).
 template <bool kValidate, class Params>
 __device__ __forceinline__ SeqBounds seq_bounds(const Params& p, int32_t b) {
   SeqBounds s;
@@ -64,10 +64,7 @@ __device__ __forceinline__ SeqBounds seq_bounds(const Params& p, int32_t b) {
     else if (out_of(used, k1 - k0))
       bad |= kBadSequsedK;
     if (bad != 0) {
-      if (threadIdx.x == 0) {  // mapped host memory: a plain read-modify-write (PCIe need not carry atomics)
-        volatile uint32_t* word = p.async_error;
-        *word = *word | bad;
-      }
+      if (threadIdx.x == 0) report_async_error(p.async_error, bad);
       s.q_row0 = s.k_row0 = s.seqlen_q = s.seqlen_k = 0;
     }
   }
