@@ -324,7 +324,7 @@ struct BwdKernelTraits {
     const int32_t* cu_seqlens_k{};
     const int32_t* seqused_k{};
     int32_t total_q{}, total_k{};
-    uint32_t* async_error{};
+    uint8_t* async_error{};
 
     float score_scale_log2{};   // raw q.k (or tanh(.) under softcap) -> log2 units
     float softcap_inv_scale{};  // softmax_scale / softcap (0 when off)

@@ -45,7 +45,7 @@ struct BwdAuxParams {
   const int32_t* cu_seqlens_k{};
   const int32_t* seqused_k{};
   int32_t total_q{}, total_k{};
-  uint32_t* async_error{};
+  uint8_t* async_error{};
   float softmax_scale{};
 
   float* dq_accum{};

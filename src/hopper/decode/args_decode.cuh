@@ -14,7 +14,7 @@ namespace fa4::hopper::decode {
 /// Everything a decode launch passes to its kernels (by value, __grid_constant__).
 struct DecodeArgs {
   detail::KVCacheParams p;
-  uint32_t* async_error;  ///< mapped error record (device_state.h)
+  uint8_t* async_error;   ///< mapped error record (device_state.h)
   float* o_partial;       ///< num_partials > 1: (partial, batch, seqlen_q, num_heads, kD) fp32, normalised rows
   float* lse_partial;     ///< num_partials > 1: (partial, cluster rank, batch, num_heads, seqlen_q), log2 units, -inf if empty
   int32_t* arrivals;      ///< num_partials > 1: (batch, kv head x row tile, cluster rank) counters, zero between launches

@@ -182,7 +182,7 @@ struct FwdKernelTraits {
     const int32_t* cu_seqlens_k{};
     const int32_t* seqused_k{};
     int32_t total_q{}, total_k{};  // varlen: packed rows of q and k/v (the bounds cu_seqlens must keep)
-    uint32_t* async_error{};       // varlen: mapped error record (device_state.h) for invalid indices
+    uint8_t* async_error{};        // varlen: mapped error record (device_state.h) for invalid indices
     const float* sink{};
 
     float score_scale_log2{};    // multiplies raw q.k (or tanh(.) under softcap) into log2 units

@@ -245,7 +245,7 @@ struct CapturedShare {
 };
 std::map<std::tuple<int, std::uintptr_t, int>, CapturedShare> g_captured;  // (g_mu)
 
-uint64_t* g_error_words = nullptr;  // mapped host memory, one 8-byte record per device
+uint64_t* g_error_records = nullptr;  // mapped host memory, one 8-byte record per device
 int g_error_devices = 0;
 
 }  // namespace
@@ -479,7 +479,7 @@ void count_fwd_dynamic_launch() { g_fwd_dynamic_launches.fetch_add(1, std::memor
 
 uint64_t fwd_dynamic_launches() { return g_fwd_dynamic_launches.load(std::memory_order_relaxed); }
 
-uint32_t* async_error_record(int device) {
+uint8_t* async_error_record(int device) {
   // Allocated once; with unified addressing (every 64-bit platform CUDA supports) the portable
   // mapped allocation has one address, valid on the host and on every device.
   static std::once_flag once;
@@ -496,23 +496,22 @@ uint32_t* async_error_record(int device) {
     check(cudaHostGetDevicePointer(&d, h, 0), "cudaHostGetDevicePointer (error record)");
     device_records = static_cast<uint64_t*>(d);
     g_error_devices = count;
-    __atomic_store_n(&g_error_words, static_cast<uint64_t*>(h), __ATOMIC_RELEASE);
+    __atomic_store_n(&g_error_records, static_cast<uint64_t*>(h), __ATOMIC_RELEASE);
   });
-  return reinterpret_cast<uint32_t*>(device_records + device);
+  return reinterpret_cast<uint8_t*>(device_records + device);
 }
 
 void check_async_errors(int device) {
-  uint64_t* records = __atomic_load_n(&g_error_words, __ATOMIC_ACQUIRE);
+  uint64_t* records = __atomic_load_n(&g_error_records, __ATOMIC_ACQUIRE);
   if (!records || device < 0 || device >= g_error_devices) return;
   if (__atomic_load_n(&records[device], __ATOMIC_RELAXED) == 0) return;
   // One exchange takes every flag set so far; a kernel's store after it stays for the next check.
   const uint64_t flags = __atomic_exchange_n(&records[device], uint64_t(0), __ATOMIC_ACQ_REL);
+  uint8_t bytes[sizeof(flags)];
+  std::memcpy(bytes, &flags, sizeof(flags));
   uint32_t bits = 0;
-  for (int i = 0; i < 8; ++i) {
-    uint8_t byte;
-    std::memcpy(&byte, reinterpret_cast<const uint8_t*>(&flags) + i, 1);
-    if (byte != 0) bits |= 1u << i;
-  }
+  for (int i = 0; i < 8; ++i)
+    if (bytes[i] != 0) bits |= 1u << i;
   if (bits == 0) return;
   std::string what;
   auto add = [&](uint32_t bit, const char* rule) {

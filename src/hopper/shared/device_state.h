@@ -193,14 +193,14 @@ enum AsyncError : uint32_t {
 };
 static_assert(kBadPageTable < (1u << 8), "one flag byte per rule: the record holds 8");
 
-/// Device address of `device`'s error record (8 bytes of mapped host memory, one per AsyncError
-/// bit; allocated on first use).
-uint32_t* async_error_record(int device);
+/// Device address of `device`'s error record: 8 flag bytes of mapped host memory, byte i for
+/// AsyncError bit i (allocated on first use).
+uint8_t* async_error_record(int device);
 
 #if defined(__CUDACC__)
 /// Records the rules of `bits` (AsyncError) in an error record (async_error_record).
-__device__ __forceinline__ void report_async_error(uint32_t* record, uint32_t bits) {
-  volatile uint8_t* flags = reinterpret_cast<volatile uint8_t*>(record);
+__device__ __forceinline__ void report_async_error(uint8_t* record, uint32_t bits) {
+  volatile uint8_t* flags = record;
 #pragma unroll
   for (int i = 0; i < 8; ++i)
     if (bits & (1u << i)) flags[i] = 1;

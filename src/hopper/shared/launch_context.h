@@ -57,7 +57,7 @@ struct LaunchContext {
   /// decode/launch_decode.h decode_eight_warps): override "decode_warps", for the tests and the A/B.
   int8_t decode_warps = -1;
   /// Varlen and KV-cache calls: the device's asynchronous error record (device_state.h); else nullptr.
-  uint32_t* async_error = nullptr;
+  uint8_t* async_error = nullptr;
   /// The API call the decode launch names in CUDA errors (forward_with_kvcache, or fa4::forward
   /// for a small-query forward the selector sent there).
   const char* fn = "fa4::forward_with_kvcache";
