@@ -54,6 +54,8 @@ class HostTensor {
 
   DType dtype() const { return dtype_; }
   int64_t numel() const { return numel_; }
+  /// Bytes of the elements (0 for an empty tensor, whose buffer still holds one element).
+  size_t nbytes() const { return size_t(numel_ * dtype_size(dtype_)); }
   const std::vector<int64_t>& shape() const { return shape_; }
   void* data() { return bytes_.data(); }
   const void* data() const { return bytes_.data(); }
@@ -101,7 +103,7 @@ class HostTensor {
 /// The bytes of t's elements (to compare results bitwise, with each other or with a device copy).
 inline std::vector<char> tensor_bytes(const HostTensor& t) {
   const char* b = static_cast<const char*>(t.data());
-  return std::vector<char>(b, b + t.numel() * dtype_size(t.dtype()));
+  return std::vector<char>(b, b + t.nbytes());
 }
 
 /// Fills every element with N(mean, stddev^2) (rounded to the dtype), fresh seed per call.

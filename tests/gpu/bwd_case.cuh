@@ -58,7 +58,7 @@ CaseSpec base(int d, const char* dtype = "bf16") {
 /// unwritten then shows as NaN, not as an earlier run's values.
 void poison_gradients(const DeviceProblem& dp, const Problem& p) {
   for (auto [ptr, t] : {std::pair{dp.placement().dq, &p.dq}, {dp.placement().dk, &p.dk}, {dp.placement().dv, &p.dv}})
-    ASSERT_EQ(cudaMemset(ptr, 0xFF, size_t(t->numel() * fa4::dtype_size(t->dtype()))), cudaSuccess);
+    ASSERT_EQ(cudaMemset(ptr, 0xFF, t->nbytes()), cudaSuccess);
 }
 
 /// A deterministic-mode CUDA backward of bucket d x dv (base's shape; the test sets the rest).

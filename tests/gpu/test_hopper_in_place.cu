@@ -20,8 +20,6 @@ using fa4::cli::CaseSpec;
 using fa4::cli::DeviceProblem;
 using fa4::cli::Problem;
 
-size_t size_of(const fa4::test::HostTensor& t) { return size_t(t.numel() * fa4::dtype_size(t.dtype())); }
-
 /// Forward and deterministic backward into separate buffers, then the forward with out = (a copy
 /// of) q and the backward with dq = (another copy of) q: bitwise equal. `route`: a substring the
 /// forward's kernel name must hold ("" for any).
@@ -40,27 +38,27 @@ void check_in_place(CaseSpec s, const char* route) {
   const std::vector<char> out = tensor_bytes(p.out), lse = tensor_bytes(p.lse), dq = tensor_bytes(p.dq);
   const std::vector<char> dk = tensor_bytes(p.dk), dv = tensor_bytes(p.dv);
 
-  fa4::test::DevBuf<char> q_out(size_of(p.q));
+  fa4::test::DevBuf<char> q_out(p.q.nbytes());
   ASSERT_NE(q_out.ptr, nullptr);
   ASSERT_EQ(cudaMemcpy(q_out.ptr, apart.q, q_out.n, cudaMemcpyDeviceToDevice), cudaSuccess);
   fa4::cli::Placement at = apart;
   at.q = at.out = q_out.ptr;
   const std::string kernel = fa4::cli::forward_kernel_name(p, at);
   EXPECT_NE(kernel.find(route), std::string::npos) << kernel << ": " << s.describe();
-  ASSERT_EQ(cudaMemset(apart.lse, 0xFF, size_of(p.lse)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(apart.lse, 0xFF, p.lse.nbytes()), cudaSuccess);
   fa4::cli::run_forward(p, at, fa4::Backend::kCuda);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_TRUE(q_out.download() == out) << "out written over q (" << kernel << "): " << s.describe();
   dp.download_outputs();
   EXPECT_TRUE(tensor_bytes(p.lse) == lse) << "lse of the in-place forward: " << s.describe();
 
-  fa4::test::DevBuf<char> q_dq(size_of(p.q));
+  fa4::test::DevBuf<char> q_dq(p.q.nbytes());
   ASSERT_NE(q_dq.ptr, nullptr);
   ASSERT_EQ(cudaMemcpy(q_dq.ptr, apart.q, q_dq.n, cudaMemcpyDeviceToDevice), cudaSuccess);
   at = apart;
   at.q = at.dq = q_dq.ptr;
   for (void* g : {apart.dk, apart.dv})
-    ASSERT_EQ(cudaMemset(g, 0xFF, g == apart.dk ? size_of(p.dk) : size_of(p.dv)), cudaSuccess);
+    ASSERT_EQ(cudaMemset(g, 0xFF, g == apart.dk ? p.dk.nbytes() : p.dv.nbytes()), cudaSuccess);
   fa4::cli::run_backward(p, at, fa4::Backend::kCuda);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_TRUE(q_dq.download() == dq) << "dq written over q: " << s.describe();
