@@ -96,8 +96,8 @@ void accumulate_tile(const detail::FwdParams& p, Exp2Emulation emulation, int64_
       if (!vrow[j]) continue;  // masked: P is exactly 0 and the V row is not read
       // x = (s - m) * mult: the difference first, as merge_weight takes (m_old - m_new) * mult,
       // so every tile's P is against the same exact shift m * mult. (The Hopper kernels use one
-      // fma, s * mult - round(m * mult), whose rounding differs between the maxima of a row: a
-      // rescale there weights earlier tiles off by up to 2^(half an ulp of m * mult).)
+      // fma, s * mult - round(m * mult), and move a state by the difference of the two rounded
+      // shifts instead: hopper/shared/softmax.cuh, OnlineSoftmax::move_factor.)
       const float x = (srow[j] - m_sub) * mult;
       const float pj = emulation.uses_emulation(int32_t(j)) ? exp2_emulated(x) : std::exp2(x);
       rowsum += pj;

@@ -72,6 +72,21 @@ struct OnlineSoftmax {
     row_sum[0] = row_sum[1] = 0.f;
   }
 
+  /// The shift (log2 units) the exponentials of a row with running max m are taken against:
+  /// round(m * scale_log2), subtracted inside one fma per score (exp_pass). Every factor that moves
+  /// a state from one max to another is 2^(difference of two such shifts), never
+  /// 2^((m_old - m_new) * scale_log2): the latter weighs the earlier blocks off by up to 2^(half an
+  /// ulp of m * scale_log2), 2% at |m * scale_log2| ~ 1e6. __fmul_rn keeps the product rounded
+  /// where the compiler would otherwise contract it into an fma with the difference.
+  __device__ __forceinline__ static float shift(float m, float scale_log2) { return __fmul_rn(m, scale_log2); }
+
+  /// Factor 2^(shift(m_old) - shift(m_new)) for O and l of a row whose max moves from m_old to
+  /// m_new >= m_old (core/softmax.h merge_weight in log2 units): 0 from m_old = -inf.
+  __device__ __forceinline__ static float move_factor(float m_old, float m_new, float scale_log2) {
+    return detail::merge_weight(m_old == kNegInf ? kNegInf : shift(m_old, scale_log2), shift(m_new, scale_log2), 1.f,
+                                [](float x) { return arch::ex2_approx(x); });
+  }
+
   /// Exponentials of one block: S -> P = 2^(s * scale_log2 + neg_m_scaled[r]) in place; this
   /// thread's sums of its P per row go to `sum` (the caller adds them to row_sum). The emulation rule is
   /// a compile-time property of each register for StaticExp2Emulation, a uniform branch for
@@ -164,14 +179,14 @@ struct OnlineSoftmax {
       for (int r = 0; r < 2; ++r) {
         const float m_new = fmaxf(row_max[r], blk_max[r]);
         // A row still at -inf keeps factor 1 (its O and l are 0 anyway): avoids -inf - -inf.
-        o_scale[r] = m_new == kNegInf ? 1.f : arch::ex2_approx((row_max[r] - m_new) * scale_log2);
+        o_scale[r] = m_new == kNegInf ? 1.f : move_factor(row_max[r], m_new, scale_log2);
         row_max[r] = m_new;
         row_sum[r] *= o_scale[r];
       }
     }
     float neg_m_scaled[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) neg_m_scaled[r] = row_max[r] == kNegInf ? 0.f : -row_max[r] * scale_log2;
+    for (int r = 0; r < 2; ++r) neg_m_scaled[r] = row_max[r] == kNegInf ? 0.f : -shift(row_max[r], scale_log2);
     float sum[2];
     exp_pass_dispatch<kPeriod, kEmulated>(s, scale_log2, neg_m_scaled, runtime_emulation, emulation, sum);
     row_sum[0] += sum[0];
@@ -205,7 +220,7 @@ struct OnlineSoftmax {
                                                         const ScoreAt& score_at) {
     float neg_m_scaled[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) neg_m_scaled[r] = -row_max[r] * scale_log2;
+    for (int r = 0; r < 2; ++r) neg_m_scaled[r] = -shift(row_max[r], scale_log2);
     float sum[2];
     exp_pass_dispatch<kPeriod, kEmulated, /*kUnbounded=*/true>(s, scale_log2, neg_m_scaled, runtime_emulation,
                                                                emulation, sum);
@@ -230,7 +245,7 @@ struct OnlineSoftmax {
         for (int r = 0; r < 2; ++r) {
           if (pmax[r] > 1.f) {
             const float m_new = row_max[r] + log2f(pmax[r]) / scale_log2;
-            o_scale[r] = arch::ex2_approx((row_max[r] - m_new) * scale_log2);
+            o_scale[r] = move_factor(row_max[r], m_new, scale_log2);
             row_max[r] = m_new;
           }
           sum[r] *= o_scale[r];
@@ -264,22 +279,22 @@ struct OnlineSoftmax {
       x[v] = x[v] < kOverflowP ? log2f(x[v]) : fmaf(score_at(v), scale_log2, neg_m_scaled[r]);
       xmax[r] = fmaxf(xmax[r], x[v]);
     }
-    float shift[2], sum[2] = {0.f, 0.f};
+    float shift_by[2], sum[2] = {0.f, 0.f};
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       xmax[r] = arch::quad_max(xmax[r]);
-      shift[r] = 0.f;
+      shift_by[r] = 0.f;
       if (xmax[r] > 0.f) {  // the row's max grew: move it (never down)
         const float m_new = row_max[r] + xmax[r] / scale_log2;
-        shift[r] = (m_new - row_max[r]) * scale_log2;
-        o_scale[r] = arch::ex2_approx(-shift[r]);
+        shift_by[r] = shift(m_new, scale_log2) + neg_m_scaled[r];  // shift(m_new) - shift(m_old)
+        o_scale[r] = arch::ex2_approx(-shift_by[r]);
         row_max[r] = m_new;
       }
     }
 #pragma unroll 1
     for (int v = 0; v < kFragSize; ++v) {
       const int r = (v >> 1) & 1;
-      x[v] = arch::ex2_approx(x[v] - shift[r]);
+      x[v] = arch::ex2_approx(x[v] - shift_by[r]);
       sum[r] += x[v];
     }
 #pragma unroll
@@ -295,7 +310,7 @@ struct OnlineSoftmax {
   __device__ __forceinline__ void finalize(float scale_log2, float sink, float (&o_scale)[2], float (&lse)[2]) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float m = row_max[r] == kNegInf ? kNegInf : row_max[r] * scale_log2;  // log2 units
+      const float m = row_max[r] == kNegInf ? kNegInf : shift(row_max[r], scale_log2);  // log2 units
       const detail::RowNorm n = detail::finalize_row(m, arch::quad_sum(row_sum[r]), sink);
       o_scale[r] = n.o_scale;
       lse[r] = n.lse;

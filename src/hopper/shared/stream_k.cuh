@@ -10,9 +10,11 @@
 //
 // Merge (exact, FA2 split-KV algebra, core/softmax.h merge_weight): with M = max(m_a, m_b),
 //     O = O_a 2^((m_a - M) s) + O_b 2^((m_b - M) s),   l = l_a 2^((m_a - M) s) + l_b 2^((m_b - M) s),
-// s = score_scale_log2. O_a, l_a share the (possibly stale, lazily rescaled) max m_a they were
-// accumulated against, so the merge is exact whatever the pieces' rescaling history; the final
-// normalisation (softmax.finalize) then divides by the merged l.
+// s = score_scale_log2, each exponent taken as the difference of the rounded shifts round(m s) the
+// pieces' exponentials were computed against (OnlineSoftmax::move_factor). O_a, l_a share the
+// (possibly stale, lazily rescaled) max m_a they were accumulated against, so the merge is exact
+// whatever the pieces' rescaling history; the final normalisation (softmax.finalize) then divides
+// by the merged l.
 #pragma once
 
 #include <cuda/atomic>
@@ -85,13 +87,14 @@ struct StreamK {
       const float m_o[2] = {st.x, st.y}, l_o[2] = {st.z, st.w};
       // Weight of each piece in the merged row (core/softmax.h): a piece whose row saw only masked
       // keys (max -inf) has O = 0 and l = 0 and weighs 0, with no -inf - -inf.
-      auto ex2 = [](float x) { return arch::ex2_approx(x); };
+      // (In log2 units of the shifts the pieces' exponentials were taken against: move_factor.)
+      using Softmax = OnlineSoftmax<kFragS>;
       float f_self[2], f_o[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float m = fmaxf(softmax.row_max[r], m_o[r]);
-        f_self[r] = detail::merge_weight(softmax.row_max[r], m, s, ex2);
-        f_o[r] = detail::merge_weight(m_o[r], m, s, ex2);
+        f_self[r] = Softmax::move_factor(softmax.row_max[r], m, s);
+        f_o[r] = Softmax::move_factor(m_o[r], m, s);
         softmax.row_max[r] = m;
         softmax.row_sum[r] = softmax.row_sum[r] * f_self[r] + l_o[r] * f_o[r];
       }
