@@ -8,10 +8,11 @@
 // fp32 accumulation: q = (2^11, 1, 0, ...), k_j = (2^10, n_j / 4, 0, ...), so s_j = 2^21 + n_j / 4
 // (one fp32 ulp at 2^21 is 1/4; s * log2(e) has the same ulp), and the maximum rises by one ulp in
 // 8 steps of K / 8 keys in the direction the key loop walks (or the other), so tau = 0 moves the
-// max at the steps: 8 moves, the keys' weights within a factor 10 of each other.
+// max at the steps: 8 moves, the keys' weights within a factor e^2.5 of each other.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
