@@ -3,8 +3,8 @@
 //
 // The kernels take each exponential against round(m * scale_log2) (one fma per score). A factor
 // that moves O and l to a new max must then be 2^(difference of the two rounded shifts): the form
-// 2^((m_old - m_new) * scale_log2) weighs every earlier key block off by up to 2^(half an ulp of
-// m * scale_log2), up to 9% per move at logits of 2^21. Scores here are exact in fp16 inputs and
+// 2^((m_old - m_new) * scale_log2) weighs every earlier key block off by the two shifts' roundings,
+// up to 2^(one ulp of m * scale_log2), 19% per move at logits of 2^21. Scores here are exact in fp16 inputs and
 // fp32 accumulation: q = (2^11, 1, 0, ...), k_j = (2^10, n_j / 4, 0, ...), so s_j = 2^21 + n_j / 4
 // (one fp32 ulp at 2^21 is 1/4; s * log2(e) has the same ulp), and the maximum rises by one ulp in
 // 8 steps of K / 8 keys in the direction the key loop walks (or the other), so tau = 0 moves the

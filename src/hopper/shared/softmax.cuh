@@ -75,9 +75,10 @@ struct OnlineSoftmax {
   /// The shift (log2 units) the exponentials of a row with running max m are taken against:
   /// round(m * scale_log2), subtracted inside one fma per score (exp_pass). Every factor that moves
   /// a state from one max to another is 2^(difference of two such shifts), never
-  /// 2^((m_old - m_new) * scale_log2): the latter weighs the earlier blocks off by up to 2^(half an
-  /// ulp of m * scale_log2), 2% at |m * scale_log2| ~ 1e6. __fmul_rn keeps the product rounded
-  /// where the compiler would otherwise contract it into an fma with the difference.
+  /// 2^((m_old - m_new) * scale_log2): the latter weighs the earlier blocks off by the two shifts'
+  /// roundings, up to 2^(one ulp of m * scale_log2), 4% at |m * scale_log2| ~ 1e6. __fmul_rn keeps
+  /// the product rounded where the compiler would otherwise contract it into an fma with the
+  /// difference.
   __device__ __forceinline__ static float shift(float m, float scale_log2) { return __fmul_rn(m, scale_log2); }
 
   /// Factor 2^(shift(m_old) - shift(m_new)) for O and l of a row whose max moves from m_old to
