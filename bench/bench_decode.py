@@ -105,6 +105,13 @@ def graphed(fn):
     return g.replay
 
 
+def _in(backend, fn):
+    """fn() with SDPA restricted to `backend` (bench/ab_decode.py and decode_split_sweep.py time
+    their SDPA calls through this)."""
+    with sdpa_kernel([backend]):
+        return fn()
+
+
 def _bench_in(backend, fn):
     with sdpa_kernel([backend]):
         return bench(fn)
