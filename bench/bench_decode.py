@@ -77,9 +77,8 @@ def time_row(r, batch, seqlen_k, seqlen_q, heads, heads_kv, d, page_size, dt, ge
     for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
         fn = sdpa_fn(q, k, v, False, be)
         if fn:
-            timers[name] = (lambda fn=fn, be=be: _bench_in(be, fn))
-            with sdpa_kernel([be]):
-                results[name] = (fa4_layout(name, fn()),)
+            timers[name] = (lambda fn=fn, be=be: _in(be, lambda: bench(fn)))
+            results[name] = (fa4_layout(name, _in(be, fn)),)
     # The contenders' outputs against fa4's (bench_fwd.agreement), before the timing.
     r["max_rel_diff_vs_fa4"] = agreement(results)
     times = rotated_rounds(timers, ROUNDS)
@@ -106,15 +105,10 @@ def graphed(fn):
 
 
 def _in(backend, fn):
-    """fn() with SDPA restricted to `backend` (bench/ab_decode.py and decode_split_sweep.py time
-    their SDPA calls through this)."""
+    """fn() with SDPA restricted to `backend` (the timing above, bench/ab_decode.py and
+    decode_split_sweep.py run their SDPA calls through this)."""
     with sdpa_kernel([backend]):
         return fn()
-
-
-def _bench_in(backend, fn):
-    with sdpa_kernel([backend]):
-        return bench(fn)
 
 
 def main():
