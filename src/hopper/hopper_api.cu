@@ -174,24 +174,17 @@ std::string bucket_name(const detail::FwdParams& p, int d, int dv) {
   return name;
 }
 
-/// Makes `device` current for the scope (launches, scratch and smem limits are per device) and
-/// gives the caller's device back afterwards where that device has a context (has_primary_context).
-class ScopedDevice {
+/// ScopedDevice (device_state.h) for a call: fa4::Error(kCudaError) where `device` cannot be made
+/// current.
+class CallDevice {
  public:
-  ScopedDevice(int device, const char* fn) : cur_(device) {
-    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
-    if (prev_ != device && cudaSetDevice(device) != cudaSuccess)
+  CallDevice(int device, const char* fn) : scope_(device) {
+    if (scope_.status() != cudaSuccess)
       throw Error(ErrorCode::kCudaError, std::string(fn) + " (hopper): cudaSetDevice failed");
   }
-  ~ScopedDevice() {
-    if (prev_ >= 0 && prev_ != cur_ && has_primary_context(prev_)) cudaSetDevice(prev_);
-  }
-  ScopedDevice(const ScopedDevice&) = delete;
-  ScopedDevice& operator=(const ScopedDevice&) = delete;
 
  private:
-  int prev_ = 0;
-  int cur_;
+  ScopedDevice scope_;
 };
 
 /// Query rows per KV head (seqlen_q x group) up to which a batched forward may run on the decode
@@ -366,7 +359,7 @@ void forward(const detail::FwdParams& p) {
   // than SMs; the override forces it off (0), or on for any partial last round (1).
   ctx.stream_k = o.stream_k;
 
-  const ScopedDevice scoped_device(p.device.index, "fa4::forward");
+  const CallDevice call_device(p.device.index, "fa4::forward");
   if (p.is_varlen) ctx.async_error = async_error_record(p.device.index);  // on p's device
 
   const detail::HopperFwdConfig* c = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
@@ -379,7 +372,7 @@ void forward(const detail::FwdParams& p) {
 
 void zero_dsink(const detail::BwdParams& p) {
   if (!p.dsink || p.num_heads == 0) return;
-  const ScopedDevice scoped_device(p.device.index, "fa4::backward");
+  const CallDevice call_device(p.device.index, "fa4::backward");
   // Stream-ordered and capturable, as the kernels' launches.
   if (cudaMemsetAsync(p.dsink, 0, size_t(p.num_heads) * sizeof(float), static_cast<cudaStream_t>(p.device.stream)) !=
       cudaSuccess) {
@@ -431,7 +424,7 @@ void backward(const detail::BwdParams& p) {
                      check_tma_tensor("dk", p.dk, p.dk_stride, rows_k, p.num_heads_kv, p.batch, p.is_varlen, elem).empty() &&
                      check_tma_tensor("dv", p.dv, p.dv_stride, rows_k, p.num_heads_kv, p.batch, p.is_varlen, elem).empty();
   if (ctx.tma_epilogue) g_bwd_tma_epilogue_calls.fetch_add(1, std::memory_order_relaxed);
-  const ScopedDevice scoped_device(p.device.index, "fa4::backward");
+  const CallDevice call_device(p.device.index, "fa4::backward");
   if (p.is_varlen) ctx.async_error = async_error_record(p.device.index);
 
   const bool bf16 = p.dtype == DType::kBF16;
@@ -498,7 +491,7 @@ void forward_kvcache(const detail::KVCacheParams& p, const char* fn) {
   ctx.decode_cluster = overrides.decode_cluster;
   ctx.decode_tile = overrides.decode_tile;
   ctx.decode_warps = overrides.decode_warps;
-  const ScopedDevice scoped_device(p.device.index, fn);
+  const CallDevice call_device(p.device.index, fn);
   ctx.async_error = async_error_record(p.device.index);
 
   const detail::HopperDecodeConfig* c = detail::hopper_decode_bucket(p.headdim, p.headdim_v);

@@ -386,9 +386,8 @@ void release_cached_memory(int device) {
   };
   // (In the thread's capture mode: CUDA refuses the wait, rather than let it pass, while a
   // capture it would break is under way.)
-  int current = -1;
-  cudaError_t e = cudaGetDevice(&current);
-  if (e == cudaSuccess && current != device) e = cudaSetDevice(device);
+  const ScopedDevice scope(device);
+  cudaError_t e = scope.status();
   if (e == cudaSuccess) e = cudaDeviceSynchronize();
   if (e != cudaSuccess) {
     keep();
@@ -409,7 +408,6 @@ void release_cached_memory(int device) {
     if (!detached.empty()) keep();
     if (e == cudaSuccess && pool) e = cudaMemPoolTrimTo(pool, 0);
   }
-  if (current >= 0 && current != device && has_primary_context(current)) cudaSetDevice(current);
   check(e, "release_cached_memory");
 }
 

@@ -142,6 +142,30 @@ std::optional<bool> primary_context_state(int device);
 /// getting a context on device 0 (PyTorch's device guard creates none either).
 bool has_primary_context(int device);
 
+/// Makes `device` current for the scope (launches, scratch and smem limits are per device) and
+/// gives the thread's previous device back afterwards where that device has a context
+/// (has_primary_context). status(): cudaSetDevice's error, if it failed (the scope then runs on
+/// the previous device, and nothing is given back).
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device) : cur_(device) {
+    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
+    if (prev_ != device) status_ = cudaSetDevice(device);
+    if (status_ != cudaSuccess) cur_ = prev_;
+  }
+  ~ScopedDevice() {
+    if (prev_ >= 0 && prev_ != cur_ && has_primary_context(prev_)) cudaSetDevice(prev_);
+  }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+  cudaError_t status() const { return status_; }
+
+ private:
+  int prev_ = -1;
+  int cur_;
+  cudaError_t status_ = cudaSuccess;
+};
+
 /// fa4::release_cached_memory for the Hopper kernels: waits for `device` (cudaDeviceSynchronize),
 /// then frees its eager scratch that no call holds (every stream's buffers, the outgrown ones) and
 /// trims its pool to nothing in use. Captured calls' scratch is not touched. A no-op when nothing
