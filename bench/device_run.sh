@@ -22,6 +22,8 @@
 # phase timeline of this tree: bench/timeline/decode_timeline_patch.py on a copy in /tmp/tl,
 # built with bucket 128 beside the others, then bench/timeline/decode_ts.py; TL_OLD=1 does the
 # same for the OLD tree).
+# BENCH_ARGS, BWD_ARGS and DECODE_ARGS default to --quick when unset; set one empty (DECODE_ARGS='')
+# for the script's full run.
 # Everything is logged under $OUT; the last lines printed are the summary.
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem --format=csv,noheader
@@ -96,15 +98,15 @@ if [ -n "$OLD$VARIANTS" ] && [ "${DAB:-0}" = 1 ]; then  # decode A/B (bench/ab_d
   echo "ab_decode rc=$?"; grep -v -i warn $OUT/ab_decode.log | tail -20
 fi
 if [ "${BENCH:-0}" = 1 ]; then
-  PYTHONPATH=python FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout ${BENCH_TIMEOUT:-300} python3 bench/bench_fwd.py $OUT/bench.json ${BENCH_ARGS:---quick} > $OUT/bench.log 2>&1
+  PYTHONPATH=python FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout ${BENCH_TIMEOUT:-300} python3 bench/bench_fwd.py $OUT/bench.json ${BENCH_ARGS---quick} > $OUT/bench.log 2>&1
   echo "bench rc=$?"; tail -${BENCH_TAIL:-30} $OUT/bench.log
 fi
 if [ "${BWD:-0}" = 1 ]; then
-  PYTHONPATH=python FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout ${BWD_TIMEOUT:-300} python3 bench/bench_bwd.py $OUT/bench_bwd.json ${BWD_ARGS:---quick} > $OUT/bench_bwd.log 2>&1
+  PYTHONPATH=python FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout ${BWD_TIMEOUT:-300} python3 bench/bench_bwd.py $OUT/bench_bwd.json ${BWD_ARGS---quick} > $OUT/bench_bwd.log 2>&1
   echo "bench_bwd rc=$?"; tail -${BENCH_TAIL:-30} $OUT/bench_bwd.log
 fi
 if [ "${DECODE:-0}" = 1 ]; then
-  PYTHONPATH=python:bench FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout ${DECODE_TIMEOUT:-300} python3 bench/bench_decode.py $OUT/bench_decode.json ${DECODE_ARGS:---quick} > $OUT/bench_decode.log 2>&1
+  PYTHONPATH=python:bench FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout ${DECODE_TIMEOUT:-300} python3 bench/bench_decode.py $OUT/bench_decode.json ${DECODE_ARGS---quick} > $OUT/bench_decode.log 2>&1
   echo "bench_decode rc=$?"; tail -${BENCH_TAIL:-40} $OUT/bench_decode.log
 fi
 if [ "${KTIMES:-0}" = 1 ]; then
