@@ -230,10 +230,11 @@ def main():
               " ".join(f"{n}/cudnn=" + (f"{row['ratio_vs_cudnn'][n]:.3f}" if row['ratio_vs_cudnn'][n] else "n/a")
                        for n in libs) +
               " | maxerr " + " ".join(f"{errs[n]:.1e}" for n in libs), flush=True)
-    # A varlen batch (fa4 variants only: SDPA has no packed-varlen cuDNN path to compare with);
-    # with --backward its backward alone (FLOPs x 2.5). Its head dim is 128: left out without it.
-    if 128 in hds:
-        rows.append(varlen_row(libs, args))
+    # A varlen batch (fa4 variants only: SDPA has no packed-varlen cuDNN path to compare with) per
+    # head dim 64 / 128 / 256 of --headdims; with --backward its backward alone (FLOPs x 2.5).
+    for d in (64, 128, 256):
+        if d in hds:
+            rows.append(varlen_row(libs, args, d))
     clocks = sh("nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu "
                 "--format=csv,noheader")
     with open(args.out_json, "w") as f:
@@ -243,9 +244,11 @@ def main():
                                 for n, p, e in variants}, "rounds": args.rounds, "rows": rows}, f, indent=1)
 
 
-def varlen_row(libs, args):
-    """The varlen batch of bench_fwd.varlen_batch (d128, causal) on every variant, interleaved rounds."""
-    run_varlen, flops = varlen_batch(torch.bfloat16, backward=args.backward, deterministic=args.deterministic)
+def varlen_row(libs, args, headdim):
+    """The varlen batch of bench_fwd.varlen_batch (causal, head dim `headdim`) on every variant,
+    interleaved rounds."""
+    run_varlen, flops = varlen_batch(torch.bfloat16, backward=args.backward, deterministic=args.deterministic,
+                                     headdim=headdim)
     times = {n: [] for n in libs}
     for r in range(args.rounds):
         for name, (lib, env) in libs.items():
@@ -261,9 +264,9 @@ def varlen_row(libs, args):
         outs[name] = [x.float() for x in (got if isinstance(got, (tuple, list)) else (got,))]
     first = next(iter(outs.values()))
     diff = {n: max(float((a - b).abs().max()) for a, b in zip(o, first)) for n, o in outs.items()}
-    print(f"{kind} d128 causal " + " ".join(f"{n}:{tf[n]:6.1f}" for n in libs)
+    print(f"{kind} d{headdim} causal " + " ".join(f"{n}:{tf[n]:6.1f}" for n in libs)
           + " | max abs diff vs first " + " ".join(f"{diff[n]:.1e}" for n in libs), flush=True)
-    return {"kind": kind, "lens": VARLEN_LENS, "headdim": 128, "causal": True, "tflops": tf,
+    return {"kind": kind, "lens": VARLEN_LENS, "headdim": headdim, "causal": True, "tflops": tf,
             "max_abs_diff_vs_first": diff}
 
 

@@ -201,14 +201,16 @@ def tflops(flops, ms):
 VARLEN_LENS = [8192, 4096, 2048, 1024, 512, 256, 128, 77, 3000, 1]
 
 
-def varlen_batch(dt, backward=False, deterministic=False):
-    """The benchmark's varlen batch (d128, 16 heads, causal): (call running fa4 on it, FLOPs). With
-    backward, the call is the backward alone (autograd.grad of one forward's output, run now; FLOPs
-    x 2.5), returning (dq, dk, dv); it runs on the fa4 library in use when it is called."""
+def varlen_batch(dt, backward=False, deterministic=False, headdim=128):
+    """The benchmark's varlen batch (16 heads, causal; d128 unless `headdim`): (call running fa4 on
+    it, FLOPs). With backward, the call is the backward alone (autograd.grad of one forward's output,
+    run now; FLOPs x 2.5), returning (dq, dk, dv); it runs on the fa4 library in use when it is
+    called."""
     lens = VARLEN_LENS
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device="cuda", dtype=torch.int32)
-    qv, kv, vv = (torch.randn(sum(lens), 16, 128, device="cuda", dtype=dt, requires_grad=backward) for _ in range(3))
-    flops = sum(4 * 16 * s * s * 128 * 0.5 for s in lens)
+    qv, kv, vv = (torch.randn(sum(lens), 16, headdim, device="cuda", dtype=dt, requires_grad=backward)
+                  for _ in range(3))
+    flops = sum(4 * 16 * s * s * headdim * 0.5 for s in lens)
     if not backward:
         return (lambda: fa4.flash_attn_varlen_func(qv, kv, vv, cu, cu, max(lens), max(lens), causal=True)), flops
     out = fa4.flash_attn_varlen_func(qv, kv, vv, cu, cu, max(lens), max(lens), causal=True, deterministic=deterministic)
