@@ -133,10 +133,10 @@ if [ "${NCU:-0}" = 1 ]; then  # every kernel's time, and the main kernels' throu
 fi
 if [ "${DNCU:-0}" = 1 ]; then  # the decode kernel's throughput and stall reasons (bench/profile_decode.py)
   PYTHONPATH=python:bench FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout 240 ncu --clock-control none -k regex:decode_kernel \
-    --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
-    --metrics regex:'^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' \
+    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+    --metrics regex:'^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$',smsp__inst_executed.sum,lts__t_sectors_srcunit_tex_op_read.sum,dram__bytes_read.sum \
     python3 bench/profile_decode.py ${DNCU_ARGS:-1,1024,32,8,128,1 1,8192,32,8,128,0} > $OUT/ncu_decode.txt 2>&1
-  echo "ncu decode rc=$?"; grep -E "decode_kernel|Duration|SM Busy|Issue Slots Busy|Memory Throughput|stalled_[a-z_]+_per" $OUT/ncu_decode.txt \
+  echo "ncu decode rc=$?"; grep -E "decode_kernel|Duration|SM Busy|Issue Slots Busy|Memory Throughput|DRAM Throughput|L2 Hit Rate|Mem Pipes Busy|inst_executed|sectors_srcunit|dram__bytes|stalled_[a-z_]+_per" $OUT/ncu_decode.txt \
     | awk '$NF+0 >= 0.05 || !/stalled/' | cut -c1-120 | head -${DNCU_LINES:-70}
 fi
 if [ "${FNCU:-0}" = 1 ]; then  # every contender's forward kernels: launch shape, occupancy, throughput, stalls
