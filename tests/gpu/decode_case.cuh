@@ -56,8 +56,9 @@ struct KvCase {
   bool sink = false;
   int num_splits = 0;
   // Indices broken on purpose: sequence bad_seqlen_b gets cache_seqlens = capacity + 1, sequence
-  // bad_page_b a page id past the pool in the middle of its used pages (-1: none).
-  int bad_seqlen_b = -1, bad_page_b = -1;
+  // bad_page_b a page id past the pool in the middle of its used pages (-1: none), or in its
+  // page-table slot bad_page_slot where that is >= 0.
+  int bad_seqlen_b = -1, bad_page_b = -1, bad_page_slot = -1;
   int bad_seqlen_value = 0;      // 0: capacity + 1 (too long); else this value (e.g. -1)
   int bad_batch_idx_b = -1;      // dense + batch_idx: this sequence's cache row is out of range
   bool nan_q = false;            // q[0, 0, 0, 0] = NaN: that row's out/lse must be NaN, only there
@@ -173,7 +174,7 @@ inline void build(KvProblem& P, const KvCase& c) {
   if (c.bad_batch_idx_b >= 0) dev_cb[c.bad_batch_idx_b] = P.batch_cache + 5;
   if (c.bad_page_b >= 0) {
     const int used = (P.seqlen_k(c.bad_page_b) + c.page_size - 1) / c.page_size;
-    dev_pt[c.bad_page_b * P.max_pages + used / 2] = P.num_pages + 7;
+    dev_pt[c.bad_page_b * P.max_pages + (c.bad_page_slot >= 0 ? c.bad_page_slot : used / 2)] = P.num_pages + 7;
   }
 
   const auto dev = fa4::Device::cuda(0);

@@ -168,6 +168,44 @@ TEST(HopperDecode, BrokenDeviceIndicesSkipTheSequence) {
     }
 }
 
+// A broken page-table entry of keys no row of a tile reads must still skip the sequence: a page
+// before a left window's first visible key (checked by split 0 only), and the last page of a
+// causal chunk, which the first row tiles' rows do not see (each tile checks its split's keys
+// beyond its own). No append, so the decode kernel alone must find the entry.
+TEST(HopperDecode, BrokenPagesOutsideTheKeysReadSkipTheSequence) {
+  REQUIRE_HOPPER();
+  for (int splits : {1, 6}) {
+    KvCase c;
+    c.batch = 3;
+    c.page_size = 16;
+    c.capacity = 512;
+    c.cache_seqlens = {400, 300, 200};
+    c.window_left = 100;
+    c.bad_page_b = 1;
+    c.bad_page_slot = 0;  // keys 0..15; sequence 1 sees keys 199..299
+    c.num_splits = splits;
+    c.seed = 720 + splits;
+    run_case(c);
+  }
+  for (const char* tile : {"64", "16"})
+    for (int splits : {1, 3}) {
+      const fa4::test::ScopedOverride forced("decode_tile", tile);
+      KvCase c;
+      c.batch = 2;
+      c.heads = c.heads_kv = 2;  // 80 rows per KV head: two wide tiles, five narrow ones
+      c.seqlen_q = 80;
+      c.causal = true;
+      c.page_size = 16;
+      c.capacity = 512;
+      c.cache_seqlens = {400, 300};
+      c.bad_page_b = 0;
+      c.bad_page_slot = 24;  // keys 384..399: rows 0..63 see keys up to 383
+      c.num_splits = splits;
+      c.seed = 730 + splits;
+      run_case(c);
+    }
+}
+
 TEST(HopperDecode, NegativeLengthAndBadCacheRow) {
   REQUIRE_HOPPER();
   for (int splits : {1, 4}) {
