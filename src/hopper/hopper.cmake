@@ -83,6 +83,12 @@ foreach(bucket ${_fa4_hopper_buckets})
       message(FATAL_ERROR "fa4: ${f} is missing: run scripts/generate_kernels.py")
     endif()
     list(APPEND _fa4_hopper_sources ${f})
+    # The forward's kernel for causal and windowed masks, for the buckets whose row in
+    # src/hopper/fwd/tuning_fwd.h has local_kernel (the generator's --check test keeps the set equal).
+    set(fl ${CMAKE_CURRENT_LIST_DIR}/fwd/instantiations/fwd_${dtype}_${_suffix}_local.cu)
+    if(EXISTS ${fl})
+      list(APPEND _fa4_hopper_sources ${fl})
+    endif()
     # The backward exists for the buckets of src/hopper/bwd/tuning_bwd.h (the generator writes their
     # files and its --check test keeps the set equal to the table).
     set(fb ${CMAKE_CURRENT_LIST_DIR}/bwd/instantiations/bwd_${dtype}_${_suffix}.cu)

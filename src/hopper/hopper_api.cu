@@ -273,7 +273,9 @@ std::string forward_support(const detail::FwdParams& p, std::string* kernel_name
     return "exp2_emulation_fraction > 0 is not supported on the Hopper headdim bucket " +
            std::to_string(c->headdim) + "x" + std::to_string(c->headdim_v) + " (key tile " +
            std::to_string(c->tile_n) + " is not a multiple of 128); pass 0 or leave it unset";
-  if (kernel_name) *kernel_name = "hopper::fwd_" + bucket_name(p, c->headdim, c->headdim_v);
+  if (kernel_name)
+    *kernel_name = "hopper::fwd_" + bucket_name(p, c->headdim, c->headdim_v) +
+                   (c->local_kernel && p.mask.is_local() ? "_local" : "");  // launch_fwd.cuh run_fwd
   return "";
 }
 

@@ -23,7 +23,8 @@ namespace fa4::hopper {
 
 using namespace cute;
 
-template <class Element_, int kHeadDim_, int kHeadDimV_>
+/// kLocal: the kernel for causal and windowed masks of a bucket whose tuning row has local_kernel.
+template <class Element_, int kHeadDim_, int kHeadDimV_, bool kLocal_ = false>
 struct FwdKernelTraits {
   using Element = Element_;
   using ElementAccum = float;
@@ -41,6 +42,13 @@ struct FwdKernelTraits {
   static constexpr int kExp2Emulated = kConfig.exp2_emulation.emulated;
   static constexpr bool kPingPong = kConfig.pingpong;
   static constexpr bool kExpFromRunningMax = kConfig.exp_from_running_max;  // softmax.cuh step_from_running_max
+  /// Each consumer warpgroup walks only the key blocks its own 64 rows see (mainloop_fwd_mma.cuh):
+  /// the local kernel (tuning_fwd.h local_kernel says where it exists and why).
+  static constexpr bool kWarpgroupKeyRanges = kLocal_;
+  static_assert(!kLocal_ || kConfig.local_kernel, "a local kernel only where the tuning row has one");
+  // Every warpgroup waits for V of the tile's first block (the varlen tail zeroing) while K of it
+  // is released: the producer issues that V after the next block's K, which needs a second stage.
+  static_assert(!kWarpgroupKeyRanges || kStages >= 2, "per-warpgroup key ranges need two K/V stages");
   static_assert(kBlockM % 64 == 0 && (kNumMmaWarpGroups == 2 || kNumMmaWarpGroups == 3),
                 "two or three consumer warpgroups of 64 query rows (named barrier ids in arch/arch.cuh)");
   static_assert(kNumMmaThreads * kConfig.consumer_regs + cutlass::NumThreadsPerWarpGroup * kConfig.producer_regs <=

@@ -24,11 +24,12 @@ namespace {
 constexpr const char* kFwd = "fa4::forward";
 }  // namespace
 
-template <int kDType, int kHeadDim, int kHeadDimV>
-void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
+/// One forward launch of the kernel of traits Kt.
+template <class Kt>
+void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   using namespace cute;
-  using Element = std::conditional_t<kDType == int(DType::kBF16), cutlass::bfloat16_t, cutlass::half_t>;
-  using Kt = FwdKernelTraits<Element, kHeadDim, kHeadDimV>;
+  using Element = typename Kt::Element;
+  constexpr int kHeadDim = Kt::kHeadDim, kHeadDimV = Kt::kHeadDimV;
   using Params = typename Kt::Params;
   constexpr int64_t kElem = sizeof(Element);
 
@@ -182,6 +183,22 @@ void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   if (dynamic) count_fwd_dynamic_launch();
   partials.release();
   flags.release();
+}
+
+template <int kDType>
+using FwdElement = std::conditional_t<kDType == int(DType::kBF16), cutlass::bfloat16_t, cutlass::half_t>;
+
+template <int kDType, int kHeadDim, int kHeadDimV>
+void run_fwd_local(const detail::FwdParams& fp, const LaunchContext& ctx) {
+  launch_fwd<FwdKernelTraits<FwdElement<kDType>, kHeadDim, kHeadDimV, /*kLocal=*/true>>(fp, ctx);
+}
+
+template <int kDType, int kHeadDim, int kHeadDimV>
+void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
+  if constexpr (detail::hopper_fwd_config(kHeadDim, kHeadDimV).local_kernel) {
+    if (fp.mask.is_local()) return run_fwd_local<kDType, kHeadDim, kHeadDimV>(fp, ctx);
+  }
+  launch_fwd<FwdKernelTraits<FwdElement<kDType>, kHeadDim, kHeadDimV>>(fp, ctx);
 }
 
 }  // namespace fa4::hopper

@@ -11,6 +11,9 @@
 // Ping-pong: the consumer warpgroups (two, or three at tile_m 192) take turns issuing their wgmmas
 // (named barriers, round robin), so while one warpgroup's tensor-core work runs, the others do
 // their softmax — MUFU/FMA and tensor cores stay busy together.
+// With kWarpgroupKeyRanges a warpgroup passes through the blocks above those its own rows see
+// (waits for and releases their stages, takes their turns empty); its first computed block then
+// takes a turn like every block after the tile's first.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -90,13 +93,36 @@ struct MainloopMma {
     for (int r = 0; r < 2; ++r)
       vis[r] = detail::visible_key_range(query_row<kBlockM>(ti, tid, r), ti.seqlen_q, ti.seqlen_k, p.mask);
 
+    // The stages come in the tile's order, blocks n_hi - 1 down to n_lo. With kWarpgroupKeyRanges
+    // this warpgroup computes only blocks [n_lo, w_hi), below the last its own 64 rows see (a
+    // causal tile's diagonal blocks above them, all blocks for a partial last tile's warpgroup
+    // past seqlen_q: a score block of -inf costs the same products and exponentials). It passes
+    // through the others: waits for each stage (a release before the stage is full would complete
+    // the wrong phase), releases it, and takes its ping-pong turn empty, so the turns stay round
+    // robin.
+    const int32_t n_hi = ti.keys.n_block_max, n_lo = ti.keys.n_block_min;
+    static_assert(kBlockM == 64 * Kt::kNumMmaWarpGroups, "64 query rows per consumer warpgroup");
+    TileKeyRange wk{};
+    int32_t w_hi = n_hi;
+    if constexpr (Kt::kWarpgroupKeyRanges) {
+      const int32_t wrow_lo = query_row<kBlockM>(ti, wg * 128, 0);  // the warpgroup's first row
+      wk = wrow_lo < ti.seqlen_q
+          ? TileKeyRange::make(wrow_lo, min(wrow_lo + 64, ti.seqlen_q) - 1, ti.seqlen_q, ti.seqlen_k, p.mask, kBlockN)
+          : TileKeyRange{};
+      // Blocks below the warpgroup's first visible one (a left window) stay computed, masked: a
+      // second pass-through loop after the key loop cost the key loop's Q K^T its wgmma
+      // descriptors in uniform registers (ptxas recomputed them before each k-step).
+      w_hi = min(wk.n_block_max, n_hi);
+      if (w_hi <= max(wk.n_block_min, n_lo)) w_hi = n_lo;  // no block: pass through all of them
+    }
+    // (The element mask, too, is this warpgroup's: wk.needs_mask skips the blocks all 64 rows see whole.)
     // Scores -> logits in place: softcap (before the mask, so -inf stays -inf), then the mask.
     auto score_mod = [&](int32_t n_block) {
       if (p.has_softcap) {
 #pragma unroll
         for (int v = 0; v < kFragS; ++v) tSrS(v) = tanhf(tSrS(v) * p.softcap_inv_scale);
       }
-      if (ti.keys.needs_mask(n_block, kBlockN)) {
+      if ((Kt::kWarpgroupKeyRanges ? wk : ti.keys).needs_mask(n_block, kBlockN)) {
         const int32_t k0 = n_block * kBlockN + col_lane;
 #pragma unroll
         for (int v = 0; v < kFragS; ++v) {
@@ -134,22 +160,14 @@ struct MainloopMma {
     clear(tOrO);
     softmax.init();
     float o_scale[2];
-    int32_t n = ti.keys.n_block_max - 1;
-
-    consumer_wait(pipe_q, rq);
-    consumer_wait(pipe_k, rd);
-    // (Giving this first Q K^T a ping-pong turn too, as FA3 does, measured 0-1.3% slower here.)
-    wgmma</*zero_init=*/true, /*wait=*/0>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS);
-    pipe_k.consumer_release(rd);
-    score_mod(n);
-    softmax.template step<Kt::kExp2Period, Kt::kExp2Emulated>(tSrS, p.score_scale_log2, p.rescale_threshold, o_scale,
-                                                               p.exp2_runtime, p.exp2_emulation);  // O is 0: no rescale needed
-    convert_p();
     // Varlen: rows of the last key block past seqlen_k are another sequence's (or unused seqused_k)
     // rows, not TMA zero fill. Their P is exactly 0, but 0 * NaN = NaN in the PV wgmma, so zero
-    // those V rows in smem once (every consumer warpgroup reads the stage; fence for the async proxy).
-    const int32_t valid_in_last = ti.seqlen_k - (ti.keys.n_block_max - 1) * kBlockN;
-    if (p.is_varlen && valid_in_last < kBlockN) {
+    // those V rows in smem once, every consumer warpgroup at one barrier instruction (bar.sync is
+    // .aligned): with per-warpgroup key ranges before any warpgroup's first block (a warpgroup may
+    // pass that block through), else after the first block's softmax (the V load lands under it).
+    const int32_t valid_in_last = ti.seqlen_k - (n_hi - 1) * kBlockN;
+    auto zero_v_tail = [&]() {
+      if (!p.is_varlen || valid_in_last >= kBlockN) return;
       consumer_wait(pipe_v, rd);
       // A trip count the same in every thread (the store is predicated instead): a loop exit that
       // may diverge here made the compiler keep the loop's pipeline states in per-thread
@@ -161,51 +179,87 @@ struct MainloopMma {
       }
       cutlass::arch::fence_view_async_shared();
       arch::named_barrier_sync(arch::NamedBarriers<Kt::kNumMmaWarpGroups>::consumers(), Kt::kNumMmaThreads);
-    }
-
+    };
+    consumer_wait(pipe_q, rq);
+    if constexpr (Kt::kWarpgroupKeyRanges) zero_v_tail();
+    // Every block after the tile's first takes a ping-pong turn (the first none).
+    // (Giving the tile's first Q K^T a turn too, as FA3 does, measured 0-1.3% slower here.)
+    int32_t n = n_hi - 1;
 #pragma unroll 1
-    for (--n; n >= ti.keys.n_block_min; --n) {
-      PipelineState rd_v = rd;
-      ++rd;
+    for (; Kt::kWarpgroupKeyRanges && n >= w_hi; --n) {  // blocks above this warpgroup's rows: passed through
+      if (n != n_hi - 1) {
+        pingpong_wait(wg);
+        pingpong_pass(wg);
+      }
       consumer_wait(pipe_k, rd);
-      pingpong_wait(wg);
-      wgmma<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS);
-      consumer_wait(pipe_v, rd_v);
-      wgmma<false, -1>(mma_pv, tOrP, tOrV(_, _, _, rd_v.index()), tOrO);
-      pingpong_pass(wg);
-      // Rows that have seen a key can start their exponentials from the running max (no block max
-      // in front; softmax.cuh). A row still at -inf (masked so far) needs the block max first.
-      bool from_running_max = false;
-      if constexpr (Kt::kExpFromRunningMax) from_running_max = __all_sync(0xffffffffu, softmax.has_finite_max());
-      warpgroup_wait<1>();  // S_j ready; the PV wgmma keeps running under the softmax
-      if constexpr (!Kt::kExpFromRunningMax) pipe_k.consumer_release(rd);
-      score_mod(n);
-      bool rescale = false;
-      if constexpr (Kt::kExpFromRunningMax) {
-        if (from_running_max) {
-          const int k_stage = rd.index();
-          softmax.template step_from_running_max<Kt::kExp2Period, Kt::kExp2Emulated>(
-              tSrS, p.score_scale_log2, p.rescale_sum_limit, o_scale, p.exp2_runtime, p.exp2_emulation, rescale,
-              [&](int v) { return score_at(k_stage, v); });
-        }
-      }
-      if (!from_running_max) {
-        rescale = softmax.template step<Kt::kExp2Period, Kt::kExp2Emulated>(tSrS, p.score_scale_log2, p.rescale_threshold, o_scale,
-                                                                              p.exp2_runtime, p.exp2_emulation);
-      }
-      if constexpr (Kt::kExpFromRunningMax) pipe_k.consumer_release(rd);  // (score_at may read this K)
-      warpgroup_wait<0>();
-      pipe_v.consumer_release(rd_v);
-      if (rescale) rescale_o(o_scale);  // warp-uniform branch: skipped for most blocks (lazy)
-      convert_p();
+      pipe_k.consumer_release(rd);
+      consumer_wait(pipe_v, rd);
+      pipe_v.consumer_release(rd);
+      ++rd;
     }
-    // Every Q K^T and softmax of this tile is done (score_at reads Q): the producer may load
-    // another Q into this buffer.
-    if (release_q) pipe_q.consumer_release(rq);
-    consumer_wait(pipe_v, rd);
-    wgmma<false, 0>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);
-    pipe_v.consumer_release(rd);
-    ++rd;
+    if (!Kt::kWarpgroupKeyRanges || w_hi > n_lo) {  // (without the ranges every block is computed)
+      consumer_wait(pipe_k, rd);
+      if constexpr (Kt::kWarpgroupKeyRanges) {  // one call site, in a turn after the tile's first block
+        const bool turn = n != n_hi - 1;
+        if (turn) pingpong_wait(wg);
+        wgmma</*zero_init=*/true, -1>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS);
+        if (turn) pingpong_pass(wg);
+        warpgroup_wait<0>();
+      } else {
+        wgmma</*zero_init=*/true, /*wait=*/0>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS);
+      }
+      pipe_k.consumer_release(rd);
+      score_mod(n);
+      softmax.template step<Kt::kExp2Period, Kt::kExp2Emulated>(tSrS, p.score_scale_log2, p.rescale_threshold, o_scale,
+                                                                 p.exp2_runtime, p.exp2_emulation);  // O is 0: no rescale needed
+      convert_p();
+      if constexpr (!Kt::kWarpgroupKeyRanges) zero_v_tail();
+#pragma unroll 1
+      for (--n; n >= n_lo; --n) {
+        PipelineState rd_v = rd;
+        ++rd;
+        consumer_wait(pipe_k, rd);
+        pingpong_wait(wg);
+        wgmma<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS);
+        consumer_wait(pipe_v, rd_v);
+        wgmma<false, -1>(mma_pv, tOrP, tOrV(_, _, _, rd_v.index()), tOrO);
+        pingpong_pass(wg);
+        // Rows that have seen a key can start their exponentials from the running max (no block max
+        // in front; softmax.cuh). A row still at -inf (masked so far) needs the block max first.
+        bool from_running_max = false;
+        if constexpr (Kt::kExpFromRunningMax) from_running_max = __all_sync(0xffffffffu, softmax.has_finite_max());
+        warpgroup_wait<1>();  // S_j ready; the PV wgmma keeps running under the softmax
+        if constexpr (!Kt::kExpFromRunningMax) pipe_k.consumer_release(rd);
+        score_mod(n);
+        bool rescale = false;
+        if constexpr (Kt::kExpFromRunningMax) {
+          if (from_running_max) {
+            const int k_stage = rd.index();
+            softmax.template step_from_running_max<Kt::kExp2Period, Kt::kExp2Emulated>(
+                tSrS, p.score_scale_log2, p.rescale_sum_limit, o_scale, p.exp2_runtime, p.exp2_emulation, rescale,
+                [&](int v) { return score_at(k_stage, v); });
+          }
+        }
+        if (!from_running_max) {
+          rescale = softmax.template step<Kt::kExp2Period, Kt::kExp2Emulated>(tSrS, p.score_scale_log2, p.rescale_threshold, o_scale,
+                                                                                p.exp2_runtime, p.exp2_emulation);
+        }
+        if constexpr (Kt::kExpFromRunningMax) pipe_k.consumer_release(rd);  // (score_at may read this K)
+        warpgroup_wait<0>();
+        pipe_v.consumer_release(rd_v);
+        if (rescale) rescale_o(o_scale);  // warp-uniform branch: skipped for most blocks (lazy)
+        convert_p();
+      }
+      // Every Q K^T and softmax of this warpgroup is done (score_at reads Q): once the others'
+      // are too, the producer may load another Q into this buffer.
+      if (release_q) pipe_q.consumer_release(rq);
+      consumer_wait(pipe_v, rd);
+      wgmma<false, 0>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);
+      pipe_v.consumer_release(rd);
+      ++rd;
+    } else if (release_q) {
+      pipe_q.consumer_release(rq);
+    }
   }
 };
 

@@ -47,6 +47,16 @@ struct HopperFwdConfig {
   /// MMA-bound d192 and d256 kernels measured 0.92 / 0.97 of the max-first loop at d192 8k and
   /// 0.92 at d256 causal 512, so they keep the block max first.
   bool exp_from_running_max;
+  /// A second kernel for causal and windowed masks (scripts/generate_kernels.py writes its own
+  /// instantiation file), whose consumer warpgroups each walk only the key blocks their own 64 rows
+  /// see (src/hopper/fwd/mainloop_fwd_mma.cuh). Only a diagonal tile of three warpgroups or of key
+  /// tiles under 128 has blocks some warpgroup's rows never see (at tile_m 128 with 128-key tiles a
+  /// square causal tile has none). d64 (three warpgroups): causal 512 / 1k / 8k 0.59 / 0.67 / 1.10
+  /// -> 0.72 / 0.82 / 1.16x cuDNN on the H200; d256 (80-key tiles) measured within noise (causal
+  /// 512 / 8k +0.4% / +0.5%), not worth two instantiations; d192 is untimed. Masks without a
+  /// window keep the plain kernel: the walk's code cost them 4-6% at d64 on an H100, though the
+  /// key loop's instructions were the same (bench/results/history.md).
+  bool local_kernel;
 };
 
 /// Registers: 2 x 128 x 240 + 128 x 24 = 64512 <= 65536 per SM (one CTA of 384 threads per SM);
@@ -81,19 +91,19 @@ inline constexpr int32_t kHopperTileM3WG = 192;   ///< three consumer warpgroups
 // so one build would read another build's table.
 constexpr HopperFwdConfig kHopperFwdConfigs[] = {
     // d, dv, tile_m, tile_n, stages, q_stages, exp2_emulation, regs (consumer, producer), pingpong, o_buffer,
-    // exp_from_running_max
+    // exp_from_running_max, local_kernel
     // d64: three consumer warpgroups (192 query rows, FA3's tile): at d64 a warpgroup's softmax of a
     // block takes ~2x its Q K^T + P V, so two warpgroups leave the tensor core idle half the time.
     // Measured at 8k (x cuDNN): two warpgroups 0.90 / 0.91 (non-causal / causal); three with
     // exp2 emulation share 4/16 1.02-1.03 / 0.98-0.99, 2/16 1.06 / 1.01, 1/16 1.10 / 1.03, 0 1.11 / 1.06-1.07:
     // with three warpgroups the FMA pipe, not MUFU, is the scarcer unit, so d64 emulates nothing.
-    {64, 64, kHopperTileM3WG, 128, 3, 2, Exp2Emulation{16, 0}, kHopperConsumerRegs3WG, kHopperProducerRegs, true, true, true},
-    {96, 96, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 3}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true},
-    {128, 128, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 1}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true},
+    {64, 64, kHopperTileM3WG, 128, 3, 2, Exp2Emulation{16, 0}, kHopperConsumerRegs3WG, kHopperProducerRegs, true, true, true, true},
+    {96, 96, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 3}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true, false},
+    {128, 128, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 1}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true, false},
     // d192x128: key tile 128 measured +2.4% / +1.7% (non-causal / causal 8k) over 112.
-    {192, 128, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, true},
-    {192, 192, kHopperTileM, 96, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false},
-    {256, 256, kHopperTileM, 80, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false},
+    {192, 128, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, true, false},
+    {192, 192, kHopperTileM, 96, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false, false},
+    {256, 256, kHopperTileM, 80, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false, false},
 };
 inline constexpr int32_t kHopperNumFwdConfigs =
     int32_t(sizeof(kHopperFwdConfigs) / sizeof(kHopperFwdConfigs[0]));

@@ -2,5 +2,7 @@
 // Hopper forward, bf16, headdim 64, headdim_v 64.
 #include "hopper/fwd/launch_fwd.cuh"
 
+extern template void fa4::hopper::run_fwd_local<0, 64, 64>(const fa4::detail::FwdParams&,
+                                                                  const fa4::hopper::LaunchContext&);
 template void fa4::hopper::run_fwd<0, 64, 64>(const fa4::detail::FwdParams&,
                                                      const fa4::hopper::LaunchContext&);

@@ -2,5 +2,7 @@
 // Hopper forward, fp16, headdim 64, headdim_v 64.
 #include "hopper/fwd/launch_fwd.cuh"
 
+extern template void fa4::hopper::run_fwd_local<1, 64, 64>(const fa4::detail::FwdParams&,
+                                                                  const fa4::hopper::LaunchContext&);
 template void fa4::hopper::run_fwd<1, 64, 64>(const fa4::detail::FwdParams&,
                                                      const fa4::hopper::LaunchContext&);
