@@ -83,7 +83,7 @@ foreach(bucket ${_fa4_hopper_buckets})
       message(FATAL_ERROR "fa4: ${f} is missing: run scripts/generate_kernels.py")
     endif()
     list(APPEND _fa4_hopper_sources ${f})
-    # The forward's kernel for causal and windowed masks, for the buckets whose row in
+    # The forward's kernel for causal masks and windows with a right edge, for the buckets whose row in
     # src/hopper/fwd/tuning_fwd.h has local_kernel (the generator's --check test keeps the set equal).
     set(fl ${CMAKE_CURRENT_LIST_DIR}/fwd/instantiations/fwd_${dtype}_${_suffix}_local.cu)
     if(EXISTS ${fl})
@@ -103,8 +103,10 @@ foreach(bucket ${_fa4_hopper_buckets})
   endforeach()
   list(APPEND _fa4_hopper_defs FA4_HOPPER_HAS_${d}_${dv}=1)
 endforeach()
-# Re-run the configuration when the bucket list changes.
-set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/buckets.h)
+# Re-run the configuration when the bucket list changes, or a forward tuning row's local_kernel
+# (which decides whether a *_local.cu file is compiled).
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/buckets.h
+                                                               ${CMAKE_CURRENT_LIST_DIR}/fwd/tuning_fwd.h)
 
 target_sources(fa4 PRIVATE ${_fa4_hopper_sources})
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/hopper_api.cu PROPERTIES

@@ -167,8 +167,8 @@ std::string not_compiled(const char* direction, int d, int dv) {
          std::to_string(dv) + " was not compiled in this build (CMake FA4_HOPPER_HEADDIMS)";
 }
 
-std::string bucket_name(const detail::FwdParams& p, int d, int dv) {
-  std::string name = dtype_tag(p.dtype) + "_hdim" + std::to_string(d) + (dv != d ? "x" + std::to_string(dv) : "");
+std::string bucket_name(const detail::FwdParams& p, int d, int dv, const char* variant = "") {
+  std::string name = dtype_tag(p.dtype) + "_hdim" + std::to_string(d) + (dv != d ? "x" + std::to_string(dv) : "") + variant;
   if (d != p.headdim || dv != p.headdim_v)
     name += " (padded from " + std::to_string(p.headdim) + "x" + std::to_string(p.headdim_v) + ")";
   return name;
@@ -274,8 +274,8 @@ std::string forward_support(const detail::FwdParams& p, std::string* kernel_name
            std::to_string(c->headdim) + "x" + std::to_string(c->headdim_v) + " (key tile " +
            std::to_string(c->tile_n) + " is not a multiple of 128); pass 0 or leave it unset";
   if (kernel_name)
-    *kernel_name = "hopper::fwd_" + bucket_name(p, c->headdim, c->headdim_v) +
-                   (c->local_kernel && p.mask.is_local() ? "_local" : "");  // launch_fwd.cuh run_fwd
+    *kernel_name = "hopper::fwd_" + bucket_name(p, c->headdim, c->headdim_v,
+                                                (c->local_kernel && fwd_runs_local_kernel(p)) ? "_local" : "");
   return "";
 }
 

@@ -356,16 +356,21 @@ TEST(HopperFwd, SeqlenQNotSeqlenK) {  // C06: bottom-right causal, fully masked 
     }
 }
 
+// d64 too: its windows with a right edge run the local kernel (per-warpgroup key ranges), the
+// others its plain one.
 TEST(HopperFwd, WindowsSoftcapSink) {  // C08 window sentinels, softcap, learnable sink
   REQUIRE_HOPPER();
   const int wins[][2] = {{-1, 0}, {0, 0}, {127, 0}, {64, 64}, {0, -1}, {300, 5}, {1, 1000}};
-  for (auto& w : wins) {
-    Case c; c.seqlen_q = 333; c.seqlen_k = 517; c.window_left = w[0]; c.window_right = w[1];
-    run_case(c, 1);
+  for (int d : {128, 64}) {
+    for (auto& w : wins) {
+      Case c; c.seqlen_q = 333; c.seqlen_k = 517; c.window_left = w[0]; c.window_right = w[1];
+      c.d = c.dv = d;
+      run_case(c, 1);
+    }
+    Case c; c.seqlen_q = c.seqlen_k = 700; c.softcap = 15.f; c.causal = true; c.d = c.dv = d; run_case(c, 1);
+    c.softcap = 0; c.sink = true; run_case(c, 1);
+    c.seqlen_q = 300; c.seqlen_k = 100; run_case(c, 1);  // fully masked rows with a sink: LSE = sink
   }
-  Case c; c.seqlen_q = c.seqlen_k = 700; c.softcap = 15.f; c.causal = true; run_case(c, 1);
-  c.softcap = 0; c.sink = true; run_case(c, 1);
-  c.seqlen_q = 300; c.seqlen_k = 100; run_case(c, 1);  // fully masked rows with a sink: LSE = sink
 }
 
 TEST(HopperFwd, SoftmaxScaleAndFa4Knobs) {  // C32; exp2 emulation share and lazy-rescaling knobs

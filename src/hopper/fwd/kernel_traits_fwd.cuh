@@ -23,7 +23,7 @@ namespace fa4::hopper {
 
 using namespace cute;
 
-/// kLocal: the kernel for causal and windowed masks of a bucket whose tuning row has local_kernel.
+/// kLocal: the kernel for causal masks and windows with a right edge of a bucket whose tuning row has local_kernel.
 template <class Element_, int kHeadDim_, int kHeadDimV_, bool kLocal_ = false>
 struct FwdKernelTraits {
   using Element = Element_;
@@ -46,8 +46,9 @@ struct FwdKernelTraits {
   /// the local kernel (tuning_fwd.h local_kernel says where it exists and why).
   static constexpr bool kWarpgroupKeyRanges = kLocal_;
   static_assert(!kLocal_ || kConfig.local_kernel, "a local kernel only where the tuning row has one");
-  // Every warpgroup waits for V of the tile's first block (the varlen tail zeroing) while K of it
-  // is released: the producer issues that V after the next block's K, which needs a second stage.
+  // Every warpgroup waits for V of the tile's first block (the varlen tail zeroing) while it still
+  // holds that block's K stage: the producer issues that V after the next block's K, which needs a
+  // second stage.
   static_assert(!kWarpgroupKeyRanges || kStages >= 2, "per-warpgroup key ranges need two K/V stages");
   static_assert(kBlockM % 64 == 0 && (kNumMmaWarpGroups == 2 || kNumMmaWarpGroups == 3),
                 "two or three consumer warpgroups of 64 query rows (named barrier ids in arch/arch.cuh)");

@@ -196,7 +196,7 @@ void run_fwd_local(const detail::FwdParams& fp, const LaunchContext& ctx) {
 template <int kDType, int kHeadDim, int kHeadDimV>
 void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   if constexpr (detail::hopper_fwd_config(kHeadDim, kHeadDimV).local_kernel) {
-    if (fp.mask.is_local()) return run_fwd_local<kDType, kHeadDim, kHeadDimV>(fp, ctx);
+    if (fwd_runs_local_kernel(fp)) return run_fwd_local<kDType, kHeadDim, kHeadDimV>(fp, ctx);
   }
   launch_fwd<FwdKernelTraits<FwdElement<kDType>, kHeadDim, kHeadDimV>>(fp, ctx);
 }

@@ -25,4 +25,10 @@ void run_fwd(const detail::FwdParams& p, const LaunchContext& ctx);
 template <int kDType, int kHeadDim, int kHeadDimV>
 void run_fwd_local(const detail::FwdParams& p, const LaunchContext& ctx);
 
+/// Whether a call of a bucket whose tuning row has local_kernel runs it: masks with a right edge
+/// (causal folds into window_right = 0), whose rows' last visible key grows with the row. Without
+/// one (no window, or a left window only) every row sees keys up to seqlen_k: the warpgroups would
+/// walk the same blocks, and only pay the walk's code.
+inline bool fwd_runs_local_kernel(const detail::FwdParams& p) { return p.mask.window_right >= 0; }
+
 }  // namespace fa4::hopper

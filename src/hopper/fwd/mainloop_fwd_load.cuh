@@ -6,7 +6,9 @@
 // K and V go through separate stage rings (cutlass::PipelineTmaAsync: a "full" mbarrier per stage
 // completed by TMA bytes, an "empty" mbarrier completed by every consumer thread). V of block j
 // is issued after K of block j-1 because the consumers use them in that order (S_{j-1} = Q K^T is
-// issued before O += P_j V_j: intra-warpgroup overlap), so neither ring waits on the other.
+// issued before O += P_j V_j: intra-warpgroup overlap), so neither ring waits on the other (in
+// d64's local kernel a varlen tile's consumers hold the first K stage until its V lands: two
+// stages, kernel_traits_fwd.cuh).
 // Key blocks are walked from the highest down: the masked diagonal/tail block comes first.
 #pragma once
 

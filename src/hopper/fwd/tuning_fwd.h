@@ -47,9 +47,10 @@ struct HopperFwdConfig {
   /// MMA-bound d192 and d256 kernels measured 0.92 / 0.97 of the max-first loop at d192 8k and
   /// 0.92 at d256 causal 512, so they keep the block max first.
   bool exp_from_running_max;
-  /// A second kernel for causal and windowed masks (scripts/generate_kernels.py writes its own
-  /// instantiation file), whose consumer warpgroups each walk only the key blocks their own 64 rows
-  /// see (src/hopper/fwd/mainloop_fwd_mma.cuh). Only a diagonal tile of three warpgroups or of key
+  /// A second kernel for causal masks and windows with a right edge (launch_fwd.h
+  /// fwd_runs_local_kernel; scripts/generate_kernels.py writes its own instantiation file), whose
+  /// consumer warpgroups each walk only the key blocks their own 64 rows see
+  /// (src/hopper/fwd/mainloop_fwd_mma.cuh). Only a diagonal tile of three warpgroups or of key
   /// tiles under 128 has blocks some warpgroup's rows never see (at tile_m 128 with 128-key tiles a
   /// square causal tile has none). d64 (three warpgroups): causal 512 / 1k / 8k 0.59 / 0.67 / 1.10
   /// -> 0.72 / 0.82 / 1.16x cuDNN on the H200; d256 (80-key tiles) measured within noise (causal
