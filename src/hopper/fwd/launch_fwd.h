@@ -18,8 +18,9 @@ inline int64_t fwd_query_rows(const detail::FwdParams& p) {
 
 /// kDType: 0 = bf16, 1 = fp16 (values of fa4::DType). Defined in launch_fwd.cuh; explicitly
 /// instantiated once per compiled bucket. Throws fa4::Error(kCudaError) if a CUDA call fails.
-/// Causal and windowed masks of a bucket with a local kernel (tuning_fwd.h local_kernel) run
-/// run_fwd_local, instantiated in a file of its own so the two kernels compile in parallel.
+/// Masks with a right edge (fwd_runs_local_kernel, below) of a bucket with a local kernel
+/// (tuning_fwd.h local_kernel) run run_fwd_local, instantiated in a file of its own so the two
+/// kernels compile in parallel.
 template <int kDType, int kHeadDim, int kHeadDimV>
 void run_fwd(const detail::FwdParams& p, const LaunchContext& ctx);
 template <int kDType, int kHeadDim, int kHeadDimV>
