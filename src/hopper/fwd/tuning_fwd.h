@@ -55,8 +55,8 @@ struct HopperFwdConfig {
   /// square causal tile has none). d64 (three warpgroups): causal 512 / 1k / 8k 0.59 / 0.67 / 1.10
   /// -> 0.72 / 0.82 / 1.16x cuDNN on the H200; d256 (80-key tiles) measured within noise (causal
   /// 512 / 8k +0.4% / +0.5%), not worth two instantiations; d192 is untimed. Masks without a
-  /// window keep the plain kernel: the walk's code cost them 4-6% at d64 on an H100, though the
-  /// key loop's instructions were the same (bench/results/history.md).
+  /// right edge keep the plain kernel: the walk's code cost d64 non-causal 4-6% on an H100,
+  /// though the key loop's instructions were the same (bench/results/history.md).
   bool local_kernel;
 };
 
