@@ -275,7 +275,7 @@ std::string forward_support(const detail::FwdParams& p, std::string* kernel_name
            std::to_string(c->tile_n) + " is not a multiple of 128); pass 0 or leave it unset";
   if (kernel_name)
     *kernel_name = "hopper::fwd_" + bucket_name(p, c->headdim, c->headdim_v,
-                                                (c->local_kernel && fwd_runs_local_kernel(p)) ? "_local" : "");
+                                                fwd_runs_local_kernel(*c, p) ? "_local" : "");
   return "";
 }
 

@@ -195,8 +195,9 @@ void run_fwd_local(const detail::FwdParams& fp, const LaunchContext& ctx) {
 
 template <int kDType, int kHeadDim, int kHeadDimV>
 void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
-  if constexpr (detail::hopper_fwd_config(kHeadDim, kHeadDimV).local_kernel) {
-    if (fwd_runs_local_kernel(fp)) return run_fwd_local<kDType, kHeadDim, kHeadDimV>(fp, ctx);
+  constexpr detail::HopperFwdConfig kConfig = detail::hopper_fwd_config(kHeadDim, kHeadDimV);
+  if constexpr (kConfig.local_kernel) {  // (elsewhere there is no local kernel to instantiate)
+    if (fwd_runs_local_kernel(kConfig, fp)) return run_fwd_local<kDType, kHeadDim, kHeadDimV>(fp, ctx);
   }
   launch_fwd<FwdKernelTraits<FwdElement<kDType>, kHeadDim, kHeadDimV>>(fp, ctx);
 }

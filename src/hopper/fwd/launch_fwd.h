@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "core/params.h"
+#include "hopper/fwd/tuning_fwd.h"
 #include "hopper/shared/launch_context.h"
 
 namespace fa4::hopper {
@@ -26,10 +27,12 @@ void run_fwd(const detail::FwdParams& p, const LaunchContext& ctx);
 template <int kDType, int kHeadDim, int kHeadDimV>
 void run_fwd_local(const detail::FwdParams& p, const LaunchContext& ctx);
 
-/// Whether a call of a bucket whose tuning row has local_kernel runs it: masks with a right edge
-/// (causal folds into window_right = 0), whose rows' last visible key grows with the row. Without
-/// one (no window, or a left window only) every row sees keys up to seqlen_k: the warpgroups would
-/// walk the same blocks, and only pay the walk's code.
-inline bool fwd_runs_local_kernel(const detail::FwdParams& p) { return p.mask.window_right >= 0; }
+/// Whether a call on the bucket of tuning row `c` runs its local kernel: the row has one
+/// (local_kernel) and the mask a right edge (causal folds into window_right = 0), so its rows'
+/// last visible key grows with the row. Without one (no window, or a left window only) every row
+/// sees keys up to seqlen_k: the warpgroups would walk the same blocks, and only pay the walk's code.
+constexpr bool fwd_runs_local_kernel(const detail::HopperFwdConfig& c, const detail::FwdParams& p) {
+  return c.local_kernel && p.mask.window_right >= 0;
+}
 
 }  // namespace fa4::hopper
