@@ -206,6 +206,27 @@ TEST(HopperDecode, BrokenPagesOutsideTheKeysReadSkipTheSequence) {
     }
 }
 
+// The same over one long split (pages of one key: 3000 page-table entries, more than a CTA checks
+// before its first copy), so each entry is checked as a row offset reads it or after the first
+// copies: a broken entry in the middle (read), and before a left window's first visible key (not
+// read).
+TEST(HopperDecode, BrokenPagesOfALongSplitSkipTheSequence) {
+  REQUIRE_HOPPER();
+  for (int slot : {-1, 5}) {
+    KvCase c;
+    c.batch = 2;
+    c.page_size = 1;
+    c.capacity = 3000;
+    c.cache_seqlens = {3000, 2500};
+    if (slot >= 0) c.window_left = 1000;  // keys 1999..2999 of sequence 0
+    c.bad_page_b = 0;
+    c.bad_page_slot = slot;
+    c.num_splits = 1;
+    c.seed = 740 + slot;
+    run_case(c);
+  }
+}
+
 TEST(HopperDecode, NegativeLengthAndBadCacheRow) {
   REQUIRE_HOPPER();
   for (int splits : {1, 4}) {

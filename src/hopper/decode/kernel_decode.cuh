@@ -89,14 +89,21 @@ __device__ __forceinline__ int64_t cache_row_offset(const detail::KVCacheParams&
 }
 
 // ---------------------------------------------------------------------------------------------
-/// True if every page-table entry of keys [lo, hi) of a sequence is a page of the pool. Called by
-/// the whole CTA (the result is uniform).
-__device__ __forceinline__ bool pages_valid(const detail::KVCacheParams& p, const int32_t* pages, int32_t lo, int32_t hi) {
+/// True if one of this thread's share of the page-table entries of keys [lo, hi) of a sequence is
+/// not a page of the pool (the CTA's threads stride over the entries).
+__device__ __forceinline__ bool pages_outside_pool(const detail::KVCacheParams& p, const int32_t* pages, int32_t lo,
+                                                   int32_t hi) {
   bool bad = false;
   if (hi > lo)
     for (int32_t i = lo / p.page_size + int32_t(threadIdx.x); i <= (hi - 1) / p.page_size; i += int32_t(blockDim.x))
       bad |= uint32_t(pages[i]) >= uint32_t(p.num_pages);
-  return !__syncthreads_or(bad);
+  return bad;
+}
+
+/// True if every page-table entry of keys [lo, hi) of a sequence is a page of the pool. Called by
+/// the whole CTA (the result is uniform).
+__device__ __forceinline__ bool pages_valid(const detail::KVCacheParams& p, const int32_t* pages, int32_t lo, int32_t hi) {
+  return !__syncthreads_or(pages_outside_pool(p, pages, lo, hi));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -215,7 +222,7 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
   const int32_t seqlen_k = cs.seqlen_k;
   // Keys any query row sees (bottom-right masks: both ends grow with the row), in kBlockN-key blocks
   // from `first`; split s takes blocks [s * per, (s + 1) * per). Sequence-wide, so every CTA of one
-  // (split, sequence) checks the same pages and agrees on its flag.
+  // (split, sequence) checks the same pages (with its key walk, below) and agrees on its flag.
   const detail::KeyRange seq_keys{detail::visible_key_range(0, p.seqlen_q, seqlen_k, p.mask).first,
                                   detail::visible_key_range(p.seqlen_q - 1, p.seqlen_q, seqlen_k, p.mask).last};
   const int32_t n_blocks = int32_t((seq_keys.last - seq_keys.first + kBlockN - 1) / kBlockN);
@@ -224,9 +231,13 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
   const int32_t split_first = int32_t(seq_keys.first) + blk_lo * kBlockN;
   const int32_t split_last = min(int32_t(seq_keys.last), int32_t(seq_keys.first) + blk_hi * kBlockN);
   const int32_t* pages = p.paged ? p.page_table + int64_t(b) * p.page_table_batch_stride : nullptr;
-  // Every page-table entry of keys [0, seqlen_k) must be a page (the rule of the CPU path and of
-  // the append kernel): split 0 also checks the keys before the first visible one.
-  if (p.paged && !bad && !pages_valid(p, pages, split == 0 ? 0 : split_first, split_last)) bad |= kBadPageTable;
+  // Page-table entries the split checks: its keys' and, in split 0, those before the first visible
+  // key. Up to 8 loads per thread they are checked before the first copy (the loads also bring the
+  // lines the row offsets read next); more are checked as the row offsets read them (below).
+  const int32_t check_lo = split == 0 ? 0 : split_first;
+  const int32_t check_entries = split_last > check_lo ? (split_last - 1) / p.page_size - check_lo / p.page_size + 1 : 0;
+  const bool check_first = p.paged && check_entries <= 8 * kThreads;
+  if (check_first && !bad && !pages_valid(p, pages, check_lo, split_last)) bad |= kBadPageTable;
   __shared__ int32_t s_last;
   if (bad) {
     if (tid == 0) report_async_error(a.async_error, bad);
@@ -274,13 +285,25 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
   // thread of the first kBlockN. Computed one block ahead into registers and stored after the compute,
   // so the page-table load (and the division by page_size) is off the path of the copies that use
   // it. A dense cache's rows are one stride apart: each thread steps its own pointer instead.
+  // Every page-table entry of keys [0, seqlen_k) must be a page (the rule of the CPU path and of
+  // the append kernel). Past check_first's limit the entries a row offset reads are checked there
+  // (a row of a page outside the pool is zero-filled, never read), the split's others once the
+  // first copies are issued: a check of the whole split before the first copy put a round trip per
+  // page-table line of the split (thousands of entries with pages of 16 over a long cache) ahead
+  // of the stream. The CTA's flag is reduced after the key walk, before anything is written.
+  bool page_bad = false;  // this thread's: an entry it read is outside the pool
   int64_t* sOff = reinterpret_cast<int64_t*>(sRing + kStages * Smem::kStageElems);  // [stage][K, V][kBlockN]
   auto row_offsets = [&](int32_t blk, int64_t& ko, int64_t& vo) {
     const int32_t j = int32_t(seq_keys.first) + blk * kBlockN + tid;
     ko = vo = -1;
     if (j < key_end) {
-      ko = cache_row_offset(p, pages, cs.cache_b, j, p.k_stride);
-      vo = cache_row_offset(p, pages, cs.cache_b, j, p.v_stride);
+      const int32_t page = pages[j / p.page_size], slot = j % p.page_size;
+      if (uint32_t(page) < uint32_t(p.num_pages)) {
+        ko = int64_t(page) * p.k_stride.batch + int64_t(slot) * p.k_stride.row;
+        vo = int64_t(page) * p.v_stride.batch + int64_t(slot) * p.v_stride.row;
+      } else {
+        page_bad = true;
+      }
     }
   };
   // Block blk of the split into ring stage `stage`: thread t copies 16-byte chunk t % kC of rows
@@ -325,6 +348,14 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < n_iter) load_block(s, t_lo + s);
     arch::cp_async_commit();
+  }
+  // Paged: the split's entries no row offset reads (those of its keys outside this tile's blocks
+  // and, in split 0, those of the keys before the first visible one), while the first blocks land.
+  if (p.paged && !bad && !check_first) {
+    const int32_t read_lo = n_iter > 0 ? int32_t(seq_keys.first) + t_lo * kBlockN : split_last;
+    const int32_t read_hi = n_iter > 0 ? key_end : split_last;
+    page_bad |= pages_outside_pool(p, pages, check_lo, read_lo);
+    page_bad |= pages_outside_pool(p, pages, max(check_lo, read_hi), split_last);
   }
 
   // ---- per-thread row geometry: fragment rows lane/4 and lane/4 + 8 of the warp's 16 ----
@@ -497,7 +528,15 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
     }
   }
   arch::cp_async_wait<0>();
-  __syncthreads();  // the ring is free: it becomes the merge buffer
+  // The ring is free: it becomes the merge buffer.
+  if (__syncthreads_or(page_bad)) {
+    bad |= kBadPageTable;
+    if (tid == 0) report_async_error(a.async_error, bad);
+    if (a.cluster == 1) {  // nothing written; a cluster flags its partial below
+      if (a.num_splits > 1) arrive_last(a, &s_last, true, 0, a.num_splits);  // never the merging CTA
+      return;
+    }
+  }
 
   // ---- merge the states of the warps that share rows (core/softmax.h merge_weight; a wide tile's
   // warps hold rows of their own, weight 1) ----
