@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa4
-from bench_fwd import VARLEN_LENS, bench, set_overrides, sh, tflops, varlen_batch  # same directory
+from bench_fwd import VARLEN_LENS, bench, sdpa_fn, set_overrides, sh, tflops, varlen_batch  # same directory
 from fa4 import _capi
 
 # (headdim, causal, seqlen, num_heads, num_heads_kv[, headdim_v]); batch = 16384 // seqlen.
@@ -149,8 +149,11 @@ def main():
     ap.add_argument("--backward", action="store_true", help="time the backward")
     ap.add_argument("--deterministic", action="store_true", help="with --backward: fa4 in deterministic mode")
     ap.add_argument("--shape", action="append", default=[],
-                    help="headdim,causal(0|1),seqlen,num_heads,num_heads_kv[,headdim_v]: these shapes instead "
-                         "(repeatable; batch = 16384 // seqlen)")
+                    help="headdim,causal(0|1),seqlen,num_heads,num_heads_kv[,headdim_v[,seqlen_k]]: these shapes "
+                         "instead (repeatable; batch = max(1, 16384 // seqlen_k); a seqlen_k other than seqlen "
+                         "makes seqlen the query rows: a chunk against a longer cache, its causal mask "
+                         "bottom-right, which SDPA's cuDNN does not take: fa4 variants only, checked against "
+                         "math SDPA with the mask spelled out)")
     args = ap.parse_args()
     if args.deterministic and not args.backward:
         ap.error("--deterministic needs --backward (the forward has no deterministic mode to time)")
@@ -169,21 +172,25 @@ def main():
         shapes = []
         for spec in args.shape:
             fields = [int(x) for x in spec.split(",")]
-            if len(fields) not in (5, 6):
-                ap.error(f"--shape {spec}: 5 or 6 comma-separated fields")
-            d_, c_, s_, h_, hkv_, *dv_ = fields
+            if len(fields) not in (5, 6, 7):
+                ap.error(f"--shape {spec}: 5 to 7 comma-separated fields")
+            d_, c_, s_, h_, hkv_, *rest_ = fields
             if d_ not in hds:
                 ap.error(f"--shape {spec}: head dim {d_} is not in --headdims {args.headdims}")
-            shapes.append((d_, bool(c_), s_, h_, hkv_, *dv_[:1]))
+            shapes.append((d_, bool(c_), s_, h_, hkv_, *rest_))
     for d, causal, s, h, hkv, *rest in shapes:
         if d not in hds:
             continue
         dv = rest[0] if rest else d
-        b = 16384 // s
+        sk = rest[1] if len(rest) > 1 else s
+        if sk != s and args.backward:
+            print(f"# d{d} {s} x {sk}: chunk shapes are forward-only here; skipped")
+            continue
+        b = max(1, 16384 // sk)
         torch.manual_seed(0)
         q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(b, s, hkv, dv, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, sk, hkv, dv, device="cuda", dtype=torch.bfloat16)
         if args.backward:
             rows.append(backward_row(libs, q, k, v, causal, args.rounds, args.deterministic))
             continue
@@ -194,15 +201,24 @@ def main():
         fns = {}
         reference = "cudnn"
         try:
+            if sk != s:  # SDPA's is_causal is top-left: its cuDNN would time another mask
+                raise RuntimeError("seqlen_q != seqlen_k")
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                 ref = cudnn().transpose(1, 2)
             fns["cudnn"] = cudnn
         except RuntimeError as e:  # e.g. headdim != headdim_v: fa4 columns only, checked against math
-            print(f"# d{d}x{dv}: no cuDNN ({str(e).splitlines()[0][:80]}); reference = math SDPA")
+            print(f"# d{d}x{dv} {s} x {sk}: no cuDNN ({str(e).splitlines()[0][:80]}); reference = math SDPA")
             reference = "math"
+            # fa4's causal mask: query i sees keys j <= i + sk - s (bottom-right)
+            mask = (torch.arange(sk, device="cuda")[None, :] <= torch.arange(s, device="cuda")[:, None] + sk - s
+                    if causal else None)
             with sdpa_kernel([SDPBackend.MATH]):
-                ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+                ref = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask,
                                                      enable_gqa=h != hkv).transpose(1, 2)
+        if sk != s:  # FlashAttention-2 through SDPA (lower-right CausalBias) beside the variants
+            flash = sdpa_fn(q, k, v, causal, SDPBackend.FLASH_ATTENTION)
+            if flash:
+                fns["flash"] = flash
         errs = {}
         for name, (lib, env) in libs.items():
             use(lib, env)
@@ -215,17 +231,20 @@ def main():
         for r in range(args.rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             for n in order:
-                with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]) if n == "cudnn" else contextlib.nullcontext():
+                backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}.get(n)
+                with sdpa_kernel([backend]) if backend else contextlib.nullcontext():
                     times[n].append(bench(fns[n]))
-        flops = 2 * b * h * s * s * (d + dv) * (0.5 if causal else 1.0)
+        # visible (query, key) pairs: bottom-right causal rows see sk - s + i + 1 keys
+        pairs = s * (sk - s) + s * (s + 1) // 2 if causal and sk != s else s * sk * (0.5 if causal else 1.0)
+        flops = 2 * b * h * pairs * (d + dv)
         tf = {n: tflops(flops, statistics.median(t)) for n, t in times.items()}
-        row = {"headdim": d, "headdim_v": dv, "causal": causal, "seqlen": s, "batch": b, "num_heads": h,
+        row = {"headdim": d, "headdim_v": dv, "causal": causal, "seqlen": s, "seqlen_k": sk, "batch": b, "num_heads": h,
                "num_heads_kv": hkv, "tflops": tf, "reference": reference,
                "max_abs_err_vs_cudnn" if reference == "cudnn" else "max_abs_err_vs_math": errs,
                "ratio_vs_cudnn": {n: round(tf[n] / tf["cudnn"], 3) if "cudnn" in tf else None
                                   for n in tf if n != "cudnn"}}
         rows.append(row)
-        print(f"d{d}x{dv} causal={causal!s:5} s={s:5} h={h}/{hkv} " +
+        print(f"d{d}x{dv} causal={causal!s:5} s={s:5}{'' if sk == s else f' x {sk}'} h={h}/{hkv} " +
               " ".join(f"{n}:{tf[n]:6.1f}" for n in names) + " | " +
               " ".join(f"{n}/cudnn=" + (f"{row['ratio_vs_cudnn'][n]:.3f}" if row['ratio_vs_cudnn'][n] else "n/a")
                        for n in libs) +

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 import fa4
 from fa4 import _capi
@@ -227,10 +228,18 @@ def sdpa_fn(q, k, v, causal, backend):
     # SDPA takes (b, h, s, d); give it its natural contiguous layout. GQA via enable_gqa.
     qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
     gqa = qt.shape[1] != kt.shape[1]
-    # SDPA's causal mask is top-left aligned, fa4's bottom-right: equal only for square rows.
-    assert not causal or qt.shape[2] == kt.shape[2], "causal SDPA rows need seqlen_q == seqlen_k"
+    # SDPA's is_causal is top-left aligned, fa4's causal bottom-right: equal only for square rows.
+    # Otherwise torch's lower-right CausalBias, which SDPA hands to its FLASH backend (FlashAttention-2
+    # masks bottom-right natively); it has no cuDNN route (it would fall back to another backend).
+    mask = None
+    if causal and qt.shape[2] != kt.shape[2]:
+        if backend != SDPBackend.FLASH_ATTENTION:
+            return None
+        mask = causal_lower_right(qt.shape[2], kt.shape[2])
 
     def fn():
+        if mask is not None:
+            return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=gqa)
         return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=gqa)
     try:
         with sdpa_kernel([backend]):
@@ -358,12 +367,16 @@ def main():
 
         # Few query tiles, long keys (chunked prefill / prefix reuse): fewer tiles than SMs, where
         # fa4 splits the keys over the idle SMs (stream-K split-KV, core/stream_k.h).
+        # Causal: bottom-right, query i sees keys up to sk - sq + i (a chunk of a prompt whose
+        # earlier part is cached); cuDNN through SDPA has no such mask (FLASH and upstream only).
         for batch, sq, sk in [(1, 128, 32768), (2, 512, 16384)]:
             q = torch.randn(batch, sq, 16, 128, device="cuda", dtype=dt)
             k, v = (torch.randn(batch, sk, 16, 128, device="cuda", dtype=dt) for _ in range(2))
-            flops = 4 * batch * 16 * sq * sk * 128
-            add(time_vs_sdpa({"kind": "long_kv", "hdim": 128, "causal": False, "seqlen_q": sq, "seqlen_k": sk,
-                              "batch": batch, "nheads": 16}, q, k, v, False, flops, no_split=True))
+            for causal in (False, True):
+                pairs = sq * (sk - sq) + sq * (sq + 1) // 2 if causal else sq * sk
+                flops = 4 * batch * 16 * pairs * 128
+                add(time_vs_sdpa({"kind": "long_kv", "hdim": 128, "causal": causal, "seqlen_q": sq, "seqlen_k": sk,
+                                  "batch": batch, "nheads": 16}, q, k, v, causal, flops, no_split=True))
             del q, k, v
 
         # Varlen batch: mixed lengths packed, d128, 16 heads, causal.
@@ -391,7 +404,7 @@ def main():
                     with hopper_overrides(schedule=sched, lpt=lpt):
                         add({"kind": "ablation_schedule", "hdim": hdim, "causal": causal, "sched": sched,
                              "lpt": lpt == "1", "fa4": tflops(flops, time_fa4(q, k, v, causal))})
-                if not causal:  # stream-K tail split: dense problems only (core/stream_k.h)
+                if not causal:  # stream-K tail split: these causal tiles do not all walk every key
                     for sk in ["0", "1"]:
                         with hopper_overrides(stream_k=sk):
                             add({"kind": "ablation_stream_k", "hdim": hdim, "causal": causal,

@@ -30,8 +30,9 @@ SHAPES = [(1, 1, 1024, 32, 8, 128, False), (1, 1, 8192, 32, 8, 128, False), (8, 
           (4, 64, 4096, 16, 16, 128, True), (8, 128, 2048, 16, 16, 64, True), (1, 64, 16384, 32, 32, 128, True),
           (2, 8, 32768, 64, 8, 128, True),
           # Non-causal with several row tiles per KV head: the forward splits its keys over the SMs
-          # (stream-K, core/stream_k.h), which the causal rows above never do; each decode row tile
-          # re-reads the head's K and V.
+          # (stream-K, core/stream_k.h), as it does for the causal rows above whose query rows are
+          # one forward tile per head and whose keys are long enough; each decode row tile re-reads
+          # the head's K and V.
           (1, 128, 32768, 16, 16, 128, False), (1, 128, 8192, 16, 16, 128, False),
           (1, 64, 16384, 32, 32, 128, False), (1, 32, 8192, 32, 8, 128, False), (1, 16, 32768, 32, 8, 128, False),
           (2, 128, 4096, 8, 8, 64, False)]

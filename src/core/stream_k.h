@@ -1,6 +1,8 @@
 // src/core/stream_k.h — stream-K split of the last, partial round of a persistent tile schedule.
 //
-// Why: a dense problem has num_tiles equal tiles on `grid` persistent CTAs. When num_tiles is not a
+// Why: a problem whose tiles all walk the same key blocks (no mask; or a causal chunk whose query
+// rows are one tile per head, hopper/fwd/launch_fwd.h fwd_tiles_walk_every_key) has num_tiles
+// equal tiles on `grid` persistent CTAs. When num_tiles is not a
 // multiple of grid, the last round keeps only num_tiles % grid CTAs busy. A small batch (fewer
 // tiles than SMs) then leaves most of the GPU idle: that is where the split runs automatically.
 // (Splitting the half-empty last round of the benchmark's shapes, d128: 2048 tiles on 132 SMs =
@@ -44,7 +46,7 @@ struct StreamKPlan {
   int32_t tail_ctas = 0;        ///< CTAs 0..tail_ctas-1 share the tail; 0: no split
   int32_t dp_rounds = 0;        ///< whole-tile rounds first: tiles [0, dp_rounds * grid)
   int32_t tail_tile0 = 0;       ///< first tail tile (= dp_rounds * grid)
-  int32_t blocks_per_tile = 0;  ///< key blocks of every tile (the split is for dense problems)
+  int32_t blocks_per_tile = 0;  ///< key blocks of every tile (the split is for tiles that all walk them)
   int32_t tail_blocks = 0;      ///< (num_tiles - tail_tile0) * blocks_per_tile (< 2^31)
   int32_t share = 0;            ///< tail_blocks / tail_ctas: CTA c's share is share or share + 1
   int32_t share_rem = 0;        ///< tail_blocks % tail_ctas: the first share_rem CTAs get share + 1

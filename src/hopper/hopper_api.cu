@@ -229,9 +229,10 @@ std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& 
     const int64_t fwd_tiles = int64_t(p.batch) * p.num_heads * ((p.seqlen_q + tile_m - 1) / tile_m);
     const int64_t fwd_waves = (fwd_tiles + sms - 1) / sms;
     if (decode_tiles(p, detail::kDecodeNarrowRows) > sms * fwd_waves) return std::nullopt;  // the decode's walks
-    // A dense forward with fewer tiles than SMs splits its keys over the idle ones (stream-K, as
+    // A forward whose tiles all walk every key (no mask, or a causal chunk of one query tile per
+    // head) with fewer tiles than SMs splits its keys over the idle ones (stream-K, as
     // launch_fwd.cuh plans it): then it is the faster unless the decode's tiles are few.
-    if (!p.mask.is_local()) {
+    if (fwd_tiles_walk_every_key(p, (p.seqlen_q + tile_m - 1) / tile_m)) {
       const int32_t fwd_blocks = int32_t((int64_t(p.seqlen_k) + fc->tile_n - 1) / fc->tile_n);
       const detail::StreamKPlan sk =
           detail::plan_stream_k(fwd_tiles, int32_t(sms), fwd_blocks, detail::kernel_overrides().stream_k);
@@ -357,8 +358,9 @@ void forward(const detail::FwdParams& p) {
                      check_tma_tensor("out", p.out, p.out_stride, p.seqlen_q, p.num_heads, p.batch,
                                       false, dtype_size(p.dtype)).empty();
   if (ctx.tma_epilogue) g_fwd_tma_epilogue_calls.fetch_add(1, std::memory_order_relaxed);
-  // Stream-K split-KV (core/stream_k.h): automatic (-1) for dense problems with fewer tiles
-  // than SMs; the override forces it off (0), or on for any partial last round (1).
+  // Stream-K split-KV (core/stream_k.h): automatic (-1) for problems whose tiles all walk every
+  // key (launch_fwd.h fwd_tiles_walk_every_key) with fewer tiles than SMs; the override forces it
+  // off (0), or on for any partial last round of such a problem (1).
   ctx.stream_k = o.stream_k;
 
   const CallDevice call_device(p.device.index, "fa4::forward");

@@ -641,7 +641,7 @@ TEST(HopperFwd, SchedulesAgreeBitwise) {
 // Stream-K tail (core/stream_k.h, src/hopper/shared/stream_k.cuh), forced on: tiles cut into pieces
 // of ~8 key blocks across 2-32 CTAs, the combiner merging partials whose maxima differ (rising
 // scores, so every piece has its own max), masked tail keys in the combiner's first block, sink,
-// softcap, GQA, fp16, every bucket. Each case is checked against the references by run_case (and run
+// softcap, GQA, fp16, every bucket, causal and right-windowed chunks of one query tile per head. Each case is checked against the references by run_case (and run
 // twice: the merge order is fixed, so the split is deterministic). The same random-input case
 // without the split must give a different rounding somewhere, or the split did not run.
 TEST(HopperFwd, StreamKTailMatchesReference) {
@@ -664,6 +664,25 @@ TEST(HopperFwd, StreamKTailMatchesReference) {
     // More tiles than SMs: whole-tile rounds first, then the tail (batch 2 x 70 heads = 140 tiles).
     Case m; m.batch = 2; m.heads = 70; m.heads_kv = 14; m.seqlen_q = 100; m.seqlen_k = 1500; m.d = m.dv = 64;
     cases.push_back(m);
+  }
+  // Masks with a right edge where a head's queries are one tile (a causal chunk against a long
+  // cache): every tile still walks all key blocks, and the pieces holding the diagonal mask their
+  // keys per row as the whole tile does; rows that see none of a piece's keys give it weight 0.
+  // d64's tiles of 192 rows run its local kernel, whose warpgroups past the chunk's rows pass every
+  // piece through (seqlen_q 100: the third has no rows, 150: the third has 22).
+  for (int d : {64, 96, 128, 192, 256}) {
+    Case c; c.heads = 3; c.heads_kv = 1; c.seqlen_q = 100; c.seqlen_k = 5000; c.d = c.dv = d; c.causal = true;
+    c.seed = 30 + d;
+    cases.push_back(c);
+  }
+  {
+    Case c; c.heads = 2; c.seqlen_q = 150; c.seqlen_k = 4000; c.d = c.dv = 64; c.causal = true; c.sink = true;
+    cases.push_back(c);
+    Case w; w.heads = 4; w.heads_kv = 2; w.seqlen_q = 64; w.seqlen_k = 3000; w.window_right = 700;
+    w.softcap = 20.f; w.dtype = DType::kFP16;
+    cases.push_back(w);  // a right edge past the keys: the last 700 keys' block masks only seqlen_k
+    Case r; r.heads = 2; r.seqlen_q = 128; r.seqlen_k = 4096; r.causal = true; r.ramp_log2 = 300.f;
+    cases.push_back(r);  // partials 2^300 apart, diagonal piece first
   }
   for (const Case& c : cases) {
     Result split, whole;
@@ -745,10 +764,11 @@ TEST(HopperFwd, SmallQueryForwardsRunOnTheDecodeKernel) {
     c.d = c.dv = 128; c.seqlen_q = 16; c.exp2_fraction = 0.5f; routes.push_back({c, false});
     c.exp2_fraction.reset(); c.out_offset = 2; routes.push_back({c, false});  // decode needs 16-byte rows
     c.out_offset = 0; c.softcap = 10.f; c.window_left = 5; c.window_right = 0; routes.push_back({c, true});
-    // Non-causal with few forward tiles: the forward splits its keys over the idle SMs (stream-K),
+    // Few forward tiles that walk every key: the forward splits its keys over the idle SMs (stream-K),
     // and the decode kernel's 128 narrow tiles (8 per KV head, each re-reading its keys) are more
     // than twice the forward's 16 (launch_decode.h small_q_decode_beats_split_forward).
     Case f; f.seqlen_q = 128; f.seqlen_k = 8192; f.heads = f.heads_kv = 16; routes.push_back({f, false});
+    f.causal = true; routes.push_back({f, false});  // a causal chunk of one tile per head splits as well
   }
   for (const Route& r : routes) {
     Result res;
@@ -779,6 +799,11 @@ TEST(HopperFwd, SanitizeSmall) {
   Case f; f.heads = f.heads_kv = 140; f.seqlen_q = f.seqlen_k = 200; run_case(f, 1);
   f.d = f.dv = 256; run_case(f, 1);
   f.d = f.dv = 64; f.seqlen_q = f.seqlen_k = 400; run_case(f, 1);
+  // A causal chunk's keys split over CTAs (stream-K): partials, flags and the combiner's merge, on
+  // d64's local kernel (a warpgroup past the chunk's rows passes every piece through) and on d128.
+  fa4::test::ScopedOverride split("stream_k", "1"), fwd_kernel("small_q", "fwd");
+  Case k; k.seqlen_q = 100; k.seqlen_k = 2000; k.causal = true; k.d = k.dv = 64; run_case(k, 1);
+  k.d = k.dv = 128; run_case(k, 1);
 }
 
 }  // namespace

@@ -138,9 +138,8 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   // launch the split needs is refused.
   const detail::StreamKPlan whole_tiles = detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, 0);
   const bool dynamic = ctx.dynamic_schedule && num_tiles > whole_tiles.grid;
-  // Stream-K tail (core/stream_k.h): dense problems (every tile has the same key blocks) in
-  // the static order.
-  const bool sk_eligible = !fp.is_varlen && !fp.mask.is_local() && !dynamic && fp.seqlen_k > 0;
+  // Stream-K tail (core/stream_k.h): tiles that all walk the same key blocks, in the static order.
+  const bool sk_eligible = fwd_tiles_walk_every_key(fp, m_blocks) && !dynamic;
   p.sk = sk_eligible ? detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, ctx.stream_k) : whole_tiles;
 
   // Device scratch (device_state.h): the dynamic schedule's claim counter or the stream-K flags,

@@ -17,6 +17,17 @@ inline int64_t fwd_query_rows(const detail::FwdParams& p) {
   return p.is_varlen ? (p.seqlen_q < p.total_q ? int64_t(p.seqlen_q) : p.total_q) : int64_t(p.seqlen_q);
 }
 
+/// Whether every tile of a forward with m_blocks query blocks per (sequence, head) walks the same
+/// key blocks, all of [0, ceil(seqlen_k / tile_n)), so the stream-K tail (core/stream_k.h) can cut
+/// them into equal shares: batched (not varlen) with keys, no left window edge (every row sees key
+/// 0), and no right edge either unless all of a head's query rows are one tile: bottom-right, the
+/// tile's last row (seqlen_q - 1) then sees up to key seqlen_k - 1 (a chunk of queries against a
+/// long cache, the shape where few tiles leave SMs idle). The mask is per block and per row
+/// (TileKeyRange::needs_mask), so a piece of a diagonal tile is masked as the whole tile is.
+inline bool fwd_tiles_walk_every_key(const detail::FwdParams& p, int64_t m_blocks) {
+  return !p.is_varlen && p.seqlen_k > 0 && p.mask.window_left < 0 && (p.mask.window_right < 0 || m_blocks == 1);
+}
+
 /// kDType: 0 = bf16, 1 = fp16 (values of fa4::DType). Defined in launch_fwd.cuh; explicitly
 /// instantiated once per compiled bucket. Throws fa4::Error(kCudaError) if a CUDA call fails.
 /// Masks with a right edge (fwd_runs_local_kernel, below) of a bucket with a local kernel

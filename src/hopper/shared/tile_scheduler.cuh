@@ -23,7 +23,8 @@
 //     longest-first list scheduling. A static stride over an LPT-sorted list is badly unbalanced:
 //     CTA 0 gets the longest tile of every round (simulated for causal d128 16k: makespan 1.29x the
 //     mean CTA load static, 1.00x greedy).
-//   * stream-K tail (dense problems, static order; core/stream_k.h): whole tiles as in
+//   * stream-K tail (tiles that all walk every key: no mask, or a masked chunk of one query tile
+//     per head; static order; core/stream_k.h): whole tiles as in
 //     `static`, then the last, partial round's key blocks spread evenly over the CTAs; a tile cut
 //     between CTAs is merged by the CTA holding its first piece (stream_k.cuh). Automatic only with
 //     fewer tiles than SMs (split-KV); the override "stream_k" = 1 forces it for any partial round.
