@@ -563,10 +563,14 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
 #pragma unroll
     for (int w = 1; w < kKeyWarps; ++w) mm = fmaxf(mm, sM[(w0 + w) * 16 + r]);
     const float wgt = detail::merge_weight(m[rr], mm, 1.f, ex2);
+    // Rows past the tile's live ones are never read back (the finalize and the pushes skip them):
+    // a decode step's tile of 16 rows holds one query's group of heads, often 4 or 8 of them.
+    if (row0 + 16 * rw + r < rows) {
 #pragma unroll
-    for (int n = 0; n < kD / 8; ++n)
-      *reinterpret_cast<float2*>(&sO[(warp * 16 + r) * kOStride + n * 8 + 2 * (lane % 4)]) =
-          make_float2(o[n][2 * rr] * wgt, o[n][2 * rr + 1] * wgt);
+      for (int n = 0; n < kD / 8; ++n)
+        *reinterpret_cast<float2*>(&sO[(warp * 16 + r) * kOStride + n * 8 + 2 * (lane % 4)]) =
+            make_float2(o[n][2 * rr] * wgt, o[n][2 * rr + 1] * wgt);
+    }
     if (lane % 4 == 0) {  // this warp's entries only: the reads above are of sM
       sL[warp * 16 + r] = l[rr] * wgt;
       if (kw == 0) sMax[16 * rw + r] = mm;
