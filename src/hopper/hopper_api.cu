@@ -205,9 +205,10 @@ constexpr int64_t kSmallQMaxRows = 128;
 /// its walks fit in the forward's waves: always for one row tile (decode steps: 1.7-3.1x faster),
 /// and for up to 128 rows where the forward tiles leave SMs idle (1.4-1.6x at 8 forward tiles,
 /// 1.0-1.1x at 16-32); at 64 forward tiles of 64 rows the decode kernel took 1.7x the forward's
-/// time. Those forwards were causal; a dense one with fewer tiles than SMs splits its keys over the
-/// idle SMs (stream-K), and then the decode kernel, which re-reads a KV head's keys for every row
-/// tile, is taken only while its tiles are few (launch_decode.h small_q_decode_beats_split_forward;
+/// time. Those forwards did not split their keys; one whose tiles all walk every key
+/// (launch_fwd.h fwd_tiles_walk_every_key: no mask, or a causal chunk of one tile per head) with
+/// fewer tiles than SMs splits them over the idle SMs (stream-K), and then the decode kernel, which
+/// re-reads a KV head's keys for every row tile, is taken only while its tiles are few (launch_decode.h small_q_decode_beats_split_forward;
 /// always for one row tile per KV head).
 std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& p, std::string* name) {
   const int8_t forced = detail::kernel_overrides().small_q_decode;
@@ -360,7 +361,8 @@ void forward(const detail::FwdParams& p) {
   if (ctx.tma_epilogue) g_fwd_tma_epilogue_calls.fetch_add(1, std::memory_order_relaxed);
   // Stream-K split-KV (core/stream_k.h): automatic (-1) for problems whose tiles all walk every
   // key (launch_fwd.h fwd_tiles_walk_every_key) with fewer tiles than SMs; the override forces it
-  // off (0), or on for any partial last round of such a problem (1).
+  // off (0), or on for any partial last round of such a problem run in the static order (1; a
+  // causal one with more tiles than SMs claims them dynamically and is not split).
   ctx.stream_k = o.stream_k;
 
   const CallDevice call_device(p.device.index, "fa4::forward");

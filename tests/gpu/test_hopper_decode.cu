@@ -206,10 +206,10 @@ TEST(HopperDecode, BrokenPagesOutsideTheKeysReadSkipTheSequence) {
     }
 }
 
-// The same over one long split (pages of one key: 3000 page-table entries, more than a CTA checks
-// before its first copy), so each entry is checked as a row offset reads it or after the first
-// copies: a broken entry in the middle (read), and before a left window's first visible key (not
-// read).
+// The same over long splits (pages of one key: up to 3000 page-table entries per split, more than a
+// CTA checks before its first copy), so each entry is checked as a row offset reads it or after the
+// first copies: a broken entry in the middle (read), and before a left window's first visible key
+// (not read).
 TEST(HopperDecode, BrokenPagesOfALongSplitSkipTheSequence) {
   REQUIRE_HOPPER();
   for (int slot : {-1, 5}) {
@@ -221,8 +221,14 @@ TEST(HopperDecode, BrokenPagesOfALongSplitSkipTheSequence) {
     if (slot >= 0) c.window_left = 1000;  // keys 1999..2999 of sequence 0
     c.bad_page_b = 0;
     c.bad_page_slot = slot;
-    c.num_splits = 1;
     c.seed = 740 + slot;
+    // One split; two (1500 entries each, still past the check before the first copy), through the
+    // global merge and in one cluster, whose flagged CTA stays for its peers' barriers.
+    for (int splits : {1, 2}) {
+      c.num_splits = splits;
+      run_case(c);
+    }
+    const fa4::test::ScopedOverride cluster("decode_cluster", "1");
     run_case(c);
   }
 }

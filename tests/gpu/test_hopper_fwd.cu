@@ -678,9 +678,13 @@ TEST(HopperFwd, StreamKTailMatchesReference) {
   {
     Case c; c.heads = 2; c.seqlen_q = 150; c.seqlen_k = 4000; c.d = c.dv = 64; c.causal = true; c.sink = true;
     cases.push_back(c);
-    Case w; w.heads = 4; w.heads_kv = 2; w.seqlen_q = 64; w.seqlen_k = 3000; w.window_right = 700;
-    w.softcap = 20.f; w.dtype = DType::kFP16;
-    cases.push_back(w);  // a right edge past the keys: the last 700 keys' block masks only seqlen_k
+    // A right window of 10 keys: row i sees keys up to 2946 + i, so the chunk's last block is
+    // masked per row (d64's local kernel and d128).
+    for (int d : {64, 128}) {
+      Case w; w.heads = 4; w.heads_kv = 2; w.seqlen_q = 64; w.seqlen_k = 3000; w.window_right = 10;
+      w.softcap = 20.f; w.dtype = DType::kFP16; w.d = w.dv = d; w.seed = 60 + d;
+      cases.push_back(w);
+    }
     Case r; r.heads = 2; r.seqlen_q = 128; r.seqlen_k = 4096; r.causal = true; r.ramp_log2 = 300.f;
     cases.push_back(r);  // partials 2^300 apart, diagonal piece first
   }

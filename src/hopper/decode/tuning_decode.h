@@ -76,8 +76,8 @@ inline constexpr int64_t kDecodeWideMinBlockSteps = 160;
 /// splits: each split adds a partial of 16 (or 64) whole rows to the merge.
 inline constexpr int32_t kDecodeMaxAutoSplitsFullTile = 8;
 /// Small-query route (hopper_api.cu small_q_on_decode) against a forward whose few tiles split
-/// their keys over the idle SMs (stream-K, core/stream_k.h: no mask, or a causal chunk of one
-/// forward tile per head): the decode
+/// their keys over the idle SMs (stream-K, core/stream_k.h: no mask, or a causal or right-windowed
+/// chunk of one forward tile per head): the decode
 /// kernel walks a KV head's keys once per narrow row tile, the forward once per tile of tile_m
 /// rows, at about twice the decode's time per key (H200, bench/results/h200_small_q_route_*.json:
 /// 0.37-0.65 us per 64 keys of a 16-row tile per SM, against ~1.5 us per 128 keys of a 128-row
