@@ -208,8 +208,8 @@ constexpr int64_t kSmallQMaxRows = 128;
 /// time. Those forwards did not split their keys; one whose tiles all walk every key
 /// (launch_fwd.h fwd_tiles_walk_every_key: no mask, or a causal chunk of one tile per head) with
 /// fewer tiles than SMs splits them over the idle SMs (stream-K), and then the decode kernel, which
-/// re-reads a KV head's keys for every row tile, is taken only while its tiles are few (launch_decode.h small_q_decode_beats_split_forward;
-/// always for one row tile per KV head).
+/// re-reads a KV head's keys for every row tile, is taken only while its tiles are few
+/// (launch_decode.h small_q_decode_beats_split_forward; always for one row tile per KV head).
 std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& p, std::string* name) {
   const int8_t forced = detail::kernel_overrides().small_q_decode;
   if (forced == 0 || p.is_varlen || p.seqlen_q <= 0 || p.seqlen_k <= 0) return std::nullopt;

@@ -641,9 +641,10 @@ TEST(HopperFwd, SchedulesAgreeBitwise) {
 // Stream-K tail (core/stream_k.h, src/hopper/shared/stream_k.cuh), forced on: tiles cut into pieces
 // of ~8 key blocks across 2-32 CTAs, the combiner merging partials whose maxima differ (rising
 // scores, so every piece has its own max), masked tail keys in the combiner's first block, sink,
-// softcap, GQA, fp16, every bucket, causal and right-windowed chunks of one query tile per head. Each case is checked against the references by run_case (and run
-// twice: the merge order is fixed, so the split is deterministic). The same random-input case
-// without the split must give a different rounding somewhere, or the split did not run.
+// softcap, GQA, fp16, every bucket, causal and right-windowed chunks of one query tile per head.
+// Each case is checked against the references by run_case (and run twice: the merge order is
+// fixed, so the split is deterministic). The same random-input case without the split must give a
+// different rounding somewhere, or the split did not run.
 TEST(HopperFwd, StreamKTailMatchesReference) {
   REQUIRE_HOPPER();
   fa4::test::ScopedOverride fwd_kernel("small_q", "fwd");  // the split is the forward kernel's

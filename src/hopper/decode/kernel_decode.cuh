@@ -290,7 +290,8 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
   // (a row of a page outside the pool is zero-filled, never read), the split's others once the
   // first copies are issued: a check of the whole split before the first copy would put a round
   // trip per page-table line of the split (thousands of entries with pages of 16 over a long
-  // cache) ahead of the stream. The CTA's flag is reduced after the key walk, before anything is written.
+  // cache) ahead of the stream. The CTA's flag is reduced after the key walk, before anything is
+  // written.
   bool page_bad = false;  // this thread's: an entry it read is outside the pool
   int64_t* sOff = reinterpret_cast<int64_t*>(sRing + kStages * Smem::kStageElems);  // [stage][K, V][kBlockN]
   auto row_offsets = [&](int32_t blk, int64_t& ko, int64_t& vo) {
