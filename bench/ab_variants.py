@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa4
-from bench_fwd import VARLEN_LENS, bench, sdpa_fn, set_overrides, sh, tflops, varlen_batch  # same directory
+from bench_fwd import (VARLEN_LENS, attended_pairs, bench, sdpa_fn, set_overrides, sh, tflops,  # same directory
+                       varlen_batch)
 from fa4 import _capi
 
 # (headdim, causal, seqlen, num_heads, num_heads_kv[, headdim_v]); batch = 16384 // seqlen.
@@ -237,9 +238,7 @@ def main():
                 backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}.get(n)
                 with sdpa_kernel([backend]) if backend else contextlib.nullcontext():
                     times[n].append(bench(fns[n]))
-        # visible (query, key) pairs: bottom-right causal rows see sk - s + i + 1 keys
-        pairs = s * (sk - s) + s * (s + 1) // 2 if causal and sk != s else s * sk * (0.5 if causal else 1.0)
-        flops = 2 * b * h * pairs * (d + dv)
+        flops = 2 * b * h * attended_pairs(s, sk, causal) * (d + dv)
         tf = {n: tflops(flops, statistics.median(t)) for n, t in times.items()}
         row = {"headdim": d, "headdim_v": dv, "causal": causal, "seqlen": s, "seqlen_k": sk, "batch": b, "num_heads": h,
                "num_heads_kv": hkv, "tflops": tf, "reference": reference,

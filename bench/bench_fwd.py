@@ -202,6 +202,15 @@ def tflops(flops, ms):
 VARLEN_LENS = [8192, 4096, 2048, 1024, 512, 256, 128, 77, 3000, 1]
 
 
+def attended_pairs(sq, sk, causal):
+    """(query, key) pairs a forward of sq queries over sk keys computes, for its FLOPs: all of them;
+    causal and square, half (the convention of the square rows of record); a causal chunk
+    (sk > sq, bottom-right) exactly: query i sees sk - sq + i + 1 keys."""
+    if not causal:
+        return sq * sk
+    return sq * sq * 0.5 if sq == sk else sq * (sk - sq) + sq * (sq + 1) // 2
+
+
 def varlen_batch(dt, backward=False, deterministic=False, headdim=128):
     """The benchmark's varlen batch (16 heads, causal; d128 unless `headdim`): (call running fa4 on
     it, FLOPs). With backward, the call is the backward alone (autograd.grad of one forward's output,
@@ -373,8 +382,7 @@ def main():
             q = torch.randn(batch, sq, 16, 128, device="cuda", dtype=dt)
             k, v = (torch.randn(batch, sk, 16, 128, device="cuda", dtype=dt) for _ in range(2))
             for causal in (False, True):
-                pairs = sq * (sk - sq) + sq * (sq + 1) // 2 if causal else sq * sk
-                flops = 4 * batch * 16 * pairs * 128
+                flops = 4 * batch * 16 * attended_pairs(sq, sk, causal) * 128
                 add(time_vs_sdpa({"kind": "long_kv", "hdim": 128, "causal": causal, "seqlen_q": sq, "seqlen_k": sk,
                                   "batch": batch, "nheads": 16}, q, k, v, causal, flops, no_split=True))
             del q, k, v
