@@ -15,7 +15,7 @@
 # (bench/bench_decode.py, DECODE_ARGS), DAB=1 (bench/ab_decode.py over OLD / new / VARIANTS,
 # DAB_ARGS), KTIMES=1 (bench/kernel_times.py), SPLITS=1
 # (bench/decode_split_sweep.py, SPLITS_ARGS), SMALLQ=1
-# (bench/small_q_route.py), AB_ARGS (extra ab_variants.py arguments), NCU=1 (ncu over
+# (bench/small_q_route.py), TRACE=1 (bench/host_trace.py: the runtime calls and host time of an eager call's parts), AB_ARGS (extra ab_variants.py arguments), NCU=1 (ncu over
 # bench/profile_bwd.py, NCU_ARGS: its arguments, default "128 0 4096"), DNCU=1 (ncu over
 # bench/profile_decode.py, DNCU_ARGS: its shapes), FNCU=1 (ncu over bench/profile_fwd.py, every
 # contender's forward kernels, FNCU_ARGS: its arguments, default "64 1 512"), TL=1 (the decode
@@ -85,6 +85,10 @@ if [ "${HOST:-0}" = 1 ]; then
     PYTHONPATH=$OLD/python:bench FA4_LIBRARY=$PWD/build-old/src/libfa4.so timeout 150 python3 bench/host_overhead.py $OUT/host_old.json > $OUT/host_old.log 2>&1
     echo "host_overhead (old) rc=$?"; tail -15 $OUT/host_old.log
   fi
+fi
+if [ "${TRACE:-0}" = 1 ]; then
+  PYTHONPATH=python:bench FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout 200 python3 bench/host_trace.py $OUT/host_trace.json > $OUT/host_trace.log 2>&1
+  echo "host_trace rc=$?"; cut -c1-1500 $OUT/host_trace.log | tail -8
 fi
 if [ -n "$OLD$VARIANTS" ] && [ "${AB:-1}" = 1 ]; then
   PYTHONPATH=${PYPKG:-python}:bench timeout ${AB_TIMEOUT:-300} python3 bench/ab_variants.py $OUT/ab.json \
