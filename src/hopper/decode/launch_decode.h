@@ -57,8 +57,10 @@ inline bool decode_full_tiles(const detail::KVCacheParams& p, const detail::Deco
 ///     its SM streams
 ///     as fast as two sharing it, the merge reads half the partials, and a short split's first
 ///     block waits for DRAM with nothing to overlap while a second CTA would only share the SM's
-///     issue slots. Below 2/3 the busy SMs cannot draw the HBM bandwidth; a paged CTA also waits
-///     on its page-table loads, which a second CTA per SM covers. A dense cache of 9 to 16 blocks
+///     issue slots; a paged cache also where its splits then keep at most
+///     kDecodePagedOnePerSmMaxBlocks blocks. Below 2/3 the busy SMs cannot draw the HBM bandwidth;
+///     a longer paged split's CTA also waits on its page-table loads, which a second CTA per SM
+///     covers. A dense cache of 9 to 16 blocks
 ///     whose tiles, at kDecodePortableCluster splits each, leave half the SMs free takes that many
 ///     splits instead (up to 2 blocks each), to be merged in one cluster per tile
 ///     (decode_cluster_size);
@@ -88,7 +90,8 @@ inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::H
   const bool full = decode_full_tiles(p, t);
   const int64_t per_sm = num_sms / tiles;  // splits with one CTA per SM
   const bool short_cache = per_sm >= 1 && (blocks + per_sm - 1) / per_sm <= detail::kDecodeMinBlocksPerSplit;
-  const bool dense_fill = !p.paged && per_sm >= 1 && tiles * per_sm * 3 >= int64_t(num_sms) * 2;
+  const bool dense_fill = per_sm >= 1 && tiles * per_sm * 3 >= int64_t(num_sms) * 2 &&
+                          (!p.paged || (blocks + per_sm - 1) / per_sm <= detail::kDecodePagedOnePerSmMaxBlocks);
   int64_t s;
   if (!full && (short_cache || dense_fill)) {
     s = std::min(per_sm, blocks);

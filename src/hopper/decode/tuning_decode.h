@@ -99,6 +99,10 @@ inline constexpr int32_t kDecodeMaxAutoSplits = 64;
 /// 64 splits; 128 / 132 slower than 112: they take two waves of clusters).
 inline constexpr int32_t kDecodeMaxAutoSplitsOneTile = 112;
 inline constexpr int32_t kDecodeOneTileMinBlocks = 2;
+/// A paged cache takes one CTA per SM (as a dense one does) where each split then keeps at most
+/// this many key blocks: such a split's page-table loads are few, and a second CTA per SM adds
+/// more partials to the merge than it hides of them.
+inline constexpr int32_t kDecodePagedOnePerSmMaxBlocks = 16;
 /// Blocks per split past which a full tile's split count may pass kDecodeMaxAutoSplitsFullTile.
 inline constexpr int32_t kDecodeLongSplitBlocks = 16;
 /// Splits of one tile that merge through distributed shared memory, as one thread-block cluster
