@@ -15,7 +15,8 @@
 # (bench/bench_decode.py, DECODE_ARGS), DAB=1 (bench/ab_decode.py over OLD / new / VARIANTS,
 # DAB_ARGS), KTIMES=1 (bench/kernel_times.py), SPLITS=1
 # (bench/decode_split_sweep.py, SPLITS_ARGS), SMALLQ=1
-# (bench/small_q_route.py), TRACE=1 (bench/host_trace.py: the runtime calls and host time of an eager call's parts), AB_ARGS (extra ab_variants.py arguments), NCU=1 (ncu over
+# (bench/small_q_route.py), TRACE=1 (bench/host_trace.py: the runtime calls and host time of
+# an eager call's parts), AB_ARGS (extra ab_variants.py arguments), NCU=1 (ncu over
 # bench/profile_bwd.py, NCU_ARGS: its arguments, default "128 0 4096"), DNCU=1 (ncu over
 # bench/profile_decode.py, DNCU_ARGS: its shapes), FNCU=1 (ncu over bench/profile_fwd.py, every
 # contender's forward kernels, FNCU_ARGS: its arguments, default "64 1 512"), TL=1 (the decode
