@@ -7,9 +7,10 @@ host time of the call's parts, at the serving shapes of bench/host_overhead.py a
 Per shape and mask: us per call of the whole eager call (fa4.flash_attn_func), of allocating out
 and lse, of the C host path with the outputs given (fa4._fastpath: describe + libfa4), of libfa4's
 fa4_forward alone on tensors described once (ctypes) and of its fa4_forward_support (the checks and
-the kernel choice, no launch); and the runtime / driver calls of one call: count and us each
-(under the profiler, whose records slow every call: the counts are exact, the times relative).
-A diagnostic, not a benchmark of record.
+the kernel choice, no launch); and the runtime / driver calls of one call: [calls per fa4 call,
+us per fa4 call summed over them] by name (under the profiler, whose records slow every call: the
+counts are exact, the times relative). The decode shape also through fa4.flash_attn_with_kvcache
+(causal only: one query sees every key either way). A diagnostic, not a benchmark of record.
 
 Usage (GPU machine, repo root):
     PYTHONPATH=python:bench FA4_LIBRARY=build-dev/src/libfa4.so python3 bench/host_trace.py OUT.json
@@ -63,7 +64,7 @@ def parts(q, k, v, causal):
     name_buf = ctypes.create_string_buffer(256)
     lib = _capi.library()
     host = lambda fn: host_us(fn, n=400, rounds=5)
-    lib.fa4_forward_support(*ts, opts.struct, name_buf, 256)
+    _capi.check(lib.fa4_forward_support(*ts, opts.struct, name_buf, 256))  # (a refused shape raises)
     return {
         "eager_us": host(lambda: fa4.flash_attn_func(q, k, v, causal=causal)),
         "outputs_us": host(lambda: _torch_ops._fwd_outputs(q, v, False, False)),

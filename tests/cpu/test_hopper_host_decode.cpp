@@ -194,7 +194,7 @@ TEST(HopperHost, DecodeSplitCount) {
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), fa4::detail::kDecodeMaxAutoSplitsOneTile);
   p.key_capacity = 131072;  // 2048 blocks: 18 per split at 112
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 112);
-  p.paged = true;  // paged: one wave, 264 -> 256, capped alike
+  p.paged = true;  // paged: 16 blocks per split at one CTA per SM, 132 -> 128, capped alike
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 112);
   p.key_capacity = 16384;  // 256 blocks: at least 2 per split at 112
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 112);

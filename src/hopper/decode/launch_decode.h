@@ -52,18 +52,16 @@ inline bool decode_full_tiles(const detail::KVCacheParams& p, const detail::Deco
 /// replays for any lengths):
 ///   * one CTA per SM (num_sms / tiles splits, at most one per key block, not rounded to a power
 ///     of two, but from kDecodeClusterMinSplits down to a multiple of 8 where there are more
-///     blocks than splits) for a dense cache wherever that covers at least 2/3 of the SMs, and
+///     blocks than splits) for a dense cache, or a paged one whose splits then keep at most
+///     kDecodePagedOnePerSmMaxBlocks blocks, wherever that covers at least 2/3 of the SMs, and
 ///     for any cache whose keys fit in kDecodeMinBlocksPerSplit blocks per split: a CTA alone on
-///     its SM streams
-///     as fast as two sharing it, the merge reads half the partials, and a short split's first
-///     block waits for DRAM with nothing to overlap while a second CTA would only share the SM's
-///     issue slots; a paged cache also where its splits then keep at most
-///     kDecodePagedOnePerSmMaxBlocks blocks. Below 2/3 the busy SMs cannot draw the HBM bandwidth;
-///     a longer paged split's CTA also waits on its page-table loads, which a second CTA per SM
-///     covers. A dense cache of 9 to 16 blocks
-///     whose tiles, at kDecodePortableCluster splits each, leave half the SMs free takes that many
-///     splits instead (up to 2 blocks each), to be merged in one cluster per tile
-///     (decode_cluster_size);
+///     its SM streams as fast as two sharing it, the merge reads half the partials, and a short
+///     split's first block waits for DRAM with nothing to overlap while a second CTA would only
+///     share the SM's issue slots. Below 2/3 the busy SMs cannot draw the HBM bandwidth; a longer
+///     paged split's CTA also waits on its page-table loads, which a second CTA per SM covers. A
+///     dense cache of 9 to 16 blocks whose tiles, at kDecodePortableCluster splits each, leave
+///     half the SMs free takes that many splits instead (up to 2 blocks each), to be merged in one
+///     cluster per tile (decode_cluster_size);
 ///   * else one wave (t.ctas_per_sm per SM), each split with at least kDecodeMinBlocksPerSplit
 ///     blocks, rounded down to a power of two;
 ///   * and so wherever the tiles are full (decode_full_tiles), capped at
@@ -90,10 +88,12 @@ inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::H
   const bool full = decode_full_tiles(p, t);
   const int64_t per_sm = num_sms / tiles;  // splits with one CTA per SM
   const bool short_cache = per_sm >= 1 && (blocks + per_sm - 1) / per_sm <= detail::kDecodeMinBlocksPerSplit;
-  const bool dense_fill = per_sm >= 1 && tiles * per_sm * 3 >= int64_t(num_sms) * 2 &&
-                          (!p.paged || (blocks + per_sm - 1) / per_sm <= detail::kDecodePagedOnePerSmMaxBlocks);
+  // (A paged cache's limit is checked at per_sm splits, before the cut to a multiple of 8 and the
+  // caps below, which may leave a split a few blocks more.)
+  const bool one_per_sm_fill = per_sm >= 1 && tiles * per_sm * 3 >= int64_t(num_sms) * 2 &&
+                               (!p.paged || (blocks + per_sm - 1) / per_sm <= detail::kDecodePagedOnePerSmMaxBlocks);
   int64_t s;
-  if (!full && (short_cache || dense_fill)) {
+  if (!full && (short_cache || one_per_sm_fill)) {
     s = std::min(per_sm, blocks);
     // One block per split, 9 to 16 blocks, few tiles: up to 2 blocks in each of the splits of one
     // portable cluster (kDecodePortableCluster), which decode_cluster_size then merges in DSMEM.

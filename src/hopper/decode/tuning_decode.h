@@ -100,8 +100,9 @@ inline constexpr int32_t kDecodeMaxAutoSplits = 64;
 inline constexpr int32_t kDecodeMaxAutoSplitsOneTile = 112;
 inline constexpr int32_t kDecodeOneTileMinBlocks = 2;
 /// A paged cache takes one CTA per SM (as a dense one does) where each split then keeps at most
-/// this many key blocks: such a split's page-table loads are few, and a second CTA per SM adds
-/// more partials to the merge than it hides of them.
+/// this many key blocks (counted at num_sms / tiles splits, before the split count's cut to a
+/// multiple of 8 and its caps): such a split's page-table loads are few, and a second CTA per SM
+/// adds more partials to the merge than it hides of them.
 inline constexpr int32_t kDecodePagedOnePerSmMaxBlocks = 16;
 /// Blocks per split past which a full tile's split count may pass kDecodeMaxAutoSplitsFullTile.
 inline constexpr int32_t kDecodeLongSplitBlocks = 16;
@@ -120,7 +121,7 @@ inline constexpr int64_t kDecodeClusterMinMergeBytes = 192 * 1024;
 /// of 8 took GQA 8/1 at batch 1 from 9.84 to 8.23 us at KV 8k and from 9.48 to 7.70 at 4k; GQA 8/1
 /// d128 at batch 3 (44 splits merged in one CTA -> 40 in clusters of 8, 160 KB) 13.79 -> 10.75
 /// (GQA 32/8 at batch 1, 33 -> 32 splits: equal).
-/// With 2 CTAs per SM (paged GQA 32/8 at batch 1: 4 tiles of 64 splits) clusters lost 5% at KV 8k.
+/// With 2 CTAs per SM (64 splits of a paged GQA 32/8 call at batch 1, KV 8k) clusters lost 5%.
 /// The one-CTA-per-SM split count is cut to a multiple of kDecodePortableCluster from this many
 /// (launch_decode.h decode_num_splits).
 inline constexpr int32_t kDecodeClusterMinSplits = 32;
