@@ -78,12 +78,17 @@ __device__ __forceinline__ CacheSeq cache_seq(const detail::KVCacheParams& p, in
 }
 
 
+/// Offset (elements) of row `slot` of page `page` in a paged cache of strides s.
+__device__ __forceinline__ int64_t page_row_offset(int32_t page, int32_t slot, const detail::RowStrides& s) {
+  return int64_t(page) * s.batch + int64_t(slot) * s.row;
+}
+
 /// Offset (elements) of key j's row in a cache (page-table entry already checked).
 __device__ __forceinline__ int64_t cache_row_offset(const detail::KVCacheParams& p, const int32_t* pages,
                                                     int32_t cache_b, int32_t j, const detail::RowStrides& s) {
   if (p.paged) {
     const int32_t page = pages[j / p.page_size];
-    return int64_t(page) * s.batch + int64_t(j % p.page_size) * s.row;
+    return page_row_offset(page, j % p.page_size, s);
   }
   return int64_t(cache_b) * s.batch + int64_t(j) * s.row;
 }
@@ -300,8 +305,8 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
     if (j < key_end) {
       const int32_t page = pages[j / p.page_size], slot = j % p.page_size;
       if (uint32_t(page) < uint32_t(p.num_pages)) {
-        ko = int64_t(page) * p.k_stride.batch + int64_t(slot) * p.k_stride.row;
-        vo = int64_t(page) * p.v_stride.batch + int64_t(slot) * p.v_stride.row;
+        ko = page_row_offset(page, slot, p.k_stride);
+        vo = page_row_offset(page, slot, p.v_stride);
       } else {
         page_bad = true;
       }
