@@ -20,7 +20,7 @@ struct Knob {
 
 std::atomic<int8_t> g_lpt{-1}, g_schedule{-1}, g_epilogue{-1}, g_stream_k{-1}, g_small_q{-1}, g_bwd_walk{-1},
     g_decode_cluster{-1}, g_decode_tile{-1}, g_decode_warps{-1}, g_capture_scratch{-1};
-std::atomic<int32_t> g_bwd_lpt_band{0};
+std::atomic<int32_t> g_bwd_lpt_band{0}, g_stream_k_min_share{0};
 
 const Knob kKnobs[] = {
     {"lpt", "0", "1", &g_lpt},
@@ -46,6 +46,7 @@ KernelOverrides kernel_overrides() {
   o.small_q_decode = g_small_q.load(std::memory_order_relaxed);
   o.bwd_descending = g_bwd_walk.load(std::memory_order_relaxed);
   o.bwd_lpt_band = g_bwd_lpt_band.load(std::memory_order_relaxed);
+  o.stream_k_min_share = g_stream_k_min_share.load(std::memory_order_relaxed);
   o.decode_cluster = g_decode_cluster.load(std::memory_order_relaxed);
   o.decode_tile = g_decode_tile.load(std::memory_order_relaxed);
   o.decode_warps = g_decode_warps.load(std::memory_order_relaxed);
@@ -56,18 +57,27 @@ KernelOverrides kernel_overrides() {
 void set_kernel_override(const char* name, const char* value) {
   constexpr const char* kFn = "fa4_internal_set_override";
   if (!name || !value) throw Error(ErrorCode::kInvalidArgument, std::string(kFn) + ": name and value must not be NULL");
-  if (std::strcmp(name, "bwd_lpt_band") == 0) {
+  // Integer knobs: 1..max, or "auto" (0: the selector's).
+  struct IntKnob {
+    const char* name;
+    int32_t max;
+    std::atomic<int32_t>* slot;
+  };
+  const IntKnob int_knobs[] = {{"bwd_lpt_band", kMaxBwdLptBand, &g_bwd_lpt_band},
+                               {"stream_k_min_share", kMaxStreamKMinShare, &g_stream_k_min_share}};
+  for (const IntKnob& k : int_knobs) {
+    if (std::strcmp(name, k.name) != 0) continue;
     int32_t v = 0;
     if (std::strcmp(value, "auto") != 0) {
       char* end = nullptr;
       const long x = std::strtol(value, &end, 10);
-      if (value[0] < '0' || value[0] > '9' || *end != '\0' || x < 1 || x > kMaxBwdLptBand)
-        throw Error(ErrorCode::kInvalidArgument, std::string(kFn) + ": bwd_lpt_band = '" + value +
-                                                     "' must be an integer in 1.." +
-                                                     std::to_string(kMaxBwdLptBand) + " or 'auto'");
+      if (value[0] < '0' || value[0] > '9' || *end != '\0' || x < 1 || x > k.max)
+        throw Error(ErrorCode::kInvalidArgument, std::string(kFn) + ": " + name + " = '" + value +
+                                                     "' must be an integer in 1.." + std::to_string(k.max) +
+                                                     " or 'auto'");
       v = int32_t(x);
     }
-    g_bwd_lpt_band.store(v, std::memory_order_relaxed);
+    k.slot->store(v, std::memory_order_relaxed);
     return;
   }
   for (const Knob& k : kKnobs) {
@@ -83,7 +93,7 @@ void set_kernel_override(const char* name, const char* value) {
     return;
   }
   throw Error(ErrorCode::kInvalidArgument, std::string(kFn) + ": unknown override '" + name +
-                                               "' (lpt, schedule, epilogue, stream_k, small_q, bwd_walk, bwd_lpt_band, decode_cluster, decode_tile, decode_warps, capture_scratch)");
+                                               "' (lpt, schedule, epilogue, stream_k, small_q, bwd_walk, bwd_lpt_band, stream_k_min_share, decode_cluster, decode_tile, decode_warps, capture_scratch)");
 }
 
 }  // namespace fa4::detail

@@ -15,6 +15,7 @@ namespace fa4::detail {
 
 /// The widest band "bwd_lpt_band" accepts (and the tuning table may hold: bwd/tuning_bwd.h).
 inline constexpr int32_t kMaxBwdLptBand = 64;
+inline constexpr int32_t kMaxStreamKMinShare = 64;
 
 /// -1: the selector decides; 0 / 1: forced off / on.
 struct KernelOverrides {
@@ -30,6 +31,9 @@ struct KernelOverrides {
   /// "bwd_lpt_band": the backward's key blocks per band of the longest-first order (1..64), 0: the
   /// selector's (bwd/tuning_bwd.h bwd_order)
   int32_t bwd_lpt_band = 0;
+  /// "stream_k_min_share": the least key blocks of a stream-K CTA's tail share (1..64); 0: 1, the
+  /// cost model alone picks the CTA count (core/stream_k.h plan_stream_k)
+  int32_t stream_k_min_share = 0;
   /// "bwd_walk": a backward CTA walks its query blocks from the last down ("desc", 1) or up ("asc", 0)
   int8_t bwd_descending = -1;
   /// "decode_cluster": the decode's splits merge in thread-block clusters wherever clusters take no

@@ -32,12 +32,18 @@ namespace fa4::detail {
 
 /// Cost model of the split (in key-block units of the bucket's tile_n): a tile costs
 /// blocks_per_tile + kTileFixedCostBlocks (Q load, first Q K^T without overlap, last PV, epilogue:
-/// measured ~1.4 blocks at d128, bench/results/history.md); a CTA's tail runs up to two
-/// pieces (two fixed costs) plus the merge of the partials (kCombineCostBlocks). A CTA's tail share
-/// is at least kStreamKMinBlocks key blocks.
+/// measured ~1.4 blocks at d128, bench/results/history.md); a CTA's tail runs its share and up to
+/// two pieces (two fixed costs; one where the shares cut the tiles into equal pieces) and one more
+/// for the split, and a tile's combiner merges the partials of the tile's other pieces one after
+/// another (kCombineCostBlocks each). H100, 8-32 tiles of 8-32 blocks, d64 and d128: each further
+/// piece of a tile cost 0.4-0.9 us, about half a block, and shares that did not align with the
+/// tiles about 2 blocks more (bench/results/history.md).
 inline constexpr float kTileFixedCostBlocks = 1.5f;
 inline constexpr float kCombineCostBlocks = 0.5f;
-inline constexpr int32_t kStreamKMinBlocks = 8;
+/// The least tail share of the splits the small-query route (hopper_api.cu small_q_on_decode)
+/// was measured against: it weighs the decode kernel against forwards that split this coarsely
+/// (tiles of about 16 key blocks and more), and keeps shorter tiles on the decode kernel.
+inline constexpr int32_t kStreamKRouteMinShare = 8;
 inline constexpr float kStreamKMinGain = 0.75f;  ///< automatic split: predicted tail time ratio at most this
 
 /// The split of one launch. tail_ctas == 0: off (every CTA runs whole tiles t = cta + k * grid).
@@ -65,7 +71,9 @@ struct WorkItem {
 /// Plans the split for num_tiles equal tiles of blocks_per_tile key blocks on num_sms SMs.
 /// mode: -1 automatic (fewer tiles than SMs, where the cost model above predicts a shorter
 /// makespan), 0 off, 1 on wherever there is a partial round to split (tests and the ablation).
-inline StreamKPlan plan_stream_k(int64_t num_tiles, int32_t num_sms, int32_t blocks_per_tile, int mode) {
+/// min_share: a CTA's least tail share in key blocks (0: 1; override "stream_k_min_share").
+inline StreamKPlan plan_stream_k(int64_t num_tiles, int32_t num_sms, int32_t blocks_per_tile, int mode,
+                                 int32_t min_share = 0) {
   StreamKPlan s;
   s.grid = int32_t(num_tiles < num_sms ? num_tiles : num_sms);
   if (mode == 0 || blocks_per_tile <= 0 || num_tiles <= 0 || num_sms <= 0) return s;
@@ -76,14 +84,34 @@ inline StreamKPlan plan_stream_k(int64_t num_tiles, int32_t num_sms, int32_t blo
   // The device walks the tail in 32-bit arithmetic (the producer warp runs on 24 registers, and a
   // 64-bit division there spilled): a tail of 2^31 key blocks or more is not split.
   if (tail_blocks > INT32_MAX - blocks_per_tile) return s;  // (a + nb - 1 below stays in range)
-  int64_t ctas = tail_blocks / kStreamKMinBlocks;
-  if (ctas > num_sms) ctas = num_sms;
-  if (ctas < 1) ctas = 1;
-  const int64_t share = (tail_blocks + ctas - 1) / ctas;
-  // Makespan of the tail: one more round of whole tiles, or a share plus up to two pieces' fixed
-  // costs and the merge (the whole-tile rounds before it are the same in both).
+  // Makespan of the tail on c CTAs: one more round of whole tiles, or the longest share plus the
+  // fixed costs of its pieces and the merge of a tile's pieces (the whole-tile rounds before it are
+  // the same in both). Where the shares cut every tile into equal pieces, each CTA runs one piece;
+  // otherwise up to two (a share that ends in the next tile), each with its fixed cost. The split
+  // pays one fixed cost more either way (the cooperative launch, the partials' stores and flags).
+  // More CTAs shorten the share but cut each tile into more pieces to merge.
   const float t_whole = float(blocks_per_tile) + kTileFixedCostBlocks;
-  const float t_split = float(share) + 2.f * kTileFixedCostBlocks + kCombineCostBlocks;
+  auto t_split_on = [&](int64_t c) {
+    const int64_t share = (tail_blocks + c - 1) / c;  // the longest share
+    const bool aligned = tail_blocks % c == 0 && blocks_per_tile % share == 0;
+    const int64_t pieces = (blocks_per_tile + share - 1) / share;  // of a tile (about, where not aligned)
+    return float(share) + kTileFixedCostBlocks * (aligned ? 2.f : 3.f) + kCombineCostBlocks * float(pieces - 1);
+  };
+  // At most one CTA per SM, each with at least min_share blocks; of those, the count with the
+  // shortest tail (the fewest CTAs on a tie), among the most CTAs and every count that cuts each
+  // tile into the same number of pieces.
+  int64_t max_ctas = tail_blocks / (min_share > 0 ? min_share : 1);
+  if (max_ctas > num_sms) max_ctas = num_sms;
+  if (max_ctas < 1) max_ctas = 1;
+  int64_t ctas = max_ctas;
+  float t_split = t_split_on(ctas);
+  for (int64_t c = tail_tiles; c < max_ctas && c / tail_tiles <= blocks_per_tile; c += tail_tiles) {
+    const float t = t_split_on(c);
+    if (t < t_split || (t == t_split && c < ctas)) {
+      ctas = c;
+      t_split = t;
+    }
+  }
   // Automatic: only with fewer tiles than SMs (then the split is split-KV: up to num_sms / tiles
   // times faster; H200 d128, 32 tiles of 256 key blocks: 4.9x). Splitting the last partial round
   // of a longer schedule measured no gain on H200 (d128 non-causal 4k/8k/16k, 15.5 rounds: +0.4%,

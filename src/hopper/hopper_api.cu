@@ -210,6 +210,12 @@ constexpr int64_t kSmallQMaxRows = 128;
 /// fewer tiles than SMs splits them over the idle SMs (stream-K), and then the decode kernel, which
 /// re-reads a KV head's keys for every row tile, is taken only while its tiles are few
 /// (launch_decode.h small_q_decode_beats_split_forward; always for one row tile per KV head).
+/// "Splits" here means shares of at least core/stream_k.h kStreamKRouteMinShare blocks, the splits
+/// that rule was measured against: a forward of shorter tiles (up to about 2k keys) that the plan
+/// now cuts finer stays on the decode kernel, which was faster there at d64 (H100, causal 128
+/// queries x 1k keys, 8 heads: 9.75 against 12.47 us; 64 queries 8.14 / 11.18) and level at d128
+/// (14.17 / 14.29; with 16 heads the finer split was 17% faster, 14.46 / 17.43:
+/// bench/results/history.md).
 std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& p, std::string* name) {
   const int8_t forced = detail::kernel_overrides().small_q_decode;
   if (forced == 0 || p.is_varlen || p.seqlen_q <= 0 || p.seqlen_k <= 0) return std::nullopt;
@@ -235,8 +241,10 @@ std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& 
     // launch_fwd.cuh plans it): then it is the faster unless the decode's tiles are few.
     if (fwd_tiles_walk_every_key(p, (p.seqlen_q + tile_m - 1) / tile_m)) {
       const int32_t fwd_blocks = int32_t((int64_t(p.seqlen_k) + fc->tile_n - 1) / fc->tile_n);
-      const detail::StreamKPlan sk =
-          detail::plan_stream_k(fwd_tiles, int32_t(sms), fwd_blocks, detail::kernel_overrides().stream_k);
+      // (Shares of at least kStreamKRouteMinShare blocks: the splits the rule was measured against.)
+      const detail::StreamKPlan sk = detail::plan_stream_k(fwd_tiles, int32_t(sms), fwd_blocks,
+                                                           detail::kernel_overrides().stream_k,
+                                                           detail::kStreamKRouteMinShare);
       if (sk.tail_ctas > 0 && !small_q_decode_beats_split_forward(p, fwd_tiles)) return std::nullopt;
     }
   }
@@ -364,6 +372,7 @@ void forward(const detail::FwdParams& p) {
   // off (0), or on for any partial last round of such a problem run in the static order (1; a
   // causal one with more tiles than SMs claims them dynamically and is not split).
   ctx.stream_k = o.stream_k;
+  ctx.stream_k_min_share = o.stream_k_min_share;
 
   const CallDevice call_device(p.device.index, "fa4::forward");
   if (p.is_varlen) ctx.async_error = async_error_record(p.device.index);  // on p's device

@@ -168,6 +168,27 @@ TEST(HopperHost, BackwardOrderOverrides) {
   EXPECT_EQ(kernel_overrides().bwd_descending, -1);
 }
 
+// stream_k_min_share: 1..64 or auto (0: the cost model alone), with bwd_lpt_band's errors.
+TEST(HopperHost, StreamKMinShareOverride) {
+  using fa4::detail::kernel_overrides;
+  using fa4::detail::set_kernel_override;
+  set_kernel_override("stream_k_min_share", "2");
+  EXPECT_EQ(kernel_overrides().stream_k_min_share, 2);
+  for (const char* bad : {"0", "65", "-2", "2.5", ""}) {
+    try {
+      set_kernel_override("stream_k_min_share", bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const fa4::Error& e) {
+      EXPECT_EQ(e.code(), fa4::ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("stream_k_min_share"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("1..64"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(kernel_overrides().stream_k_min_share, 2) << bad;
+  }
+  set_kernel_override("stream_k_min_share", "auto");
+  EXPECT_EQ(kernel_overrides().stream_k_min_share, 0);
+}
+
 // The backward's order: masked / varlen problems and deterministic mode longest first in the
 // row's bands and walk; other dense problems key block fastest, ascending; each override wins.
 TEST(HopperHost, BackwardOrderChoice) {

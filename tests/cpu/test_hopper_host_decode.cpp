@@ -367,7 +367,8 @@ TEST(HopperHost, SmallQueryRouteAgainstTheSplitForward) {
     p.num_heads = s.heads;
     p.num_heads_kv = s.heads_kv;
     const int64_t fwd_tiles = int64_t(s.batch) * s.heads * ((s.seqlen_q + 127) / 128);
-    const fa4::detail::StreamKPlan plan = fa4::detail::plan_stream_k(fwd_tiles, 132, (s.seqlen_k + 127) / 128, -1);
+    const fa4::detail::StreamKPlan plan = fa4::detail::plan_stream_k(fwd_tiles, 132, (s.seqlen_k + 127) / 128, -1,
+                                                                       fa4::detail::kStreamKRouteMinShare);
     EXPECT_GT(plan.tail_ctas, 0) << s.seqlen_q << " x " << s.seqlen_k << ": the forward would not split";
     EXPECT_EQ(fa4::hopper::small_q_decode_beats_split_forward(p, fwd_tiles), s.decode)
         << s.seqlen_q << " x " << s.seqlen_k << ", heads " << s.heads << "/" << s.heads_kv;

@@ -143,19 +143,48 @@ TEST(StreamK, CostModelSplitsFewLongTilesOnly) {
   EXPECT_EQ(forced.dp_rounds, 15);
   EXPECT_EQ(forced.tail_tile0, 15 * 132);
   EXPECT_EQ(forced.tail_blocks, 68 * 32);
-  // Fewer tiles than SMs (a small batch, long keys): spread over every SM.
+  // Fewer tiles than SMs (a small batch, long keys): spread over (about) every SM.
   const StreamKPlan small = plan_stream_k(16, 132, 256, -1);
   EXPECT_EQ(small.dp_rounds, 0);
-  EXPECT_EQ(small.grid, 132);
-  EXPECT_EQ(small.tail_ctas, 132);
+  EXPECT_EQ(small.grid, 128);
+  EXPECT_EQ(small.tail_ctas, 128);
   // ... but not when a tile has too few key blocks to pay for the pieces.
   EXPECT_EQ(plan_stream_k(16, 132, 3, -1).tail_ctas, 0);
   // Predicted gains below 25% are not taken (the launch costs the model leaves out ate them):
-  EXPECT_EQ(plan_stream_k(16, 132, 12, -1).tail_ctas, 0);   // 12 -> 8 + 3.5 blocks
+  EXPECT_EQ(plan_stream_k(8, 132, 7, -1).tail_ctas, 0);      // 8.5 -> 2 + 3 + 1.5 blocks
   EXPECT_EQ(plan_stream_k(128, 132, 128, -1).tail_ctas, 0);  // measured 4.7% slower split
-  EXPECT_EQ(plan_stream_k(16, 132, 12, 1).tail_ctas, 24);   // forced: 192 blocks, 24 CTAs of 8
+  EXPECT_EQ(plan_stream_k(16, 132, 12, -1).tail_ctas, 64);   // 13.5 -> 3 + 3 + 1.5 blocks
+  // A least share (override stream_k_min_share, the small-query route's kStreamKRouteMinShare)
+  // bounds the CTAs, forced or not.
+  EXPECT_EQ(plan_stream_k(16, 132, 12, 1, 8).tail_ctas, 24);  // 192 blocks, 24 CTAs of 8
+  EXPECT_EQ(plan_stream_k(16, 132, 12, -1, 8).tail_ctas, 0);  // 13.5 -> 8 + 3 + 0.5 blocks
   // A tail too long for the device's 32-bit walk is never split.
   EXPECT_EQ(plan_stream_k(100, 132, INT32_MAX / 64, 1).tail_ctas, 0);
+}
+
+// More CTAs shorten each one's share but cut every tile into more pieces, whose partials its
+// combiner merges one after another: the plan takes the count with the shortest predicted tail.
+// H100, causal chunks of 128 queries, kernel us at 2 / 4 / 8 pieces per tile (bench/results/
+// history.md): 8 tiles of 8 blocks (d64) 13.24 / 12.47 / 13.04, of 32 blocks 19.01 / 17.12 (8) /
+// 18.99 (16); 32 tiles of 8 blocks (d128) 15.27 / 14.99 / 15.13 (4 at 132 CTAs).
+TEST(StreamK, CostModelWeighsEachTilesMerge) {
+  struct Case {
+    int64_t tiles;
+    int32_t nb, ctas, share;
+  };
+  // (Shares that cut every tile into equal pieces save a piece's fixed cost: 16 tiles of 256 blocks
+  // take 128 CTAs of 32 blocks, not 132 of 31-32 that start and end inside tiles.)
+  for (const Case& c : {Case{8, 8, 32, 2}, Case{8, 32, 64, 4}, Case{32, 8, 128, 2}, Case{8, 16, 32, 4},
+                        Case{16, 256, 128, 32}, Case{48, 32, 132, 11}}) {
+    const StreamKPlan s = plan_stream_k(c.tiles, 132, c.nb, -1);
+    EXPECT_EQ(s.tail_ctas, c.ctas) << c.tiles << " tiles of " << c.nb;
+    EXPECT_EQ(s.grid, c.ctas) << c.tiles << " tiles of " << c.nb;
+    EXPECT_EQ(s.share, c.share) << c.tiles << " tiles of " << c.nb;
+  }
+  // The forced split takes the same count; a least share of 8 the old one-share-per-8-blocks plan.
+  EXPECT_EQ(plan_stream_k(8, 132, 8, 1).tail_ctas, 32);
+  EXPECT_EQ(plan_stream_k(8, 132, 8, -1, fa4::detail::kStreamKRouteMinShare).tail_ctas, 0);
+  EXPECT_EQ(plan_stream_k(8, 132, 16, -1, fa4::detail::kStreamKRouteMinShare).tail_ctas, 16);
 }
 
 }  // namespace

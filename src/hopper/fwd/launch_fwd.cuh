@@ -140,7 +140,9 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   const bool dynamic = ctx.dynamic_schedule && num_tiles > whole_tiles.grid;
   // Stream-K tail (core/stream_k.h): tiles that all walk the same key blocks, in the static order.
   const bool sk_eligible = fwd_tiles_walk_every_key(fp, m_blocks) && !dynamic;
-  p.sk = sk_eligible ? detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, ctx.stream_k) : whole_tiles;
+  p.sk = sk_eligible ? detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, ctx.stream_k,
+                                                  ctx.stream_k_min_share)
+                      : whole_tiles;
 
   // Device scratch (device_state.h): the dynamic schedule's claim counter or the stream-K flags,
   // zero when a launch starts and left zero by the kernel (the last claim resets the counter, each

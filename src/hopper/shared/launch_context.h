@@ -45,6 +45,9 @@ struct LaunchContext {
   /// where the cost model predicts a gain, 0 never, 1 wherever there is a partial round
   /// (override "stream_k" forces; tests and the ablation; common/overrides.h).
   int stream_k = -1;
+  /// ... and a CTA's least share of the tail's key blocks (0: the model's; override
+  /// "stream_k_min_share").
+  int32_t stream_k_min_share = 0;
   /// Decode: the splits of a tile merge through distributed shared memory as one thread-block
   /// cluster where that pays (-1, decode/launch_decode.h decode_cluster_size), wherever clusters
   /// take no more waves than the plain launch (1), or never (0): override "decode_cluster", for
