@@ -211,11 +211,12 @@ constexpr int64_t kSmallQMaxRows = 128;
 /// re-reads a KV head's keys for every row tile, is taken only while its tiles are few
 /// (launch_decode.h small_q_decode_beats_split_forward; always for one row tile per KV head).
 /// "Splits" here means shares of at least core/stream_k.h kStreamKRouteMinShare blocks, the splits
-/// that rule was measured against: a forward of shorter tiles (up to about 2k keys) that the plan
-/// now cuts finer stays on the decode kernel, which was faster there at d64 (H100, causal 128
-/// queries x 1k keys, 8 heads: 9.75 against 12.47 us; 64 queries 8.14 / 11.18) and level at d128
-/// (14.17 / 14.29; with 16 heads the finer split was 17% faster, 14.46 / 17.43:
-/// bench/results/history.md).
+/// that rule was measured against. A forward of shorter tiles (up to about 2k keys), which the plan
+/// cuts into pieces of a few blocks and finishes in about one piece's time, is taken while the
+/// decode's narrow tiles times the head dim are many (launch_decode.h
+/// small_q_decode_beats_fine_split_forward): the decode kernel is the faster for few tiles and
+/// small head dims (the issue's prefill chunk, 128 queries x 1k keys, 8 heads, d64: 9.75 against
+/// 12.47 us on an H100), the split forward from 96 narrow tiles at d128 and 64 at d256.
 std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& p, std::string* name) {
   const int8_t forced = detail::kernel_overrides().small_q_decode;
   if (forced == 0 || p.is_varlen || p.seqlen_q <= 0 || p.seqlen_k <= 0) return std::nullopt;
@@ -242,10 +243,15 @@ std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& 
     if (fwd_tiles_walk_every_key(p, (p.seqlen_q + tile_m - 1) / tile_m)) {
       const int32_t fwd_blocks = int32_t((int64_t(p.seqlen_k) + fc->tile_n - 1) / fc->tile_n);
       // (Shares of at least kStreamKRouteMinShare blocks: the splits the rule was measured against.)
-      const detail::StreamKPlan sk = detail::plan_stream_k(fwd_tiles, int32_t(sms), fwd_blocks,
-                                                           detail::kernel_overrides().stream_k,
-                                                           detail::kStreamKRouteMinShare);
+      const detail::KernelOverrides o = detail::kernel_overrides();
+      const detail::StreamKPlan sk =
+          detail::plan_stream_k(fwd_tiles, int32_t(sms), fwd_blocks, o.stream_k, detail::kStreamKRouteMinShare);
       if (sk.tail_ctas > 0 && !small_q_decode_beats_split_forward(p, fwd_tiles)) return std::nullopt;
+      // Shorter tiles: the launch's finer split.
+      if (sk.tail_ctas == 0 &&
+          detail::plan_stream_k(fwd_tiles, int32_t(sms), fwd_blocks, o.stream_k, o.stream_k_min_share).tail_ctas > 0 &&
+          !small_q_decode_beats_fine_split_forward(p, int32_t(sms)))
+        return std::nullopt;
     }
   }
   detail::KVCacheParams kp;

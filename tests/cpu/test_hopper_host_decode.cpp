@@ -342,6 +342,41 @@ TEST(HopperHost, DecodeEightWarps) {
   EXPECT_FALSE(eight(c128, 1));
 }
 
+// ... and against the finer split of short forward tiles (launch_decode.h
+// small_q_decode_beats_fine_split_forward, 132 SMs): the shapes measured on an H100 (tuning_decode.h
+// kSmallQDecodeColumnsPerSm), with their faster kernel.
+TEST(HopperHost, SmallQueryRouteAgainstTheFineSplitForward) {
+  struct Shape {
+    int32_t batch, seqlen_q, heads, heads_kv, d;
+    bool decode;
+  };
+  const Shape shapes[] = {
+      {1, 128, 8, 8, 64, true},     // the prefill chunk: 64 narrow tiles x 64
+      {1, 128, 16, 16, 64, true},   // 128 x 64
+      {1, 128, 8, 8, 128, true},    // 64 x 128 (level: 14.21 / 14.86 us)
+      {1, 64, 16, 16, 128, true},   // 64 x 128
+      {1, 32, 32, 32, 128, true},   // 64 x 128
+      {1, 128, 12, 12, 128, false},  // 96 x 128
+      {2, 128, 8, 8, 128, false},   // 128 x 128
+      {1, 128, 8, 8, 256, false},   // 64 x 256
+  };
+  for (const Shape& s : shapes) {
+    fa4::detail::FwdParams p;
+    p.batch = s.batch;
+    p.seqlen_q = s.seqlen_q;
+    p.seqlen_k = 1024;
+    p.num_heads = s.heads;
+    p.num_heads_kv = s.heads_kv;
+    p.headdim = p.headdim_v = s.d;
+    // The forward's tiles of 8 key blocks: split only by the launch's plan, not the route's coarse one.
+    const int64_t fwd_tiles = int64_t(s.batch) * s.heads;
+    EXPECT_EQ(fa4::detail::plan_stream_k(fwd_tiles, 132, 8, -1, fa4::detail::kStreamKRouteMinShare).tail_ctas, 0);
+    EXPECT_GT(fa4::detail::plan_stream_k(fwd_tiles, 132, 8, -1).tail_ctas, 0);
+    EXPECT_EQ(fa4::hopper::small_q_decode_beats_fine_split_forward(p, 132), s.decode)
+        << s.batch << " x " << s.seqlen_q << ", heads " << s.heads << ", d" << s.d;
+  }
+}
+
 // The small-query route against a forward that splits its keys (hopper_api.cu small_q_on_decode):
 // the decode is kept while its narrow tiles are at most kSmallQSplitForwardTiles times the
 // forward's (d128: forward tiles of 128 rows and 128 keys; 132 SMs). Each shape also checks that

@@ -145,6 +145,12 @@ TEST(HopperFwd, SmallQueryForwardsRunOnTheDecodeKernel) {
     // than twice the forward's 16 (launch_decode.h small_q_decode_beats_split_forward).
     Case f; f.seqlen_q = 128; f.seqlen_k = 8192; f.heads = f.heads_kv = 16; routes.push_back({f, false});
     f.causal = true; routes.push_back({f, false});  // a causal chunk of one tile per head splits as well
+    // Short keys (8 key blocks per forward tile): the forward's plan cuts them finer, and it is
+    // taken from about half the SMs' worth of narrow decode tiles x 128 columns
+    // (launch_decode.h small_q_decode_beats_fine_split_forward).
+    Case g; g.seqlen_q = 128; g.seqlen_k = 1024; g.heads = g.heads_kv = 16; g.causal = true;
+    routes.push_back({g, false});  // 128 narrow tiles x 128
+    g.heads = g.heads_kv = 8; routes.push_back({g, true});  // 64 x 128
   }
   for (const Route& r : routes) {
     Result res;

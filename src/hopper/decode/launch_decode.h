@@ -33,6 +33,14 @@ inline bool small_q_decode_beats_split_forward(const detail::FwdParams& p, int64
   return decode_tiles(p, detail::kDecodeNarrowRows) <= detail::kSmallQSplitForwardTiles * fwd_tiles;
 }
 
+/// ... where the forward's tiles are short, so only the finer split of the launch's plan cuts them
+/// (core/stream_k.h: kStreamKRouteMinShare): its narrow row tiles times max(headdim, headdim_v) at
+/// most kSmallQDecodeColumnsPerSm per SM.
+inline bool small_q_decode_beats_fine_split_forward(const detail::FwdParams& p, int32_t num_sms) {
+  return decode_tiles(p, detail::kDecodeNarrowRows) * std::max(p.headdim, p.headdim_v) <=
+         detail::kSmallQDecodeColumnsPerSm * num_sms;
+}
+
 /// Key blocks of the largest sequence the cache can hold (at least 1): shapes only, never
 /// cache_seqlens, so a captured graph replays for any lengths.
 inline int64_t decode_key_blocks(const detail::KVCacheParams& p, const detail::HopperDecodeConfig& c) {
