@@ -40,9 +40,7 @@ namespace fa4::detail {
 /// tiles about 2 blocks more (bench/results/history.md).
 inline constexpr float kTileFixedCostBlocks = 1.5f;
 inline constexpr float kCombineCostBlocks = 0.5f;
-/// The least tail share of the splits the small-query route (hopper_api.cu small_q_on_decode)
-/// was measured against: it weighs the decode kernel against forwards that split this coarsely
-/// (tiles of about 16 key blocks and more), and keeps shorter tiles on the decode kernel.
+/// The least tail share of the coarse split (stream_k_splits_coarsely, below).
 inline constexpr int32_t kStreamKRouteMinShare = 8;
 inline constexpr float kStreamKMinGain = 0.75f;  ///< automatic split: predicted tail time ratio at most this
 
@@ -97,30 +95,31 @@ inline StreamKPlan plan_stream_k(int64_t num_tiles, int32_t num_sms, int32_t blo
     const int64_t pieces = (blocks_per_tile + share - 1) / share;  // of a tile (about, where not aligned)
     return float(share) + kTileFixedCostBlocks * (aligned ? 2.f : 3.f) + kCombineCostBlocks * float(pieces - 1);
   };
+  // Automatic: only with fewer tiles than SMs (then the split is split-KV: up to num_sms / tiles
+  // times faster; H200 d128, 32 tiles of 256 key blocks: 4.9x). Splitting the last partial round
+  // of a longer schedule measured no gain on H200 (d128 non-causal 4k/8k/16k, 15.5 rounds: +0.4%,
+  // -2.7%, -0.7%; bench/results/README.md): the idle SMs of that round let the clock rise under the
+  // power cap, and the split's cooperative launch and merge cost the rest.
+  if (mode < 0 && rounds > 0) return s;
   // At most one CTA per SM, each with at least min_share blocks; of those, the count with the
-  // shortest tail (the fewest CTAs on a tie), among the most CTAs and every count that cuts each
-  // tile into the same number of pieces.
+  // shortest tail (the fewest CTAs on a tie), among the most CTAs and the counts that cut each
+  // tile into the same number of pieces (equal pieces where that number divides the tile's blocks).
   int64_t max_ctas = tail_blocks / (min_share > 0 ? min_share : 1);
   if (max_ctas > num_sms) max_ctas = num_sms;
   if (max_ctas < 1) max_ctas = 1;
   int64_t ctas = max_ctas;
   float t_split = t_split_on(ctas);
-  for (int64_t c = tail_tiles; c < max_ctas && c / tail_tiles <= blocks_per_tile; c += tail_tiles) {
+  for (int64_t c = tail_tiles; c < max_ctas; c += tail_tiles) {
     const float t = t_split_on(c);
     if (t < t_split || (t == t_split && c < ctas)) {
       ctas = c;
       t_split = t;
     }
   }
-  // Automatic: only with fewer tiles than SMs (then the split is split-KV: up to num_sms / tiles
-  // times faster; H200 d128, 32 tiles of 256 key blocks: 4.9x). Splitting the last partial round
-  // of a longer schedule measured no gain on H200 (d128 non-causal 4k/8k/16k, 15.5 rounds: +0.4%,
-  // -2.7%, -0.7%; bench/results/README.md): the idle SMs of that round let the clock rise under the
-  // power cap, and the split's cooperative launch and merge cost the rest.
-  // The model leaves out the per-launch costs (cooperative launch, merge waits): 128 tiles of 128
-  // blocks on 132 SMs, predicted 1% faster split, measured 4.7% slower (bench/results/history.md,
-  // 40a0661). So the split must be predicted kStreamKMinGain faster.
-  if (mode < 0 && (rounds > 0 || !(t_split < kStreamKMinGain * t_whole))) return s;
+  // Automatic: only where the split is predicted kStreamKMinGain faster. The model leaves out the
+  // per-launch costs (cooperative launch, merge waits): 128 tiles of 128 blocks on 132 SMs,
+  // predicted 1% faster split, measured 4.7% slower (bench/results/history.md, 40a0661).
+  if (mode < 0 && !(t_split < kStreamKMinGain * t_whole)) return s;
   s.grid = int32_t(rounds > 0 ? num_sms : ctas);
   s.tail_ctas = int32_t(ctas);
   s.dp_rounds = int32_t(rounds);
@@ -130,6 +129,29 @@ inline StreamKPlan plan_stream_k(int64_t num_tiles, int32_t num_sms, int32_t blo
   s.share = int32_t(tail_blocks / ctas);
   s.share_rem = int32_t(tail_blocks % ctas);
   return s;
+}
+
+/// Whether the coarse split splits num_tiles tiles of blocks_per_tile key blocks (mode as for
+/// plan_stream_k): as many CTAs as fit, one per SM, with shares of at least kStreamKRouteMinShare
+/// blocks, at a flat merge cost: plan_stream_k's decision before it chose its count by the cost
+/// model (6a9ef48), which the small-query route (hopper/decode/launch_decode.h
+/// small_q_split_forward_wins) was measured against. With fewer tiles than SMs it splits tiles of
+/// about 14 key blocks and more.
+inline bool stream_k_splits_coarsely(int64_t num_tiles, int32_t num_sms, int32_t blocks_per_tile, int mode) {
+  if (mode == 0 || blocks_per_tile <= 0 || num_tiles <= 0 || num_sms <= 0) return false;
+  const int64_t rounds = num_tiles / num_sms;
+  const int64_t tail_tiles = num_tiles - rounds * num_sms;
+  if (tail_tiles == 0) return false;
+  const int64_t tail_blocks = tail_tiles * blocks_per_tile;
+  if (tail_blocks > INT32_MAX - blocks_per_tile) return false;
+  if (mode > 0) return true;
+  if (rounds > 0) return false;
+  int64_t ctas = tail_blocks / kStreamKRouteMinShare;
+  if (ctas > num_sms) ctas = num_sms;
+  if (ctas < 1) ctas = 1;
+  const int64_t share = (tail_blocks + ctas - 1) / ctas;
+  return float(share) + 2.f * kTileFixedCostBlocks + kCombineCostBlocks <
+         kStreamKMinGain * (float(blocks_per_tile) + kTileFixedCostBlocks);
 }
 
 /// First position of CTA c's share in the tail sequence (tile-major, each tile's key blocks in

@@ -210,13 +210,15 @@ constexpr int64_t kSmallQMaxRows = 128;
 /// fewer tiles than SMs splits them over the idle SMs (stream-K), and then the decode kernel, which
 /// re-reads a KV head's keys for every row tile, is taken only while its tiles are few
 /// (launch_decode.h small_q_decode_beats_split_forward; always for one row tile per KV head).
-/// "Splits" here means shares of at least core/stream_k.h kStreamKRouteMinShare blocks, the splits
-/// that rule was measured against. A forward of shorter tiles (up to about 2k keys), which the plan
-/// cuts into pieces of a few blocks and finishes in about one piece's time, is taken while the
-/// decode's narrow tiles times the head dim are many (launch_decode.h
-/// small_q_decode_beats_fine_split_forward): the decode kernel is the faster for few tiles and
-/// small head dims (the issue's prefill chunk, 128 queries x 1k keys, 8 heads, d64: 9.75 against
-/// 12.47 us on an H100), the split forward from 96 narrow tiles at d128 and 64 at d256.
+/// "Splits" there means the coarse split that rule was measured against (core/stream_k.h
+/// stream_k_splits_coarsely: tiles of about 14 key blocks and more). Shorter tiles, which the
+/// launch's plan cuts into pieces of a few blocks and finishes in about one piece's time, go to the
+/// forward once the decode's narrow tiles times the head dim are many (more than 64 columns per SM,
+/// launch_decode.h small_q_decode_beats_fine_split_forward: above 66 narrow tiles at d128 and 33 at
+/// d256 on 132 SMs); measured on an H100, the decode kernel stayed the faster with 64 narrow tiles
+/// at d128 and 128 at d64 (the issue's prefill chunk, 128 queries x 1k keys, 8 heads, d64: 9.75
+/// against 12.47 us), the split forward with 96 at d128 and 64 at d256. One row tile per KV head
+/// (decode steps) always stays on the decode kernel (launch_decode.h small_q_split_forward_wins).
 std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& p, std::string* name) {
   const int8_t forced = detail::kernel_overrides().small_q_decode;
   if (forced == 0 || p.is_varlen || p.seqlen_q <= 0 || p.seqlen_k <= 0) return std::nullopt;
@@ -228,7 +230,7 @@ std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& 
   if (forced < 0) {
     const int64_t rows = decode_rows(p);
     if (rows > kSmallQMaxRows) return std::nullopt;
-    // Beyond one row tile the rule below was measured at unpadded widths only (d64, d128).
+    // Beyond one row tile the rule below was measured at unpadded widths only (d64, d128, d256).
     const detail::HopperDecodeConfig* dc = detail::hopper_decode_bucket(p.headdim, p.headdim_v);
     if (rows > detail::kDecodeNarrowRows && (!dc || dc->headdim != std::max(p.headdim, p.headdim_v)))
       return std::nullopt;
@@ -239,18 +241,11 @@ std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& 
     if (decode_tiles(p, detail::kDecodeNarrowRows) > sms * fwd_waves) return std::nullopt;  // the decode's walks
     // A forward whose tiles all walk every key (no mask, or a causal chunk of one query tile per
     // head) with fewer tiles than SMs splits its keys over the idle ones (stream-K, as
-    // launch_fwd.cuh plans it): then it is the faster unless the decode's tiles are few.
+    // launch_fwd.cuh plans it): then it is the faster unless the decode's tiles are few (above).
     if (fwd_tiles_walk_every_key(p, (p.seqlen_q + tile_m - 1) / tile_m)) {
       const int32_t fwd_blocks = int32_t((int64_t(p.seqlen_k) + fc->tile_n - 1) / fc->tile_n);
-      // (Shares of at least kStreamKRouteMinShare blocks: the splits the rule was measured against.)
       const detail::KernelOverrides o = detail::kernel_overrides();
-      const detail::StreamKPlan sk =
-          detail::plan_stream_k(fwd_tiles, int32_t(sms), fwd_blocks, o.stream_k, detail::kStreamKRouteMinShare);
-      if (sk.tail_ctas > 0 && !small_q_decode_beats_split_forward(p, fwd_tiles)) return std::nullopt;
-      // Shorter tiles: the launch's finer split.
-      if (sk.tail_ctas == 0 &&
-          detail::plan_stream_k(fwd_tiles, int32_t(sms), fwd_blocks, o.stream_k, o.stream_k_min_share).tail_ctas > 0 &&
-          !small_q_decode_beats_fine_split_forward(p, int32_t(sms)))
+      if (small_q_split_forward_wins(p, fwd_tiles, fwd_blocks, int32_t(sms), o.stream_k, o.stream_k_min_share))
         return std::nullopt;
     }
   }

@@ -11,6 +11,7 @@
 #include "core/stream_k.h"
 #include "fa4/error.h"
 #include "hopper/decode/launch_decode.h"
+#include "hopper/fwd/tuning_fwd.h"
 
 // The decode's cluster of splits (decode/launch_decode.h): the largest power of two up to 16 that
 // divides the split count and keeps the launch in as few waves as the plain launch (forced, and
@@ -342,23 +343,25 @@ TEST(HopperHost, DecodeEightWarps) {
   EXPECT_FALSE(eight(c128, 1));
 }
 
-// ... and against the finer split of short forward tiles (launch_decode.h
-// small_q_decode_beats_fine_split_forward, 132 SMs): the shapes measured on an H100 (tuning_decode.h
-// kSmallQDecodeColumnsPerSm), with their faster kernel.
+// ... and against the finer split of short forward tiles (launch_decode.h small_q_split_forward_wins
+// -> small_q_decode_beats_fine_split_forward, 132 SMs): the shapes measured on an H100
+// (tuning_decode.h kSmallQDecodeColumnsPerSm) with their faster kernel, over 1k keys; and one row
+// tile per KV head, which stays on the decode kernel whatever its columns.
 TEST(HopperHost, SmallQueryRouteAgainstTheFineSplitForward) {
   struct Shape {
     int32_t batch, seqlen_q, heads, heads_kv, d;
     bool decode;
   };
   const Shape shapes[] = {
-      {1, 128, 8, 8, 64, true},     // the prefill chunk: 64 narrow tiles x 64
-      {1, 128, 16, 16, 64, true},   // 128 x 64
-      {1, 128, 8, 8, 128, true},    // 64 x 128 (level: 14.21 / 14.86 us)
-      {1, 64, 16, 16, 128, true},   // 64 x 128
-      {1, 32, 32, 32, 128, true},   // 64 x 128
+      {1, 128, 8, 8, 64, true},      // the prefill chunk: 64 narrow tiles x 64
+      {1, 128, 16, 16, 64, true},    // 128 x 64
+      {1, 128, 8, 8, 128, true},     // 64 x 128 (level: 14.21 / 14.86 us)
+      {1, 64, 16, 16, 128, true},    // 64 x 128
+      {1, 32, 32, 32, 128, true},    // 64 x 128
       {1, 128, 12, 12, 128, false},  // 96 x 128
-      {2, 128, 8, 8, 128, false},   // 128 x 128
-      {1, 128, 8, 8, 256, false},   // 64 x 256
+      {2, 128, 8, 8, 128, false},    // 128 x 128
+      {1, 128, 8, 8, 256, false},    // 64 x 256
+      {1, 1, 40, 40, 256, true},     // 40 x 256, but one row tile per KV head: a decode step
   };
   for (const Shape& s : shapes) {
     fa4::detail::FwdParams p;
@@ -368,11 +371,14 @@ TEST(HopperHost, SmallQueryRouteAgainstTheFineSplitForward) {
     p.num_heads = s.heads;
     p.num_heads_kv = s.heads_kv;
     p.headdim = p.headdim_v = s.d;
-    // The forward's tiles of 8 key blocks: split only by the launch's plan, not the route's coarse one.
-    const int64_t fwd_tiles = int64_t(s.batch) * s.heads;
-    EXPECT_EQ(fa4::detail::plan_stream_k(fwd_tiles, 132, 8, -1, fa4::detail::kStreamKRouteMinShare).tail_ctas, 0);
-    EXPECT_GT(fa4::detail::plan_stream_k(fwd_tiles, 132, 8, -1).tail_ctas, 0);
-    EXPECT_EQ(fa4::hopper::small_q_decode_beats_fine_split_forward(p, 132), s.decode)
+    const fa4::detail::HopperFwdConfig* fc = fa4::detail::hopper_fwd_bucket(s.d, s.d);
+    ASSERT_NE(fc, nullptr);
+    const int64_t fwd_tiles = int64_t(s.batch) * s.heads * ((s.seqlen_q + fc->tile_m - 1) / fc->tile_m);
+    const int32_t fwd_blocks = (p.seqlen_k + fc->tile_n - 1) / fc->tile_n;
+    // Short tiles: split by the launch's plan only, not by the coarse split.
+    EXPECT_FALSE(fa4::detail::stream_k_splits_coarsely(fwd_tiles, 132, fwd_blocks, -1)) << s.d;
+    EXPECT_GT(fa4::detail::plan_stream_k(fwd_tiles, 132, fwd_blocks, -1).tail_ctas, 0) << s.d;
+    EXPECT_EQ(fa4::hopper::small_q_split_forward_wins(p, fwd_tiles, fwd_blocks, 132, -1, 0), !s.decode)
         << s.batch << " x " << s.seqlen_q << ", heads " << s.heads << ", d" << s.d;
   }
 }
@@ -380,7 +386,8 @@ TEST(HopperHost, SmallQueryRouteAgainstTheFineSplitForward) {
 // The small-query route against a forward that splits its keys (hopper_api.cu small_q_on_decode):
 // the decode is kept while its narrow tiles are at most kSmallQSplitForwardTiles times the
 // forward's (d128: forward tiles of 128 rows and 128 keys; 132 SMs). Each shape also checks that
-// the automatic stream-K plan splits that forward, so the rule is the one that applies.
+// the coarse split (core/stream_k.h stream_k_splits_coarsely) cuts that forward, so the rule is
+// the one that applies.
 TEST(HopperHost, SmallQueryRouteAgainstTheSplitForward) {
   struct Shape {
     int32_t batch, seqlen_q, seqlen_k, heads, heads_kv;
@@ -401,11 +408,13 @@ TEST(HopperHost, SmallQueryRouteAgainstTheSplitForward) {
     p.seqlen_k = s.seqlen_k;
     p.num_heads = s.heads;
     p.num_heads_kv = s.heads_kv;
+    p.headdim = p.headdim_v = 128;
     const int64_t fwd_tiles = int64_t(s.batch) * s.heads * ((s.seqlen_q + 127) / 128);
-    const fa4::detail::StreamKPlan plan = fa4::detail::plan_stream_k(fwd_tiles, 132, (s.seqlen_k + 127) / 128, -1,
-                                                                       fa4::detail::kStreamKRouteMinShare);
-    EXPECT_GT(plan.tail_ctas, 0) << s.seqlen_q << " x " << s.seqlen_k << ": the forward would not split";
+    const int32_t fwd_blocks = (s.seqlen_k + 127) / 128;
+    EXPECT_TRUE(fa4::detail::stream_k_splits_coarsely(fwd_tiles, 132, fwd_blocks, -1))
+        << s.seqlen_q << " x " << s.seqlen_k << ": the forward would not split";
     EXPECT_EQ(fa4::hopper::small_q_decode_beats_split_forward(p, fwd_tiles), s.decode)
         << s.seqlen_q << " x " << s.seqlen_k << ", heads " << s.heads << "/" << s.heads_kv;
+    EXPECT_EQ(fa4::hopper::small_q_split_forward_wins(p, fwd_tiles, fwd_blocks, 132, -1, 0), !s.decode);
   }
 }

@@ -151,22 +151,22 @@ TEST(StreamK, CostModelSplitsFewLongTilesOnly) {
   // ... but not when a tile has too few key blocks to pay for the pieces.
   EXPECT_EQ(plan_stream_k(16, 132, 3, -1).tail_ctas, 0);
   // Predicted gains below 25% are not taken (the launch costs the model leaves out ate them):
-  EXPECT_EQ(plan_stream_k(8, 132, 7, -1).tail_ctas, 0);      // 8.5 -> 2 + 3 + 1.5 blocks
+  EXPECT_EQ(plan_stream_k(8, 132, 7, -1).tail_ctas, 0);      // 8.5 -> 1 + 3 + 3 blocks (56 CTAs of 1)
   EXPECT_EQ(plan_stream_k(128, 132, 128, -1).tail_ctas, 0);  // measured 4.7% slower split
   EXPECT_EQ(plan_stream_k(16, 132, 12, -1).tail_ctas, 64);   // 13.5 -> 3 + 3 + 1.5 blocks
-  // A least share (override stream_k_min_share, the small-query route's kStreamKRouteMinShare)
-  // bounds the CTAs, forced or not.
+  // A least share (override stream_k_min_share) bounds the CTAs, forced or not.
   EXPECT_EQ(plan_stream_k(16, 132, 12, 1, 8).tail_ctas, 24);  // 192 blocks, 24 CTAs of 8
-  EXPECT_EQ(plan_stream_k(16, 132, 12, -1, 8).tail_ctas, 0);  // 13.5 -> 8 + 3 + 0.5 blocks
+  EXPECT_EQ(plan_stream_k(16, 132, 12, -1, 8).tail_ctas, 0);  // 13.5 -> 8 + 4.5 + 0.5 (shares straddle tiles)
+  EXPECT_EQ(plan_stream_k(8, 132, 16, -1, 8).tail_ctas, 16);  // halves: 17.5 -> 8 + 3 + 0.5
   // A tail too long for the device's 32-bit walk is never split.
   EXPECT_EQ(plan_stream_k(100, 132, INT32_MAX / 64, 1).tail_ctas, 0);
 }
 
 // More CTAs shorten each one's share but cut every tile into more pieces, whose partials its
 // combiner merges one after another: the plan takes the count with the shortest predicted tail.
-// H100, causal chunks of 128 queries, kernel us at 2 / 4 / 8 pieces per tile (bench/results/
-// history.md): 8 tiles of 8 blocks (d64) 13.24 / 12.47 / 13.04, of 32 blocks 19.01 / 17.12 (8) /
-// 18.99 (16); 32 tiles of 8 blocks (d128) 15.27 / 14.99 / 15.13 (4 at 132 CTAs).
+// H100, causal chunks of 128 queries, kernel us by pieces per tile (bench/results/history.md):
+// 8 tiles of 8 blocks (d64) 2 / 4 / 8 pieces 13.24 / 12.47 / 13.04; of 32 blocks 4 / 8 / 16 pieces
+// 19.01 / 17.12 / 18.99; 32 tiles of 8 blocks (d128) 2 / 4 pieces 15.27 / 14.99 (132 CTAs: 15.13).
 TEST(StreamK, CostModelWeighsEachTilesMerge) {
   struct Case {
     int64_t tiles;
@@ -181,10 +181,31 @@ TEST(StreamK, CostModelWeighsEachTilesMerge) {
     EXPECT_EQ(s.grid, c.ctas) << c.tiles << " tiles of " << c.nb;
     EXPECT_EQ(s.share, c.share) << c.tiles << " tiles of " << c.nb;
   }
-  // The forced split takes the same count; a least share of 8 the old one-share-per-8-blocks plan.
+  // The forced split takes the same count.
   EXPECT_EQ(plan_stream_k(8, 132, 8, 1).tail_ctas, 32);
-  EXPECT_EQ(plan_stream_k(8, 132, 8, -1, fa4::detail::kStreamKRouteMinShare).tail_ctas, 0);
-  EXPECT_EQ(plan_stream_k(8, 132, 16, -1, fa4::detail::kStreamKRouteMinShare).tail_ctas, 16);
+}
+
+// The coarse split (the decision the small-query route was measured against): as many CTAs as fit
+// with shares of at least 8 blocks, a flat merge cost; with fewer tiles than SMs it splits tiles of
+// 14 key blocks and more, where the cost-model plan also splits tiles of 7-13.
+TEST(StreamK, CoarseSplitSplitsTilesOfFourteenBlocksAndMore) {
+  using fa4::detail::stream_k_splits_coarsely;
+  for (int64_t tiles : {8, 16, 32}) {
+    EXPECT_FALSE(stream_k_splits_coarsely(tiles, 132, 8, -1)) << tiles;
+    EXPECT_FALSE(stream_k_splits_coarsely(tiles, 132, 13, -1)) << tiles;
+    EXPECT_TRUE(stream_k_splits_coarsely(tiles, 132, 14, -1)) << tiles;
+    EXPECT_TRUE(stream_k_splits_coarsely(tiles, 132, 256, -1)) << tiles;
+    EXPECT_GT(plan_stream_k(tiles, 132, 13, -1).tail_ctas, 0) << tiles;
+  }
+  // Few tiles: shares of 8 leave too few CTAs (2 tiles of 14 blocks: 3 CTAs of 10; 1 of 15: one).
+  EXPECT_FALSE(stream_k_splits_coarsely(2, 132, 14, -1));
+  EXPECT_FALSE(stream_k_splits_coarsely(1, 132, 15, -1));
+  EXPECT_TRUE(stream_k_splits_coarsely(1, 132, 16, -1));
+  EXPECT_FALSE(stream_k_splits_coarsely(2048, 132, 32, -1));  // the last partial round
+  EXPECT_TRUE(stream_k_splits_coarsely(2048, 132, 32, 1));    // ... forced
+  EXPECT_FALSE(stream_k_splits_coarsely(264, 132, 32, 1));    // full rounds
+  EXPECT_FALSE(stream_k_splits_coarsely(8, 132, 256, 0));
+  EXPECT_FALSE(stream_k_splits_coarsely(100, 132, INT32_MAX / 64, 1));
 }
 
 }  // namespace

@@ -49,7 +49,7 @@ TEST(HopperFwd, SchedulesAgreeBitwise) {
 }
 
 // Stream-K tail (core/stream_k.h, src/hopper/shared/stream_k.cuh), forced on: tiles cut into pieces
-// of ~8 key blocks across 2-32 CTAs, the combiner merging partials whose maxima differ (rising
+// of a few key blocks (3-7, the plan's count) across 16-54 CTAs, some straddling tiles, the combiner merging partials whose maxima differ (rising
 // scores, so every piece has its own max), masked tail keys in the combiner's first block, sink,
 // softcap, GQA, fp16, every bucket, causal and right-windowed chunks of one query tile per head.
 // Each case is checked against the references by run_case (and run twice: the merge order is
@@ -61,7 +61,7 @@ TEST(HopperFwd, StreamKTailMatchesReference) {
   std::vector<Case> cases;
   for (int d : {64, 96, 128, 192, 256}) {
     Case c; c.heads = 3; c.heads_kv = 1; c.seqlen_q = 200; c.seqlen_k = 5000; c.d = c.dv = d;
-    cases.push_back(c);  // 6 tiles of 40-63 blocks on many CTAs: pieces of ~8 blocks
+    cases.push_back(c);  // 6 tiles of 40-63 blocks on many CTAs: pieces of a few blocks
   }
   {
     Case c; c.heads = 2; c.seqlen_q = 256; c.seqlen_k = 3000; c.sink = true; c.dtype = DType::kFP16;

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "core/params.h"
+#include "core/stream_k.h"
 #include "hopper/decode/tuning_decode.h"
 #include "hopper/shared/launch_context.h"
 
@@ -34,11 +35,27 @@ inline bool small_q_decode_beats_split_forward(const detail::FwdParams& p, int64
 }
 
 /// ... where the forward's tiles are short, so only the finer split of the launch's plan cuts them
-/// (core/stream_k.h: kStreamKRouteMinShare): its narrow row tiles times max(headdim, headdim_v) at
-/// most kSmallQDecodeColumnsPerSm per SM.
+/// (not core/stream_k.h stream_k_splits_coarsely): its narrow row tiles times max(headdim,
+/// headdim_v) at most kSmallQDecodeColumnsPerSm per SM.
 inline bool small_q_decode_beats_fine_split_forward(const detail::FwdParams& p, int32_t num_sms) {
   return decode_tiles(p, detail::kDecodeNarrowRows) * std::max(p.headdim, p.headdim_v) <=
          detail::kSmallQDecodeColumnsPerSm * num_sms;
+}
+
+/// Whether a small-query forward that the decode kernel could take (hopper_api.cu
+/// small_q_on_decode), whose fwd_tiles tiles all walk the same fwd_blocks key blocks
+/// (fwd/launch_fwd.h fwd_tiles_walk_every_key), runs on the forward kernel for its stream-K split
+/// instead. stream_k, min_share: the overrides, as the launch plans with them. Where the coarse
+/// split cuts the tiles: small_q_decode_beats_split_forward decides; where only the launch's finer
+/// plan does (shorter tiles): small_q_decode_beats_fine_split_forward, except for one row tile per
+/// KV head (decode steps), which always stays on the decode kernel.
+inline bool small_q_split_forward_wins(const detail::FwdParams& p, int64_t fwd_tiles, int32_t fwd_blocks,
+                                       int32_t num_sms, int stream_k, int32_t min_share) {
+  if (detail::stream_k_splits_coarsely(fwd_tiles, num_sms, fwd_blocks, stream_k))
+    return !small_q_decode_beats_split_forward(p, fwd_tiles);
+  return decode_row_tiles(p, detail::kDecodeNarrowRows) > 1 &&
+         detail::plan_stream_k(fwd_tiles, num_sms, fwd_blocks, stream_k, min_share).tail_ctas > 0 &&
+         !small_q_decode_beats_fine_split_forward(p, num_sms);
 }
 
 /// Key blocks of the largest sequence the cache can hold (at least 1): shapes only, never

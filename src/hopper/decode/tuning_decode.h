@@ -85,10 +85,11 @@ inline constexpr int32_t kDecodeMaxAutoSplitsFullTile = 8;
 /// the forward's: 1 x 128 queries x 32k keys, 16 heads, ran on the decode at 107 TFLOP/s (128
 /// narrow tiles against 16 forward tiles), the split forward at 262-373.
 inline constexpr int64_t kSmallQSplitForwardTiles = 2;
-/// ... and against a forward of shorter tiles (fewer than about 14 key blocks), which the plan
-/// cuts into pieces of 1-4 blocks (core/stream_k.h plan_stream_k) and which finishes in about one
-/// piece's time whatever the heads: the decode is kept while its narrow tiles times the head dim
-/// are at most this many columns per SM, i.e. its tiles' walks stay short. H100, causal chunks
+/// ... and against a forward of shorter tiles (fewer than about 14 key blocks: core/stream_k.h
+/// stream_k_splits_coarsely), which the launch's plan cuts into pieces of 1-4 blocks
+/// (plan_stream_k) and which finishes in about one piece's time whatever the heads: the decode is
+/// kept while its narrow tiles times the head dim are at most this many columns per SM, i.e. its
+/// tiles' walks stay short (one row tile per KV head always stays). H100, causal chunks
 /// of 128 queries over 1k keys, kernel us decode / split forward: d128 8 heads (64 narrow tiles)
 /// 14.21 / 14.86, 12 heads 17.2 / 14.61, 16 heads 17.49 / 14.68, batch 2 17.53 / 14.61, 16 heads
 /// over 1.5k keys 20.9 / 15.7, d256 8 heads 27.85 / 24.13; d64 8 heads 9.75 / 12.47 (the issue's
