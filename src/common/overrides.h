@@ -15,6 +15,7 @@ namespace fa4::detail {
 
 /// The widest band "bwd_lpt_band" accepts (and the tuning table may hold: bwd/tuning_bwd.h).
 inline constexpr int32_t kMaxBwdLptBand = 64;
+/// The largest least share (key blocks) "stream_k_min_share" accepts.
 inline constexpr int32_t kMaxStreamKMinShare = 64;
 
 /// -1: the selector decides; 0 / 1: forced off / on.
