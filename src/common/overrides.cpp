@@ -35,6 +35,16 @@ const Knob kKnobs[] = {
     {"capture_scratch", "graph", "retained", &g_capture_scratch},
 };
 
+/// Integer knobs: 1..max, or "auto" (0: the selector's).
+struct IntKnob {
+  const char* name;
+  int32_t max;
+  std::atomic<int32_t>* slot;
+};
+
+const IntKnob kIntKnobs[] = {{"bwd_lpt_band", kMaxBwdLptBand, &g_bwd_lpt_band},
+                             {"stream_k_min_share", kMaxStreamKMinShare, &g_stream_k_min_share}};
+
 }  // namespace
 
 KernelOverrides kernel_overrides() {
@@ -57,15 +67,7 @@ KernelOverrides kernel_overrides() {
 void set_kernel_override(const char* name, const char* value) {
   constexpr const char* kFn = "fa4_internal_set_override";
   if (!name || !value) throw Error(ErrorCode::kInvalidArgument, std::string(kFn) + ": name and value must not be NULL");
-  // Integer knobs: 1..max, or "auto" (0: the selector's).
-  struct IntKnob {
-    const char* name;
-    int32_t max;
-    std::atomic<int32_t>* slot;
-  };
-  const IntKnob int_knobs[] = {{"bwd_lpt_band", kMaxBwdLptBand, &g_bwd_lpt_band},
-                               {"stream_k_min_share", kMaxStreamKMinShare, &g_stream_k_min_share}};
-  for (const IntKnob& k : int_knobs) {
+  for (const IntKnob& k : kIntKnobs) {
     if (std::strcmp(name, k.name) != 0) continue;
     int32_t v = 0;
     if (std::strcmp(value, "auto") != 0) {

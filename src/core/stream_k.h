@@ -66,6 +66,26 @@ struct WorkItem {
   int32_t role = 0;
 };
 
+/// The partial last round of num_tiles tiles of blocks_per_tile key blocks on num_sms SMs, as far
+/// as a split can take it: tiles == 0 where there is nothing to split (no partial round, or bad
+/// sizes) or the tail is too long for the device's 32-bit walk (the producer warp runs on 24
+/// registers, and a 64-bit division there spilled: tails of 2^31 key blocks or more).
+struct StreamKTail {
+  int64_t rounds = 0;  ///< full rounds of whole tiles before it
+  int64_t tiles = 0;   ///< tiles of the partial round
+  int64_t blocks = 0;  ///< their key blocks (< 2^31 - blocks_per_tile: a + nb - 1 stays in range)
+};
+
+inline StreamKTail stream_k_tail(int64_t num_tiles, int32_t num_sms, int32_t blocks_per_tile) {
+  StreamKTail t;
+  if (blocks_per_tile <= 0 || num_tiles <= 0 || num_sms <= 0) return t;
+  t.rounds = num_tiles / num_sms;
+  t.tiles = num_tiles - t.rounds * num_sms;
+  t.blocks = t.tiles * blocks_per_tile;
+  if (t.blocks > INT32_MAX - blocks_per_tile) t.tiles = t.blocks = 0;
+  return t;
+}
+
 /// Plans the split for num_tiles equal tiles of blocks_per_tile key blocks on num_sms SMs.
 /// mode: -1 automatic (fewer tiles than SMs, where the cost model above predicts a shorter
 /// makespan), 0 off, 1 on wherever there is a partial round to split (tests and the ablation).
@@ -74,14 +94,9 @@ inline StreamKPlan plan_stream_k(int64_t num_tiles, int32_t num_sms, int32_t blo
                                  int32_t min_share = 0) {
   StreamKPlan s;
   s.grid = int32_t(num_tiles < num_sms ? num_tiles : num_sms);
-  if (mode == 0 || blocks_per_tile <= 0 || num_tiles <= 0 || num_sms <= 0) return s;
-  const int64_t rounds = num_tiles / num_sms;
-  const int64_t tail_tiles = num_tiles - rounds * num_sms;
-  if (tail_tiles == 0) return s;  // every round full: nothing to balance
-  const int64_t tail_blocks = tail_tiles * blocks_per_tile;
-  // The device walks the tail in 32-bit arithmetic (the producer warp runs on 24 registers, and a
-  // 64-bit division there spilled): a tail of 2^31 key blocks or more is not split.
-  if (tail_blocks > INT32_MAX - blocks_per_tile) return s;  // (a + nb - 1 below stays in range)
+  const StreamKTail tail = stream_k_tail(num_tiles, num_sms, blocks_per_tile);
+  if (mode == 0 || tail.tiles == 0) return s;  // (every round full: nothing to balance)
+  const int64_t rounds = tail.rounds, tail_tiles = tail.tiles, tail_blocks = tail.blocks;
   // Makespan of the tail on c CTAs: one more round of whole tiles, or the longest share plus the
   // fixed costs of its pieces and the merge of a tile's pieces (the whole-tile rounds before it are
   // the same in both). Where the shares cut every tile into equal pieces, each CTA runs one piece;
@@ -93,7 +108,8 @@ inline StreamKPlan plan_stream_k(int64_t num_tiles, int32_t num_sms, int32_t blo
     const int64_t share = (tail_blocks + c - 1) / c;  // the longest share
     const bool aligned = tail_blocks % c == 0 && blocks_per_tile % share == 0;
     const int64_t pieces = (blocks_per_tile + share - 1) / share;  // of a tile (about, where not aligned)
-    return float(share) + kTileFixedCostBlocks * (aligned ? 2.f : 3.f) + kCombineCostBlocks * float(pieces - 1);
+    return float(share) + kTileFixedCostBlocks * (aligned ? 2.f : 3.f) +
+           kCombineCostBlocks * float(pieces - 1);
   };
   // Automatic: only with fewer tiles than SMs (then the split is split-KV: up to num_sms / tiles
   // times faster; H200 d128, 32 tiles of 256 key blocks: 4.9x). Splitting the last partial round
@@ -138,18 +154,14 @@ inline StreamKPlan plan_stream_k(int64_t num_tiles, int32_t num_sms, int32_t blo
 /// small_q_split_forward_wins) was measured against. With fewer tiles than SMs it splits tiles of
 /// about 14 key blocks and more.
 inline bool stream_k_splits_coarsely(int64_t num_tiles, int32_t num_sms, int32_t blocks_per_tile, int mode) {
-  if (mode == 0 || blocks_per_tile <= 0 || num_tiles <= 0 || num_sms <= 0) return false;
-  const int64_t rounds = num_tiles / num_sms;
-  const int64_t tail_tiles = num_tiles - rounds * num_sms;
-  if (tail_tiles == 0) return false;
-  const int64_t tail_blocks = tail_tiles * blocks_per_tile;
-  if (tail_blocks > INT32_MAX - blocks_per_tile) return false;
+  const StreamKTail tail = stream_k_tail(num_tiles, num_sms, blocks_per_tile);
+  if (mode == 0 || tail.tiles == 0) return false;
   if (mode > 0) return true;
-  if (rounds > 0) return false;
-  int64_t ctas = tail_blocks / kStreamKRouteMinShare;
+  if (tail.rounds > 0) return false;
+  int64_t ctas = tail.blocks / kStreamKRouteMinShare;
   if (ctas > num_sms) ctas = num_sms;
   if (ctas < 1) ctas = 1;
-  const int64_t share = (tail_blocks + ctas - 1) / ctas;
+  const int64_t share = (tail.blocks + ctas - 1) / ctas;
   return float(share) + 2.f * kTileFixedCostBlocks + kCombineCostBlocks <
          kStreamKMinGain * (float(blocks_per_tile) + kTileFixedCostBlocks);
 }

@@ -220,7 +220,8 @@ constexpr int64_t kSmallQMaxRows = 128;
 /// against 12.47 us), the split forward with 96 at d128 and 64 at d256. One row tile per KV head
 /// (decode steps) always stays on the decode kernel (launch_decode.h small_q_split_forward_wins).
 std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& p, std::string* name) {
-  const int8_t forced = detail::kernel_overrides().small_q_decode;
+  const detail::KernelOverrides o = detail::kernel_overrides();
+  const int8_t forced = o.small_q_decode;
   if (forced == 0 || p.is_varlen || p.seqlen_q <= 0 || p.seqlen_k <= 0) return std::nullopt;
   if (p.exp2_fraction_given && p.exp2_emulation.emulated > 0) return std::nullopt;  // decode: MUFU only
   // Only where the forward kernel exists in this build too: what forward_support accepts must not
@@ -244,7 +245,6 @@ std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& 
     // launch_fwd.cuh plans it): then it is the faster unless the decode's tiles are few (above).
     if (fwd_tiles_walk_every_key(p, (p.seqlen_q + tile_m - 1) / tile_m)) {
       const int32_t fwd_blocks = int32_t((int64_t(p.seqlen_k) + fc->tile_n - 1) / fc->tile_n);
-      const detail::KernelOverrides o = detail::kernel_overrides();
       if (small_q_split_forward_wins(p, fwd_tiles, fwd_blocks, int32_t(sms), o.stream_k, o.stream_k_min_share))
         return std::nullopt;
     }

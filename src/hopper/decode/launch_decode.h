@@ -53,9 +53,10 @@ inline bool small_q_split_forward_wins(const detail::FwdParams& p, int64_t fwd_t
                                        int32_t num_sms, int stream_k, int32_t min_share) {
   if (detail::stream_k_splits_coarsely(fwd_tiles, num_sms, fwd_blocks, stream_k))
     return !small_q_decode_beats_split_forward(p, fwd_tiles);
+  // (The plan last: the tile counts are cheaper to read than its search.)
   return decode_row_tiles(p, detail::kDecodeNarrowRows) > 1 &&
-         detail::plan_stream_k(fwd_tiles, num_sms, fwd_blocks, stream_k, min_share).tail_ctas > 0 &&
-         !small_q_decode_beats_fine_split_forward(p, num_sms);
+         !small_q_decode_beats_fine_split_forward(p, num_sms) &&
+         detail::plan_stream_k(fwd_tiles, num_sms, fwd_blocks, stream_k, min_share).tail_ctas > 0;
 }
 
 /// Key blocks of the largest sequence the cache can hold (at least 1): shapes only, never
