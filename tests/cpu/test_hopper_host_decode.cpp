@@ -270,9 +270,15 @@ TEST(HopperHost, DecodeTile) {
   EXPECT_EQ(decode_tile(p, c128, sms).ctas_per_sm, c128.wide_ctas_per_sm);
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c128, sms), 16);
   EXPECT_EQ(decode_tile(p, c256, sms).rows, fa4::detail::kDecodeNarrowRows);  // no wide kernel at d256
-  p.batch = 1;  // 124 steps per SM: narrow
+  p.batch = 1;  // 124 steps per SM: narrow with 64 rows per KV head ...
   EXPECT_EQ(decode_tile(p, c128, sms).rows, fa4::detail::kDecodeNarrowRows);
   EXPECT_EQ(decode_tile(p, c128, sms).ctas_per_sm, c128.ctas_per_sm);
+  p.seqlen_q = 16;  // ... wide with 128 rows: 64 narrow tiles x 198 blocks = 96 steps per SM
+  p.key_capacity = 198 * 64;
+  EXPECT_EQ(decode_tile(p, c128, sms).rows, fa4::detail::kDecodeWideRows);
+  p.key_capacity = 197 * 64;  // one block less: narrow
+  EXPECT_EQ(decode_tile(p, c128, sms).rows, fa4::detail::kDecodeNarrowRows);
+  p.key_capacity = 32768;
   p.batch = 4;
   p.seqlen_q = 7;  // 56 rows: narrow however many steps
   EXPECT_EQ(decode_tile(p, c128, sms).rows, fa4::detail::kDecodeNarrowRows);

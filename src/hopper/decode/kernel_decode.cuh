@@ -23,12 +23,13 @@
 //   * gathers K/V rows one by one with cp.async (16 bytes per copy; a row's address comes from the
 //     page table when paged, so every page size works and pages may be in any order), into a ring
 //     of `stages` swizzled smem blocks;
-//   * computes on mma.sync m16n8k16 in one of two tile shapes (kRowWarps): a narrow tile of 16 rows
-//     whose warp w of 4 takes keys 16w..16w+15 of each 64-key block (decode steps: few rows, and
-//     the warps still share every K/V load; where a CTA has its SM to itself, 8 warps on 128-key
-//     blocks, two per scheduler to overlap their latency chains), or a wide tile of 64 rows whose
-//     warp w takes rows 16w..16w+15 and all 64 keys (chunked prefill, speculative decoding with
-//     many rows: a K/V block's copies then serve 4x the rows). Each warp keeps its own
+//   * computes in one of two tile shapes (kRowWarps): a narrow tile of 16 rows on mma.sync
+//     m16n8k16, whose warp w of 4 takes keys 16w..16w+15 of each 64-key block (decode steps: few
+//     rows, and the warps still share every K/V load; where a CTA has its SM to itself, 8 warps on
+//     128-key blocks, two per scheduler to overlap their latency chains), or a wide tile of 64 rows
+//     on one warpgroup's wgmma, whose warp w holds rows 16w..16w+15 over all 64 keys (chunked
+//     prefill, speculative decoding with many rows: a K/V block's copies then serve 4x the rows;
+//     its ring is in wgmma's swizzled layout, swz_slab). Each warp keeps its own
 //     online-softmax state (lazy rescaling, FlashAttention-4 Sec. 3: the running max is raised only
 //     when it grows by more than tau); the warps that share rows merge at the end.
 // Device-resident indices are checked here (the host never reads them): cache_seqlens,
@@ -50,6 +51,7 @@
 #include "core/params.h"
 #include "core/softmax.h"
 #include "hopper/arch/arch.cuh"
+#include "hopper/arch/wgmma_raw.cuh"
 #include "hopper/decode/args_decode.cuh"
 #include "hopper/decode/merge_decode.cuh"
 #include "hopper/decode/tuning_decode.h"
@@ -151,6 +153,13 @@ template <int kD>
 __device__ __forceinline__ int swz(int r, int c) {
   return r * kD + ((c ^ (r & 7)) << 3);
 }
+/// The wide tile's layout of Q and of each K / V block (64 rows each): wgmma's 128-byte swizzle
+/// (arch/wgmma_raw.cuh), slabs of 64 columns x 64 rows one after another, chunk c of row r in slab
+/// c / 8 at chunk (c % 8) ^ (r % 8). At kD = 64 it is swz's.
+template <int kD>
+__device__ __forceinline__ int swz_slab(int r, int c) {
+  return (c >> 3) * (64 * 64) + r * 64 + (((c & 7) ^ (r & 7)) << 3);
+}
 
 /// Key of a decode kernel's once-per-device shared-memory raise (launch_common.cuh).
 template <bool kBF16, int kD, int kRows, int kBlockN>
@@ -168,6 +177,10 @@ struct DecodeSmem {
   static constexpr int kStageElems = 2 * kBlockN * kD;  // K block then V block
   // + the K/V row offsets of every stage's block (int64, 2 x kBlockN per stage).
   static constexpr int kBytes = (kQElems + kStages * kStageElems) * 2 + kStages * 2 * kBlockN * 8;
+  // The wide tile's wgmma operands start on 1024-byte boundaries (the swizzle's period): the kernel
+  // rounds the dynamic shared memory's start up to one, within this much more.
+  static constexpr int kAlignPad = kRows == 64 ? 1024 : 0;
+  static constexpr int kAllocBytes = kBytes + kAlignPad;
   // The cross-warp merge reuses the ring: kWarps x 16 rows x kOStride fp32 + row stats. Rows are
   // kD + 8 floats apart: a warp's float2 store of its O fragment writes 8 rows, which kD apart all
   // fall on the same 8 banks (8 wavefronts instead of 2).
@@ -179,7 +192,7 @@ struct DecodeSmem {
   // each of `cluster` CTAs, their kRows log2-sum-exps each and their broken-index flags. It cannot
   // share the ring: peers push while this CTA may still be walking its keys.
   static constexpr int cluster_bytes(int cluster) {
-    return kBytes + (ClusterRecv::bytes<kD, kRows>(cluster) + 15) / 16 * 16;
+    return kAllocBytes + (ClusterRecv::bytes<kD, kRows>(cluster) + 15) / 16 * 16;
   }
 };
 
@@ -203,8 +216,15 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
   static_assert(kBlockN == 16 * kKeyWarps * kKeyGroups, "a block's keys are the warps' 16-key groups");
   constexpr int kC = kD / 8;            // 16-byte chunks per row
   constexpr int kRowsPerPass = kThreads / kC;
+  // The wide tile computes on one warpgroup's wgmma (m64: its 4 warps' 64 rows), reading Q, K and
+  // V from shared memory in wgmma's swizzled layout (swz_slab); the narrow tile on mma.sync.
+  constexpr bool kWgmma = kRowWarps == 4;
+  static_assert(!kWgmma || kD == 64 || kD == 128, "the wide tile's P V wgmma is 64 or 128 columns wide");
   extern __shared__ __align__(128) char smem_raw[];
-  Elem* sQ = reinterpret_cast<Elem*>(smem_raw);
+  char* const smem = kWgmma ? smem_raw + ((1024u - (uint32_t(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u)
+                            : smem_raw;
+  auto tile_off = [](int r, int c) { return kWgmma ? swz_slab<kD>(r, c) : swz<kD>(r, c); };
+  Elem* sQ = reinterpret_cast<Elem*>(smem);
   Elem* sRing = sQ + Smem::kQElems;
 
   const detail::KVCacheParams& p = a.p;
@@ -281,7 +301,7 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
       const PackedRow pr = packed_row(a, kv_head, row);
       src = q + int64_t(b) * p.q_stride.batch + int64_t(pr.i) * p.q_stride.row + int64_t(pr.h) * p.q_stride.head + c * 8;
     }
-    arch::cp_async_16(sQ + swz<kD>(r, c), src, valid);
+    arch::cp_async_16(sQ + tile_off(r, c), src, valid);
   }
 
   const Elem* k_base = static_cast<const Elem*>(p.k) + int64_t(kv_head) * p.k_stride.head;
@@ -326,8 +346,8 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
         const int r = tid / kC + it * kRowsPerPass;
         const int64_t ko = off[r], vo = off[kBlockN + r];
         const bool k_ok = ko >= 0 && k_col, v_ok = vo >= 0 && v_col;
-        arch::cp_async_16(sK + swz<kD>(r, c), k_base + (k_ok ? ko + c * 8 : 0), k_ok);
-        arch::cp_async_16(sV + swz<kD>(r, c), v_base + (v_ok ? vo + c * 8 : 0), v_ok);
+        arch::cp_async_16(sK + tile_off(r, c), k_base + (k_ok ? ko + c * 8 : 0), k_ok);
+        arch::cp_async_16(sV + tile_off(r, c), v_base + (v_ok ? vo + c * 8 : 0), v_ok);
       }
     } else {
       const int32_t j = int32_t(seq_keys.first) + blk * kBlockN + tid / kC;  // key of this thread's first row
@@ -339,8 +359,8 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
         const int r = tid / kC + it * kRowsPerPass;
         const bool in = j + it * kRowsPerPass < key_end;
         const bool k_ok = in && k_col, v_ok = in && v_col;
-        arch::cp_async_16(sK + swz<kD>(r, c), k_ok ? k_row : k_base, k_ok);
-        arch::cp_async_16(sV + swz<kD>(r, c), v_ok ? v_row : v_base, v_ok);
+        arch::cp_async_16(sK + tile_off(r, c), k_ok ? k_row : k_base, k_ok);
+        arch::cp_async_16(sV + tile_off(r, c), v_ok ? v_row : v_base, v_ok);
         k_row += k_step;
         v_row += v_step;
       }
@@ -373,7 +393,8 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
                               : detail::KeyRange{0, 0};
   }
   const detail::KeyRange all_keys{last_row_keys.first, first_row_keys.last};
-  constexpr bool kQInRegs = kD <= 128;  // 32 registers at d128; d256 holds 128 O registers already
+  // 32 registers at d128; d256 holds 128 O registers already; the wide tile's wgmma reads Q from smem.
+  constexpr bool kQInRegs = kD <= 128 && !kWgmma;
   uint32_t q_frag[kQInRegs ? kD / 16 : 1][4];
   const bool softcap = p.softcap > 0.f;
   const float s_mul = softcap ? p.softmax_scale / p.softcap : p.softmax_scale_log2;
@@ -387,6 +408,7 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
 
   for (int32_t it = 0; it < n_iter; ++it) {
     arch::cp_async_wait<kStages - 2>();
+    if constexpr (kWgmma) arch::fence_proxy_async_smem();  // this thread's copies, for wgmma's reads
     __syncthreads();  // block `it` landed for every thread; the stage refilled below is consumed
     const int32_t nxt = it + kStages - 1;
     if (nxt < n_iter) load_block(nxt % kStages, t_lo + nxt);
@@ -408,46 +430,60 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
           arch::ldmatrix_x4<false>(q_frag[ks], sQ + swz<kD>(16 * rw + lane % 16, ks * 2 + lane / 16));
       }
     }
-    // S = Q K^T for this warp's keys (kNt n8 tiles from key key0). A narrow tile's two n8 tiles
-    // accumulate in two chains each (even and odd k steps) so that four independent mma.sync chains
-    // of kD/32 overlap their latency; a wide tile has 8 independent chains already.
+    // S = Q K^T for this warp's keys (kNt n8 tiles from key key0). On mma.sync the narrow tile's
+    // two n8 tiles accumulate in two chains each (even and odd k steps) so that four independent
+    // chains of kD/32 overlap their latency.
     constexpr int kNt = 2 * kKeyGroups;
     constexpr bool kOddChains = kKeyGroups == 1;
     const int key0 = 16 * kKeyGroups * kw;  // the warp's first key of the block
     float sc[kNt][4], sc_odd[kOddChains ? kNt : 1][4];
+    if constexpr (kWgmma) {
+      // S = Q K^T (64 rows x 64 keys), both K-major: k16 step ks is 32 bytes into slab ks / 4.
+      const uint64_t dq = arch::smem_desc_sw128(sQ, 16, 1024), dk = arch::smem_desc_sw128(sK, 16, 1024);
+      arch::wgmma_fence();
 #pragma unroll
-    for (int nt = 0; nt < kNt; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sc[nt][e] = 0.f;
-    if constexpr (kOddChains) {
+      for (int ks = 0; ks < kD / 16; ++ks) {
+        const uint32_t step = (ks / 4) * (64 * 64 * 2) + (ks % 4) * 32;
+        arch::wgmma_m64n64k16_ss<kBF16>(sc, arch::desc_advance(dq, step), arch::desc_advance(dk, step), ks > 0);
+      }
+      arch::wgmma_commit();
+      arch::wgmma_wait<0>();
+      arch::fence_regs(sc);
+    } else {
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sc_odd[nt][e] = 0.f;
-    }
+        for (int e = 0; e < 4; ++e) sc[nt][e] = 0.f;
+      if constexpr (kOddChains) {
 #pragma unroll
-    for (int ks = 0; ks < kD / 16; ++ks) {
-      uint32_t qa[4];
-      if constexpr (kQInRegs) {
+        for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
-        for (int x = 0; x < 4; ++x) qa[x] = q_frag[ks][x];
-      } else {
-        arch::ldmatrix_x4<false>(qa, sQ + swz<kD>(16 * rw + lane % 16, ks * 2 + lane / 16));
+          for (int e = 0; e < 4; ++e) sc_odd[nt][e] = 0.f;
       }
 #pragma unroll
-      for (int g = 0; g < kKeyGroups; ++g) {
-        uint32_t kb[4];
-        arch::ldmatrix_x4<false>(kb, sK + swz<kD>(key0 + 16 * g + (lane / 16) * 8 + lane % 8, ks * 2 + (lane / 8) % 2));
-        float(*acc)[4] = kOddChains && ks % 2 ? sc_odd : sc;
-        arch::mma_m16n8k16<kBF16>(acc[2 * g], qa, kb[0], kb[1]);
-        arch::mma_m16n8k16<kBF16>(acc[2 * g + 1], qa, kb[2], kb[3]);
+      for (int ks = 0; ks < kD / 16; ++ks) {
+        uint32_t qa[4];
+        if constexpr (kQInRegs) {
+#pragma unroll
+          for (int x = 0; x < 4; ++x) qa[x] = q_frag[ks][x];
+        } else {
+          arch::ldmatrix_x4<false>(qa, sQ + swz<kD>(16 * rw + lane % 16, ks * 2 + lane / 16));
+        }
+#pragma unroll
+        for (int g = 0; g < kKeyGroups; ++g) {
+          uint32_t kb[4];
+          arch::ldmatrix_x4<false>(kb, sK + swz<kD>(key0 + 16 * g + (lane / 16) * 8 + lane % 8, ks * 2 + (lane / 8) % 2));
+          float(*acc)[4] = kOddChains && ks % 2 ? sc_odd : sc;
+          arch::mma_m16n8k16<kBF16>(acc[2 * g], qa, kb[0], kb[1]);
+          arch::mma_m16n8k16<kBF16>(acc[2 * g + 1], qa, kb[2], kb[3]);
+        }
       }
-    }
-    if constexpr (kOddChains) {
+      if constexpr (kOddChains) {
 #pragma unroll
-      for (int nt = 0; nt < kNt; ++nt)
+        for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sc[nt][e] += sc_odd[nt][e];
+          for (int e = 0; e < 4; ++e) sc[nt][e] += sc_odd[nt][e];
+      }
     }
 
     // Scores in log2 units, masked to -inf; the online softmax per row. Softcap and the mask are
@@ -518,15 +554,29 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
 
     // O += P V: P is already the A fragment of each 16-key group (rows lane/4, +8; keys 2(lane%4)
     // and +8).
+    if constexpr (kWgmma) {
+      // V MN-major: k16 step g is keys 16g.., 2 KB into the block; its slabs 64 x 64 x 2 B apart.
+      const uint64_t dv = arch::smem_desc_sw128(sV, 64 * 64 * 2, 1024);
+      arch::fence_regs(o);
+      arch::fence_regs(pa);
+      arch::wgmma_fence();
 #pragma unroll
-    for (int np = 0; np < kD / 16; ++np)
+      for (int g = 0; g < kKeyGroups; ++g)
+        arch::wgmma_m64nk16_rs<kBF16, kD>(o, pa[g], arch::desc_advance(dv, g * 16 * 128), true);
+      arch::wgmma_commit();
+      arch::wgmma_wait<0>();
+      arch::fence_regs(o);
+    } else {
 #pragma unroll
-      for (int g = 0; g < kKeyGroups; ++g) {
-        uint32_t vb[4];
-        arch::ldmatrix_x4<true>(vb, sV + swz<kD>(key0 + 16 * g + lane % 16, np * 2 + lane / 16));
-        arch::mma_m16n8k16<kBF16>(o[2 * np], pa[g], vb[0], vb[1]);
-        arch::mma_m16n8k16<kBF16>(o[2 * np + 1], pa[g], vb[2], vb[3]);
-      }
+      for (int np = 0; np < kD / 16; ++np)
+#pragma unroll
+        for (int g = 0; g < kKeyGroups; ++g) {
+          uint32_t vb[4];
+          arch::ldmatrix_x4<true>(vb, sV + swz<kD>(key0 + 16 * g + lane % 16, np * 2 + lane / 16));
+          arch::mma_m16n8k16<kBF16>(o[2 * np], pa[g], vb[0], vb[1]);
+          arch::mma_m16n8k16<kBF16>(o[2 * np + 1], pa[g], vb[2], vb[3]);
+        }
+    }
     if (prefetch) {
       const int st = (nxt + 1) % kStages;
       sOff[st * 2 * kBlockN + tid] = pre_k;
@@ -617,7 +667,7 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
   }
   // ---- with a cluster: push the partial's slices to the CTAs that merge them, merge this CTA's ----
   const uint32_t rank = arch::cluster_ctarank();
-  const ClusterRecv recv = ClusterRecv::at<kD, kRows>(smem_raw + Smem::kBytes, a.cluster, rank);
+  const ClusterRecv recv = ClusterRecv::at<kD, kRows>(smem + Smem::kBytes, a.cluster, rank);
   const int cols = recv.width;  // columns each CTA of the cluster merges (>= 4)
   // This thread's slices (row, 4 columns) of the partial, read from shared memory kChunk at a time,
   // then pushed back to back. Rows past the tile's live ones are skipped: the CTA's tail is a chain

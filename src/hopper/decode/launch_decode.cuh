@@ -148,7 +148,7 @@ void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, con
     const ClusterLaunch launch(a.cluster, grid, kThreads, Smem::cluster_bytes(a.cluster), stream);
     check_cuda(cudaLaunchKernelEx(&launch.cfg, kernel, a), kFn, "decode kernel launch (cluster)");
   } else {
-    kernel<<<grid, kThreads, Smem::kBytes, stream>>>(a);
+    kernel<<<grid, kThreads, Smem::kAllocBytes, stream>>>(a);
     check_cuda(cudaGetLastError(), kFn, "decode kernel launch");
   }
   arrivals.release();

@@ -61,16 +61,19 @@ inline constexpr int32_t kDecodeNarrowRows = 16;
 /// where the 4-warp CTA's finer ring was as fast or up to 1.5% faster.
 inline constexpr int32_t kDecodeEightWarpKeys = 128;
 inline constexpr int32_t kDecodeEightWarpMaxSplitBlocks = 16;
-/// Rows of Q per CTA of the wide tile (one m16 tile per warp): its 4 warps share every K/V copy of
-/// a block, which the 16-row tiles of the same rows would each repeat, but each warp walks 4x the
-/// rows of a block in one dependent chain (a wide CTA takes 1.2-1.9 us per 64-key block where a
-/// narrow one alone on its SM takes 0.6). So the wide tile pays only where the narrow launch has
-/// far more block steps than the SMs can overlap (launch_decode.h decode_tile): from
-/// kDecodeWideMinRows packed rows per KV head (seqlen_q x group) and kDecodeWideMinBlockSteps
-/// narrow (tile, key block) steps per SM.
+/// Rows of Q per CTA of the wide tile (one warpgroup's m64 wgmma): its 4 warps share every K/V
+/// copy of a block, which the 16-row tiles of the same rows would each repeat, but a wide CTA has
+/// 4x the rows' work per block and 4x the rows to merge, and a quarter of the CTAs to spread the
+/// keys over. So the wide tile pays only where the narrow launch has more block steps than the SMs
+/// can overlap (launch_decode.h decode_tile): from kDecodeWideMinRows packed rows per KV head
+/// (seqlen_q x group) and kDecodeWideMinBlockSteps narrow (tile, key block) steps per SM, or from
+/// kDecodeWideManyRows rows (two wide tiles per KV head, each sharing a block's copies among 8
+/// narrow tiles' rows) and kDecodeWideManyRowsMinBlockSteps steps.
 inline constexpr int32_t kDecodeWideRows = 64;
 inline constexpr int32_t kDecodeWideMinRows = 64;
 inline constexpr int64_t kDecodeWideMinBlockSteps = 160;
+inline constexpr int32_t kDecodeWideManyRows = 128;
+inline constexpr int64_t kDecodeWideManyRowsMinBlockSteps = 96;
 /// The automatic split count of a launch whose tiles are full (seqlen_q > 1 and at least a tile's
 /// rows per KV head: chunked prefill, speculative decoding) fills the wave, with at most this many
 /// splits: each split adds a partial of 16 (or 64) whole rows to the merge.
