@@ -405,10 +405,18 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
 #pragma unroll
   for (int n = 0; n < kD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  uint32_t pa[kKeyGroups][4];  // P's A fragments (the wide tile's P V reads them asynchronously)
 
   for (int32_t it = 0; it < n_iter; ++it) {
     arch::cp_async_wait<kStages - 2>();
-    if constexpr (kWgmma) arch::fence_proxy_async_smem();  // this thread's copies, for wgmma's reads
+    if constexpr (kWgmma) {
+      arch::fence_proxy_async_smem();  // this thread's copies, for wgmma's reads
+      // the previous block's P V, which ran while this block's copies landed (its A registers
+      // stay untouched until then)
+      arch::wgmma_wait<0>();
+      arch::fence_regs(o);
+      arch::fence_regs(pa);
+    }
     __syncthreads();  // block `it` landed for every thread; the stage refilled below is consumed
     const int32_t nxt = it + kStages - 1;
     if (nxt < n_iter) load_block(nxt % kStages, t_lo + nxt);
@@ -540,7 +548,6 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
         }
       }
     }
-    uint32_t pa[kKeyGroups][4];
 #pragma unroll
     for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
@@ -564,8 +571,6 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
       for (int g = 0; g < kKeyGroups; ++g)
         arch::wgmma_m64nk16_rs<kBF16, kD>(o, pa[g], arch::desc_advance(dv, g * 16 * 128), true);
       arch::wgmma_commit();
-      arch::wgmma_wait<0>();
-      arch::fence_regs(o);
     } else {
 #pragma unroll
       for (int np = 0; np < kD / 16; ++np)
@@ -584,6 +589,11 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
     }
   }
   arch::cp_async_wait<0>();
+  if constexpr (kWgmma) {
+    arch::wgmma_wait<0>();
+    arch::fence_regs(o);
+    arch::fence_regs(pa);
+  }
   // The ring is free: it becomes the merge buffer.
   if (__syncthreads_or(page_bad)) {
     bad |= kBadPageTable;
