@@ -278,6 +278,13 @@ TEST(HopperHost, DecodeTile) {
   EXPECT_EQ(decode_tile(p, c128, sms).rows, fa4::detail::kDecodeWideRows);
   p.key_capacity = 197 * 64;  // one block less: narrow
   EXPECT_EQ(decode_tile(p, c128, sms).rows, fa4::detail::kDecodeNarrowRows);
+  p.key_capacity = 198 * 64;
+  p.seqlen_q = 15;  // 120 rows, still 8 narrow tiles per KV head: narrow
+  EXPECT_EQ(decode_tile(p, c128, sms).rows, fa4::detail::kDecodeNarrowRows);
+  p.seqlen_q = 1;  // a decode step of a 128-head group (MQA), 8 KV heads x 8 tiles: narrow
+  p.num_heads = 1024;
+  EXPECT_EQ(decode_tile(p, c128, sms).rows, fa4::detail::kDecodeNarrowRows);
+  p.num_heads = 64;
   p.key_capacity = 32768;
   p.batch = 4;
   p.seqlen_q = 7;  // 56 rows: narrow however many steps

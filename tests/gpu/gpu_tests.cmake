@@ -11,9 +11,11 @@ if(FA4_GPU_TEST_SOURCES)
   add_executable(fa4_gpu_tests ${FA4_GPU_TEST_SOURCES} ${PROJECT_SOURCE_DIR}/tools/cli_case.cpp)
   # sm_90a: the 'a' target enables wgmma/setmaxnreg; CMAKE_CUDA_ARCHITECTURES is OFF (top level).
   target_compile_options(fa4_gpu_tests PRIVATE
-    $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a>)
+    $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr>)
+  # CuTe (test_hopper_wgmma_raw.cu compares the decode's hand-built wgmma descriptors with CuTe's).
   target_include_directories(fa4_gpu_tests PRIVATE
     ${PROJECT_SOURCE_DIR}/src ${CMAKE_CURRENT_LIST_DIR}/..)
+  target_include_directories(fa4_gpu_tests SYSTEM PRIVATE ${FA4_CUTLASS_INCLUDE_DIR})
   target_link_libraries(fa4_gpu_tests PRIVATE fa4::fa4 GTest::gtest_main CUDA::cudart OpenMP::OpenMP_CXX)
   # A kernel that deadlocks (e.g. unbalanced named barriers) fails its test after 10 minutes
   # instead of hanging the run; the slowest GPU test takes well under a minute on an H200.

@@ -32,10 +32,25 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(const void* smem, uint32_t l
 }
 /// `desc` moved by `bytes` (a multiple of 16; the start address stays in shared memory's 256 KB).
 __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+/// k16 step ks of a K-major operand of kRows rows in the layout above (Q or K of Q K^T): 32 bytes
+/// into the row per step, the next slab (64 columns x kRows rows) every 4 steps.
+template <int kRows>
+__device__ __forceinline__ uint64_t desc_kmajor_sw128(const void* tile, int ks) {
+  return desc_advance(smem_desc_sw128(tile, 16, 1024), uint32_t((ks / 4) * (kRows * 128) + (ks % 4) * 32));
+}
+/// k16 step ks of an MN-major B operand of kCols columns whose kRows rows are the contraction
+/// dimension (V of P V): 16 rows per step, its slabs of 64 columns kRows x 128 bytes apart (the
+/// leading byte offset, 0 as CuTe sets it where one slab holds all the columns).
+template <int kRows, int kCols>
+__device__ __forceinline__ uint64_t desc_mnmajor_sw128(const void* tile, int ks) {
+  return desc_advance(smem_desc_sw128(tile, kCols > 64 ? kRows * 128 : 0, 1024), uint32_t(ks * 16 * 128));
+}
 
 /// Makes this thread's generic-proxy writes to shared memory (st.shared, cp.async once waited for)
 /// visible to the async proxy that wgmma reads through; before the barrier that publishes them.
-__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 /// wgmma.fence: registers written since (accumulators, A fragments) are ordered before the next wgmma.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -80,7 +95,8 @@ struct RS<kBF16, 128> {
                                   cute::SM90::GMMA::MMA_64x128x16_F32F16F16_RS<Major::K, Major::MN>>;
 };
 template <class Op, int kN, size_t... I>
-__device__ __forceinline__ void ss(uint64_t a, uint64_t b, float (&d)[kN][4], bool accumulate, std::index_sequence<I...>) {
+__device__ __forceinline__ void ss(uint64_t a, uint64_t b, float (&d)[kN][4], bool accumulate,
+                                   std::index_sequence<I...>) {
   Op::fma(a, b, d[I / 4][I % 4]..., accumulate ? ScaleOut::One : ScaleOut::Zero);
 }
 template <class Op, int kN, size_t... I>
@@ -103,8 +119,10 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t a,
 /// mma.sync m16n8k16 A fragment of the warp's 16 rows), B MN-major in shared memory (descriptor
 /// b); d as above, kN / 8 column groups.
 template <bool kBF16, int kN>
-__device__ __forceinline__ void wgmma_m64nk16_rs(float (&d)[kN / 8][4], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
-  wgmma_detail::rs<typename wgmma_detail::RS<kBF16, kN>::type>(a, b, d, accumulate, std::make_index_sequence<kN / 2>{});
+__device__ __forceinline__ void wgmma_m64nk16_rs(float (&d)[kN / 8][4], const uint32_t (&a)[4], uint64_t b,
+                                                 bool accumulate) {
+  using Op = typename wgmma_detail::RS<kBF16, kN>::type;
+  wgmma_detail::rs<Op>(a, b, d, accumulate, std::make_index_sequence<kN / 2>{});
 }
 
 }  // namespace fa4::hopper::arch

@@ -153,12 +153,12 @@ template <int kD>
 __device__ __forceinline__ int swz(int r, int c) {
   return r * kD + ((c ^ (r & 7)) << 3);
 }
-/// The wide tile's layout of Q and of each K / V block (64 rows each): wgmma's 128-byte swizzle
-/// (arch/wgmma_raw.cuh), slabs of 64 columns x 64 rows one after another, chunk c of row r in slab
-/// c / 8 at chunk (c % 8) ^ (r % 8). At kD = 64 it is swz's.
-template <int kD>
+/// The wide tile's layout of Q and of each K / V block (kTileRows = 64 rows each): wgmma's 128-byte
+/// swizzle (arch/wgmma_raw.cuh), slabs of 64 columns x kTileRows rows one after another, chunk c of
+/// row r in slab c / 8 at chunk (c % 8) ^ (r % 8). At a head dim of 64 it is swz's.
+template <int kTileRows>
 __device__ __forceinline__ int swz_slab(int r, int c) {
-  return (c >> 3) * (64 * 64) + r * 64 + (((c & 7) ^ (r & 7)) << 3);
+  return (c >> 3) * (kTileRows * 64) + r * 64 + (((c & 7) ^ (r & 7)) << 3);
 }
 
 /// Key of a decode kernel's once-per-device shared-memory raise (launch_common.cuh).
@@ -177,9 +177,12 @@ struct DecodeSmem {
   static constexpr int kStageElems = 2 * kBlockN * kD;  // K block then V block
   // + the K/V row offsets of every stage's block (int64, 2 x kBlockN per stage).
   static constexpr int kBytes = (kQElems + kStages * kStageElems) * 2 + kStages * 2 * kBlockN * 8;
+  /// The wide tile computes on one warpgroup's wgmma (m64: its 4 warps' 64 rows), the narrow one on
+  /// mma.sync.
+  static constexpr bool kWgmma = kRows == 64;
   // The wide tile's wgmma operands start on 1024-byte boundaries (the swizzle's period): the kernel
   // rounds the dynamic shared memory's start up to one, within this much more.
-  static constexpr int kAlignPad = kRows == 64 ? 1024 : 0;
+  static constexpr int kAlignPad = kWgmma ? 1024 : 0;
   static constexpr int kAllocBytes = kBytes + kAlignPad;
   // The cross-warp merge reuses the ring: kWarps x 16 rows x kOStride fp32 + row stats. Rows are
   // kD + 8 floats apart: a warp's float2 store of its O fragment writes 8 rows, which kD apart all
@@ -216,14 +219,17 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
   static_assert(kBlockN == 16 * kKeyWarps * kKeyGroups, "a block's keys are the warps' 16-key groups");
   constexpr int kC = kD / 8;            // 16-byte chunks per row
   constexpr int kRowsPerPass = kThreads / kC;
-  // The wide tile computes on one warpgroup's wgmma (m64: its 4 warps' 64 rows), reading Q, K and
-  // V from shared memory in wgmma's swizzled layout (swz_slab); the narrow tile on mma.sync.
-  constexpr bool kWgmma = kRowWarps == 4;
+  // The wide tile reads Q, K and V from shared memory in wgmma's swizzled layout (swz_slab).
+  constexpr bool kWgmma = Smem::kWgmma;
   static_assert(!kWgmma || kD == 64 || kD == 128, "the wide tile's P V wgmma is 64 or 128 columns wide");
+  // The wide tile's P V of block it reads that block's stage until the wait at the top of iteration
+  // it + 1, which precedes the barrier after which iteration it + 1 refills that same stage
+  // ((it + kStages) % kStages): keep the wait before the barrier.
   extern __shared__ __align__(128) char smem_raw[];
   char* const smem = kWgmma ? smem_raw + ((1024u - (uint32_t(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u)
                             : smem_raw;
-  auto tile_off = [](int r, int c) { return kWgmma ? swz_slab<kD>(r, c) : swz<kD>(r, c); };
+  static_assert(!kWgmma || kRows == kBlockN, "one slab layout (swz_slab) for the Q tile and the K / V blocks");
+  auto tile_off = [](int r, int c) { return kWgmma ? swz_slab<kRows>(r, c) : swz<kD>(r, c); };
   Elem* sQ = reinterpret_cast<Elem*>(smem);
   Elem* sRing = sQ + Smem::kQElems;
 
@@ -405,7 +411,7 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
 #pragma unroll
   for (int n = 0; n < kD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  uint32_t pa[kKeyGroups][4];  // P's A fragments (the wide tile's P V reads them asynchronously)
+  uint32_t pa[kKeyGroups][4] = {};  // P's A fragments (the wide tile's P V reads them asynchronously)
 
   for (int32_t it = 0; it < n_iter; ++it) {
     arch::cp_async_wait<kStages - 2>();
@@ -446,14 +452,12 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
     const int key0 = 16 * kKeyGroups * kw;  // the warp's first key of the block
     float sc[kNt][4], sc_odd[kOddChains ? kNt : 1][4];
     if constexpr (kWgmma) {
-      // S = Q K^T (64 rows x 64 keys), both K-major: k16 step ks is 32 bytes into slab ks / 4.
-      const uint64_t dq = arch::smem_desc_sw128(sQ, 16, 1024), dk = arch::smem_desc_sw128(sK, 16, 1024);
+      // S = Q K^T (64 rows x 64 keys), both K-major.
       arch::wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < kD / 16; ++ks) {
-        const uint32_t step = (ks / 4) * (64 * 64 * 2) + (ks % 4) * 32;
-        arch::wgmma_m64n64k16_ss<kBF16>(sc, arch::desc_advance(dq, step), arch::desc_advance(dk, step), ks > 0);
-      }
+      for (int ks = 0; ks < kD / 16; ++ks)
+        arch::wgmma_m64n64k16_ss<kBF16>(sc, arch::desc_kmajor_sw128<kRows>(sQ, ks),
+                                        arch::desc_kmajor_sw128<kBlockN>(sK, ks), ks > 0);
       arch::wgmma_commit();
       arch::wgmma_wait<0>();
       arch::fence_regs(sc);
@@ -480,7 +484,8 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
 #pragma unroll
         for (int g = 0; g < kKeyGroups; ++g) {
           uint32_t kb[4];
-          arch::ldmatrix_x4<false>(kb, sK + swz<kD>(key0 + 16 * g + (lane / 16) * 8 + lane % 8, ks * 2 + (lane / 8) % 2));
+          arch::ldmatrix_x4<false>(kb,
+                                   sK + swz<kD>(key0 + 16 * g + (lane / 16) * 8 + lane % 8, ks * 2 + (lane / 8) % 2));
           float(*acc)[4] = kOddChains && ks % 2 ? sc_odd : sc;
           arch::mma_m16n8k16<kBF16>(acc[2 * g], qa, kb[0], kb[1]);
           arch::mma_m16n8k16<kBF16>(acc[2 * g + 1], qa, kb[2], kb[3]);
@@ -562,14 +567,13 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
     // O += P V: P is already the A fragment of each 16-key group (rows lane/4, +8; keys 2(lane%4)
     // and +8).
     if constexpr (kWgmma) {
-      // V MN-major: k16 step g is keys 16g.., 2 KB into the block; its slabs 64 x 64 x 2 B apart.
-      const uint64_t dv = arch::smem_desc_sw128(sV, 64 * 64 * 2, 1024);
+      // V MN-major: k16 step g is keys 16g..16g+15.
       arch::fence_regs(o);
       arch::fence_regs(pa);
       arch::wgmma_fence();
 #pragma unroll
       for (int g = 0; g < kKeyGroups; ++g)
-        arch::wgmma_m64nk16_rs<kBF16, kD>(o, pa[g], arch::desc_advance(dv, g * 16 * 128), true);
+        arch::wgmma_m64nk16_rs<kBF16, kD>(o, pa[g], arch::desc_mnmajor_sw128<kBlockN, kD>(sV, g), true);
       arch::wgmma_commit();
     } else {
 #pragma unroll

@@ -149,15 +149,14 @@ inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::H
 /// The row tile of p on the decode row c (tuning_decode.h kDecodeWideRows): wide where c has a wide
 /// kernel and the narrow tiles would take at least kDecodeWideMinBlockSteps (tile, key block) steps
 /// per SM, by the key capacity (shapes only, like the split count), with at least
-/// kDecodeWideMinRows packed rows per KV head, or kDecodeWideManyRowsMinBlockSteps steps with at
-/// least kDecodeWideManyRows rows; else narrow. `forced` (override "decode_tile": 0 narrow, 1 wide
-/// where c has it) for the tests and the A/B. Measured (kernel time, each tile at its automatic
-/// split count; bench/results/history.md): on the H200, with the wide tile on mma.sync, 64 rows or
-/// more per KV head 1.16-1.55x faster at 248 narrow steps per SM, 1.15-1.75x slower at 31-62, at
-/// 124 1.12x faster on one shape and 2% slower on another; on an H100, the wide tile on wgmma, 128
-/// rows or more 1.18-1.30x faster at 124 steps (e.g. GQA 32/8 d128, 64 queries over 8k keys) and
-/// 1.6-1.9x at 248-496, 1.01-1.18x slower at 62 and 1.3-1.5x at 31; 64 rows at 248 steps from
-/// 3% faster to 5% slower.
+/// kDecodeWideMinRows packed rows per KV head; or, with several query tokens (not measured on
+/// decode steps), kDecodeWideManyRowsMinBlockSteps steps with at least kDecodeWideManyRows rows;
+/// else narrow. `forced` (override "decode_tile": 0 narrow, 1 wide where c has it) for the tests
+/// and the A/B. Kernel time, each tile at its automatic split count (bench/results/history.md):
+/// on an H100, 128 rows or more, wide 1.16-1.36x faster at 124 narrow steps per SM (e.g. GQA 32/8
+/// d128, 64 queries over 8k keys), 1.7-1.9x at 248-496, 1.01-1.18x slower at 62 and 1.3-1.5x at
+/// 31; 64 rows at 248 steps from 3% faster to 6.5% slower (GQA 64/8, 8 queries over 32k keys,
+/// batch 2), where the H200 measured the wide tile (on mma.sync then) 1.16x faster.
 inline detail::DecodeTile decode_tile(const detail::KVCacheParams& p, const detail::HopperDecodeConfig& c,
                                       int32_t num_sms, int8_t forced = -1) {
   if (forced >= 0) return detail::decode_tile_of(c, forced == 1);
@@ -165,7 +164,8 @@ inline detail::DecodeTile decode_tile(const detail::KVCacheParams& p, const deta
   const int64_t steps = decode_tiles(p, detail::kDecodeNarrowRows) * decode_key_blocks(p, c);
   return detail::decode_tile_of(
       c, (rows >= detail::kDecodeWideMinRows && steps >= detail::kDecodeWideMinBlockSteps * num_sms) ||
-             (rows >= detail::kDecodeWideManyRows && steps >= detail::kDecodeWideManyRowsMinBlockSteps * num_sms));
+             (p.seqlen_q > 1 && rows >= detail::kDecodeWideManyRows &&
+              steps >= detail::kDecodeWideManyRowsMinBlockSteps * num_sms));
 }
 
 /// decode_num_splits with the tile decode_tile picks for p.

@@ -38,13 +38,13 @@ struct HopperDecodeConfig {
 // Internal linkage (not `inline`): see bwd/tuning_bwd.h (several libfa4 builds in one process).
 constexpr HopperDecodeConfig kHopperDecodeConfigs[] = {
     // d, dv, block_n, stages, CTAs/SM narrow, wide, wide stages, 8-warp stages: smem = stages x (2 x
-    // keys x d x 2 B + keys x 16 B of row offsets) + the Q tile (16 or 64 rows x d x 2 B). A wide CTA
-    // computes on a block 2-3x as long as a narrow one waits for the next, so a ring of 2 keeps its
-    // loads ahead, and at d128 the smem saved lets a second CTA per SM overlap its latency chain
-    // (measurements: bench/results/history.md). The 8-warp tile keeps (stages - 1) 128-key blocks
-    // in flight: twice the narrow tile's keys, which it consumes about twice as fast.
-    {64, 64, 64, 4, 3, 2, 4, 4},     //  70 KB, wide 76 KB, 8-warp 138 KB
-    {128, 128, 64, 3, 2, 2, 2, 3},   // 103 KB, wide 82 KB, 8-warp 202 KB
+    // keys x d x 2 B + keys x 16 B of row offsets) + the Q tile (16 or 64 rows x d x 2 B), + 1 KB
+    // for the wide tile's 1024-byte alignment. At d128 the wide tile's ring of 2 leaves room for a
+    // second CTA per SM, which overlaps its latency chain: a ring of 3 at one CTA per SM (and at
+    // d64 one of 6) measured slower (bench/results/history.md). The 8-warp tile keeps (stages - 1)
+    // 128-key blocks in flight: twice the narrow tile's keys, which it consumes about twice as fast.
+    {64, 64, 64, 4, 3, 2, 4, 4},     //  70 KB, wide 77 KB, 8-warp 138 KB
+    {128, 128, 64, 3, 2, 2, 2, 3},   // 103 KB, wide 83 KB, 8-warp 202 KB
     {256, 256, 64, 3, 1, 0, 0, 0},   // 203 KB (a wide or 8-warp tile would not fit)
 };
 inline constexpr int32_t kHopperNumDecodeConfigs =
@@ -67,8 +67,8 @@ inline constexpr int32_t kDecodeEightWarpMaxSplitBlocks = 16;
 /// keys over. So the wide tile pays only where the narrow launch has more block steps than the SMs
 /// can overlap (launch_decode.h decode_tile): from kDecodeWideMinRows packed rows per KV head
 /// (seqlen_q x group) and kDecodeWideMinBlockSteps narrow (tile, key block) steps per SM, or from
-/// kDecodeWideManyRows rows (two wide tiles per KV head, each sharing a block's copies among 8
-/// narrow tiles' rows) and kDecodeWideManyRowsMinBlockSteps steps.
+/// kDecodeWideManyRows rows (two wide tiles per KV head, whose copies of a block replace those of
+/// 8 narrow tiles) and kDecodeWideManyRowsMinBlockSteps steps.
 inline constexpr int32_t kDecodeWideRows = 64;
 inline constexpr int32_t kDecodeWideMinRows = 64;
 inline constexpr int64_t kDecodeWideMinBlockSteps = 160;
