@@ -51,29 +51,17 @@ __device__ __forceinline__ uint64_t desc_mnmajor_sw128(const void* tile, int ks)
 __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-/// wgmma.fence: registers written since (accumulators, A fragments) are ordered before the next wgmma.
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-/// Waits until at most kPending of this warpgroup's committed wgmma groups are incomplete.
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
-/// Pins registers across a wgmma's asynchronous writes: the compiler may not move their reads or
-/// writes over this point (use after wgmma_wait, and before the wgmma_fence that precedes a batch).
-template <int kN>
-__device__ __forceinline__ void fence_regs(float (&d)[kN][4]) {
+// The batch's fence, commit and wait are CuTe's (cute::warpgroup_arrive, warpgroup_commit_batch,
+// warpgroup_wait<N>), as in shared/mma.cuh.
+/// Pins registers across a wgmma's asynchronous accesses (cute::warpgroup_fence_operand on each:
+/// accumulators, fp32, or A fragments, 16-bit pairs): the compiler may not move their reads or
+/// writes over this point (use after the wait, and before the fence that precedes a batch).
+template <class T, int kN>
+__device__ __forceinline__ void fence_regs(T (&d)[kN][4]) {
 #pragma unroll
   for (int j = 0; j < kN; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
-}
-template <int kN>
-__device__ __forceinline__ void fence_regs(uint32_t (&d)[kN][4]) {
-#pragma unroll
-  for (int j = 0; j < kN; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(d[j][e])::"memory");
+    for (int e = 0; e < 4; ++e) cute::warpgroup_fence_operand(d[j][e]);
 }
 
 namespace wgmma_detail {
@@ -109,8 +97,8 @@ __device__ __forceinline__ void rs(const uint32_t (&a)[4], uint64_t b, float (&d
 /// One k16 step of D (+)= A B^T for 64 rows x 64 columns, A and B K-major in shared memory
 /// (descriptors a, b), fp32 accumulators (accumulate = false: D = A B^T). d[j][e]: thread
 /// (warp w, lane l) holds row 16 w + l / 4 + 8 (e / 2), column 8 j + 2 (l % 4) + e % 2 — the
-/// mma.sync m16n8 accumulator layout of each warp's 16 rows. Issue between wgmma_fence and
-/// wgmma_commit, in all four warps of the warpgroup.
+/// mma.sync m16n8 accumulator layout of each warp's 16 rows. Issue between cute::warpgroup_arrive
+/// and cute::warpgroup_commit_batch, in all four warps of the warpgroup.
 template <bool kBF16>
 __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t a, uint64_t b, bool accumulate) {
   wgmma_detail::ss<wgmma_detail::SS64<kBF16>>(a, b, d, accumulate, std::make_index_sequence<32>{});

@@ -419,7 +419,7 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
       arch::fence_proxy_async_smem();  // this thread's copies, for wgmma's reads
       // the previous block's P V, which ran while this block's copies landed (its A registers
       // stay untouched until then)
-      arch::wgmma_wait<0>();
+      cute::warpgroup_wait<0>();
       arch::fence_regs(o);
       arch::fence_regs(pa);
     }
@@ -453,13 +453,13 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
     float sc[kNt][4], sc_odd[kOddChains ? kNt : 1][4];
     if constexpr (kWgmma) {
       // S = Q K^T (64 rows x 64 keys), both K-major.
-      arch::wgmma_fence();
+      cute::warpgroup_arrive();
 #pragma unroll
       for (int ks = 0; ks < kD / 16; ++ks)
         arch::wgmma_m64n64k16_ss<kBF16>(sc, arch::desc_kmajor_sw128<kRows>(sQ, ks),
                                         arch::desc_kmajor_sw128<kBlockN>(sK, ks), ks > 0);
-      arch::wgmma_commit();
-      arch::wgmma_wait<0>();
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<0>();
       arch::fence_regs(sc);
     } else {
 #pragma unroll
@@ -570,11 +570,11 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
       // V MN-major: k16 step g is keys 16g..16g+15.
       arch::fence_regs(o);
       arch::fence_regs(pa);
-      arch::wgmma_fence();
+      cute::warpgroup_arrive();
 #pragma unroll
       for (int g = 0; g < kKeyGroups; ++g)
         arch::wgmma_m64nk16_rs<kBF16, kD>(o, pa[g], arch::desc_mnmajor_sw128<kBlockN, kD>(sV, g), true);
-      arch::wgmma_commit();
+      cute::warpgroup_commit_batch();
     } else {
 #pragma unroll
       for (int np = 0; np < kD / 16; ++np)
@@ -594,7 +594,7 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
   }
   arch::cp_async_wait<0>();
   if constexpr (kWgmma) {
-    arch::wgmma_wait<0>();
+    cute::warpgroup_wait<0>();
     arch::fence_regs(o);
     arch::fence_regs(pa);
   }
