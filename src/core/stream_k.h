@@ -86,6 +86,13 @@ inline StreamKTail stream_k_tail(int64_t num_tiles, int32_t num_sms, int32_t blo
   return t;
 }
 
+/// The most CTAs among which `blocks` key blocks split with shares of at least `least` blocks, at
+/// most one per SM, at least one.
+inline int64_t stream_k_max_ctas(int64_t blocks, int32_t least, int32_t num_sms) {
+  const int64_t c = blocks / least;
+  return c > num_sms ? num_sms : c < 1 ? 1 : c;
+}
+
 /// Plans the split for num_tiles equal tiles of blocks_per_tile key blocks on num_sms SMs.
 /// mode: -1 automatic (fewer tiles than SMs, where the cost model above predicts a shorter
 /// makespan), 0 off, 1 on wherever there is a partial round to split (tests and the ablation).
@@ -120,9 +127,7 @@ inline StreamKPlan plan_stream_k(int64_t num_tiles, int32_t num_sms, int32_t blo
   // At most one CTA per SM, each with at least min_share blocks; of those, the count with the
   // shortest tail (the fewest CTAs on a tie), among the most CTAs and the counts that cut each
   // tile into the same number of pieces (equal pieces where that number divides the tile's blocks).
-  int64_t max_ctas = tail_blocks / (min_share > 0 ? min_share : 1);
-  if (max_ctas > num_sms) max_ctas = num_sms;
-  if (max_ctas < 1) max_ctas = 1;
+  const int64_t max_ctas = stream_k_max_ctas(tail_blocks, min_share > 0 ? min_share : 1, num_sms);
   int64_t ctas = max_ctas;
   float t_split = t_split_on(ctas);
   for (int64_t c = tail_tiles; c < max_ctas; c += tail_tiles) {
@@ -158,9 +163,7 @@ inline bool stream_k_splits_coarsely(int64_t num_tiles, int32_t num_sms, int32_t
   if (mode == 0 || tail.tiles == 0) return false;
   if (mode > 0) return true;
   if (tail.rounds > 0) return false;
-  int64_t ctas = tail.blocks / kStreamKRouteMinShare;
-  if (ctas > num_sms) ctas = num_sms;
-  if (ctas < 1) ctas = 1;
+  const int64_t ctas = stream_k_max_ctas(tail.blocks, kStreamKRouteMinShare, num_sms);
   const int64_t share = (tail.blocks + ctas - 1) / ctas;
   return float(share) + 2.f * kTileFixedCostBlocks + kCombineCostBlocks <
          kStreamKMinGain * (float(blocks_per_tile) + kTileFixedCostBlocks);
