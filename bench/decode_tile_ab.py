@@ -10,7 +10,9 @@ compared with fp32 math SDPA on the same keys (bottom-right causal mask); its ma
 Usage (GPU machine, repo root):
     PYTHONPATH=python:bench python3 bench/decode_tile_ab.py OUT.json new=build-dev/src/libfa4.so [old=...]
     ... --shape 1,8192,64,32,8,128,1   (batch,seqlen_k,seqlen_q,heads,heads_kv,headdim,causal; repeatable)
-    ... --tiles auto,16,64             (auto = the library's own choice)
+    ... --tiles auto,16,64,fwd,cudnn   (auto = the library's own choice; fwd = fa4.flash_attn_func on
+                                        the forward kernel (override small_q fwd), the same maths;
+                                        cudnn = SDPA's cuDNN backend, once, not per library)
 The call is fa4.flash_attn_with_kvcache on a full dense cache (no cache_seqlens).
 """
 import argparse
@@ -23,6 +25,8 @@ import torch.nn.functional as F
 import fa4
 from ab_variants import load, parse, use
 from kernel_times import kernel_times
+from bench_fwd import sdpa_fn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # (batch, seqlen_k, seqlen_q, heads, heads_kv, headdim, causal): rows per KV head 64-1024, narrow
 # (tile, key block) steps per SM 8-496 on 132 SMs.
@@ -70,12 +74,28 @@ def main():
         v = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
         ref = reference(q, k, v, causal)
         fns, errs = {}, {}
+        if "cudnn" in tiles:  # SDPA: cuDNN, or FLASH (FlashAttention-2) where cuDNN lacks the mask
+            for sname, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
+                sfn = sdpa_fn(q, k, v, causal, be)
+                if sfn:
+                    def ref_fn(sfn=sfn, be=be):
+                        with sdpa_kernel([be]):
+                            return sfn().transpose(1, 2)
+                    fns[sname] = ref_fn
+                    errs[sname] = round(float((ref_fn().float() - ref).abs().max()), 5)
+                    break
         for name, lib in libs.items():
             for tile in tiles:
-                env = {} if tile == "auto" else {"decode_tile": tile}
+                if tile == "cudnn":
+                    continue
+                env = {} if tile in ("auto", "fwd") else {"decode_tile": tile}
+                if tile == "fwd":
+                    env = {"small_q": "fwd"}
 
-                def fn(lib=lib, env=env):
+                def fn(lib=lib, env=env, tile=tile):
                     use(lib, env)
+                    if tile == "fwd":
+                        return fa4.flash_attn_func(q, k, v, causal=causal)
                     return fa4.flash_attn_with_kvcache(q, k, v, causal=causal)
 
                 key = f"{name}:{tile}"

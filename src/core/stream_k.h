@@ -1,8 +1,8 @@
 // src/core/stream_k.h — stream-K split of the last, partial round of a persistent tile schedule.
 //
-// Why: a problem whose tiles all walk the same key blocks (no mask; or a causal chunk whose query
-// rows are one tile per head, hopper/fwd/launch_fwd.h fwd_tiles_walk_every_key) has num_tiles
-// equal tiles on `grid` persistent CTAs. When num_tiles is not a
+// Why: a problem whose tiles all walk the same key blocks (no mask; or a causal chunk against a
+// long cache, whose tiles see all or most of them: hopper/fwd/launch_fwd.h fwd_key_split_eligible)
+// has num_tiles equal tiles on `grid` persistent CTAs. When num_tiles is not a
 // multiple of grid, the last round keeps only num_tiles % grid CTAs busy. A small batch (fewer
 // tiles than SMs) then leaves most of the GPU idle: that is where the split runs automatically.
 // (Splitting the half-empty last round of the benchmark's shapes, d128: 2048 tiles on 132 SMs =

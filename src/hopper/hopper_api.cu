@@ -206,7 +206,7 @@ constexpr int64_t kSmallQMaxRows = 128;
 /// and for up to 128 rows where the forward tiles leave SMs idle (1.4-1.6x at 8 forward tiles,
 /// 1.0-1.1x at 16-32); at 64 forward tiles of 64 rows the decode kernel took 1.7x the forward's
 /// time. Those forwards did not split their keys; one whose tiles all walk every key
-/// (launch_fwd.h fwd_tiles_walk_every_key: no mask, or a causal chunk of one tile per head) with
+/// (launch_fwd.h fwd_key_split_eligible: no mask, or a causal chunk of one tile per head) with
 /// fewer tiles than SMs splits them over the idle SMs (stream-K), and then the decode kernel, which
 /// re-reads a KV head's keys for every row tile, is taken only while its tiles are few
 /// (launch_decode.h small_q_decode_beats_split_forward; always for one row tile per KV head).
@@ -243,7 +243,7 @@ std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& 
     // A forward whose tiles all walk every key (no mask, or a causal chunk of one query tile per
     // head) with fewer tiles than SMs splits its keys over the idle ones (stream-K, as
     // launch_fwd.cuh plans it): then it is the faster unless the decode's tiles are few (above).
-    if (fwd_tiles_walk_every_key(p, (p.seqlen_q + tile_m - 1) / tile_m)) {
+    if (fwd_key_split_eligible(p, (p.seqlen_q + tile_m - 1) / tile_m, fc->tile_m, fc->tile_n)) {
       const int32_t fwd_blocks = int32_t((int64_t(p.seqlen_k) + fc->tile_n - 1) / fc->tile_n);
       if (small_q_split_forward_wins(p, fwd_tiles, fwd_blocks, int32_t(sms), o.stream_k, o.stream_k_min_share))
         return std::nullopt;
@@ -369,7 +369,7 @@ void forward(const detail::FwdParams& p) {
                                       false, dtype_size(p.dtype)).empty();
   if (ctx.tma_epilogue) g_fwd_tma_epilogue_calls.fetch_add(1, std::memory_order_relaxed);
   // Stream-K split-KV (core/stream_k.h): automatic (-1) for problems whose tiles all walk every
-  // key (launch_fwd.h fwd_tiles_walk_every_key) with fewer tiles than SMs; the override forces it
+  // key (launch_fwd.h fwd_key_split_eligible) with fewer tiles than SMs; the override forces it
   // off (0), or on for any partial last round of such a problem run in the static order (1; a
   // causal one with more tiles than SMs claims them dynamically and is not split).
   ctx.stream_k = o.stream_k;

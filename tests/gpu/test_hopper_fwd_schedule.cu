@@ -51,7 +51,8 @@ TEST(HopperFwd, SchedulesAgreeBitwise) {
 // Stream-K tail (core/stream_k.h, src/hopper/shared/stream_k.cuh), forced on: tiles cut into pieces
 // of a few key blocks (3-7, the plan's count) across 16-54 CTAs, some straddling tiles, the combiner merging partials whose maxima differ (rising
 // scores, so every piece has its own max), masked tail keys in the combiner's first block, sink,
-// softcap, GQA, fp16, every bucket, causal and right-windowed chunks of one query tile per head.
+// softcap, GQA, fp16, every bucket, causal and right-windowed chunks of one or several query tiles
+// per head.
 // Each case is checked against the references by run_case (and run twice: the merge order is
 // fixed, so the split is deterministic). The same random-input case without the split must give a
 // different rounding somewhere, or the split did not run.
@@ -98,6 +99,30 @@ TEST(HopperFwd, StreamKTailMatchesReference) {
     }
     Case r; r.heads = 2; r.seqlen_q = 128; r.seqlen_k = 4096; r.causal = true; r.ramp_log2 = 300.f;
     cases.push_back(r);  // partials 2^300 apart, diagonal piece first
+  }
+  // Several query tiles per head with a right edge (launch_fwd.h fwd_key_split_eligible): every
+  // tile is planned at all key blocks, so the pieces past an early tile's last visible block are
+  // masked whole (d64's local kernel passes them through) and weigh 0 in the merge. 700 x 1200:
+  // the first tile sees only 5 of 10 blocks (6 of 10 at d64's 192 rows, 7 of 13 at d192's 96
+  // keys, 8 of 15 at d256's 80), so whole pieces, and combiners' own pieces, see no key at all.
+  for (int d : {64, 96, 128, 192, 256}) {
+    Case c; c.heads = 2; c.heads_kv = 1; c.seqlen_q = 400; c.seqlen_k = 3000; c.d = c.dv = d; c.causal = true;
+    c.seed = 80 + d;
+    cases.push_back(c);
+    c.seqlen_q = 700; c.seqlen_k = 1200; c.heads = 1; c.seed = 90 + d;
+    cases.push_back(c);
+  }
+  {
+    for (int d : {64, 128}) {  // a right window of 10 keys over three-four query tiles
+      Case w; w.heads = 3; w.heads_kv = 1; w.seqlen_q = 500; w.seqlen_k = 2500; w.window_right = 10; w.sink = true;
+      w.d = w.dv = d; w.seed = 100 + d;
+      cases.push_back(w);
+    }
+    Case c; c.heads = 2; c.seqlen_q = 384; c.seqlen_k = 2048; c.causal = true; c.softcap = 25.f;
+    c.dtype = DType::kFP16; c.d = 192; c.dv = 128;
+    cases.push_back(c);
+    Case r; r.heads = 2; r.seqlen_q = 384; r.seqlen_k = 4096; r.causal = true; r.ramp_log2 = 300.f;
+    cases.push_back(r);  // partials 2^300 apart over three tiles of different lengths
   }
   for (const Case& c : cases) {
     Result split, whole;

@@ -44,7 +44,7 @@ inline bool small_q_decode_beats_fine_split_forward(const detail::FwdParams& p, 
 
 /// Whether a small-query forward that the decode kernel could take (hopper_api.cu
 /// small_q_on_decode), whose fwd_tiles tiles all walk the same fwd_blocks key blocks
-/// (fwd/launch_fwd.h fwd_tiles_walk_every_key), runs on the forward kernel for its stream-K split
+/// (fwd/launch_fwd.h fwd_key_split_eligible), runs on the forward kernel for its stream-K split
 /// instead. stream_k, min_share: the overrides, as the launch plans with them. Where the coarse
 /// split cuts the tiles: small_q_decode_beats_split_forward decides; where only the launch's finer
 /// plan does (shorter tiles): small_q_decode_beats_fine_split_forward, except for one row tile per

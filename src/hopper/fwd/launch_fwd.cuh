@@ -138,8 +138,8 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   // launch the split needs is refused.
   const detail::StreamKPlan whole_tiles = detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, 0);
   const bool dynamic = ctx.dynamic_schedule && num_tiles > whole_tiles.grid;
-  // Stream-K tail (core/stream_k.h): tiles that all walk the same key blocks, in the static order.
-  const bool sk_eligible = fwd_tiles_walk_every_key(fp, m_blocks) && !dynamic;
+  // Stream-K tail (core/stream_k.h): tiles planned at every key block, in the static order.
+  const bool sk_eligible = fwd_key_split_eligible(fp, m_blocks, Kt::kBlockM, Kt::kBlockN) && !dynamic;
   p.sk = sk_eligible ? detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, ctx.stream_k,
                                                   ctx.stream_k_min_share)
                       : whole_tiles;

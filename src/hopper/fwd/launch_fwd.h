@@ -17,15 +17,26 @@ inline int64_t fwd_query_rows(const detail::FwdParams& p) {
   return p.is_varlen ? (p.seqlen_q < p.total_q ? int64_t(p.seqlen_q) : p.total_q) : int64_t(p.seqlen_q);
 }
 
-/// Whether every tile of a forward with m_blocks query blocks per (sequence, head) walks the same
-/// key blocks, all of [0, ceil(seqlen_k / tile_n)), so the stream-K tail (core/stream_k.h) can cut
-/// them into equal shares: batched (not varlen) with keys, no left window edge (every row sees key
-/// 0), and no right edge either unless all of a head's query rows are one tile: bottom-right, the
-/// tile's last row (seqlen_q - 1) then sees up to key seqlen_k - 1 (a chunk of queries against a
-/// long cache, the shape where few tiles leave SMs idle). The mask is per block and per row
-/// (TileKeyRange::needs_mask), so a piece of a diagonal tile is masked as the whole tile is.
-inline bool fwd_tiles_walk_every_key(const detail::FwdParams& p, int64_t m_blocks) {
-  return !p.is_varlen && p.seqlen_k > 0 && p.mask.window_left < 0 && (p.mask.window_right < 0 || m_blocks == 1);
+/// Whether the stream-K tail (core/stream_k.h) may cut the tiles of a forward with m_blocks query
+/// blocks of tile_m rows per (sequence, head), planned as tiles of all ceil(seqlen_k / tile_n) key
+/// blocks: batched (not varlen) with keys, and no left window edge (every row sees key 0), so a
+/// tile's visible blocks are a prefix [0, n_i) of them. Without a right edge, or with all of a
+/// head's query rows in one tile (bottom-right, its last row seqlen_q - 1 sees up to key
+/// seqlen_k - 1), every n_i is all of them. With a right edge and several query tiles per head (a
+/// chunk of queries against a long cache), tile i sees fewer blocks the lower i is: a piece's blocks
+/// past its tile's n_i are masked whole (TileKeyRange::needs_mask is per block; a warpgroup with its
+/// own key range passes them through, loaded but not computed) and give weight 0 in the merge. The
+/// plan counts them as work, so it is taken only where the first tile sees at least half the blocks
+/// (then at most half of a share is such blocks). A piece of a diagonal block is masked per row as
+/// the whole tile is.
+inline bool fwd_key_split_eligible(const detail::FwdParams& p, int64_t m_blocks, int32_t tile_m, int32_t tile_n) {
+  if (p.is_varlen || p.seqlen_k <= 0 || p.mask.window_left >= 0) return false;
+  if (p.mask.window_right < 0 || m_blocks == 1) return true;
+  const int64_t first_tile_rows = p.seqlen_q < tile_m ? p.seqlen_q : tile_m;
+  const detail::KeyRange r = detail::visible_key_range(first_tile_rows - 1, p.seqlen_q, p.seqlen_k, p.mask);
+  const int64_t blocks = (int64_t(p.seqlen_k) + tile_n - 1) / tile_n;
+  const int64_t first_tile_blocks = r.last > 0 ? (r.last + tile_n - 1) / tile_n : 0;
+  return 2 * first_tile_blocks >= blocks;
 }
 
 /// kDType: 0 = bf16, 1 = fp16 (values of fa4::DType). Defined in launch_fwd.cuh; explicitly

@@ -40,8 +40,8 @@ struct LaunchContext {
   /// are TMA-aligned, and batched for O; override "epilogue" = direct forces the direct register
   /// stores, for the ablation).
   bool tma_epilogue = false;
-  /// Stream-K split of the last partial round (core/stream_k.h; tiles that all walk every key,
-  /// launch_fwd.h fwd_tiles_walk_every_key): -1
+  /// Stream-K split of the last partial round (core/stream_k.h; tiles planned at every key block,
+  /// launch_fwd.h fwd_key_split_eligible): -1
   /// where the cost model predicts a gain, 0 never, 1 wherever there is a partial round
   /// (override "stream_k" forces; tests and the ablation; common/overrides.h).
   int stream_k = -1;
