@@ -344,9 +344,11 @@ std::string forward_support(const TensorView& q, const TensorView& k, const Tens
                             std::string* kernel_name = nullptr);
 
 /// forward_support() for forward_with_kvcache(): "" if it would run (the kernel name in
-/// *kernel_name: "cpu::flash_forward_with_kvcache", "cpu::reference_forward_with_kvcache" or the
-/// CUDA decode kernel's), otherwise the message forward_with_kvcache() would throw. Reads host-
-/// resident index contents (as the call's validation does), runs and writes nothing.
+/// *kernel_name: "cpu::flash_forward_with_kvcache", "cpu::reference_forward_with_kvcache", the
+/// CUDA decode kernel's, or for a chunk of more than 128 query rows per KV head over a dense cache
+/// the forward kernel's, "hopper::fwd_... (KV cache)"), otherwise the message
+/// forward_with_kvcache() would throw. Reads host-resident index contents (as the call's
+/// validation does), runs and writes nothing.
 std::string forward_with_kvcache_support(const TensorView& q, const TensorView& k_cache,
                                          const TensorView& v_cache, const TensorView& out,
                                          const TensorView& lse, const KVCacheOptions& options = {},

@@ -187,13 +187,59 @@ class CallDevice {
   ScopedDevice scope_;
 };
 
+/// Whether the decode kernel (decode/) runs the KV-cache call p: "" and its name, else the reason.
+std::string decode_support(const detail::KVCacheParams& p, std::string* kernel_name) {
+  if (std::string why = dtype_device_support(p); !why.empty()) return why;
+  if (p.headdim % 8 != 0 || p.headdim_v % 8 != 0)
+    return "the Hopper decode kernel needs headdim and headdim_v to be multiples of 8 (16-byte rows); got " +
+           std::to_string(p.headdim) + " and " + std::to_string(p.headdim_v);
+  const detail::HopperDecodeConfig* c = detail::hopper_decode_bucket(p.headdim, p.headdim_v);
+  if (!c)
+    return "no Hopper decode kernel for headdim " + std::to_string(p.headdim) + ", headdim_v " +
+           std::to_string(p.headdim_v) + " (supported: both <= 256, multiples of 8)";
+  if (!bucket_compiled(c->headdim, c->headdim_v)) return not_compiled("decode", c->headdim, c->headdim_v);
+  if (p.num_splits > detail::kDecodeMaxSplits)
+    return "num_splits = " + std::to_string(p.num_splits) + " exceeds the decode kernel's maximum of " +
+           std::to_string(detail::kDecodeMaxSplits);
+  if (p.exp2_fraction_given && p.exp2_emulation.emulated > 0)
+    return "exp2_emulation_fraction > 0 is not supported by the Hopper decode kernel (it is bandwidth-"
+           "bound and computes every exponential on the MUFU unit); pass 0 or leave it unset";
+  // Counted in narrow tiles: a wide tile's launch has fewer, and what the selector accepts does not
+  // depend on the tile choice or its override.
+  const int64_t row_tiles = decode_row_tiles(p, detail::kDecodeNarrowRows);
+  if (p.batch > 65535 || p.num_heads_kv > 65535 || int64_t(p.num_heads_kv) * row_tiles > 65535)
+    return "the Hopper decode kernel handles at most 65535 sequences and 65535 (kv head, 16-row query "
+           "tile) pairs per sequence (num_heads_kv * ceil(seqlen_q * num_heads / num_heads_kv / 16))";
+  if (int64_t(p.key_capacity) > kMaxRows)
+    return "the Hopper decode kernel handles a key capacity (seqlen_cache, or max_pages * page_size) of "
+           "at most 2^31 - 512 keys; got " + std::to_string(p.key_capacity);
+  // 16-byte copies (cp.async, the append) and 8-byte stores of out: 16-byte aligned bases and
+  // strides, the same rule as the TMA views of the forward.
+  const int64_t elem = dtype_size(p.dtype);
+  const int64_t cache_rows = p.paged ? p.page_size : p.key_capacity;
+  const int64_t cache_batch = p.paged ? p.num_pages : p.batch_cache;
+  constexpr const char* kUse = "the decode kernel's 16-byte copies";
+  std::string why = check_tma_tensor("q", p.q, p.q_stride, p.seqlen_q, p.num_heads, p.batch, false, elem, kUse);
+  if (why.empty()) why = check_tma_tensor("k_cache", p.k, p.k_stride, cache_rows, p.num_heads_kv, cache_batch, false, elem, kUse);
+  if (why.empty()) why = check_tma_tensor("v_cache", p.v, p.v_stride, cache_rows, p.num_heads_kv, cache_batch, false, elem, kUse);
+  if (why.empty()) why = check_tma_tensor("out", p.out, p.out_stride, p.seqlen_q, p.num_heads, p.batch, false, elem, kUse);
+  if (why.empty() && p.k_new)
+    why = check_tma_tensor("k_new", p.k_new, p.k_new_stride, p.seqlen_new, p.num_heads_kv, p.batch, false, elem, kUse);
+  if (why.empty() && p.v_new)
+    why = check_tma_tensor("v_new", p.v_new, p.v_new_stride, p.seqlen_new, p.num_heads_kv, p.batch, false, elem, kUse);
+  if (!why.empty()) return why;
+  if (kernel_name)
+    *kernel_name = "hopper::decode_" + bucket_name(p, c->headdim, c->headdim_v) + (p.paged ? " (paged)" : "");
+  return "";
+}
+
 /// Query rows per KV head (seqlen_q x group) up to which a batched forward may run on the decode
 /// kernel (decode/: pack-GQA row tiles, keys split over CTAs); measured no further.
 constexpr int64_t kSmallQMaxRows = 128;
 
 /// p as the decode kernel's call: k/v are a full dense cache (no cache_seqlens, no append), when
 /// the selector sends p there (override "small_q" forces either way) and the decode kernel accepts
-/// it (kvcache_support); else nothing. `name` gets the decode kernel's name.
+/// it (decode_support); else nothing. `name` gets the decode kernel's name.
 ///
 /// The rule (bench/small_q_route.py, H200): a forward tile holds tile_m query rows of one head and
 /// walks its keys alone at a fixed time per key block, so with T tiles the forward takes
@@ -206,7 +252,7 @@ constexpr int64_t kSmallQMaxRows = 128;
 /// and for up to 128 rows where the forward tiles leave SMs idle (1.4-1.6x at 8 forward tiles,
 /// 1.0-1.1x at 16-32); at 64 forward tiles of 64 rows the decode kernel took 1.7x the forward's
 /// time. Those forwards did not split their keys; one whose tiles all walk every key
-/// (launch_fwd.h fwd_key_split_eligible: no mask, or a causal chunk of one tile per head) with
+/// (launch_fwd.h fwd_key_split_eligible: no mask, or a causal chunk, here of one tile per head) with
 /// fewer tiles than SMs splits them over the idle SMs (stream-K), and then the decode kernel, which
 /// re-reads a KV head's keys for every row tile, is taken only while its tiles are few
 /// (launch_decode.h small_q_decode_beats_split_forward; always for one row tile per KV head).
@@ -240,8 +286,8 @@ std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& 
     const int64_t fwd_tiles = int64_t(p.batch) * p.num_heads * ((p.seqlen_q + tile_m - 1) / tile_m);
     const int64_t fwd_waves = (fwd_tiles + sms - 1) / sms;
     if (decode_tiles(p, detail::kDecodeNarrowRows) > sms * fwd_waves) return std::nullopt;  // the decode's walks
-    // A forward whose tiles all walk every key (no mask, or a causal chunk of one query tile per
-    // head) with fewer tiles than SMs splits its keys over the idle ones (stream-K, as
+    // A forward whose tiles all walk every key (no mask, or a causal chunk, within 128 rows of one
+    // query tile per head) with fewer tiles than SMs splits its keys over the idle ones (stream-K, as
     // launch_fwd.cuh plans it): then it is the faster unless the decode's tiles are few (above).
     if (fwd_key_split_eligible(p, (p.seqlen_q + tile_m - 1) / tile_m, fc->tile_m, fc->tile_n)) {
       const int32_t fwd_blocks = int32_t((int64_t(p.seqlen_k) + fc->tile_n - 1) / fc->tile_n);
@@ -254,19 +300,13 @@ std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& 
   kp.batch_cache = p.batch;
   kp.key_capacity = p.seqlen_k;
   kp.total_k = 0;
-  if (!kvcache_support(kp, name).empty()) return std::nullopt;
+  if (!decode_support(kp, name).empty()) return std::nullopt;
   return kp;
 }
 
-}  // namespace
-
-std::string forward_support(const detail::FwdParams& p, std::string* kernel_name) {
-  std::string why = common_support(p);
-  if (!why.empty()) return why;
-  if (small_q_on_decode(p, kernel_name)) {
-    if (kernel_name) *kernel_name += " (small-query forward)";
-    return "";
-  }
+/// Whether the forward kernel (fwd/) runs p, which common_support accepted: "" and its name, else
+/// the reason.
+std::string forward_kernel_support(const detail::FwdParams& p, std::string* kernel_name) {
   const detail::HopperFwdConfig* c = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
   if (!c)
     return "no Hopper kernel for headdim " + std::to_string(p.headdim) + ", headdim_v " +
@@ -288,6 +328,41 @@ std::string forward_support(const detail::FwdParams& p, std::string* kernel_name
     *kernel_name = "hopper::fwd_" + bucket_name(p, c->headdim, c->headdim_v,
                                                 fwd_runs_local_kernel(*c, p) ? "_local" : "");
   return "";
+}
+
+/// Whether the KV-cache call p runs on the forward kernel, after the decode launch's append
+/// (forward_kvcache): a dense cache read in place (no page_table, no cache_batch_idx), no explicit
+/// num_splits (the decode kernel's), more than 128 query rows per KV head (chunked prefill; there a
+/// forward of the same shape over the whole cache would not take the decode kernel either,
+/// small_q_on_decode; override "small_q" forces either way, fwd then at any row count), and the
+/// forward kernel takes the layout. The decode kernel's own limits still apply: decode_support
+/// accepts p first, for the append. (H100, bench/decode_tile_ab.py: 1.2-1.8x faster than the decode
+/// kernel at 256-1024 rows per KV head; bench/results/history.md.) The forward plans its tiles and
+/// split at the capacity, as the decode kernel does, and each sequence's tiles attend to its
+/// cache_seqlens[b] + seqlen_new keys (tile_info.cuh seq_bounds, which checks cache_seqlens on the
+/// device as the append does).
+bool kvcache_on_forward(const detail::KVCacheParams& p, std::string* name) {
+  if (p.paged || p.cache_batch_idx || p.num_splits != 0 || p.seqlen_q == 0 || p.key_capacity == 0) return false;
+  // Up to 128 rows per KV head (decode steps, speculative decoding, short chunks) the decode kernel
+  // stays, as it did before this route was measured (override "small_q" fwd forces the route).
+  if (detail::kernel_overrides().small_q_decode < 0 && decode_rows(p) <= kSmallQMaxRows) return false;
+  const detail::FwdParams& fp = p;
+  if (small_q_on_decode(fp, nullptr)) return false;
+  if (!common_support(fp).empty() || !forward_kernel_support(fp, name).empty()) return false;
+  if (name) *name += " (KV cache)";
+  return true;
+}
+
+}  // namespace
+
+std::string forward_support(const detail::FwdParams& p, std::string* kernel_name) {
+  std::string why = common_support(p);
+  if (!why.empty()) return why;
+  if (small_q_on_decode(p, kernel_name)) {
+    if (kernel_name) *kernel_name += " (small-query forward)";
+    return "";
+  }
+  return forward_kernel_support(p, kernel_name);
 }
 
 std::string backward_support(const detail::BwdParams& p, std::string* kernel_name) {
@@ -340,15 +415,11 @@ std::string missing_device(int index) {
     }                                                                       \
   }
 
-void forward(const detail::FwdParams& p) {
-  // The selector (forward_support) has accepted p: fa4::forward calls it first, once.
-  if (const std::optional<detail::KVCacheParams> kp = small_q_on_decode(p, nullptr))
-    return forward_kvcache(*kp, "fa4::forward");
-  // An earlier kernel on this device may have met invalid varlen indices: report it now (a read of
-  // host memory, no sync), before this call writes anything.
-  check_async_errors(p.device.index);
+namespace {
+
+/// The forward kernel's launch choices for p (device facts, tile order, epilogue, split).
+LaunchContext forward_context(const detail::FwdParams& p, const detail::KernelOverrides& o) {
   const DeviceFacts f = device_facts(p.device.index);
-  const detail::KernelOverrides o = detail::kernel_overrides();
   LaunchContext ctx;
   ctx.num_sms = f.num_sms;
   ctx.l2_bytes = f.l2_bytes;
@@ -367,23 +438,51 @@ void forward(const detail::FwdParams& p) {
   ctx.tma_epilogue = pick_override(o.tma_epilogue, true) && !p.is_varlen &&
                      check_tma_tensor("out", p.out, p.out_stride, p.seqlen_q, p.num_heads, p.batch,
                                       false, dtype_size(p.dtype)).empty();
-  if (ctx.tma_epilogue) g_fwd_tma_epilogue_calls.fetch_add(1, std::memory_order_relaxed);
-  // Stream-K split-KV (core/stream_k.h): automatic (-1) for problems whose tiles all walk every
-  // key (launch_fwd.h fwd_key_split_eligible) with fewer tiles than SMs; the override forces it
+  // Stream-K split-KV (core/stream_k.h): automatic (-1) for problems whose tiles walk all or most
+  // keys (launch_fwd.h fwd_key_split_eligible) with fewer tiles than SMs; the override forces it
   // off (0), or on for any partial last round of such a problem run in the static order (1; a
   // causal one with more tiles than SMs claims them dynamically and is not split).
   ctx.stream_k = o.stream_k;
   ctx.stream_k_min_share = o.stream_k_min_share;
+  return ctx;
+}
 
-  const CallDevice call_device(p.device.index, "fa4::forward");
-  if (p.is_varlen) ctx.async_error = async_error_record(p.device.index);  // on p's device
-
+/// Runs p on the forward kernel (forward_kernel_support accepted it; p's device is current).
+void dispatch_forward(const detail::FwdParams& p, const LaunchContext& ctx) {
+  if (ctx.tma_epilogue) g_fwd_tma_epilogue_calls.fetch_add(1, std::memory_order_relaxed);
   const detail::HopperFwdConfig* c = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
   const bool bf16 = p.dtype == DType::kBF16;
 #define FA4_DISPATCH_FWD(D, DV) FA4_DISPATCH_ROW(find_hopper_fwd_config, run_fwd, D, DV)
   FA4_HOPPER_BUCKETS(FA4_DISPATCH_FWD)
 #undef FA4_DISPATCH_FWD
-  throw Error(ErrorCode::kInternal, "fa4::forward (hopper): selector and dispatcher disagree");
+  throw Error(ErrorCode::kInternal, std::string(ctx.fn) + " (hopper): selector and dispatcher disagree");
+}
+
+/// Runs p's decode launch (decode_support accepted it; p's device is current): the append and the
+/// decode kernel, or the append alone (ctx.decode_append_only).
+void dispatch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx) {
+  const detail::HopperDecodeConfig* c = detail::hopper_decode_bucket(p.headdim, p.headdim_v);
+  const bool bf16 = p.dtype == DType::kBF16;
+#define FA4_DISPATCH_DECODE(D, DV) FA4_DISPATCH_ROW(find_hopper_decode_config, run_decode, D, DV)
+  FA4_HOPPER_BUCKETS(FA4_DISPATCH_DECODE)
+#undef FA4_DISPATCH_DECODE
+  throw Error(ErrorCode::kInternal, "fa4::forward_with_kvcache (hopper): selector and dispatcher disagree");
+}
+
+}  // namespace
+
+void forward(const detail::FwdParams& p) {
+  // The selector (forward_support) has accepted p: fa4::forward calls it first, once.
+  if (const std::optional<detail::KVCacheParams> kp = small_q_on_decode(p, nullptr))
+    return forward_kvcache(*kp, "fa4::forward");
+  // An earlier kernel on this device may have met invalid varlen indices: report it now (a read of
+  // host memory, no sync), before this call writes anything.
+  check_async_errors(p.device.index);
+  LaunchContext ctx = forward_context(p, detail::kernel_overrides());
+  ctx.fn = "fa4::forward";
+  const CallDevice call_device(p.device.index, ctx.fn);
+  if (p.is_varlen) ctx.async_error = async_error_record(p.device.index);  // on p's device
+  dispatch_forward(p, ctx);
 }
 
 void zero_dsink(const detail::BwdParams& p) {
@@ -451,71 +550,50 @@ void backward(const detail::BwdParams& p) {
 }
 
 std::string kvcache_support(const detail::KVCacheParams& p, std::string* kernel_name) {
-  if (std::string why = dtype_device_support(p); !why.empty()) return why;
-  if (p.headdim % 8 != 0 || p.headdim_v % 8 != 0)
-    return "the Hopper decode kernel needs headdim and headdim_v to be multiples of 8 (16-byte rows); got " +
-           std::to_string(p.headdim) + " and " + std::to_string(p.headdim_v);
-  const detail::HopperDecodeConfig* c = detail::hopper_decode_bucket(p.headdim, p.headdim_v);
-  if (!c)
-    return "no Hopper decode kernel for headdim " + std::to_string(p.headdim) + ", headdim_v " +
-           std::to_string(p.headdim_v) + " (supported: both <= 256, multiples of 8)";
-  if (!bucket_compiled(c->headdim, c->headdim_v)) return not_compiled("decode", c->headdim, c->headdim_v);
-  if (p.num_splits > detail::kDecodeMaxSplits)
-    return "num_splits = " + std::to_string(p.num_splits) + " exceeds the decode kernel's maximum of " +
-           std::to_string(detail::kDecodeMaxSplits);
-  if (p.exp2_fraction_given && p.exp2_emulation.emulated > 0)
-    return "exp2_emulation_fraction > 0 is not supported by the Hopper decode kernel (it is bandwidth-"
-           "bound and computes every exponential on the MUFU unit); pass 0 or leave it unset";
-  // Counted in narrow tiles: a wide tile's launch has fewer, and what the selector accepts does not
-  // depend on the tile choice or its override.
-  const int64_t row_tiles = decode_row_tiles(p, detail::kDecodeNarrowRows);
-  if (p.batch > 65535 || p.num_heads_kv > 65535 || int64_t(p.num_heads_kv) * row_tiles > 65535)
-    return "the Hopper decode kernel handles at most 65535 sequences and 65535 (kv head, 16-row query "
-           "tile) pairs per sequence (num_heads_kv * ceil(seqlen_q * num_heads / num_heads_kv / 16))";
-  if (int64_t(p.key_capacity) > kMaxRows)
-    return "the Hopper decode kernel handles a key capacity (seqlen_cache, or max_pages * page_size) of "
-           "at most 2^31 - 512 keys; got " + std::to_string(p.key_capacity);
-  // 16-byte copies (cp.async, the append) and 8-byte stores of out: 16-byte aligned bases and
-  // strides, the same rule as the TMA views of the forward.
-  const int64_t elem = dtype_size(p.dtype);
-  const int64_t cache_rows = p.paged ? p.page_size : p.key_capacity;
-  const int64_t cache_batch = p.paged ? p.num_pages : p.batch_cache;
-  constexpr const char* kUse = "the decode kernel's 16-byte copies";
-  std::string why = check_tma_tensor("q", p.q, p.q_stride, p.seqlen_q, p.num_heads, p.batch, false, elem, kUse);
-  if (why.empty()) why = check_tma_tensor("k_cache", p.k, p.k_stride, cache_rows, p.num_heads_kv, cache_batch, false, elem, kUse);
-  if (why.empty()) why = check_tma_tensor("v_cache", p.v, p.v_stride, cache_rows, p.num_heads_kv, cache_batch, false, elem, kUse);
-  if (why.empty()) why = check_tma_tensor("out", p.out, p.out_stride, p.seqlen_q, p.num_heads, p.batch, false, elem, kUse);
-  if (why.empty() && p.k_new)
-    why = check_tma_tensor("k_new", p.k_new, p.k_new_stride, p.seqlen_new, p.num_heads_kv, p.batch, false, elem, kUse);
-  if (why.empty() && p.v_new)
-    why = check_tma_tensor("v_new", p.v_new, p.v_new_stride, p.seqlen_new, p.num_heads_kv, p.batch, false, elem, kUse);
+  std::string why = decode_support(p, kernel_name);  // (the append is the decode launch's)
   if (!why.empty()) return why;
-  if (kernel_name)
-    *kernel_name = "hopper::decode_" + bucket_name(p, c->headdim, c->headdim_v) + (p.paged ? " (paged)" : "");
+  kvcache_on_forward(p, kernel_name);  // where the forward kernel attends, its name
   return "";
 }
 
 void forward_kvcache(const detail::KVCacheParams& p, const char* fn) {
   // The selector (kvcache_support) has accepted p. Earlier invalid indices: report now.
   check_async_errors(p.device.index);
-  const DeviceFacts f = device_facts(p.device.index);
-  LaunchContext ctx;
-  ctx.num_sms = f.num_sms;
-  ctx.l2_bytes = f.l2_bytes;
-  ctx.fn = fn;
   const detail::KernelOverrides overrides = detail::kernel_overrides();
+  const bool on_forward = kvcache_on_forward(p, nullptr);
+  LaunchContext ctx;
+  if (on_forward) {
+    ctx = forward_context(p, overrides);
+    ctx.cache_seqlens = p.cache_seqlens;
+    ctx.seqlen_new = p.seqlen_new;
+  } else {
+    const DeviceFacts f = device_facts(p.device.index);
+    ctx.num_sms = f.num_sms;
+    ctx.l2_bytes = f.l2_bytes;
+  }
+  ctx.fn = fn;
   ctx.decode_cluster = overrides.decode_cluster;
   ctx.decode_tile = overrides.decode_tile;
   ctx.decode_warps = overrides.decode_warps;
   const CallDevice call_device(p.device.index, fn);
   ctx.async_error = async_error_record(p.device.index);
-
-  const detail::HopperDecodeConfig* c = detail::hopper_decode_bucket(p.headdim, p.headdim_v);
-  const bool bf16 = p.dtype == DType::kBF16;
-#define FA4_DISPATCH_DECODE(D, DV) FA4_DISPATCH_ROW(find_hopper_decode_config, run_decode, D, DV)
-  FA4_HOPPER_BUCKETS(FA4_DISPATCH_DECODE)
-#undef FA4_DISPATCH_DECODE
-  throw Error(ErrorCode::kInternal, "fa4::forward_with_kvcache (hopper): selector and dispatcher disagree");
+  if (!on_forward) return dispatch_decode(p, ctx);
+  // The append (the decode launch's), then the forward kernel reads the rows in stream order; the
+  // forward launch calls it once everything that can fail on the host has passed.
+  struct Append {
+    const detail::KVCacheParams* p;
+    LaunchContext ctx;
+  };
+  Append append{&p, ctx};
+  append.ctx.decode_append_only = true;
+  if (p.seqlen_new > 0) {
+    ctx.before_kernel = [](const void* arg) {
+      const Append& a = *static_cast<const Append*>(arg);
+      dispatch_decode(*a.p, a.ctx);
+    };
+    ctx.before_kernel_arg = &append;
+  }
+  dispatch_forward(p, ctx);
 }
 
 uint64_t fwd_tma_epilogue_calls() { return g_fwd_tma_epilogue_calls.load(std::memory_order_relaxed); }

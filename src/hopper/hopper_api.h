@@ -43,12 +43,16 @@ void zero_dsink(const detail::BwdParams& p);
 uint64_t fwd_tma_epilogue_calls();
 uint64_t bwd_tma_epilogue_calls();
 
-/// The KV-cache (decode) selector: "" and the kernel name if the decode kernel (decode/) runs p on
-/// the current device, else the reason. forward_kvcache() runs exactly what this picks.
+/// The KV-cache selector: "" and the kernel name if p runs on the current device, else the reason.
+/// The decode kernel (decode/) must accept p (its launch also appends k_new / v_new); a dense
+/// cache with more than 128 query rows per KV head (chunked prefill) then attends on the forward
+/// kernel (fwd/, "hopper::fwd_... (KV cache)"), as a forward of that shape would. forward_kvcache()
+/// runs exactly what this picks.
 std::string kvcache_support(const detail::KVCacheParams& p, std::string* kernel_name);
 
-/// Enqueues forward_with_kvcache on p.device.stream: the append of k_new/v_new (if given), the
-/// split-KV decode kernel (with more than one split, the last split of a tile merges). Device-resident
+/// Enqueues forward_with_kvcache on p.device.stream: the append of k_new/v_new (if given), then the
+/// split-KV decode kernel (with more than one split, the last split of a tile merges) or the
+/// forward kernel (kvcache_support says which). Device-resident
 /// cache_seqlens / cache_batch_idx / page_table are checked by the kernels (AsyncError bits):
 /// a sequence breaking a rule gets no output and nothing is read or written out of bounds.
 /// Precondition: kvcache_support(p) == "". `fn` names the call in CUDA errors (fa4::forward when

@@ -256,8 +256,8 @@ inline cudaGraph_t capture_calls(const std::vector<KvProblem*>& problems, cudaSt
 inline cudaGraph_t capture_call(KvProblem& P, cudaStream_t s, std::string* thrown) { return capture_calls({&P}, s, thrown); }
 
 /// run_case's checks on a built problem (whose host and device index tensors a test may have
-/// edited alike after build, e.g. to share pages).
-inline void check_built(KvProblem& P) {
+/// edited alike after build, e.g. to share pages). kernel_out: the selector's kernel name.
+inline void check_built(KvProblem& P, std::string* kernel_out = nullptr) {
   const KvCase& c = P.c;
   const int B = P.B, Sq = P.Sq, H = P.H, HK = P.HK;
   std::string kernel;
@@ -265,6 +265,7 @@ inline void check_built(KvProblem& P) {
   std::vector<float> lse, lse2;
   run_fa4(P, out, lse, &kernel);
   if (::testing::Test::HasFatalFailure()) return;
+  if (kernel_out) *kernel_out = kernel;
   const bool expect_async = c.bad_seqlen_b >= 0 || c.bad_page_b >= 0 || c.bad_batch_idx_b >= 0;
   if (expect_async) {
     try {
@@ -399,13 +400,14 @@ inline void check_built(KvProblem& P) {
 }
 
 /// The whole check of one case (see the file comment); none where the case is left out (its bucket
-/// not compiled in this build).
-inline void run_case(const KvCase& c) {
-  if (fa4::test::leave_out(c.d, c.dv, fa4::test::kDecode)) return;
+/// not compiled in this build: false). kernel: the selector's kernel name.
+inline bool run_case(const KvCase& c, std::string* kernel = nullptr) {
+  if (fa4::test::leave_out(c.d, c.dv, fa4::test::kDecode)) return false;
   KvProblem P;
   build(P, c);
-  if (::testing::Test::HasFatalFailure()) return;
-  check_built(P);
+  if (::testing::Test::HasFatalFailure()) return false;
+  check_built(P, kernel);
+  return true;
 }
 
 }  // namespace

@@ -101,8 +101,8 @@ TEST(HopperFwd, StreamKTailMatchesReference) {
     cases.push_back(r);  // partials 2^300 apart, diagonal piece first
   }
   // Several query tiles per head with a right edge (launch_fwd.h fwd_key_split_eligible): every
-  // tile is planned at all key blocks, so the pieces past an early tile's last visible block are
-  // masked whole (d64's local kernel passes them through) and weigh 0 in the merge. 700 x 1200:
+  // tile is planned at all key blocks, so a piece past an early tile's last visible block runs
+  // none of them (restrict_keys) and stores an empty partial, weight 0 in the merge. 700 x 1200:
   // the first tile sees only 5 of 10 blocks (6 of 10 at d64's 192 rows, 7 of 13 at d192's 96
   // keys, 8 of 15 at d256's 80), so whole pieces, and combiners' own pieces, see no key at all.
   for (int d : {64, 96, 128, 192, 256}) {

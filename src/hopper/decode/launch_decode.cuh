@@ -77,6 +77,19 @@ DecodeClusterCapacity cluster_capacity_once(Kernel kernel, int device) {
 }
 }  // namespace
 
+/// Appends k_new / v_new in place at cache_seqlens (decode::append_kernel): before the attention,
+/// which reads the appended rows in stream order.
+template <bool kBF16>
+void launch_append(const detail::KVCacheParams& p, const LaunchContext& ctx) {
+  decode::DecodeArgs a{};
+  a.p = p;
+  a.async_error = ctx.async_error;
+  const cudaStream_t stream = static_cast<cudaStream_t>(p.device.stream);
+  decode::append_kernel<typename decode::ElemOf<kBF16>::type>
+      <<<dim3(p.seqlen_new, p.num_heads_kv, p.batch), 64, 0, stream>>>(a);
+  check_cuda(cudaGetLastError(), ctx.fn, "append kernel launch");
+}
+
 /// The decode launch with row tiles of 16 x kRowWarps rows on kBlockN-key blocks (decode_kernel:
 /// the narrow tile's 4-warp form on 64-key blocks, its 8-warp form on 128; the wide tile on 64),
 /// `splits` splits per tile.
@@ -94,7 +107,6 @@ void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, con
   using Smem = decode::DecodeSmem<kHeadDim, kBlockN, kStages, kRows>;
   static_assert(Smem::cluster_bytes(detail::kDecodeMaxCluster) + 1024 <= 227 * 1024,
                 "a CTA of the largest decode cluster must fit the 227 KB per-block limit, with room for static smem");
-  using Elem = typename decode::ElemOf<kBF16>::type;
   const char* const kFn = ctx.fn;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.device.stream);
 
@@ -138,10 +150,7 @@ void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, con
     a.lse_partial = reinterpret_cast<float*>(scratch.ptr() + o_bytes);
     a.arrivals = reinterpret_cast<int32_t*>(arrivals.ptr());
   }
-  if (p.seqlen_new > 0) {  // stream order: the decode below reads the appended rows
-    decode::append_kernel<Elem><<<dim3(p.seqlen_new, p.num_heads_kv, p.batch), 64, 0, stream>>>(a);
-    check_cuda(cudaGetLastError(), kFn, "append kernel launch");
-  }
+  if (p.seqlen_new > 0) launch_append<kBF16>(p, ctx);  // stream order: the decode below reads them
   if (p.seqlen_q == 0) return;
   const dim3 grid(a.num_splits, p.num_heads_kv * a.row_tiles, p.batch);
   if (a.cluster > 1) {  // the splits of a tile in clusters along x (grid.x = num_splits, a multiple)
@@ -159,6 +168,10 @@ template <int kDType, int kHeadDim, int kHeadDimV>
 void run_decode(const detail::KVCacheParams& p, const LaunchContext& ctx) {
   static_assert(kHeadDim == kHeadDimV, "the decode kernel has one head dim for K and V");
   constexpr bool kBF16 = kDType == int(DType::kBF16);
+  if (ctx.decode_append_only) {  // the forward kernel attends (hopper_api.cu forward_kvcache)
+    if (p.seqlen_new > 0) launch_append<kBF16>(p, ctx);
+    return;
+  }
   constexpr detail::HopperDecodeConfig c = detail::hopper_decode_config(kHeadDim, kHeadDimV);
   const detail::DecodeTile tile = decode_tile(p, c, ctx.num_sms, ctx.decode_tile);
   const int32_t splits = decode_num_splits(p, c, ctx.num_sms, tile);

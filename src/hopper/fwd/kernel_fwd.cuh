@@ -86,25 +86,27 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
     const TileInfo ti = make_tile_info<Kt::kBlockM, Kt::kBlockN>(p, w);  // has rows (producer skips others)
     const float sink = p.sink ? p.sink[ti.c.head] : -INFINITY;
     float o_scale[2], lse[2];
-    if (!ti.has_keys()) {  // no key visible to any row: O = 0, LSE = -inf (or the sink)
+    // No key visible to any row (of this piece): O = 0, LSE = -inf (or the sink). A stream-K piece
+    // with no key (restrict_keys) has no Q loaded either, but a contributor still publishes its
+    // (empty, weight 0) partial, which its combiner waits for, and a combiner merges the others'.
+    const bool keys = ti.has_keys();
+    const bool partial = w.role < 0;  // a stream-K contributor: no epilogue, its Q is freed now
+    if (keys) {
+      Mma::run(p, ss, pipe_k, pipe_v, pipe_q, rd, rq, ti, tid, !p.out_tma || partial || Kt::kOBuffer, tOrO, softmax);
+    } else {
       clear(tOrO);
       softmax.init();
-      softmax.finalize(p.score_scale_log2, sink, o_scale, lse);
-      Epilogue<Kt>::store_direct(p, ti, tid, tOrO, o_scale);
-    } else {
-      const bool partial = w.role < 0;  // a stream-K contributor: no epilogue, its Q is freed now
-      Mma::run(p, ss, pipe_k, pipe_v, pipe_q, rd, rq, ti, tid, !p.out_tma || partial || Kt::kOBuffer, tOrO, softmax);
-      if (partial) {
-        StreamK<Kt>::store_partial(p, tid, tOrO, softmax);
-        ++rq;
-        continue;  // the combiner writes O and LSE
-      }
-      if (w.role > 0) StreamK<Kt>::combine(p, tid, w.role, tOrO, softmax);
-      softmax.finalize(p.score_scale_log2, sink, o_scale, lse);
-      if (p.out_tma) Epilogue<Kt>::store_tma(p, ss, pipe_q, rq, ti, tid, tOrO, o_scale);
-      else Epilogue<Kt>::store_direct(p, ti, tid, tOrO, o_scale);
-      ++rq;
     }
+    if (partial) {
+      StreamK<Kt>::store_partial(p, tid, tOrO, softmax);
+      if (keys) ++rq;
+      continue;  // the combiner writes O and LSE
+    }
+    if (w.role > 0) StreamK<Kt>::combine(p, tid, w.role, tOrO, softmax);
+    softmax.finalize(p.score_scale_log2, sink, o_scale, lse);
+    if (keys && p.out_tma) Epilogue<Kt>::store_tma(p, ss, pipe_q, rq, ti, tid, tOrO, o_scale);
+    else Epilogue<Kt>::store_direct(p, ti, tid, tOrO, o_scale);
+    if (keys) ++rq;
     Epilogue<Kt>::store_lse(p, ti, tid, lse);
   }
   // The TMA engine must have read the last staged O before the CTA's smem goes away.

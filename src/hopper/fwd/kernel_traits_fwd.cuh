@@ -189,9 +189,10 @@ struct FwdKernelTraits {
     bool is_varlen{};
     const int32_t* cu_seqlens_q{};
     const int32_t* cu_seqlens_k{};
-    const int32_t* seqused_k{};
+    const int32_t* seqused_k{};    // varlen: seqused_k; batched: a KV-cache call's cache_seqlens (or nullptr)
+    int32_t seqlen_new{};          // batched KV-cache call: keys appended after cache_seqlens[b] (tile_info.cuh)
     int32_t total_q{}, total_k{};  // varlen: packed rows of q and k/v (the bounds cu_seqlens must keep)
-    uint8_t* async_error{};        // varlen: mapped error record (device_state.h) for invalid indices
+    uint8_t* async_error{};        // varlen, KV cache: mapped error record (device_state.h) for invalid indices
     const float* sink{};
 
     float score_scale_log2{};    // multiplies raw q.k (or tanh(.) under softcap) into log2 units

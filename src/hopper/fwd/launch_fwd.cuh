@@ -20,10 +20,6 @@
 
 namespace fa4::hopper {
 
-namespace {
-constexpr const char* kFwd = "fa4::forward";
-}  // namespace
-
 /// One forward launch of the kernel of traits Kt.
 template <class Kt>
 void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
@@ -96,7 +92,8 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   p.is_varlen = fp.is_varlen;
   p.cu_seqlens_q = fp.cu_seqlens_q;
   p.cu_seqlens_k = fp.cu_seqlens_k;
-  p.seqused_k = fp.seqused_k;
+  p.seqused_k = fp.is_varlen ? fp.seqused_k : ctx.cache_seqlens;
+  p.seqlen_new = ctx.seqlen_new;
   p.total_q = int32_t(fp.total_q);  // varlen: common_support allows at most kMaxRows (unused batched)
   p.total_k = int32_t(fp.total_k);
   p.async_error = ctx.async_error;
@@ -117,9 +114,12 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   // adds no tiles; in int64, as the selector counted them.
   const int64_t m_blocks = (fwd_query_rows(fp) + Kt::kBlockM - 1) / Kt::kBlockM;
   const int64_t num_tiles = m_blocks * fp.num_heads * fp.batch;
-  if (num_tiles == 0) return;
+  if (num_tiles == 0) {
+    if (ctx.before_kernel) ctx.before_kernel(ctx.before_kernel_arg);
+    return;
+  }
   if (num_tiles > kMaxTiles)
-    throw Error(ErrorCode::kUnsupported, "fa4::forward (hopper): more than 2^31 - 2^16 tiles");
+    throw Error(ErrorCode::kUnsupported, std::string(ctx.fn) + " (hopper): more than 2^31 - 2^16 tiles");
   p.num_m_blocks = int32_t(m_blocks);
   p.num_tiles = int32_t(num_tiles);
   p.lpt = ctx.lpt;
@@ -130,7 +130,7 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   p.heads_per_section = int32_t(std::clamp<int64_t>(ctx.l2_bytes / 2 / kv_bytes_per_head, 1, bh));
 
   auto kernel = fwd_kernel<Kt>;
-  check_cuda(raise_smem_limit_once<Kt>(kernel, Kt::kSmemBytes, fp.device.index), kFwd,
+  check_cuda(raise_smem_limit_once<Kt>(kernel, Kt::kSmemBytes, fp.device.index), ctx.fn,
              "cudaFuncSetAttribute(max dynamic smem)");
   const cudaStream_t stream = static_cast<cudaStream_t>(fp.device.stream);
   const int32_t blocks_per_tile = int32_t((int64_t(fp.seqlen_k) + Kt::kBlockN - 1) / Kt::kBlockN);
@@ -162,6 +162,7 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
     p.sk_partial = reinterpret_cast<float*>(partials.ptr());
   }
 
+  if (ctx.before_kernel) ctx.before_kernel(ctx.before_kernel_arg);
   cudaError_t launched = cudaSuccess;
   if (p.sk.tail_ctas > 0) {
     // A combiner waits for other CTAs' partials: launched cooperatively, all CTAs are co-resident
@@ -180,7 +181,7 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
     kernel<<<p.sk.grid, Kt::kNumThreads, Kt::kSmemBytes, stream>>>(p);
     launched = cudaGetLastError();
   }
-  check_cuda(launched, kFwd, "kernel launch");  // (a refused launch: the holds release the scratch)
+  check_cuda(launched, ctx.fn, "kernel launch");  // (a refused launch: the holds release the scratch)
   if (dynamic) count_fwd_dynamic_launch();
   partials.release();
   flags.release();

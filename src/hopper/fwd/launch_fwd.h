@@ -23,12 +23,11 @@ inline int64_t fwd_query_rows(const detail::FwdParams& p) {
 /// tile's visible blocks are a prefix [0, n_i) of them. Without a right edge, or with all of a
 /// head's query rows in one tile (bottom-right, its last row seqlen_q - 1 sees up to key
 /// seqlen_k - 1), every n_i is all of them. With a right edge and several query tiles per head (a
-/// chunk of queries against a long cache), tile i sees fewer blocks the lower i is: a piece's blocks
-/// past its tile's n_i are masked whole (TileKeyRange::needs_mask is per block; a warpgroup with its
-/// own key range passes them through, loaded but not computed) and give weight 0 in the merge. The
-/// plan counts them as work, so it is taken only where the first tile sees at least half the blocks
-/// (then at most half of a share is such blocks). A piece of a diagonal block is masked per row as
-/// the whole tile is.
+/// chunk of queries against a long cache), tile i sees fewer blocks the lower i is: a piece runs
+/// only its blocks below its tile's n_i (shared/tile_info.cuh restrict_keys; a piece with none
+/// stores an empty partial, weight 0 in the merge). The plan counts the others as work, so it is
+/// taken only where the first tile sees at least half the blocks. A piece of a diagonal block is
+/// masked per row as the whole tile is.
 inline bool fwd_key_split_eligible(const detail::FwdParams& p, int64_t m_blocks, int32_t tile_m, int32_t tile_n) {
   if (p.is_varlen || p.seqlen_k <= 0 || p.mask.window_left >= 0) return false;
   if (p.mask.window_right < 0 || m_blocks == 1) return true;

@@ -160,14 +160,15 @@ struct MainloopMma {
     clear(tOrO);
     softmax.init();
     float o_scale[2];
-    // Varlen: rows of the last key block past seqlen_k are another sequence's (or unused seqused_k)
-    // rows, not TMA zero fill. Their P is exactly 0, but 0 * NaN = NaN in the PV wgmma, so zero
-    // those V rows in smem once, every consumer warpgroup at one barrier instruction (bar.sync is
-    // .aligned): with per-warpgroup key ranges before any warpgroup's first block (a warpgroup may
-    // pass that block through), else after the first block's softmax (the V load lands under it).
+    // Varlen, or a KV cache (seqused_k = cache_seqlens): rows of the last key block past seqlen_k
+    // are another sequence's, unused seqused_k or stale cache rows, not TMA zero fill. Their P is
+    // exactly 0, but 0 * NaN = NaN in the PV wgmma, so zero those V rows in smem once, every
+    // consumer warpgroup at one barrier instruction (bar.sync is .aligned): with per-warpgroup key
+    // ranges before any warpgroup's first block (a warpgroup may pass that block through), else
+    // after the first block's softmax (the V load lands under it).
     const int32_t valid_in_last = ti.seqlen_k - (n_hi - 1) * kBlockN;
     auto zero_v_tail = [&]() {
-      if (!p.is_varlen || valid_in_last >= kBlockN) return;
+      if ((!p.is_varlen && !p.seqused_k) || valid_in_last >= kBlockN) return;
       consumer_wait(pipe_v, rd);
       // A trip count the same in every thread (the store is predicated instead): a loop exit that
       // may diverge here made the compiler keep the loop's pipeline states in per-thread

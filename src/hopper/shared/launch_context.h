@@ -40,6 +40,13 @@ struct LaunchContext {
   /// are TMA-aligned, and batched for O; override "epilogue" = direct forces the direct register
   /// stores, for the ablation).
   bool tma_epilogue = false;
+  /// A KV-cache call on the forward kernel (hopper_api.cu forward_kvcache): sequence b attends to
+  /// the first cache_seqlens[b] + seqlen_new keys of its row of the dense cache (k/v, seqlen_k = the
+  /// capacity); cache_seqlens nullptr: all of them.
+  const int32_t* cache_seqlens = nullptr;
+  int32_t seqlen_new = 0;
+  /// The decode launch runs only the append of k_new / v_new (the forward kernel attends).
+  bool decode_append_only = false;
   /// Stream-K split of the last partial round (core/stream_k.h; tiles planned at every key block,
   /// launch_fwd.h fwd_key_split_eligible): -1
   /// where the cost model predicts a gain, 0 never, 1 wherever there is a partial round
@@ -62,9 +69,15 @@ struct LaunchContext {
   int8_t decode_warps = -1;
   /// Varlen and KV-cache calls: the device's asynchronous error record (device_state.h); else nullptr.
   uint8_t* async_error = nullptr;
-  /// The API call the decode launch names in CUDA errors (forward_with_kvcache, or fa4::forward
-  /// for a small-query forward the selector sent there).
+  /// The API call a launch names in CUDA errors (fa4::forward, fa4::forward_with_kvcache; a
+  /// small-query forward on the decode kernel and a KV-cache call on the forward kernel name the call
+  /// made).
   const char* fn = "fa4::forward_with_kvcache";
+  /// Forward kernel: called once right before the kernel is launched, after everything that can
+  /// fail on the host (the smem limit, scratch): a KV-cache call's append (hopper_api.cu
+  /// forward_kvcache), so no error leaves the cache written. nullptr: none.
+  void (*before_kernel)(const void* arg) = nullptr;
+  const void* before_kernel_arg = nullptr;
 };
 
 }  // namespace fa4::hopper

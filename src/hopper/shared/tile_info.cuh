@@ -31,6 +31,9 @@ struct SeqBounds {
 /// lane 0). kValidate: check the varlen rules (the host cannot read the indices without a sync): a
 /// sequence that breaks one gets zero lengths, so no row of it is read or written, and thread 0 of
 /// the CTA records the rule in the device's error record (device_state.h).
+/// A batched forward serving a KV-cache call (Params with seqlen_new; seqused_k = cache_seqlens,
+/// hopper_api.cu kvcache_on_forward): sequence b sees keys [0, cache_seqlens[b] + seqlen_new) of
+/// its cache row, and kValidate checks cache_seqlens[b] against the capacity as the append did.
 template <bool kValidate, class Params>
 __device__ __forceinline__ SeqBounds seq_bounds(const Params& p, int32_t b) {
   SeqBounds s;
@@ -38,6 +41,18 @@ __device__ __forceinline__ SeqBounds seq_bounds(const Params& p, int32_t b) {
     s.q_row0 = s.k_row0 = 0;
     s.seqlen_q = p.seqlen_q;
     s.seqlen_k = p.seqlen_k;
+    if constexpr (requires { p.seqlen_new; }) {
+      if (p.seqused_k) {
+        const int32_t cached = __shfl_sync(0xffffffffu, p.seqused_k[b], 0);
+        s.seqlen_k = cached + p.seqlen_new;
+        if constexpr (kValidate) {
+          if (uint32_t(cached) > uint32_t(p.seqlen_k - p.seqlen_new)) {  // (negative: above any bound)
+            if (threadIdx.x == 0) report_async_error(p.async_error, kBadCacheSeqlens);
+            s.seqlen_q = s.seqlen_k = 0;
+          }
+        }
+      }
+    }
     return s;
   }
   // Every lane loads the same words; the broadcast from lane 0 tells the compiler the values are
@@ -100,12 +115,15 @@ __device__ __forceinline__ int32_t query_row(const TileInfo& ti, int tid, int r)
   return ti.c.m_block * kBlockM + arch::fragment_row(tid) + 8 * r;
 }
 
-/// A stream-K piece (core/stream_k.h) runs only key blocks [n_lo, n_hi) of its tile. The
-/// element masks stay those of the whole tile (TileKeyRange::needs_mask is per block).
+/// A stream-K piece (core/stream_k.h) runs only the key blocks of [n_lo, n_hi) its tile sees: the
+/// plan counts every tile at all key blocks (fwd/launch_fwd.h fwd_key_split_eligible), so a piece
+/// past a short tile's last visible block (a causal chunk's early query tiles, a KV-cache sequence
+/// shorter than the cache) has fewer blocks or none (has_keys false: an empty partial, weight 0).
+/// The element masks stay those of the whole tile (TileKeyRange::needs_mask is per block).
 __device__ __forceinline__ void restrict_keys(TileInfo& ti, const detail::WorkItem& w) {
   if (w.n_lo < w.n_hi) {
-    ti.keys.n_block_min = w.n_lo;
-    ti.keys.n_block_max = w.n_hi;
+    ti.keys.n_block_min = max(w.n_lo, ti.keys.n_block_min);
+    ti.keys.n_block_max = min(w.n_hi, ti.keys.n_block_max);
   }
 }
 

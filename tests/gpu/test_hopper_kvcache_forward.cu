@@ -1,0 +1,179 @@
+// tests/gpu/test_hopper_kvcache_forward.cu — KV-cache calls that the selector runs on the forward
+// kernel (hopper_api.cu kvcache_on_forward: a dense cache read in place, more than 128 query rows
+// per KV head: chunked prefill): the route (the kernel's name) and decode_case.cuh's checks on the
+// forward kernel — the append (bitwise), out / lse against the reference, rows that see no key,
+// stale cache rows past a sequence's keys holding NaN, broken cache_seqlens skipping the sequence —
+// with its stream-K split automatic, forced on and off (and shown to change the rounding), each case
+// also forced onto the decode kernel; and a captured chunk loop replayed.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu/decode_case.cuh"
+#include "test_util.h"
+
+namespace {
+
+bool on_forward_kernel(const std::string& kernel) { return kernel.find("hopper::fwd_") != std::string::npos; }
+
+TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
+  REQUIRE_HOPPER();
+  struct Route {
+    KvCase c;
+    bool forward;
+  };
+  std::vector<Route> routes;
+  {
+    // GQA 32/8, 64 queries (256 rows per KV head), appended as the chunk's own keys; sequence 1
+    // nearly empty; every cache row past a sequence's keys NaN (the last block's tail must be zeroed).
+    KvCase c;
+    c.batch = 2; c.seqlen_q = 64; c.heads = 32; c.heads_kv = 8; c.capacity = 3000;
+    c.cache_seqlens = {2100, 37}; c.seqlen_new = 64; c.causal = true; c.nan_past_keys = true; c.seed = 31;
+    routes.push_back({c, true});
+    KvCase e = c;  // no key at all: O = 0, LSE = the sink
+    e.cache_seqlens = {0, 0}; e.seqlen_new = 0; e.sink = true; e.seed = 32;
+    routes.push_back({e, true});
+    KvCase bad = c;  // sequence 1's cache_seqlens past the capacity: skipped and reported
+    bad.bad_seqlen_b = 1; bad.seed = 33;
+    routes.push_back({bad, true});
+    KvCase neg = c;  // a negative length
+    neg.bad_seqlen_b = 0; neg.bad_seqlen_value = -5; neg.seed = 34;
+    routes.push_back({neg, true});
+    KvCase w = c;  // a left window: the forward, without the split
+    w.window_left = 100; w.softcap = 20.f; w.dtype = DType::kFP16; w.seed = 35;
+    routes.push_back({w, true});
+    KvCase small = c;  // 16 queries: 64 rows per KV head stay on the decode kernel
+    small.seqlen_q = 16; small.seqlen_new = 16; small.seed = 36;
+    routes.push_back({small, false});
+    KvCase paged = c;  // a paged cache stays on the decode kernel
+    paged.page_size = 64; paged.seed = 37;
+    routes.push_back({paged, false});
+    KvCase idx = c;  // and so does cache_batch_idx
+    idx.batch_idx = true; idx.seed = 38;
+    routes.push_back({idx, false});
+    KvCase splits = c;  // and an explicit num_splits
+    splits.num_splits = 3; splits.seed = 39;
+    routes.push_back({splits, false});
+  }
+  {
+    // d64 (the forward's three-warpgroup local kernel), 300 queries over 4 heads: two query tiles
+    // per head; non-causal with the full cache; GQA 8/1 d128, 20 queries (160 rows), three
+    // sequences of 1000, 1 and 2999 keys, softcap and sink; d256 16/2, 40 queries (320 rows).
+    KvCase c;
+    c.batch = 1; c.seqlen_q = 300; c.heads = 4; c.heads_kv = 4; c.d = c.dv = 64; c.capacity = 4096;
+    c.cache_seqlens = {3000}; c.causal = true; c.nan_past_keys = true; c.seed = 41;
+    routes.push_back({c, true});
+    c.cache_seqlens = {}; c.causal = false; c.seed = 42;
+    routes.push_back({c, true});
+    KvCase g;
+    g.batch = 3; g.seqlen_q = 20; g.heads = 8; g.heads_kv = 1; g.capacity = 3000; g.cache_seqlens = {1000, 1, 2999};
+    g.softcap = 30.f; g.sink = true; g.causal = true; g.nan_past_keys = true; g.seed = 43;
+    routes.push_back({g, true});
+    KvCase d256;
+    d256.batch = 1; d256.seqlen_q = 40; d256.heads = 16; d256.heads_kv = 2; d256.d = d256.dv = 256;
+    d256.capacity = 2500; d256.cache_seqlens = {1800}; d256.seqlen_new = 40; d256.causal = true; d256.seed = 44;
+    routes.push_back({d256, true});
+  }
+  int ran = 0;
+  for (const Route& r : routes) {
+    if (fa4::test::leave_out(r.c.d, r.c.dv, fa4::test::kFwd | fa4::test::kDecode)) continue;
+    for (const char* split : {"auto", "1", "0"}) {
+      if (!r.forward && std::strcmp(split, "auto") != 0) continue;
+      SCOPED_TRACE(r.c.name() + " stream_k " + split);
+      const fa4::test::ScopedOverride sk("stream_k", split);
+      std::string kernel;
+      if (!run_case(r.c, &kernel)) continue;
+      EXPECT_EQ(on_forward_kernel(kernel), r.forward) << "kernel " << kernel;
+      ++ran;
+    }
+    if (r.forward) {  // forced onto the decode kernel, the same call passes the same checks there
+      SCOPED_TRACE(r.c.name() + " small_q decode");
+      const fa4::test::ScopedOverride dec("small_q", "decode");
+      std::string kernel;
+      if (run_case(r.c, &kernel)) EXPECT_FALSE(on_forward_kernel(kernel)) << "kernel " << kernel;
+    }
+  }
+  EXPECT_GT(ran, 0);
+  // The split ran on this route: the first case's out differs somewhere, in rounding, with and
+  // without it (its pieces' partials merge in another order than one CTA's key loop).
+  const KvCase& c = routes[0].c;
+  if (fa4::test::leave_out(c.d, c.dv, fa4::test::kFwd | fa4::test::kDecode)) return;
+  KvProblem P;
+  build(P, c);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  std::vector<uint16_t> split, whole;
+  std::vector<float> lse;
+  {
+    const fa4::test::ScopedOverride on("stream_k", "1");
+    run_fa4(P, split, lse);
+  }
+  {
+    const fa4::test::ScopedOverride off("stream_k", "0");
+    run_fa4(P, whole, lse);
+  }
+  EXPECT_NE(0, std::memcmp(split.data(), whole.data(), split.size() * 2)) << "bitwise equal: did the split run?";
+}
+
+// A chunked prefill loop: one captured call appends a chunk of 64 tokens to a dense cache and
+// attends over it (on the forward kernel), replayed with new q, k_new, v_new and cache_seqlens
+// advanced by 64 (one sequence starting empty); every replay's out, lse and cache equal, bitwise,
+// an eager call on an identical problem.
+TEST(HopperKVCacheForward, GraphReplayOfAChunkLoop) {
+  REQUIRE_HOPPER();
+  KvCase c;
+  REQUIRE_BUCKETS(c.d, c.dv, fa4::test::kFwd | fa4::test::kDecode);
+  c.batch = 2; c.seqlen_q = 64; c.heads = 32; c.heads_kv = 8; c.capacity = 1024;
+  c.cache_seqlens = {300, 0}; c.seqlen_new = 64; c.causal = true; c.seed = 860;
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreate(&s));
+  KvProblem graph, eager;
+  build(graph, c);
+  build(eager, c);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  std::string kernel;
+  ASSERT_EQ(fa4::forward_with_kvcache_support(graph.tq, graph.tk, graph.tv, graph.tout, graph.tlse, graph.o, &kernel), "");
+  EXPECT_TRUE(on_forward_kernel(kernel)) << kernel;
+  std::string thrown;
+  cudaGraph_t g = capture_call(graph, s, &thrown);
+  ASSERT_EQ(thrown, "");
+  cudaGraphExec_t ge;
+  CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+  std::mt19937 rng(fa4::test::next_seed());
+  std::normal_distribution<float> nd;
+  std::vector<int> lens = graph.cl;
+  for (int step = 0; step < 5; ++step) {
+    std::vector<uint16_t> q(graph.hq.size()), kn(graph.hkn.size()), vn(graph.hvn.size());
+    for (auto* v : {&q, &kn, &vn}) for (auto& x : *v) x = to16(c.dtype, nd(rng));
+    for (KvProblem* P : {&graph, &eager}) {
+      P->q->upload(q);
+      P->kn->upload(kn);
+      P->vn->upload(vn);
+      P->d_cl->upload(lens);
+      CUDA_OK(cudaMemset(P->out->ptr, 0xFF, P->out->n * 2));
+      CUDA_OK(cudaMemset(P->lse->ptr, 0xFF, P->lse->n * 4));
+    }
+    CUDA_OK(cudaGraphLaunch(ge, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    fa4::forward_with_kvcache(eager.tq, eager.tk, eager.tv, eager.tout, eager.tlse, eager.o);
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_TRUE(graph.out->download() == eager.out->download()) << "out, step " << step;
+    EXPECT_TRUE(graph.lse->download() == eager.lse->download()) << "lse, step " << step;
+    EXPECT_TRUE(graph.k->download() == eager.k->download()) << "k_cache, step " << step;
+    EXPECT_TRUE(graph.v->download() == eager.v->download()) << "v_cache, step " << step;
+    const std::vector<uint16_t> o = eager.out->download();
+    bool poisoned = false;
+    for (uint16_t x : o) poisoned |= x == 0xFFFF;
+    EXPECT_FALSE(poisoned) << "a row of out was not written, step " << step;
+    for (int& n : lens) n += c.seqlen_new;
+  }
+  EXPECT_NO_THROW(fa4::check_async_errors(0));
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+}
+
+}  // namespace
