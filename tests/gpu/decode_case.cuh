@@ -28,6 +28,7 @@
 #include "hopper/shared/device_state.h"
 
 #include "gpu_test_util.cuh"
+#include "test_util.h"
 
 // Internal linkage: each suite has its own copy.
 namespace {
@@ -254,6 +255,39 @@ inline cudaGraph_t capture_calls(const std::vector<KvProblem*>& problems, cudaSt
 }
 
 inline cudaGraph_t capture_call(KvProblem& P, cudaStream_t s, std::string* thrown) { return capture_calls({&P}, s, thrown); }
+
+/// A serving loop's replays: `graph` (its call captured and instantiated as ge on stream s) and
+/// `eager`, built from the same case, get the same fresh q, k_new and v_new and the same lengths at
+/// each of `steps` steps, the lengths growing by the case's seqlen_new (at least 1) per step; each
+/// replay's out, lse and cache must equal the eager call's bitwise, and out must be written.
+inline void replays_match_eager(KvProblem& graph, KvProblem& eager, cudaGraphExec_t ge, cudaStream_t s, int steps) {
+  std::mt19937 rng(fa4::test::next_seed());
+  std::normal_distribution<float> nd;
+  std::vector<int> lens = graph.cl;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<uint16_t> q(graph.hq.size()), kn(graph.hkn.size()), vn(graph.hvn.size());
+    for (auto* v : {&q, &kn, &vn}) for (auto& x : *v) x = to16(graph.c.dtype, nd(rng));
+    for (KvProblem* P : {&graph, &eager}) {
+      P->q->upload(q);
+      P->kn->upload(kn);
+      P->vn->upload(vn);
+      P->d_cl->upload(lens);
+      CUDA_OK(cudaMemset(P->out->ptr, 0xFF, P->out->n * 2));
+      CUDA_OK(cudaMemset(P->lse->ptr, 0xFF, P->lse->n * 4));
+    }
+    CUDA_OK(cudaGraphLaunch(ge, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    fa4::forward_with_kvcache(eager.tq, eager.tk, eager.tv, eager.tout, eager.tlse, eager.o);
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> out = eager.out->download();
+    EXPECT_TRUE(graph.out->download() == out) << "out, step " << step;
+    EXPECT_TRUE(graph.lse->download() == eager.lse->download()) << "lse, step " << step;
+    EXPECT_TRUE(graph.k->download() == eager.k->download()) << "k_cache, step " << step;
+    EXPECT_TRUE(graph.v->download() == eager.v->download()) << "v_cache, step " << step;
+    EXPECT_EQ(std::count(out.begin(), out.end(), uint16_t(0xFFFF)), 0) << "out left unwritten, step " << step;
+    for (int& n : lens) n += std::max(1, graph.c.seqlen_new);
+  }
+}
 
 /// run_case's checks on a built problem (whose host and device index tensors a test may have
 /// edited alike after build, e.g. to share pages). kernel_out: the selector's kernel name.

@@ -142,34 +142,7 @@ TEST(HopperKVCacheForward, GraphReplayOfAChunkLoop) {
   ASSERT_EQ(thrown, "");
   cudaGraphExec_t ge;
   CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
-  std::mt19937 rng(fa4::test::next_seed());
-  std::normal_distribution<float> nd;
-  std::vector<int> lens = graph.cl;
-  for (int step = 0; step < 5; ++step) {
-    std::vector<uint16_t> q(graph.hq.size()), kn(graph.hkn.size()), vn(graph.hvn.size());
-    for (auto* v : {&q, &kn, &vn}) for (auto& x : *v) x = to16(c.dtype, nd(rng));
-    for (KvProblem* P : {&graph, &eager}) {
-      P->q->upload(q);
-      P->kn->upload(kn);
-      P->vn->upload(vn);
-      P->d_cl->upload(lens);
-      CUDA_OK(cudaMemset(P->out->ptr, 0xFF, P->out->n * 2));
-      CUDA_OK(cudaMemset(P->lse->ptr, 0xFF, P->lse->n * 4));
-    }
-    CUDA_OK(cudaGraphLaunch(ge, s));
-    CUDA_OK(cudaStreamSynchronize(s));
-    fa4::forward_with_kvcache(eager.tq, eager.tk, eager.tv, eager.tout, eager.tlse, eager.o);
-    CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_TRUE(graph.out->download() == eager.out->download()) << "out, step " << step;
-    EXPECT_TRUE(graph.lse->download() == eager.lse->download()) << "lse, step " << step;
-    EXPECT_TRUE(graph.k->download() == eager.k->download()) << "k_cache, step " << step;
-    EXPECT_TRUE(graph.v->download() == eager.v->download()) << "v_cache, step " << step;
-    const std::vector<uint16_t> o = eager.out->download();
-    bool poisoned = false;
-    for (uint16_t x : o) poisoned |= x == 0xFFFF;
-    EXPECT_FALSE(poisoned) << "a row of out was not written, step " << step;
-    for (int& n : lens) n += c.seqlen_new;
-  }
+  replays_match_eager(graph, eager, ge, s, 5);
   EXPECT_NO_THROW(fa4::check_async_errors(0));
   cudaGraphExecDestroy(ge);
   cudaGraphDestroy(g);
