@@ -344,10 +344,12 @@ std::string forward_kernel_support(const detail::FwdParams& p, std::string* kern
 bool kvcache_on_forward(const detail::KVCacheParams& p, std::string* name) {
   if (p.paged || p.cache_batch_idx || p.num_splits != 0 || p.seqlen_q == 0 || p.key_capacity == 0) return false;
   // Up to 128 rows per KV head (decode steps, speculative decoding, short chunks) the decode kernel
-  // stays, as it did before this route was measured (override "small_q" fwd forces the route).
-  if (detail::kernel_overrides().small_q_decode < 0 && decode_rows(p) <= kSmallQMaxRows) return false;
+  // stays, as it did before this route was measured; above them small_q_on_decode would decline
+  // too, and its decode checks are kvcache_support's, already passed. Override "small_q" forces
+  // either way (fwd: at any row count).
+  const int8_t forced = detail::kernel_overrides().small_q_decode;
+  if (forced == 1 || (forced < 0 && decode_rows(p) <= kSmallQMaxRows)) return false;
   const detail::FwdParams& fp = p;
-  if (small_q_on_decode(fp, nullptr)) return false;
   if (!common_support(fp).empty() || !forward_kernel_support(fp, name).empty()) return false;
   if (name) *name += " (KV cache)";
   return true;
