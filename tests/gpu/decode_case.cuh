@@ -256,11 +256,24 @@ inline cudaGraph_t capture_calls(const std::vector<KvProblem*>& problems, cudaSt
 
 inline cudaGraph_t capture_call(KvProblem& P, cudaStream_t s, std::string* thrown) { return capture_calls({&P}, s, thrown); }
 
-/// A serving loop's replays: `graph` (its call captured and instantiated as ge on stream s) and
-/// `eager`, built from the same case, get the same fresh q, k_new and v_new and the same lengths at
-/// each of `steps` steps, the lengths growing by the case's seqlen_new (at least 1) per step; each
-/// replay's out, lse and cache must equal the eager call's bitwise, and out must be written.
-inline void replays_match_eager(KvProblem& graph, KvProblem& eager, cudaGraphExec_t ge, cudaStream_t s, int steps) {
+/// A serving loop: two problems built from case c (the same seed: the same cache, pages and
+/// inputs), one call of the first captured on stream s and replayed, the second called eagerly;
+/// both get the same fresh q, k_new and v_new and the same lengths at each of `steps` steps, the
+/// lengths growing by c's seqlen_new (at least 1) per step. Each replay's out, lse and cache must
+/// equal the eager call's bitwise, out must be written, and no broken index may be reported.
+/// kernel: the selector's kernel name for the call.
+inline void graph_loop_matches_eager(const KvCase& c, cudaStream_t s, int steps, std::string* kernel = nullptr) {
+  KvProblem graph, eager;
+  build(graph, c);
+  build(eager, c);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  if (kernel)
+    ASSERT_EQ(fa4::forward_with_kvcache_support(graph.tq, graph.tk, graph.tv, graph.tout, graph.tlse, graph.o, kernel), "");
+  std::string thrown;
+  cudaGraph_t g = capture_call(graph, s, &thrown);
+  ASSERT_EQ(thrown, "");
+  cudaGraphExec_t ge;
+  CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
   std::mt19937 rng(fa4::test::next_seed());
   std::normal_distribution<float> nd;
   std::vector<int> lens = graph.cl;
@@ -287,6 +300,9 @@ inline void replays_match_eager(KvProblem& graph, KvProblem& eager, cudaGraphExe
     EXPECT_EQ(std::count(out.begin(), out.end(), uint16_t(0xFFFF)), 0) << "out left unwritten, step " << step;
     for (int& n : lens) n += std::max(1, graph.c.seqlen_new);
   }
+  EXPECT_NO_THROW(fa4::check_async_errors(0));
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
 }
 
 /// run_case's checks on a built problem (whose host and device index tensors a test may have

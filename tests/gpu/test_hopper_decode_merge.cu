@@ -115,19 +115,7 @@ TEST(HopperDecode, GraphReplayOfADecodeLoopWithAppend) {
     SCOPED_TRACE("num_splits " + std::to_string(splits));
     c.num_splits = splits;
     c.seed = 850 + splits;
-    KvProblem graph, eager;  // the same seed: the same cache, pages and inputs
-    build(graph, c);
-    build(eager, c);
-    if (::testing::Test::HasFatalFailure()) break;
-    std::string thrown;
-    cudaGraph_t g = capture_call(graph, s, &thrown);
-    ASSERT_EQ(thrown, "");
-    cudaGraphExec_t ge;
-    CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
-    replays_match_eager(graph, eager, ge, s, 6);
-    EXPECT_NO_THROW(fa4::check_async_errors(0));
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
+    graph_loop_matches_eager(c, s, 6);
   }
   cudaStreamDestroy(s);
 }
