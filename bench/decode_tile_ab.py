@@ -10,10 +10,14 @@ compared with fp32 math SDPA on the same keys (bottom-right causal mask); its ma
 Usage (GPU machine, repo root):
     PYTHONPATH=python:bench python3 bench/decode_tile_ab.py OUT.json new=build-dev/src/libfa4.so [old=...]
     ... --shape 1,8192,64,32,8,128,1   (batch,seqlen_k,seqlen_q,heads,heads_kv,headdim,causal; repeatable)
-    ... --tiles auto,16,64,fwd,cudnn   (auto = the library's own choice; fwd = fa4.flash_attn_func on
-                                        the forward kernel (override small_q fwd), the same maths;
-                                        cudnn = SDPA's cuDNN backend, once, not per library)
-The call is fa4.flash_attn_with_kvcache on a full dense cache (no cache_seqlens).
+    ... --tiles auto,16,64,fwd,dec,cudnn   (auto = the library's own choice; fwd = fa4.flash_attn_func
+                                        on the forward kernel (override small_q fwd), the same maths;
+                                        dec = the KV-cache call forced onto the decode kernel
+                                        (override small_q decode); cudnn = SDPA's cuDNN backend, once,
+                                        not per library)
+    ... --page-size 16                 (the KV-cache calls on a paged cache: the same keys in pages of
+                                        16 rows, in shuffled order; seqlen_k a multiple of it)
+The call is fa4.flash_attn_with_kvcache on a full cache (no cache_seqlens).
 """
 import argparse
 import json
@@ -58,6 +62,7 @@ def main():
                     help="batch,seqlen_k,seqlen_q,heads,heads_kv,headdim,causal (repeatable)")
     ap.add_argument("--tiles", default="auto,16,64", help="row tiles to time: auto, 16, 64")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--page-size", type=int, default=0, help="KV-cache calls on a paged cache of this page size")
     args = ap.parse_args()
     libs = {}
     for spec in args.libs:
@@ -73,6 +78,17 @@ def main():
         k = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
         v = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
         ref = reference(q, k, v, causal)
+        kc, vc, page_table = k, v, None
+        if args.page_size:  # logical page i of sequence bb is physical page page_table[bb, i]
+            ps = args.page_size
+            assert sk % ps == 0, "seqlen_k must be a multiple of --page-size"
+            pages = b * sk // ps
+            perm = torch.randperm(pages, device="cuda", generator=gen)
+            kc = torch.empty(pages, ps, hkv, d, device="cuda", dtype=k.dtype)
+            vc = torch.empty_like(kc)
+            kc[perm] = k.reshape(pages, ps, hkv, d)
+            vc[perm] = v.reshape(pages, ps, hkv, d)
+            page_table = perm.to(torch.int32).view(b, sk // ps)
         fns, errs = {}, {}
         if "cudnn" in tiles:  # SDPA: cuDNN, or FLASH (FlashAttention-2) where cuDNN lacks the mask
             for sname, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
@@ -88,15 +104,13 @@ def main():
             for tile in tiles:
                 if tile == "cudnn":
                     continue
-                env = {} if tile in ("auto", "fwd") else {"decode_tile": tile}
-                if tile == "fwd":
-                    env = {"small_q": "fwd"}
+                env = {"auto": {}, "fwd": {"small_q": "fwd"}, "dec": {"small_q": "decode"}}.get(tile, {"decode_tile": tile})
 
                 def fn(lib=lib, env=env, tile=tile):
                     use(lib, env)
                     if tile == "fwd":
                         return fa4.flash_attn_func(q, k, v, causal=causal)
-                    return fa4.flash_attn_with_kvcache(q, k, v, causal=causal)
+                    return fa4.flash_attn_with_kvcache(q, kc, vc, page_table=page_table, causal=causal)
 
                 key = f"{name}:{tile}"
                 fns[key] = fn

@@ -288,8 +288,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlen
             aligned per sequence against seqlen_k(b) = cache_seqlens[b] + seqlen_new, so with
             causal=True the last query sees every cached key.
         num_splits: split-KV count of the CUDA decode kernel; 0 = automatic, at most 256 on CUDA.
-            (An explicit count keeps the call on the decode kernel; automatic lets a dense-cache
-            chunk of more than 128 query rows per KV head attend on the forward kernel.)
+            (An explicit count keeps the call on the decode kernel; automatic lets a chunk of more
+            than 128 query rows per KV head over a dense cache, or a paged one with pages of a
+            multiple of 128 keys up to headdim 128, attend on the forward kernel.)
             Any count >= 0 gives the CPU's result (it needs no split).
         return_lse: also return lse.
 

@@ -331,8 +331,10 @@ std::string forward_kernel_support(const detail::FwdParams& p, std::string* kern
 }
 
 /// Whether the KV-cache call p runs on the forward kernel, after the decode launch's append
-/// (forward_kvcache): a dense cache read in place (no page_table, no cache_batch_idx), no explicit
-/// num_splits (the decode kernel's), more than 128 query rows per KV head (chunked prefill; there a
+/// (forward_kvcache): the cache read in place, dense or paged with a page size that is a multiple
+/// of the forward bucket's key tile (128 keys up to d128: a key block is one TMA box of one page;
+/// the decode kernel takes any page size), no cache_batch_idx, no explicit num_splits (the decode
+/// kernel's), more than 128 query rows per KV head (chunked prefill; there a
 /// forward of the same shape over the whole cache would not take the decode kernel either,
 /// small_q_on_decode; override "small_q" forces either way, fwd then at any row count), and the
 /// forward kernel takes the layout. The decode kernel's own limits still apply: decode_support
@@ -342,16 +344,22 @@ std::string forward_kernel_support(const detail::FwdParams& p, std::string* kern
 /// cache_seqlens[b] + seqlen_new keys (tile_info.cuh seq_bounds, which checks cache_seqlens on the
 /// device as the append does).
 bool kvcache_on_forward(const detail::KVCacheParams& p, std::string* name) {
-  if (p.paged || p.cache_batch_idx || p.num_splits != 0 || p.seqlen_q == 0 || p.key_capacity == 0) return false;
+  if (p.cache_batch_idx || p.num_splits != 0 || p.seqlen_q == 0 || p.key_capacity == 0) return false;
+  if (p.paged) {
+    const detail::HopperFwdConfig* fc = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
+    if (!fc || p.page_size % fc->tile_n != 0) return false;
+  }
   // Up to 128 rows per KV head (decode steps, speculative decoding, short chunks) the decode kernel
   // stays, as it did before this route was measured; above them small_q_on_decode would decline
   // too, and its decode checks are kvcache_support's, already passed. Override "small_q" forces
   // either way (fwd: at any row count).
   const int8_t forced = detail::kernel_overrides().small_q_decode;
   if (forced == 1 || (forced < 0 && decode_rows(p) <= kSmallQMaxRows)) return false;
+  // (Paged: common_support checks k / v's strides as a batched view's; decode_support checked the
+  // pool's, the same TMA rule.)
   const detail::FwdParams& fp = p;
   if (!common_support(fp).empty() || !forward_kernel_support(fp, name).empty()) return false;
-  if (name) *name += " (KV cache)";
+  if (name) *name += p.paged ? " (KV cache, paged)" : " (KV cache)";
   return true;
 }
 
@@ -568,6 +576,12 @@ void forward_kvcache(const detail::KVCacheParams& p, const char* fn) {
     ctx = forward_context(p, overrides);
     ctx.cache_seqlens = p.cache_seqlens;
     ctx.seqlen_new = p.seqlen_new;
+    if (p.paged) {
+      ctx.page_table = p.page_table;
+      ctx.page_table_batch_stride = p.page_table_batch_stride;
+      ctx.page_size = p.page_size;
+      ctx.num_pages = p.num_pages;
+    }
   } else {
     const DeviceFacts f = device_facts(p.device.index);
     ctx.num_sms = f.num_sms;

@@ -1,8 +1,9 @@
 // tests/gpu/test_hopper_kvcache_forward.cu — KV-cache calls that the selector runs on the forward
-// kernel (hopper_api.cu kvcache_on_forward: a dense cache read in place, more than 128 query rows
-// per KV head: chunked prefill): the route (the kernel's name) and decode_case.cuh's checks on the
-// forward kernel — the append (bitwise), out / lse against the reference, rows that see no key,
-// stale cache rows past a sequence's keys holding NaN, broken cache_seqlens skipping the sequence —
+// kernel (hopper_api.cu kvcache_on_forward: the cache read in place, dense or paged with pages of
+// whole key blocks, more than 128 query rows per KV head: chunked prefill): the route (the
+// kernel's name) and decode_case.cuh's checks on the forward kernel — the append (bitwise), out /
+// lse against the reference, rows that see no key, stale cache rows past a sequence's keys
+// holding NaN, broken cache_seqlens or page-table entries skipping the sequence —
 // with its stream-K split automatic, forced on and off (and shown to change the rounding), each case
 // also forced onto the decode kernel; and a captured chunk loop replayed.
 #include <cuda_runtime.h>
@@ -49,9 +50,24 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
     KvCase small = c;  // 16 queries: 64 rows per KV head stay on the decode kernel
     small.seqlen_q = 16; small.seqlen_new = 16; small.seed = 36;
     routes.push_back({small, false});
-    KvCase paged = c;  // a paged cache stays on the decode kernel
-    paged.page_size = 64; paged.seed = 37;
-    routes.push_back({paged, false});
+    KvCase paged = c;  // a paged cache with pages of whole key blocks (128 keys at d128): the forward too
+    paged.page_size = 128; paged.seed = 37;
+    routes.push_back({paged, true});
+    KvCase p256 = c;  // two key blocks a page, a length at a page boundary, softcap
+    p256.page_size = 256; p256.cache_seqlens = {2240, 0}; p256.softcap = 25.f; p256.seed = 52;
+    routes.push_back({p256, true});
+    KvCase pbad = paged;  // a page-table entry past the pool: the sequence is skipped and reported
+    pbad.bad_page_b = 0; pbad.seed = 53;
+    routes.push_back({pbad, true});
+    KvCase plast = paged;  // ... in the last used slot of a sequence (the 101 keys' one page)
+    plast.bad_page_b = 1; plast.bad_page_slot = 0; plast.seed = 54;
+    routes.push_back({plast, true});
+    KvCase pfull = c;  // no cache_seqlens: every slot of the table is a page, all keys attended
+    pfull.page_size = 128; pfull.cache_seqlens = {}; pfull.seqlen_new = 0; pfull.capacity = 1000; pfull.seed = 55;
+    routes.push_back({pfull, true});
+    KvCase p64 = c;  // pages of 64: the decode kernel
+    p64.page_size = 64; p64.seed = 56;
+    routes.push_back({p64, false});
     KvCase idx = c;  // and so does cache_batch_idx
     idx.batch_idx = true; idx.seed = 38;
     routes.push_back({idx, false});
@@ -77,6 +93,17 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
     d256.batch = 1; d256.seqlen_q = 40; d256.heads = 16; d256.heads_kv = 2; d256.d = d256.dv = 256;
     d256.capacity = 2500; d256.cache_seqlens = {1800}; d256.seqlen_new = 40; d256.causal = true; d256.seed = 44;
     routes.push_back({d256, true});
+    // The same three on paged caches: d64 pages of 384 rows (three key blocks), GQA 8/1 pages
+    // of 128, d256 (key blocks of 80 rows) pages of 160.
+    KvCase c384 = c;
+    c384.page_size = 384; c384.cache_seqlens = {3000}; c384.causal = true; c384.seed = 45;
+    routes.push_back({c384, true});
+    KvCase g128 = g;
+    g128.page_size = 128; g128.seed = 46;
+    routes.push_back({g128, true});
+    KvCase d256p = d256;
+    d256p.page_size = 160; d256p.seed = 47;
+    routes.push_back({d256p, true});
   }
   int ran = 0;
   for (const Route& r : routes) {
@@ -118,10 +145,11 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
   EXPECT_NE(0, std::memcmp(split.data(), whole.data(), split.size() * 2)) << "bitwise equal: did the split run?";
 }
 
-// A chunked prefill loop: one captured call appends a chunk of 64 tokens to a dense cache and
-// attends over it (on the forward kernel), replayed with new q, k_new, v_new and cache_seqlens
-// advanced by 64 (one sequence starting empty); every replay's out, lse and cache equal, bitwise,
-// an eager call on an identical problem.
+// A chunked prefill loop: one captured call appends a chunk of 64 tokens to a cache and attends
+// over it (on the forward kernel), replayed with new q, k_new, v_new and cache_seqlens advanced by
+// 64 (one sequence starting empty); every replay's out, lse and cache equal, bitwise, an eager call
+// on an identical problem. Dense, and paged with pages of 128 (every slot of the table a page, as
+// a serving engine maps them ahead).
 TEST(HopperKVCacheForward, GraphReplayOfAChunkLoop) {
   REQUIRE_HOPPER();
   KvCase c;
@@ -130,9 +158,15 @@ TEST(HopperKVCacheForward, GraphReplayOfAChunkLoop) {
   c.cache_seqlens = {300, 0}; c.seqlen_new = 64; c.causal = true; c.seed = 860;
   cudaStream_t s;
   CUDA_OK(cudaStreamCreate(&s));
-  std::string kernel;
-  graph_loop_matches_eager(c, s, 5, &kernel);
-  EXPECT_TRUE(on_forward_kernel(kernel)) << kernel;
+  for (int page_size : {0, 128}) {
+    SCOPED_TRACE("page_size " + std::to_string(page_size));
+    c.page_size = page_size;
+    c.full_page_table = page_size > 0;
+    std::string kernel;
+    graph_loop_matches_eager(c, s, 5, &kernel);
+    EXPECT_TRUE(on_forward_kernel(kernel)) << kernel;
+    EXPECT_EQ(kernel.find("paged") != std::string::npos, page_size > 0) << kernel;
+  }
   cudaStreamDestroy(s);
 }
 

@@ -191,6 +191,14 @@ struct FwdKernelTraits {
     const int32_t* cu_seqlens_k{};
     const int32_t* seqused_k{};    // varlen: seqused_k; batched: a KV-cache call's cache_seqlens (or nullptr)
     int32_t seqlen_new{};          // batched KV-cache call: keys appended after cache_seqlens[b] (tile_info.cuh)
+    // Paged KV-cache call (hopper_api.cu kvcache_on_forward): key j of sequence b is row
+    // j % page_size of page page_table[b * page_table_batch_stride + j / page_size]; tma_k / tma_v
+    // view the pool (num_pages, page_size, heads_kv, d) as (page rows, d, head, page), and with
+    // page_size a multiple of kBlockN a key block is one box of one page (mainloop_fwd_load.cuh).
+    // nullptr: k/v batched.
+    const int32_t* page_table{};
+    int64_t page_table_batch_stride{};
+    int32_t page_size{}, num_pages{};
     int32_t total_q{}, total_k{};  // varlen: packed rows of q and k/v (the bounds cu_seqlens must keep)
     uint8_t* async_error{};        // varlen, KV cache: mapped error record (device_state.h) for invalid indices
     const float* sink{};

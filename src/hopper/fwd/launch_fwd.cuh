@@ -31,17 +31,21 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
 
   const int32_t batch_t = fp.is_varlen ? 1 : fp.batch;  // TMA batch extent
   const int32_t rows_q = int32_t(std::max<int64_t>(1, fp.is_varlen ? fp.total_q : fp.seqlen_q));
-  const int32_t rows_k = int32_t(std::max<int64_t>(1, fp.is_varlen ? fp.total_k : fp.seqlen_k));
+  // A paged KV cache: K / V are the page pool, (num_pages, page_size, heads_kv, d), seen by TMA
+  // as (page rows, d, head, page).
+  const bool paged = ctx.page_table != nullptr;
+  const int32_t rows_k = paged ? ctx.page_size : int32_t(std::max<int64_t>(1, fp.is_varlen ? fp.total_k : fp.seqlen_k));
+  const int32_t batch_kv = paged ? ctx.num_pages : batch_t;
   // Spans in elements; the row span uses the padded bucket width (a multiple of 8 elements).
-  auto strides = [&](const detail::RowStrides& s, int32_t rows, int32_t heads) {
-    return tma_view_stride<std::max(kHeadDim, kHeadDimV)>(s, rows, heads, batch_t, fp.is_varlen);
+  auto strides = [&](const detail::RowStrides& s, int32_t rows, int32_t heads, int32_t batch) {
+    return tma_view_stride<std::max(kHeadDim, kHeadDimV)>(s, rows, heads, batch, fp.is_varlen);
   };
   auto shape_q = make_shape(rows_q, fp.headdim, fp.num_heads, batch_t);
-  auto shape_k = make_shape(rows_k, fp.headdim, fp.num_heads_kv, batch_t);
-  auto shape_vt = make_shape(fp.headdim_v, rows_k, fp.num_heads_kv, batch_t);
-  auto sq = strides(fp.q_stride, rows_q, fp.num_heads);
-  auto sk = strides(fp.k_stride, rows_k, fp.num_heads_kv);
-  auto sv = strides(fp.v_stride, rows_k, fp.num_heads_kv);
+  auto shape_k = make_shape(rows_k, fp.headdim, fp.num_heads_kv, batch_kv);
+  auto shape_vt = make_shape(fp.headdim_v, rows_k, fp.num_heads_kv, batch_kv);
+  auto sq = strides(fp.q_stride, rows_q, fp.num_heads, batch_t);
+  auto sk = strides(fp.k_stride, rows_k, fp.num_heads_kv, batch_kv);
+  auto sv = strides(fp.v_stride, rows_k, fp.num_heads_kv, batch_kv);
   auto svt = make_stride(_1{}, get<0>(sv), get<2>(sv), get<3>(sv));
 
   Tensor mQ = make_tensor(make_gmem_ptr(static_cast<const Element*>(fp.q)), shape_q, sq);
@@ -53,7 +57,7 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   Tensor mVt = make_tensor(make_gmem_ptr(static_cast<const Element*>(v_base)), shape_vt, svt);
   // O through TMA (epilogue_fwd.cuh): hopper_api.cu decided it (batched, TMA-aligned out).
   auto shape_o = make_shape(rows_q, fp.headdim_v, fp.num_heads, batch_t);
-  auto so = strides(fp.out_stride, rows_q, fp.num_heads);
+  auto so = strides(fp.out_stride, rows_q, fp.num_heads, batch_t);
   const bool out_tma = ctx.tma_epilogue;
   // Without out_tma the descriptor is never used; it is still encoded (Params holds one), so give
   // the encoder a valid 1-row view: 16-byte aligned address and strides.
@@ -94,6 +98,12 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   p.cu_seqlens_k = fp.cu_seqlens_k;
   p.seqused_k = fp.is_varlen ? fp.seqused_k : ctx.cache_seqlens;
   p.seqlen_new = ctx.seqlen_new;
+  p.page_table = ctx.page_table;
+  p.page_table_batch_stride = ctx.page_table_batch_stride;
+  p.page_size = ctx.page_size;
+  p.num_pages = ctx.num_pages;
+  if (paged && ctx.page_size % Kt::kBlockN != 0)
+    throw Error(ErrorCode::kInternal, std::string(ctx.fn) + " (hopper): a paged forward needs whole key blocks per page");
   p.total_q = int32_t(fp.total_q);  // varlen: common_support allows at most kMaxRows (unused batched)
   p.total_k = int32_t(fp.total_k);
   p.async_error = ctx.async_error;

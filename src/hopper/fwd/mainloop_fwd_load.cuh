@@ -30,10 +30,19 @@ struct MainloopLoad {
   static constexpr int kBlockN = Kt::kBlockN;
 
   /// Runs on the whole producer warp 0 (TileRing::item shuffles over the full warp); only
-  /// lane 0 issues TMAs and touches the barriers.
+  /// lane 0 issues TMAs and touches the barriers. A paged cache (p.page_table) runs a loop of its
+  /// own: the producer has 24 registers, and the page-table reads in the dense loop made ptxas
+  /// spill its state there too.
   template <class SharedStorage>
   __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, Pipeline& pipe_k, Pipeline& pipe_v,
                                              PipelineQ& pipe_q, TileRing::Pipeline& pipe_t) {
+    if (p.page_table) run_tiles<true>(p, ss, pipe_k, pipe_v, pipe_q, pipe_t);
+    else run_tiles<false>(p, ss, pipe_k, pipe_v, pipe_q, pipe_t);
+  }
+
+  template <bool kPaged, class SharedStorage>
+  __device__ __forceinline__ static void run_tiles(const Params& p, SharedStorage& ss, Pipeline& pipe_k,
+                                                   Pipeline& pipe_v, PipelineQ& pipe_q, TileRing::Pipeline& pipe_t) {
     using namespace cute;
     const bool leader = threadIdx.x % 32 == 0;
     if (leader) {
@@ -63,13 +72,13 @@ struct MainloopLoad {
       // Tiles past the end of their sequence (varlen: most m-blocks of the short sequences) need
       // nobody: they are not handed to the consumers, and claiming the next one overlaps the
       // consumers' current work instead of costing them a handoff each.
-      TileInfo ti = make_tile_info<kBlockM, kBlockN, true>(p, w.tile);
+      TileInfo ti = make_tile_info<kBlockM, kBlockN, true, kPaged>(p, w.tile);
       if (ti.has_rows) {
         TileRing::publish(pipe_t, ss.tiles, published++, w);
         // After the publish: the piece's key range is not live across it (the 24-register
         // producer spilled more with it computed before).
         restrict_keys(ti, w);
-        if (ti.has_keys()) load_tile(p, pipe_k, pipe_v, pipe_q, ti, wr, wq, tQsQ, tKsK, tVsV, mQ_all, mK_all, mVt_all);
+        if (ti.has_keys()) load_tile<kPaged>(p, ss, pipe_k, pipe_v, pipe_q, ti, wr, wq, tQsQ, tKsK, tVsV, mQ_all, mK_all, mVt_all);
       }
       w = TileRing::item(p, ss.tiles, ++i);
     }
@@ -84,10 +93,36 @@ struct MainloopLoad {
     }
   }
 
+  /// Key block n of a paged cache, rows [row, row + kBlockN) of page `page` (page_size is a multiple
+  /// of kBlockN), into stage `stage` of the K ring (kV false) or the V ring, signalling `bar`
+  /// (lane 0 issues).
+  template <bool kV>
+  __device__ __forceinline__ static void load_paged_block(const Params& p, typename Kt::Element* ring, int stage,
+                                                       uint64_t* bar, int32_t h_kv, int32_t n, int32_t page) {
+    using namespace cute;
+    if (threadIdx.x % 32 != 0) return;
+    const int32_t row = (n * kBlockN) % p.page_size;  // a multiple of kBlockN
+    if constexpr (kV) {
+      Tensor sVt = make_tensor(make_smem_ptr(ring), typename Kt::SmemLayoutVt{});
+      Tensor g = local_tile(p.tma_v.get_tma_tensor(p.shape_vt)(_, _, h_kv, page),
+                            Shape<Int<Kt::kHeadDimV>, Int<kBlockN>>{}, make_coord(_0{}, row / kBlockN));
+      auto cta = p.tma_v.get_slice(_0{});
+      copy(p.tma_v.with(*bar, 0, TMA::CacheHintSm90::EVICT_LAST), group_modes<0, 3>(cta.partition_S(g)),
+           group_modes<0, 3>(cta.partition_D(sVt))(_, stage));
+    } else {
+      Tensor sK = make_tensor(make_smem_ptr(ring), typename Kt::SmemLayoutK{});
+      Tensor g = local_tile(p.tma_k.get_tma_tensor(p.shape_k)(_, _, h_kv, page),
+                            Shape<Int<kBlockN>, Int<Kt::kHeadDim>>{}, make_coord(row / kBlockN, _0{}));
+      auto cta = p.tma_k.get_slice(_0{});
+      copy(p.tma_k.with(*bar, 0, TMA::CacheHintSm90::EVICT_LAST), group_modes<0, 3>(cta.partition_S(g)),
+           group_modes<0, 3>(cta.partition_D(sK))(_, stage));
+    }
+  }
+
   /// Issues Q (into the next Q buffer, once the consumers freed it) and every K/V block of tile ti
   /// (which has rows and keys).
-  template <class TQ, class TK, class TV, class MQ, class MK, class MV>
-  __device__ __forceinline__ static void load_tile(const Params& p, Pipeline& pipe_k, Pipeline& pipe_v,
+  template <bool kPaged, class SharedStorage, class TQ, class TK, class TV, class MQ, class MK, class MV>
+  __device__ __forceinline__ static void load_tile(const Params& p, SharedStorage& ss, Pipeline& pipe_k, Pipeline& pipe_v,
                                                    PipelineQ& pipe_q, const TileInfo& ti, PipelineState& wr,
                                                    PipelineStateQ& wq, TQ& tQsQ, TK& tKsK, TV& tVsV,
                                                    const MQ& mQ_all, const MK& mK_all, const MV& mVt_all) {
@@ -108,7 +143,33 @@ struct MainloopLoad {
     Tensor tKgK = group_modes<0, 3>(cta_k.partition_S(gK));   // (TMA, n_block)
     Tensor tVgV = group_modes<0, 3>(cta_v.partition_S(gVt));  // (TMA, n_block)
 
+    // Paged cache: block n's page (every lane reads the same entry; lane 0 issues). K's blocks go
+    // from the last down, one at a time, so the next one's entry is read while this one is issued
+    // (a page-table read before each block's TMA put an L2 round trip between the producer's
+    // blocks); V of a block follows K of the next lower one, so its entry is kept one block
+    // longer. seq_bounds checked every entry of the sequence's keys (a visited block starts inside
+    // them); a block outside the tile's, or an entry outside the pool, gets page num_pages:
+    // outside the TMA view, so zero-filled, never read.
+    auto block_page = [&](int32_t n) {
+      int32_t page = p.num_pages;
+      if (n >= ti.keys.n_block_min) {
+        page = __ldg(p.page_table + int64_t(ti.c.batch) * p.page_table_batch_stride + n * kBlockN / p.page_size);
+        if (uint32_t(page) >= uint32_t(p.num_pages)) page = p.num_pages;
+      }
+      return page;
+    };
+    int32_t page_next = 0, page_last = 0, page_before_last = 0, last_k = 0;
+    if constexpr (kPaged) page_next = block_page(ti.keys.n_block_max - 1);
     auto load_k = [&](int32_t n, PipelineState st) {
+      if constexpr (kPaged) {  // (n is the block below the last one's: page_next holds it)
+        page_before_last = page_last;
+        page_last = page_next;
+        last_k = n;
+        page_next = block_page(n - 1);
+        if (leader) pipe_k.producer_acquire(st);
+        load_paged_block<false>(p, ss.smem_k.data(), st.index(), pipe_k.producer_get_barrier(st), h_kv, n, page_last);
+        return;
+      }
       if (leader) {
         pipe_k.producer_acquire(st);
         copy(p.tma_k.with(*pipe_k.producer_get_barrier(st), 0, TMA::CacheHintSm90::EVICT_LAST),
@@ -116,6 +177,12 @@ struct MainloopLoad {
       }
     };
     auto load_v = [&](int32_t n, PipelineState st) {
+      if constexpr (kPaged) {  // (n is the last K block or the one before it)
+        const int32_t page = n == last_k ? page_last : page_before_last;
+        if (leader) pipe_v.producer_acquire(st);
+        load_paged_block<true>(p, ss.smem_v.data(), st.index(), pipe_v.producer_get_barrier(st), h_kv, n, page);
+        return;
+      }
       if (leader) {
         pipe_v.producer_acquire(st);
         copy(p.tma_v.with(*pipe_v.producer_get_barrier(st), 0, TMA::CacheHintSm90::EVICT_LAST),

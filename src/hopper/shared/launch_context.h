@@ -45,6 +45,12 @@ struct LaunchContext {
   /// capacity); cache_seqlens nullptr: all of them.
   const int32_t* cache_seqlens = nullptr;
   int32_t seqlen_new = 0;
+  /// ... of a paged cache: k/v are the page pool (num_pages, page_size, heads_kv, d) and key j of
+  /// sequence b is row j % page_size of page page_table[b * page_table_batch_stride + j /
+  /// page_size]; page_size a multiple of the forward's key tile. nullptr: a dense cache.
+  const int32_t* page_table = nullptr;
+  int64_t page_table_batch_stride = 0;
+  int32_t page_size = 0, num_pages = 0;
   /// The decode launch runs only the append of k_new / v_new (the forward kernel attends).
   bool decode_append_only = false;
   /// Stream-K split of the last partial round (core/stream_k.h; tiles planned at every key block,
