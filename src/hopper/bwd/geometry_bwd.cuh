@@ -47,14 +47,15 @@ struct BwdTile {
   __device__ __forceinline__ int32_t step_block(int32_t s) const { return bwd_step_block(m, descending, s); }
 };
 
-template <int kBlockM, int kBlockN, bool kValidate, class Params>
+/// kReport: see seq_bounds (false in the consumer warpgroups, which have no thread 0).
+template <int kBlockM, int kBlockN, bool kValidate, bool kReport = true, class Params>
 __device__ __forceinline__ BwdTile make_bwd_tile(const Params& p, int32_t t) {
   BwdTile ti;
   const BwdTileCoord c = bwd_tile_coord(t, p.num_n_blocks, p.num_heads_kv, p.batch, p.lpt, p.lpt_band);
   ti.n_block = c.n_block;
   ti.h_kv = c.h_kv;
   ti.b = c.b;
-  ti.s = seq_bounds<kValidate>(p, ti.b);
+  ti.s = seq_bounds<kValidate, Params, false, kReport>(p, ti.b);
   ti.chunk0 = chunk_base<kBlockM>(p, ti.b, ti.s);
   ti.m = query_blocks<kBlockM, kBlockN>(ti.n_block, ti.s.seqlen_q, ti.s.seqlen_k, p.mask);
   ti.has_keys = ti.n_block * kBlockN < ti.s.seqlen_k;

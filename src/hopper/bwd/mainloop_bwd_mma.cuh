@@ -308,7 +308,7 @@ struct BwdMma {
 
     auto tiles = bwd_tiles<Kt::kTileClaims, false>(ring, ss.tile_ring);
     for (int32_t t = tiles.first(p); t < p.num_tiles; t = tiles.next(p)) {
-      const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, true>(p, t);
+      const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, true, false>(p, t);
       if (!ti.has_keys) continue;  // no dK/dV rows
       clear(tdVrdV);
       clear(tdKrdK);

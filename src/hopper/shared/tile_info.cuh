@@ -35,7 +35,9 @@ struct SeqBounds {
 /// hopper_api.cu kvcache_on_forward): sequence b sees keys [0, cache_seqlens[b] + seqlen_new) of
 /// its cache row, and kValidate checks cache_seqlens[b] against the capacity as the append did
 /// and, with kPages (the forward's paged producer), the page-table entries of those keys.
-template <bool kValidate, class Params, bool kPages = false>
+/// kReport false: a caller without thread 0 (the backward's consumer warpgroups) leaves the
+/// record's stores out (inlined there, they made ptxas serialise the d128 backward's wgmmas).
+template <bool kValidate, class Params, bool kPages = false, bool kReport = true>
 __device__ __forceinline__ SeqBounds seq_bounds(const Params& p, int32_t b) {
   SeqBounds s;
   if (!p.is_varlen) {
@@ -48,7 +50,7 @@ __device__ __forceinline__ SeqBounds seq_bounds(const Params& p, int32_t b) {
         s.seqlen_k = cached + p.seqlen_new;
         if constexpr (kValidate) {
           if (uint32_t(cached) > uint32_t(p.seqlen_k - p.seqlen_new)) {  // (negative: above any bound)
-            if (threadIdx.x == 0) report_async_error(p.async_error, kBadCacheSeqlens);
+            if (kReport && threadIdx.x == 0) report_async_error(p.async_error, kBadCacheSeqlens);
             s.seqlen_q = s.seqlen_k = 0;
           }
         }
@@ -70,7 +72,7 @@ __device__ __forceinline__ SeqBounds seq_bounds(const Params& p, int32_t b) {
           for (int u = 0; u < 4; ++u) bad |= uint32_t(e[u]) >= uint32_t(p.num_pages);
         }
         if (__any_sync(0xffffffffu, bad)) {
-          if (threadIdx.x == 0) report_async_error(p.async_error, kBadPageTable);
+          if (kReport && threadIdx.x == 0) report_async_error(p.async_error, kBadPageTable);
           s.seqlen_q = s.seqlen_k = 0;
         }
       }
@@ -101,7 +103,7 @@ __device__ __forceinline__ SeqBounds seq_bounds(const Params& p, int32_t b) {
     else if (out_of(used, k1 - k0))
       bad |= kBadSequsedK;
     if (bad != 0) {
-      if (threadIdx.x == 0) report_async_error(p.async_error, bad);
+      if (kReport && threadIdx.x == 0) report_async_error(p.async_error, bad);
       s.q_row0 = s.k_row0 = s.seqlen_q = s.seqlen_k = 0;
     }
   }
