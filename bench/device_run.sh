@@ -62,6 +62,12 @@ for log in build ${OLD:+build_old} $VAR_LOGS; do  # ptxas: spill stores of each 
        /spill stores/ && f != "" {match($0, /[0-9]+ bytes spill stores/); s[f]=s[f] " " substr($0, RSTART, RLENGTH-19)}
        END {for (f in s) printf "%s:%s  ", f, s[f]}' $OUT/$log.log > $OUT/spills_$log.txt
 done
+# ptxas C7511 / C7512: wgmma serialised for want of registers (the d128 backward lost ~15% to one
+# unnoticed, bench/results/history.md 2026-12-06 14:2x): every such kernel, per build
+for log in build ${OLD:+build_old} $VAR_LOGS; do
+  w=$(grep -h "C751[0-9]" $OUT/$log.log 2>/dev/null | grep -o "_ZN[A-Za-z0-9_]*" | sort | uniq -c | tr '\n' ' ')
+  [ -n "$w" ] && echo "WGMMA SERIALIZED ($log): $w"
+done
 export LD_LIBRARY_PATH=$PWD/build-dev/src:/usr/local/cuda/lib64:$LD_LIBRARY_PATH
 B=build-dev
 echo "HGMMA in SASS: $(cuobjdump --dump-sass $B/src/libfa4.so 2>/dev/null | grep -c HGMMA)"
