@@ -60,7 +60,7 @@ def main():
     ap.add_argument("libs", nargs="+", help="name=path of a libfa4 build")
     ap.add_argument("--shape", action="append", default=[],
                     help="batch,seqlen_k,seqlen_q,heads,heads_kv,headdim,causal (repeatable)")
-    ap.add_argument("--tiles", default="auto,16,64", help="row tiles to time: auto, 16, 64")
+    ap.add_argument("--tiles", default="auto,16,64", help="what to time: auto, 16, 64, fwd, dec, cudnn (see the docstring)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--page-size", type=int, default=0, help="KV-cache calls on a paged cache of this page size")
     args = ap.parse_args()
