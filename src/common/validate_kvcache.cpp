@@ -56,7 +56,7 @@ void check_host_indices(const Checker& c, const KVCacheParams& p,
   if (seqlens) {
     lens = read_int32_host(*seqlens);
     for (size_t b = 0; b < lens.size(); ++b)
-      if (lens[b] < 0 || lens[b] > room)
+      if (!cached_keys_valid(lens[b], int32_t(room)))
         c.invalid("cache_seqlens[", b, "] = ", lens[b], " must be in [0, ", room,
                   "] (key_capacity ", p.key_capacity, " - seqlen_new ", p.seqlen_new,
                   "): the cache holds cache_seqlens[b] + seqlen_new keys of sequence b");
@@ -87,7 +87,7 @@ void check_host_indices(const Checker& c, const KVCacheParams& p,
       const int64_t pages = (sk + p.page_size - 1) / p.page_size;
       const int32_t* row = table + b * row_stride;
       for (int64_t j = 0; j < pages; ++j)
-        if (row[j] < 0 || row[j] >= p.num_pages)
+        if (!page_in_pool(row[j], p.num_pages))
           c.invalid("page_table[", b, "][", j, "] = ", row[j], " must be in [0, ", p.num_pages,
                     ") (k_cache.shape[0], num_pages): sequence ", b, " holds ", sk,
                     " keys, so its first ", pages, " pages are read");

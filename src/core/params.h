@@ -111,6 +111,15 @@ struct KVCacheParams : FwdParams {
   int32_t num_splits = 0;                ///< 0 = automatic, else the exact number of key splits
 };
 
+// The KV-cache index rules, one definition for every checker: the host's (common/validate_kvcache.cpp,
+// where it can read the indices) and the kernels' (the decode kernel, the forward's KV-cache route),
+// which skip a sequence that breaks one and report it (hopper/shared/device_state.h AsyncError).
+// Unsigned compares fold "< 0" into "> bound".
+/// cache_seqlens[b] = `cached`: in [0, room], room = key_capacity - seqlen_new (>= 0).
+FA4_HD constexpr bool cached_keys_valid(int32_t cached, int32_t room) { return uint32_t(cached) <= uint32_t(room); }
+/// A page-table entry a sequence uses: a page of the pool, in [0, num_pages).
+FA4_HD constexpr bool page_in_pool(int32_t page, int32_t num_pages) { return uint32_t(page) < uint32_t(num_pages); }
+
 /// Sequence b's lengths and first packed row (varlen), for either layout. Element (b, i, h, d) of q
 /// is at  q + (is_varlen ? 0 : b * q_stride.batch) + (q_row0 + i) * q_stride.row + h * q_stride.head + d
 /// and lse (b, h, i) at  (is_varlen ? 0 : b * lse_batch_stride) + h * lse_head_stride

@@ -73,7 +73,7 @@ __device__ __forceinline__ CacheSeq cache_seq(const detail::KVCacheParams& p, in
   s.cached = p.cache_seqlens ? p.cache_seqlens[b] : room;
   s.cache_b = p.cache_batch_idx ? p.cache_batch_idx[b] : b;
   s.bad = 0;
-  if (uint32_t(s.cached) > uint32_t(room)) s.bad |= kBadCacheSeqlens;  // unsigned: folds < 0 in
+  if (!detail::cached_keys_valid(s.cached, room)) s.bad |= kBadCacheSeqlens;
   if (!p.paged && uint32_t(s.cache_b) >= uint32_t(p.batch_cache)) s.bad |= kBadCacheBatchIdx;
   s.seqlen_k = s.bad ? 0 : s.cached + p.seqlen_new;
   return s;
@@ -103,7 +103,7 @@ __device__ __forceinline__ bool pages_outside_pool(const detail::KVCacheParams& 
   bool bad = false;
   if (hi > lo)
     for (int32_t i = lo / p.page_size + int32_t(threadIdx.x); i <= (hi - 1) / p.page_size; i += int32_t(blockDim.x))
-      bad |= uint32_t(pages[i]) >= uint32_t(p.num_pages);
+      bad |= !detail::page_in_pool(pages[i], p.num_pages);
   return bad;
 }
 
@@ -330,7 +330,7 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
     ko = vo = -1;
     if (j < key_end) {
       const int32_t page = pages[j / p.page_size], slot = j % p.page_size;
-      if (uint32_t(page) < uint32_t(p.num_pages)) {
+      if (detail::page_in_pool(page, p.num_pages)) {
         ko = page_row_offset(page, slot, p.k_stride);
         vo = page_row_offset(page, slot, p.v_stride);
       } else {

@@ -154,7 +154,7 @@ struct MainloopLoad {
       int32_t page = p.num_pages;
       if (n >= ti.keys.n_block_min) {
         page = __ldg(p.page_table + int64_t(ti.c.batch) * p.page_table_batch_stride + n * kBlockN / p.page_size);
-        if (uint32_t(page) >= uint32_t(p.num_pages)) page = p.num_pages;
+        if (!detail::page_in_pool(page, p.num_pages)) page = p.num_pages;
       }
       return page;
     };

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "core/params.h"
 #include "hopper/arch/arch.cuh"
 #include "hopper/shared/device_state.h"
 #include "hopper/shared/mask.cuh"
@@ -49,7 +50,7 @@ __device__ __forceinline__ SeqBounds seq_bounds(const Params& p, int32_t b) {
         const int32_t cached = __shfl_sync(0xffffffffu, p.seqused_k[b], 0);
         s.seqlen_k = cached + p.seqlen_new;
         if constexpr (kValidate) {
-          if (uint32_t(cached) > uint32_t(p.seqlen_k - p.seqlen_new)) {  // (negative: above any bound)
+          if (!detail::cached_keys_valid(cached, p.seqlen_k - p.seqlen_new)) {
             if (kReport && threadIdx.x == 0) report_async_error(p.async_error, kBadCacheSeqlens);
             s.seqlen_q = s.seqlen_k = 0;
           }
@@ -69,7 +70,7 @@ __device__ __forceinline__ SeqBounds seq_bounds(const Params& p, int32_t b) {
 #pragma unroll
           for (int u = 0; u < 4; ++u) e[u] = i + 32 * u < used ? __ldg(row + i + 32 * u) : 0;
 #pragma unroll
-          for (int u = 0; u < 4; ++u) bad |= uint32_t(e[u]) >= uint32_t(p.num_pages);
+          for (int u = 0; u < 4; ++u) bad |= !detail::page_in_pool(e[u], p.num_pages);
         }
         if (__any_sync(0xffffffffu, bad)) {
           if (kReport && threadIdx.x == 0) report_async_error(p.async_error, kBadPageTable);
