@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A/B of several libfa4 builds' decode (KV-cache) calls in ONE process, interleaved with SDPA cuDNN:
 kernel time per call (torch.profiler, the sum of a call's kernels, bench/kernel_times.py), the
-median over --rounds rounds with the order rotated each round. The decode counterpart of
+median over --rounds rounds in bench/rounds.py's order. The decode counterpart of
 bench/ab_variants.py (which times forwards and backwards); a tuning tool, not a benchmark of
 record (back-to-back calls; no L2 flush unless --flush). Paged shapes use pages in random order;
 cuDNN (SDPA has no paged path) runs on the same keys as a dense cache. Each variant's output is
@@ -29,6 +29,7 @@ from ab_variants import load, parse, use
 from bench_decode import _in, make_problem
 from bench_fwd import sdpa_fn
 from kernel_times import kernel_names, kernel_times
+from rounds import period, round_order
 
 # (batch, seqlen_k, heads, heads_kv, headdim, page_size: 0 = dense), one query per sequence
 SHAPES = [
@@ -43,7 +44,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out_json")
     ap.add_argument("variants", nargs="+", help="name=path/to/libfa4.so[?override=value&...]")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="interleaved rounds per row (default: one period of bench/rounds.py for the row's "
+                         "contenders, e.g. 6 for cuDNN and two builds: everyone after everyone equally often "
+                         "within rounds)")
     ap.add_argument("--shape", action="append", default=[],
                     help="batch,seqlen_k,heads,heads_kv,headdim,page_size (repeatable): these shapes instead")
     ap.add_argument("--fill", type=float, default=1.0,
@@ -96,8 +100,8 @@ def main():
             for n in names:
                 check_apart(n, fns[n])
         times = {n: [] for n in names}
-        for r in range(args.rounds):
-            for n in names[r % len(names):] + names[:r % len(names)]:
+        for r in range(args.rounds or period(len(names))):
+            for n in round_order(names, r):
                 times[n].append(sum(timed(fns[n]).values()))
         us = {n: round(statistics.median(t), 2) for n, t in times.items()}
         rows.append({"batch": b, "seqlen_k": sk, "cache_seqlens": used, "l2_flush": args.flush, "heads": h,

@@ -3,7 +3,7 @@
 
 Tuning tool for the Hopper forward kernel: each variant is a libfa4.so built from a different
 tuning-table row or kernel change. All variants, plus torch SDPA's cuDNN backend, are timed on the
-same inputs in rounds (variant order rotated each round) so clock and thermal drift hit every
+same inputs in rounds (the order per round: bench/rounds.py) so clock and thermal drift hit every
 column alike; the reported time is the median over rounds of triton's do_bench median.
 Every variant's output is compared with cuDNN's first and the max abs difference is printed and
 stored next to its time, so a broken variant shows up in the same line.
@@ -35,6 +35,7 @@ import fa4
 from bench_fwd import (VARLEN_LENS, attended_pairs, bench, sdpa_fn, set_overrides, sh, tflops,  # same directory
                        varlen_batch)
 from fa4 import _capi
+from rounds import period, round_order
 
 # (headdim, causal, seqlen, num_heads, num_heads_kv[, headdim_v]); batch = 16384 // seqlen.
 SHAPES = [
@@ -119,8 +120,8 @@ def backward_row(libs, q, k, v, causal, rounds, deterministic=False):
                                                           torch.autograd.grad(out_, (q, k, v), dout, retain_graph=True)))
     names = list(fns)
     times = {n: [] for n in names}
-    for r in range(rounds):
-        for n in names[r % len(names):] + names[:r % len(names)]:
+    for r in range(rounds or period(len(names))):
+        for n in round_order(names, r):
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]) if n == "cudnn" else contextlib.nullcontext():
                 times[n].append(bench(fns[n]))
     flops = 2.5 * 2 * b * h * s * s * (d + dv) * (0.5 if causal else 1.0)  # 2.5 x the forward's
@@ -144,7 +145,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out_json")
     ap.add_argument("variants", nargs="+", help="name=path/to/libfa4.so")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="interleaved rounds per row (default: one period of bench/rounds.py for the row's "
+                         "contenders, e.g. 6 for cuDNN and two builds, 4 with FLASH too: everyone after everyone "
+                         "equally often within rounds)")
     ap.add_argument("--headdims", default="64,128", help="comma list of q/k head dims (192 covers 192x128)")
     ap.add_argument("--small", action="store_true", help="short-sequence shapes instead")
     ap.add_argument("--backward", action="store_true", help="time the backward")
@@ -232,8 +236,8 @@ def main():
                                                     fa4.flash_attn_func(q, k, v, causal=causal)))
         times = {n: [] for n in fns}
         names = list(fns)
-        for r in range(args.rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
+        for r in range(args.rounds or period(len(names))):
+            order = round_order(names, r)
             for n in order:
                 backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}.get(n)
                 with sdpa_kernel([backend]) if backend else contextlib.nullcontext():
@@ -262,7 +266,8 @@ def main():
         json.dump({"date": datetime.datetime.now().isoformat(), "gpu": gpu, "clocks_after": clocks,
                    "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
                    "variants": {n: p + ("?" + "&".join(f"{k}={v}" for k, v in e.items()) if e else "")
-                                for n, p, e in variants}, "rounds": args.rounds, "rows": rows}, f, indent=1)
+                                for n, p, e in variants},
+                   "rounds": args.rounds or "one period of bench/rounds.py per row", "rows": rows}, f, indent=1)
 
 
 def varlen_row(libs, args, headdim):
@@ -271,9 +276,9 @@ def varlen_row(libs, args, headdim):
     run_varlen, flops = varlen_batch(torch.bfloat16, backward=args.backward, deterministic=args.deterministic,
                                      headdim=headdim)
     times = {n: [] for n in libs}
-    for r in range(args.rounds):
-        for name, (lib, env) in libs.items():
-            use(lib, env)
+    for r in range(args.rounds or period(len(libs))):
+        for name in round_order(list(libs), r):
+            use(*libs[name])
             times[name].append(bench(run_varlen))
     tf = {n: tflops(flops, statistics.median(t)) for n, t in times.items()}
     kind = ("varlen_bwd_det" if args.deterministic else "varlen_bwd") if args.backward else "varlen"

@@ -27,7 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # upstream_fa4_func: upstream FlashAttention-4 (None where it is not installed)
-from bench_fwd import (agreement, bench, fa4_layout, rotated_rounds, run_meta, tflops, upstream_fa4_func,  # noqa: E402
+from bench_fwd import (agreement, bench, fa4_layout, interleaved_rounds, run_meta, tflops, upstream_fa4_func,  # noqa: E402
                        upstream_fa4_version)
 
 import fa4  # noqa: E402
@@ -91,10 +91,10 @@ def gradient_results(fns):
 
 
 def time_row(r, fns, flops):
-    """Median over ROUNDS rounds, each running every contender once in a rotated order; first
+    """Median over ROUNDS rounds, each running every contender once (bench/rounds.py's order); first
     r["max_rel_diff_vs_fa4"], every contender's dq, dk, dv against fa4's (bench_fwd.agreement)."""
     r["max_rel_diff_vs_fa4"] = agreement(gradient_results(fns))
-    times = rotated_rounds({n: (lambda f=f: bench(f)) for n, f in fns.items()}, ROUNDS)
+    times = interleaved_rounds({n: (lambda f=f: bench(f)) for n, f in fns.items()}, ROUNDS)
     for n in ["fa4", "cudnn", "flash", "upstream_fa4"]:
         r[n] = tflops(flops, statistics.median(times[n])) if times.get(n) else None
     r["rounds"] = ROUNDS
@@ -212,7 +212,7 @@ def main():
         flops = 2.5 * 4 * 2 * nheads * 8192 * 8192 * hdim * (0.5 if causal else 1.0)
         fns = {"fa4": contenders(q, k, v, causal)["fa4"], "fa4_det": contenders(q, k, v, causal, True)["fa4"]}
         names = list(fns)
-        times = rotated_rounds({n: (lambda f=f: bench(f)) for n, f in fns.items()}, ROUNDS)
+        times = interleaved_rounds({n: (lambda f=f: bench(f)) for n, f in fns.items()}, ROUNDS)
         r = {"kind": "deterministic", "hdim": hdim, "causal": causal, "seqlen": 8192, "batch": 2, "nheads": nheads}
         for n in names:
             r[n] = tflops(flops, statistics.median(times[n]))

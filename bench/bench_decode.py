@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Decode (KV-cache) benchmark: fa4.flash_attn_with_kvcache next to torch SDPA (cuDNN and FLASH
 backends) in ONE process, on one GPU, timed with triton.testing.do_bench (median, CUDA events),
-interleaved rounds (the contenders' order rotates per round).
+interleaved rounds (the contenders' order per round: bench/rounds.py).
 
 Metric: GB/s of K+V read (batch x seqlen_k x num_heads_kv x (headdim + headdim_v) x 2 bytes per
 call: the bytes a decode step must stream) and microseconds per call. SDPA gets dense (b, h, s, d)
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa4
-from bench_fwd import agreement, bench, fa4_layout, rotated_rounds, run_meta, sdpa_fn
+from bench_fwd import agreement, bench, fa4_layout, interleaved_rounds, run_meta, sdpa_fn
 
 ROUNDS = 3
 
@@ -81,7 +81,7 @@ def time_row(r, batch, seqlen_k, seqlen_q, heads, heads_kv, d, page_size, dt, ge
             results[name] = (fa4_layout(name, _in(be, fn)),)
     # The contenders' outputs against fa4's (bench_fwd.agreement), before the timing.
     r["max_rel_diff_vs_fa4"] = agreement(results)
-    times = rotated_rounds(timers, ROUNDS)
+    times = interleaved_rounds(timers, ROUNDS)
     gbytes = batch * seqlen_k * heads_kv * 2 * d * q.element_size() / 1e9
     for n in ("fa4", "fa4_graph", "cudnn", "flash"):
         ms = statistics.median(times[n]) if times.get(n) else None

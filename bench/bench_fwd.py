@@ -31,6 +31,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 import fa4
 from fa4 import _capi
+from rounds import round_order  # same directory
 
 try:  # upstream FlashAttention-4 (CuTe DSL), shared/peers/install_upstream_fa4.sh
     from flash_attn.cute import flash_attn_func as upstream_fa4_func
@@ -123,15 +124,16 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def rotated_rounds(timers, rounds):
+def interleaved_rounds(timers, rounds):
     """Runs every timer (name -> zero-argument call returning ms) once per round, `rounds`
-    rounds, the order rotated each round so clock and thermal drift hit all contenders alike. A
+    rounds, in rounds.round_order's order (every position and every predecessor equally often over
+    rounds.period(n) rounds) so clock and thermal drift hit all contenders alike. A
     timer that raises is reported on stderr and its round skipped (a backend failing mid-run keeps
     the run). Returns name -> list of ms."""
     names = list(timers)
     times = {n: [] for n in names}
     for i in range(rounds):
-        for n in names[i % len(names):] + names[:i % len(names)]:
+        for n in round_order(names, i):
             try:
                 times[n].append(timers[n]())
             except Exception as e:
@@ -289,7 +291,7 @@ def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
     r["cudnn"], r["flash"], r["upstream_fa4"] (None where the backend fails or is not installed);
     all in TFLOP/s for `flops`; then r["ratio_cudnn"] = fa4/cudnn and r["ratio_upstream_fa4"] =
     fa4/upstream_fa4 (None without the other). Each is the median over ROUNDS rounds that run every
-    contender once, in an order rotated per round, so clock and thermal drift hit all of them alike
+    contender once, in bench/rounds.py's order, so clock and thermal drift hit all of them alike
     (one pass measured cuDNN 7-12% apart between neighbouring runs). Returns r."""
     fns = contenders(q, k, v, causal)
     if no_split:  # right after fa4, as in the rows' key order
@@ -298,8 +300,8 @@ def time_vs_sdpa(r, q, k, v, causal, flops, no_split=False):
                **fns}
     r["fa4_kernel"] = kernel_name(q, k, v, causal)
     r["max_rel_diff_vs_fa4"] = agreement(forward_results(fns))
-    times = rotated_rounds({n: (lambda fn=fn, ctx=ctx: _bench_in(ctx, fn)) for n, (fn, ctx) in fns.items()},
-                           ROUNDS)
+    times = interleaved_rounds({n: (lambda fn=fn, ctx=ctx: _bench_in(ctx, fn)) for n, (fn, ctx) in fns.items()},
+                               ROUNDS)
     # Every contender gets a key (None if it could not be timed), fa4_no_split only when asked for.
     for n in ["fa4"] + (["fa4_no_split"] if no_split else []) + ["cudnn", "flash", "upstream_fa4"]:
         r[n] = tflops(flops, statistics.median(times[n])) if times.get(n) else None

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Decode (KV-cache) calls with many query rows per KV head (chunked prefill, speculative decoding)
 on one or more libfa4 builds in ONE process: kernel time per call (torch.profiler, the sum of a
-call's kernels, bench/kernel_times.py), the median over --rounds rounds with the order rotated each
-round, for the automatic row tile and each forced one (override decode_tile: 16 narrow, 64 wide).
+call's kernels, bench/kernel_times.py), the median over --rounds rounds in bench/rounds.py's order,
+for the automatic row tile and each forced one (override decode_tile: 16 narrow, 64 wide).
 The measurements behind the wide tile's rule (src/hopper/decode/launch_decode.h decode_tile). A
 tuning tool, not a benchmark of record: back-to-back calls, no L2 flush. Every variant's output is
 compared with fp32 math SDPA on the same keys (bottom-right causal mask); its max abs error is printed.
@@ -30,6 +30,7 @@ import fa4
 from ab_variants import load, parse, use
 from kernel_times import kernel_times
 from bench_fwd import sdpa_fn
+from rounds import round_order
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # (batch, seqlen_k, seqlen_q, heads, heads_kv, headdim, causal): rows per KV head 64-1024, narrow
@@ -119,7 +120,7 @@ def main():
         times = {key: [] for key in fns}
         for r in range(args.rounds):
             keys = list(fns)
-            for key in keys[r % len(keys):] + keys[:r % len(keys)]:
+            for key in round_order(keys, r):
                 times[key].append(sum(kernel_times(fns[key]).values()))
         row = {"shape": {"batch": b, "seqlen_k": sk, "seqlen_q": sq, "heads": h, "heads_kv": hkv, "headdim": d,
                          "causal": causal},

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 import fa4
 from fa4 import _capi, _core, _torch_ops
+from rounds import round_order  # same directory
 
 
 def _sync():
@@ -336,7 +337,7 @@ def serving_rows(add, rounds=7):
                     graphs[lib] = capture(fn)
             except RuntimeError as e:  # a backend that refuses the shape or the capture
                 row[lib + "_error"] = str(e).splitlines()[0][:120]
-        # The graphs' replays in interleaved rounds (order rotated each round): the host's speed
+        # The graphs' replays in interleaved rounds (bench/rounds.py's order): the host's speed
         # drifts within a run, and a lone timing per contender would carry that into the ratios.
         names = list(graphs)
         if not names:
@@ -345,7 +346,7 @@ def serving_rows(add, rounds=7):
         wall = {n: [] for n in names}
         issue = {n: [] for n in names}
         for r in range(rounds):
-            for n in names[r % len(names):] + names[:r % len(names)]:
+            for n in round_order(names, r):
                 w, i = replay_times(graphs[n])
                 wall[n].append(w)
                 issue[n].append(i)

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa4
-from bench_fwd import bench, rotated_rounds, run_meta  # same directory
+from bench_fwd import bench, interleaved_rounds, run_meta  # same directory
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "scripts"))
 from generate_kernels import bwd_tile_n as bwd_tile_n_rows, config_rows  # noqa: E402  (the parsers of the tuning tables)
@@ -99,7 +99,7 @@ def sweep_backward(d, heads, rounds):
     for sq in SEQLENS_K:
         q = torch.randn(BATCH, sq, heads, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         fns = contenders(q, k, v, causal=False)
-        times = rotated_rounds({n: (lambda f=f: bench(f)) for n, f in fns.items()}, rounds)
+        times = interleaved_rounds({n: (lambda f=f: bench(f)) for n, f in fns.items()}, rounds)
         ran = [n for n in fns if times[n]]
         for n in ran:
             ms.setdefault(n, {})[sq] = statistics.median(times[n])
