@@ -42,18 +42,27 @@ def make_problem(batch, seqlen_k, seqlen_q, heads, heads_kv, d, page_size, dt, g
     lens = torch.full((batch,), seqlen_k, device="cuda", dtype=torch.int32)
     if not page_size:
         return q, k, v, lens, None, (k, v)
+    kp, vp, table = page_pool(k, v, page_size, gen)
+    return q, kp, vp, lens, table, (k, v)
+
+
+def page_pool(k, v, page_size, gen):
+    """Dense k, v (batch, seqlen_k, heads_kv, d) as a page pool in shuffled order: (k_pool, v_pool,
+    page_table), logical page i of sequence b in physical page page_table[b, i] (int32); the last
+    page of a sequence zero-padded past seqlen_k."""
+    batch, seqlen_k, heads_kv, d = k.shape
     pages_per_seq = (seqlen_k + page_size - 1) // page_size
     num_pages = batch * pages_per_seq
     perm = torch.randperm(num_pages, device="cuda", generator=gen).to(torch.int32)
     table = perm.view(batch, pages_per_seq)
-    kp = torch.empty(num_pages, page_size, heads_kv, d, device="cuda", dtype=dt)
+    kp = torch.empty(num_pages, page_size, heads_kv, d, device="cuda", dtype=k.dtype)
     vp = torch.empty_like(kp)
     pad = pages_per_seq * page_size - seqlen_k
     kk = F.pad(k, (0, 0, 0, 0, 0, pad)).view(batch, pages_per_seq, page_size, heads_kv, d)
     vv = F.pad(v, (0, 0, 0, 0, 0, pad)).view(batch, pages_per_seq, page_size, heads_kv, d)
     kp[table.long()] = kk
     vp[table.long()] = vv
-    return q, kp, vp, lens, table, (k, v)
+    return kp, vp, table
 
 
 def time_row(r, batch, seqlen_k, seqlen_q, heads, heads_kv, d, page_size, dt, gen):

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 import fa4
 from ab_variants import load, parse, use
 from kernel_times import kernel_times
+from bench_decode import page_pool
 from bench_fwd import sdpa_fn
 from rounds import round_order
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -80,16 +81,9 @@ def main():
         v = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
         ref = reference(q, k, v, causal)
         kc, vc, page_table = k, v, None
-        if args.page_size:  # logical page i of sequence bb is physical page page_table[bb, i]
-            ps = args.page_size
-            assert sk % ps == 0, "seqlen_k must be a multiple of --page-size"
-            pages = b * sk // ps
-            perm = torch.randperm(pages, device="cuda", generator=gen)
-            kc = torch.empty(pages, ps, hkv, d, device="cuda", dtype=k.dtype)
-            vc = torch.empty_like(kc)
-            kc[perm] = k.reshape(pages, ps, hkv, d)
-            vc[perm] = v.reshape(pages, ps, hkv, d)
-            page_table = perm.to(torch.int32).view(b, sk // ps)
+        if args.page_size:  # (a full cache: no padded page tail, whose zero keys would be attended)
+            assert sk % args.page_size == 0, "seqlen_k must be a multiple of --page-size"
+            kc, vc, page_table = page_pool(k, v, args.page_size, gen)
         fns, errs = {}, {}
         if "cudnn" in tiles:  # SDPA: cuDNN, or FLASH (FlashAttention-2) where cuDNN lacks the mask
             for sname, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
