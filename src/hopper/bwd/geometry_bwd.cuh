@@ -47,7 +47,8 @@ struct BwdTile {
   __device__ __forceinline__ int32_t step_block(int32_t s) const { return bwd_step_block(m, descending, s); }
 };
 
-/// kReport: see seq_bounds (false in the consumer warpgroups, which have no thread 0).
+/// kReport: see seq_bounds (false where thread 0 never runs: the consumer warpgroups and the dQ
+/// writer warps, in whose inlined copies the report's dead stores cost registers).
 template <int kBlockM, int kBlockN, bool kValidate, bool kReport = true, class Params>
 __device__ __forceinline__ BwdTile make_bwd_tile(const Params& p, int32_t t) {
   BwdTile ti;

@@ -159,7 +159,7 @@ struct BwdDqWriter {
     int32_t steps = 0;  // the CTA's steps so far
     auto tiles = bwd_tiles<Kt::kTileClaims, false>(ring, ss.tile_ring);
     for (int32_t t = tiles.first(p); t < p.num_tiles; t = tiles.next(p)) {
-      const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, true>(p, t);
+      const BwdTile ti = make_bwd_tile<kBlockM, kBlockN, true, false>(p, t);
       for (int32_t g = 0; g < p.group_size && ti.has_steps(); ++g) {
         const int32_t h = ti.h_kv * p.group_size + g;
         for (int32_t i_step = 0; i_step < ti.num_steps(); ++i_step) {

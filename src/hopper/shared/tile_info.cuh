@@ -36,8 +36,9 @@ struct SeqBounds {
 /// hopper_api.cu kvcache_on_forward): sequence b sees keys [0, cache_seqlens[b] + seqlen_new) of
 /// its cache row, and kValidate checks cache_seqlens[b] against the capacity as the append did
 /// and, with kPages (the forward's paged producer), the page-table entries of those keys.
-/// kReport false: a caller without thread 0 (the backward's consumer warpgroups) leaves the
-/// record's stores out (inlined there, they made ptxas serialise the d128 backward's wgmmas).
+/// kReport false: callers where thread 0 never runs (the backward's consumer warpgroups and dQ
+/// writer warps) leave the record's stores out (inlined there, dead, they cost registers: ptxas
+/// serialised the d128 backward's wgmmas for them).
 template <bool kValidate, class Params, bool kPages = false, bool kReport = true>
 __device__ __forceinline__ SeqBounds seq_bounds(const Params& p, int32_t b) {
   SeqBounds s;
