@@ -58,7 +58,7 @@ ninja -C build-dev fa4 fa4_gpu_tests > $OUT/build.log 2>&1 || grep -E "error" $O
 wait
 echo "device build: $(( $(date +%s) - T0 )) s"
 for log in build ${OLD:+build_old} $VAR_LOGS; do  # ptxas: spill stores of each instantiation's kernels
-  awk '/Building CUDA object.*instantiations/ {match($0, /([fb]wd|decode)_[a-z0-9]+_hdim[0-9x]+/); f=substr($0, RSTART, RLENGTH)}
+  awk '/Building CUDA object.*instantiations/ {match($0, /([fb]wd|decode)_[a-z0-9]+_hdim[0-9x]+(_local|_gather)?/); f=substr($0, RSTART, RLENGTH)}
        /spill stores/ && f != "" {match($0, /[0-9]+ bytes spill stores/); s[f]=s[f] " " substr($0, RSTART, RLENGTH-19)}
        END {for (f in s) printf "%s:%s  ", f, s[f]}' $OUT/$log.log > $OUT/spills_$log.txt
 done
