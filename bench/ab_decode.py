@@ -29,7 +29,7 @@ from ab_variants import load, parse, use
 from bench_decode import _in, make_problem
 from bench_fwd import sdpa_fn
 from kernel_times import kernel_names, kernel_times
-from rounds import period, round_order
+from rounds import schedule
 
 # (batch, seqlen_k, heads, heads_kv, headdim, page_size: 0 = dense), one query per sequence
 SHAPES = [
@@ -100,9 +100,8 @@ def main():
             for n in names:
                 check_apart(n, fns[n])
         times = {n: [] for n in names}
-        for r in range(args.rounds or period(len(names))):
-            for n in round_order(names, r):
-                times[n].append(sum(timed(fns[n]).values()))
+        for n in schedule(names, args.rounds):
+            times[n].append(sum(timed(fns[n]).values()))
         us = {n: round(statistics.median(t), 2) for n, t in times.items()}
         rows.append({"batch": b, "seqlen_k": sk, "cache_seqlens": used, "l2_flush": args.flush, "heads": h,
                      "heads_kv": hk, "headdim": d, "page_size": page,

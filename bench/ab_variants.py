@@ -35,7 +35,7 @@ import fa4
 from bench_fwd import (VARLEN_LENS, attended_pairs, bench, sdpa_fn, set_overrides, sh, tflops,  # same directory
                        varlen_batch)
 from fa4 import _capi
-from rounds import period, round_order
+from rounds import schedule
 
 # (headdim, causal, seqlen, num_heads, num_heads_kv[, headdim_v]); batch = 16384 // seqlen.
 SHAPES = [
@@ -120,10 +120,9 @@ def backward_row(libs, q, k, v, causal, rounds, deterministic=False):
                                                           torch.autograd.grad(out_, (q, k, v), dout, retain_graph=True)))
     names = list(fns)
     times = {n: [] for n in names}
-    for r in range(rounds or period(len(names))):
-        for n in round_order(names, r):
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]) if n == "cudnn" else contextlib.nullcontext():
-                times[n].append(bench(fns[n]))
+    for n in schedule(names, rounds):
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]) if n == "cudnn" else contextlib.nullcontext():
+            times[n].append(bench(fns[n]))
     flops = 2.5 * 2 * b * h * s * s * (d + dv) * (0.5 if causal else 1.0)  # 2.5 x the forward's
     tf = {n: tflops(flops, statistics.median(t)) for n, t in times.items()}
     ratio = {n: round(tf[n] / tf["cudnn"], 3) if "cudnn" in tf else None for n in tf if n != "cudnn"}
@@ -234,14 +233,12 @@ def main():
             errs[name] = float((out.float() - ref.float()).abs().max())
             fns[name] = (lambda lib_=lib, env_=env: (use(lib_, env_),
                                                     fa4.flash_attn_func(q, k, v, causal=causal)))
-        times = {n: [] for n in fns}
         names = list(fns)
-        for r in range(args.rounds or period(len(names))):
-            order = round_order(names, r)
-            for n in order:
-                backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}.get(n)
-                with sdpa_kernel([backend]) if backend else contextlib.nullcontext():
-                    times[n].append(bench(fns[n]))
+        times = {n: [] for n in names}
+        for n in schedule(names, args.rounds):
+            backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}.get(n)
+            with sdpa_kernel([backend]) if backend else contextlib.nullcontext():
+                times[n].append(bench(fns[n]))
         flops = 2 * b * h * attended_pairs(s, sk, causal) * (d + dv)
         tf = {n: tflops(flops, statistics.median(t)) for n, t in times.items()}
         row = {"headdim": d, "headdim_v": dv, "causal": causal, "seqlen": s, "seqlen_k": sk, "batch": b, "num_heads": h,
@@ -276,10 +273,9 @@ def varlen_row(libs, args, headdim):
     run_varlen, flops = varlen_batch(torch.bfloat16, backward=args.backward, deterministic=args.deterministic,
                                      headdim=headdim)
     times = {n: [] for n in libs}
-    for r in range(args.rounds or period(len(libs))):
-        for name in round_order(list(libs), r):
-            use(*libs[name])
-            times[name].append(bench(run_varlen))
+    for name in schedule(libs, args.rounds):
+        use(*libs[name])
+        times[name].append(bench(run_varlen))
     tf = {n: tflops(flops, statistics.median(t)) for n, t in times.items()}
     kind = ("varlen_bwd_det" if args.deterministic else "varlen_bwd") if args.backward else "varlen"
     # Each variant's outputs (the backward's dq, dk, dv) against the first variant's: a broken one shows.

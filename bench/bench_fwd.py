@@ -31,7 +31,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 import fa4
 from fa4 import _capi
-from rounds import round_order  # same directory
+from rounds import schedule  # same directory
 
 try:  # upstream FlashAttention-4 (CuTe DSL), shared/peers/install_upstream_fa4.sh
     from flash_attn.cute import flash_attn_func as upstream_fa4_func
@@ -130,14 +130,12 @@ def interleaved_rounds(timers, rounds):
     rounds.period(n) rounds) so clock and thermal drift hit all contenders alike. A
     timer that raises is reported on stderr and its round skipped (a backend failing mid-run keeps
     the run). Returns name -> list of ms."""
-    names = list(timers)
-    times = {n: [] for n in names}
-    for i in range(rounds):
-        for n in round_order(names, i):
-            try:
-                times[n].append(timers[n]())
-            except Exception as e:
-                print(f"# {n} failed: {str(e).splitlines()[0][:120]}", file=sys.stderr)
+    times = {n: [] for n in timers}
+    for n in schedule(timers, rounds):
+        try:
+            times[n].append(timers[n]())
+        except Exception as e:
+            print(f"# {n} failed: {str(e).splitlines()[0][:120]}", file=sys.stderr)
     return times
 
 

@@ -31,7 +31,7 @@ from ab_variants import load, parse, use
 from kernel_times import kernel_times
 from bench_decode import page_pool
 from bench_fwd import sdpa_fn
-from rounds import round_order
+from rounds import schedule
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # (batch, seqlen_k, seqlen_q, heads, heads_kv, headdim, causal): rows per KV head 64-1024, narrow
@@ -112,10 +112,8 @@ def main():
                 errs[key] = round(float((fn().float() - ref).abs().max()), 5)
         del ref
         times = {key: [] for key in fns}
-        for r in range(args.rounds):
-            keys = list(fns)
-            for key in round_order(keys, r):
-                times[key].append(sum(kernel_times(fns[key]).values()))
+        for key in schedule(fns, args.rounds):
+            times[key].append(sum(kernel_times(fns[key]).values()))
         row = {"shape": {"batch": b, "seqlen_k": sk, "seqlen_q": sq, "heads": h, "heads_kv": hkv, "headdim": d,
                          "causal": causal},
                "kernel_us": {key: round(statistics.median(t), 2) for key, t in times.items()},

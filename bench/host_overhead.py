@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 import fa4
 from fa4 import _capi, _core, _torch_ops
-from rounds import round_order  # same directory
+from rounds import schedule  # same directory
 
 
 def _sync():
@@ -345,11 +345,10 @@ def serving_rows(add, rounds=7):
             continue
         wall = {n: [] for n in names}
         issue = {n: [] for n in names}
-        for r in range(rounds):
-            for n in round_order(names, r):
-                w, i = replay_times(graphs[n])
-                wall[n].append(w)
-                issue[n].append(i)
+        for n in schedule(names, rounds):
+            w, i = replay_times(graphs[n])
+            wall[n].append(w)
+            issue[n].append(i)
         for n in names:
             row[n + "_graph_us"] = round(statistics.median(wall[n]), 2)
             row[n + "_graph_issue_us"] = round(statistics.median(issue[n]), 2)

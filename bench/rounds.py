@@ -38,3 +38,11 @@ def round_order(names, r):
     if k >= n:  # odd n: the second half of the period runs the first half's rows backwards
         row.reverse()
     return [names[i] for i in row]
+
+
+def schedule(names, rounds=None):
+    """Every name once per round, round after round in round_order's order: `rounds` rounds, or one
+    period (period(len(names))) where rounds is None or 0."""
+    names = list(names)
+    for r in range(rounds or period(len(names))):
+        yield from round_order(names, r)

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
-from rounds import period, round_order  # noqa: E402
+from rounds import period, round_order, schedule  # noqa: E402
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7])
@@ -33,3 +33,10 @@ def test_plain_rotation_is_not_balanced():
     assert ("new", "old") not in pairs
     balanced = [round_order(names, r) for r in range(6)]
     assert ("new", "old") in [(row[p - 1], row[p]) for row in balanced for p in range(1, 3)]
+
+
+def test_schedule_runs_rounds_in_order_and_one_period_by_default():
+    names = ["cudnn", "old", "new"]
+    assert list(schedule(names)) == [n for r in range(period(3)) for n in round_order(names, r)]
+    assert list(schedule(names, 2)) == round_order(names, 0) + round_order(names, 1)
+    assert list(schedule({"a": 1, "b": 2})) == ["a", "b", "b", "a"]  # a dict's keys, as the scripts pass
