@@ -11,7 +11,8 @@
 # build), HOST=1 (bench/host_overhead.py), GTEST_FILTER (of the GPU test run), TEST_TIMEOUT
 # (seconds for it, default 400), SAN_FILTER (gtest
 # filter of the sanitizer runs), SAN_TIMEOUT (seconds per sanitizer tool, default 150),
-# BENCH=1 (bench/bench_fwd.py, BENCH_ARGS), BWD=1 (bench/bench_bwd.py, BWD_ARGS), DECODE=1
+# BENCH=1 (bench/bench_fwd.py, BENCH_ARGS), BWD=1 (bench/bench_bwd.py, BWD_ARGS; both keep an exported
+# PYTHONPATH, e.g. upstream FlashAttention-4's from ../shared/peers), DECODE=1
 # (bench/bench_decode.py, DECODE_ARGS), DAB=1 (bench/ab_decode.py over OLD / new / VARIANTS,
 # DAB_ARGS), KTIMES=1 (bench/kernel_times.py), SPLITS=1
 # (bench/decode_split_sweep.py, SPLITS_ARGS), SMALLQ=1
@@ -109,11 +110,11 @@ if [ -n "$OLD$VARIANTS" ] && [ "${DAB:-0}" = 1 ]; then  # decode A/B (bench/ab_d
   echo "ab_decode rc=$?"; grep -v -i warn $OUT/ab_decode.log | tail -20
 fi
 if [ "${BENCH:-0}" = 1 ]; then
-  PYTHONPATH=python FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout ${BENCH_TIMEOUT:-300} python3 bench/bench_fwd.py $OUT/bench.json ${BENCH_ARGS---quick} > $OUT/bench.log 2>&1
+  PYTHONPATH=python:${PYTHONPATH:-} FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout ${BENCH_TIMEOUT:-300} python3 bench/bench_fwd.py $OUT/bench.json ${BENCH_ARGS---quick} > $OUT/bench.log 2>&1
   echo "bench rc=$?"; tail -${BENCH_TAIL:-30} $OUT/bench.log
 fi
 if [ "${BWD:-0}" = 1 ]; then
-  PYTHONPATH=python FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout ${BWD_TIMEOUT:-300} python3 bench/bench_bwd.py $OUT/bench_bwd.json ${BWD_ARGS---quick} > $OUT/bench_bwd.log 2>&1
+  PYTHONPATH=python:${PYTHONPATH:-} FA4_LIBRARY=$PWD/$B/src/libfa4.so timeout ${BWD_TIMEOUT:-300} python3 bench/bench_bwd.py $OUT/bench_bwd.json ${BWD_ARGS---quick} > $OUT/bench_bwd.log 2>&1
   echo "bench_bwd rc=$?"; tail -${BENCH_TAIL:-30} $OUT/bench_bwd.log
 fi
 if [ "${DECODE:-0}" = 1 ]; then
