@@ -474,6 +474,32 @@ TEST(HopperHost, ForwardQueryRows) {
   EXPECT_EQ(fa4::hopper::fwd_query_rows(p), 200);
 }
 
+// How the forward loads a paged cache (fwd_paged_load): whole key blocks per page through TMA
+// boxes; other powers of two from 8 rows gathered (a group of 8 keys, starting at a multiple of 8,
+// must lie in one page: checked here for every key of every such page size); anything else, the
+// decode kernel. Against every key tile of the forward's tuning rows.
+TEST(HopperHost, PagedForwardLoad) {
+  using fa4::hopper::FwdPagedLoad;
+  using fa4::hopper::fwd_paged_load;
+  std::set<int32_t> tiles;
+  for (const auto& c : fa4::detail::kHopperFwdConfigs) tiles.insert(c.tile_n);
+  EXPECT_EQ(tiles, (std::set<int32_t>{80, 96, 128}));
+  for (int32_t tile_n : tiles) {
+    SCOPED_TRACE("tile_n " + std::to_string(tile_n));
+    for (int32_t page = -1; page <= 1024; ++page) {
+      const FwdPagedLoad want = page > 0 && page % tile_n == 0                           ? FwdPagedLoad::kTmaBox
+                                : page >= 8 && (page & (page - 1)) == 0                  ? FwdPagedLoad::kGather
+                                                                                          : FwdPagedLoad::kNone;
+      ASSERT_EQ(fwd_paged_load(page, tile_n), want) << "page_size " << page;
+      if (want != FwdPagedLoad::kGather) continue;
+      EXPECT_EQ(tile_n % fa4::hopper::kFwdGatherGroup, 0);
+      for (int32_t key = 0; key < 4 * page; key += fa4::hopper::kFwdGatherGroup)  // one page per group
+        ASSERT_EQ(key / page, (key + fa4::hopper::kFwdGatherGroup - 1) / page) << "key " << key;
+    }
+  }
+  EXPECT_EQ(fwd_paged_load(16, 0), FwdPagedLoad::kNone);
+}
+
 // Where the forward's stream-K split may cut the tiles (fwd_key_split_eligible): planned at all of
 // the key blocks, so every tile's visible blocks must be a prefix of them (no left window edge),
 // batched; with a right edge and several query tiles per head, only where the first (shortest)

@@ -1,7 +1,7 @@
 // tests/gpu/test_hopper_kvcache_forward.cu — KV-cache calls that the selector runs on the forward
 // kernel (hopper_api.cu kvcache_on_forward: the cache read in place, dense or paged with pages of
-// whole key blocks, more than 128 query rows per KV head: chunked prefill): the route (the
-// kernel's name) and decode_case.cuh's checks on the forward kernel — the append (bitwise), out /
+// whole key blocks or, on the gathering kernel, of a power of two from 8 rows; more than 128 query
+// rows per KV head: chunked prefill): the route (the kernel's name) and decode_case.cuh's checks on the forward kernel — the append (bitwise), out /
 // lse against the reference, rows that see no key, stale cache rows past a sequence's keys
 // holding NaN, broken cache_seqlens or page-table entries skipping the sequence —
 // with its stream-K split automatic, forced on and off (and shown to change the rounding), each case
@@ -26,6 +26,7 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
   struct Route {
     KvCase c;
     bool forward;
+    bool gather = false;  // on the gathering forward kernel (hopper::fwd_..._gather)
   };
   std::vector<Route> routes;
   {
@@ -65,9 +66,35 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
     KvCase pfull = c;  // no cache_seqlens: every slot of the table is a page, all keys attended
     pfull.page_size = 128; pfull.cache_seqlens = {}; pfull.seqlen_new = 0; pfull.capacity = 1000; pfull.seed = 55;
     routes.push_back({pfull, true});
-    KvCase p64 = c;  // pages of 64: the decode kernel
+    // Pages that are no whole key blocks, powers of two from 8 rows: the gathering kernel. Groups of
+    // 8 keys of a page each; a key block spans 2-16 pages.
+    KvCase p64 = c;
     p64.page_size = 64; p64.seed = 56;
-    routes.push_back({p64, false});
+    routes.push_back({p64, true, true});
+    KvCase g16 = c;
+    g16.page_size = 16; g16.seed = 57;
+    routes.push_back({g16, true, true});
+    KvCase g8 = c;  // fp16, softcap
+    g8.page_size = 8; g8.dtype = DType::kFP16; g8.softcap = 15.f; g8.seed = 58;
+    routes.push_back({g8, true, true});
+    KvCase g32bad = c;  // a bad entry in the middle of sequence 0's pages: skipped and reported
+    g32bad.page_size = 32; g32bad.bad_page_b = 0; g32bad.seed = 59;
+    routes.push_back({g32bad, true, true});
+    KvCase g16last = c;  // ... in sequence 1's last used slot (101 keys: the 7th page of 16)
+    g16last.page_size = 16; g16last.bad_page_b = 1; g16last.bad_page_slot = 6; g16last.seed = 60;
+    routes.push_back({g16last, true, true});
+    KvCase g16full = c;  // every slot of the table mapped, all keys attended
+    g16full.page_size = 16; g16full.cache_seqlens = {}; g16full.seqlen_new = 0; g16full.capacity = 1000; g16full.seed = 61;
+    routes.push_back({g16full, true, true});
+    KvCase g16pad = c;  // head dim 120 on the d128 kernel: the padding columns are zero-filled
+    g16pad.page_size = 16; g16pad.d = g16pad.dv = 120; g16pad.seed = 62;
+    routes.push_back({g16pad, true, true});
+    KvCase p48 = c;  // pages of 48 (no power of two) and of 4 (under a group): the decode kernel
+    p48.page_size = 48; p48.seed = 63;
+    routes.push_back({p48, false});
+    KvCase p4 = c;
+    p4.page_size = 4; p4.seed = 64;
+    routes.push_back({p4, false});
     KvCase idx = c;  // and so does cache_batch_idx
     idx.batch_idx = true; idx.seed = 38;
     routes.push_back({idx, false});
@@ -104,6 +131,17 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
     KvCase d256p = d256;
     d256p.page_size = 160; d256p.seed = 47;
     routes.push_back({d256p, true});
+    // ... and gathered: d64 pages of 16 (causal: the plain kernel, not the local one), GQA 8/1
+    // pages of 32, d256 pages of 64 (80-key blocks start inside a page).
+    KvCase c16 = c;
+    c16.page_size = 16; c16.cache_seqlens = {3000}; c16.causal = true; c16.seed = 48;
+    routes.push_back({c16, true, true});
+    KvCase g32 = g;
+    g32.page_size = 32; g32.seed = 49;
+    routes.push_back({g32, true, true});
+    KvCase d256g = d256;
+    d256g.page_size = 64; d256g.seed = 50;
+    routes.push_back({d256g, true, true});
   }
   int ran = 0;
   for (const Route& r : routes) {
@@ -115,6 +153,7 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
       std::string kernel;
       if (!run_case(r.c, &kernel)) continue;
       EXPECT_EQ(on_forward_kernel(kernel), r.forward) << "kernel " << kernel;
+      EXPECT_EQ(kernel.find("_gather") != std::string::npos, r.gather) << "kernel " << kernel;
       ++ran;
     }
     if (r.forward) {  // forced onto the decode kernel, the same call passes the same checks there
@@ -148,8 +187,8 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
 // A chunked prefill loop: one captured call appends a chunk of 64 tokens to a cache and attends
 // over it (on the forward kernel), replayed with new q, k_new, v_new and cache_seqlens advanced by
 // 64 (one sequence starting empty); every replay's out, lse and cache equal, bitwise, an eager call
-// on an identical problem. Dense, and paged with pages of 128 (every slot of the table a page, as
-// a serving engine maps them ahead).
+// on an identical problem. Dense, and paged with pages of 128 and of 16 (gathered; every slot of
+// the table a page, as a serving engine maps them ahead).
 TEST(HopperKVCacheForward, GraphReplayOfAChunkLoop) {
   REQUIRE_HOPPER();
   KvCase c;
@@ -158,7 +197,7 @@ TEST(HopperKVCacheForward, GraphReplayOfAChunkLoop) {
   c.cache_seqlens = {300, 0}; c.seqlen_new = 64; c.causal = true; c.seed = 860;
   cudaStream_t s;
   CUDA_OK(cudaStreamCreate(&s));
-  for (int page_size : {0, 128}) {
+  for (int page_size : {0, 128, 16}) {
     SCOPED_TRACE("page_size " + std::to_string(page_size));
     c.page_size = page_size;
     c.full_page_table = page_size > 0;
@@ -166,6 +205,7 @@ TEST(HopperKVCacheForward, GraphReplayOfAChunkLoop) {
     graph_loop_matches_eager(c, s, 5, &kernel);
     EXPECT_TRUE(on_forward_kernel(kernel)) << kernel;
     EXPECT_EQ(kernel.find("paged") != std::string::npos, page_size > 0) << kernel;
+    EXPECT_EQ(kernel.find("_gather") != std::string::npos, page_size == 16) << kernel;
   }
   cudaStreamDestroy(s);
 }

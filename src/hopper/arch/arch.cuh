@@ -12,7 +12,8 @@
 //     one smem -> global reduce-add per warpgroup and query block instead of per-element atomics;
 //   * acquire/release flag accesses for the deterministic backward's ordered dQ accumulation;
 //   * the decode kernel's warp-level pieces (decode/): cp.async with zero fill (16-byte rows
-//     gathered one by one through the page table, which TMA boxes cannot do for any page size),
+//     gathered one by one through the page table, which TMA boxes cannot do for any page size;
+//     the gathering forward's producer warps copy paged K/V rows with it too),
 //     ldmatrix (plain and transposed) and mma.sync m16n8k16: a decode tile has 16 rows, a quarter
 //     of one wgmma's 64, and its four warps work on separate keys;
 //   * thread-block clusters (decode/): the CTA's rank, the cluster-wide barrier in two halves and
@@ -189,6 +190,8 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
 }
 /// Closes this thread's current cp.async group.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+/// Waits until every cp.async of this thread has completed (grouped or not).
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 /// Waits until at most kPending of this thread's cp.async groups are incomplete.
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {

@@ -4,7 +4,8 @@
 // min(tiles, SMs) (or, with the stream-K split of core/stream_k.h, up to SMs CTAs for fewer
 // tiles):
 //   warpgroup 0  producer: setmaxnreg down to 24 registers; warp 0 issues the TMA loads
-//                (mainloop_fwd_load.cuh); warps 1-3 exit.
+//                (mainloop_fwd_load.cuh); warps 1-3 exit (the gathering kernel, kGather: warp 0
+//                loads Q, warps 1-3 copy the K/V rows of a paged cache with cp.async).
 //   warpgroups 1..  consumers (tile_m / 64 of them): setmaxnreg up to 240 (two) or 160 (three);
 //                each owns 64 of the tile's query rows and runs QK^T / softmax / PV
 //                (mainloop_fwd_mma.cuh) and the epilogue (epilogue_fwd.cuh).
@@ -49,6 +50,9 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
   pp.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
   pp.is_leader = threadIdx.x == 0;  // the lane that issues the TMAs
   pp.num_consumers = Kt::kNumMmaThreads;
+  // Gathering: the full barriers complete on the gathering threads' arrivals (one each per stage
+  // use, no transaction bytes); otherwise on lane 0's expect-tx and the TMA bytes.
+  pp.num_producers = Kt::kGather ? Kt::kGatherThreads : 1;
   pp.transaction_bytes = Kt::kTmaBytesK;
   Pipeline pipe_k(ss.pipeline_k, pp, Shape<_1, _1, _1>{});
   pp.transaction_bytes = Kt::kTmaBytesV;
@@ -59,13 +63,16 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
   pq.num_consumers = Kt::kNumMmaThreads;
   pq.transaction_bytes = Kt::kTmaBytesQ;
   typename Kt::PipelineQ pipe_q(ss.pipeline_q, pq, Shape<_1, _1, _1>{});
-  TileRing::Pipeline pipe_t = TileRing::make(ss.tiles, warp_group == 0, Kt::kNumMmaThreads);
+  // The gathering warps follow the tile ring as the consumers do.
+  TileRing::Pipeline pipe_t = TileRing::make(ss.tiles, Kt::kGather ? warp_idx == 0 : warp_group == 0,
+                                             Kt::kNumMmaThreads + Kt::kGatherThreads);
   if (threadIdx.x == 0) TileRing::set_up(p, ss.tiles);
   __syncthreads();  // barrier inits (and the stream-K tail) visible to everyone
 
   if (warp_group == 0) {
     arch::warpgroup_reg_dealloc<Kt::kConfig.producer_regs>();
     if (warp_idx == 0) MainloopLoad<Kt>::run(p, ss, pipe_k, pipe_v, pipe_q, pipe_t);
+    else if constexpr (Kt::kGather) MainloopLoad<Kt>::gather(p, ss, pipe_k, pipe_v, pipe_t);
     return;
   }
   arch::warpgroup_reg_alloc<Kt::kConfig.consumer_regs>();

@@ -24,7 +24,10 @@ namespace fa4::hopper {
 using namespace cute;
 
 /// kLocal: the kernel for causal masks and windows with a right edge of a bucket whose tuning row has local_kernel.
-template <class Element_, int kHeadDim_, int kHeadDimV_, bool kLocal_ = false>
+/// kGather: the kernel for a paged KV cache whose pages are not whole key blocks (launch_fwd.h
+/// fwd_paged_load): producer warps 1-3 gather each block's rows with cp.async
+/// (mainloop_fwd_load.cuh gather).
+template <class Element_, int kHeadDim_, int kHeadDimV_, bool kLocal_ = false, bool kGather_ = false>
 struct FwdKernelTraits {
   using Element = Element_;
   using ElementAccum = float;
@@ -46,6 +49,13 @@ struct FwdKernelTraits {
   /// the local kernel (tuning_fwd.h local_kernel says where it exists and why).
   static constexpr bool kWarpgroupKeyRanges = kLocal_;
   static_assert(!kLocal_ || kConfig.local_kernel, "a local kernel only where the tuning row has one");
+  static constexpr bool kGather = kGather_;
+  /// Threads of the producer warpgroup that gather K/V (warps 1-3): each arrives once per stage
+  /// on its full barrier, when its copies have landed (cp.async.mbarrier.arrive.noinc).
+  static constexpr int kGatherThreads = kGather ? 96 : 0;
+  static_assert(!(kLocal_ && kGather_), "the gathering kernel walks whole tiles (no local variant)");
+  static_assert(!kGather_ || (kBlockN % 8 == 0 && kBlockN / 8 <= 32 && kHeadDim_ % 32 == 0 && kHeadDimV_ % 32 == 0),
+                "gathering: 8-key groups, one page-table entry per lane, 4 lanes of 16-byte pieces per key");
   // Every warpgroup waits for V of the tile's first block (the varlen tail zeroing) while it still
   // holds that block's K stage: the producer issues that V after the next block's K, which needs a
   // second stage.
@@ -199,6 +209,13 @@ struct FwdKernelTraits {
     const int32_t* page_table{};
     int64_t page_table_batch_stride{};
     int32_t page_size{}, num_pages{};
+    // ... gathered (kGather): key j's row is at pool + page * page_stride + (j % page_size) *
+    // row_stride + head * head_stride (elements), page_size = 2^page_shift.
+    const Element* k_pool{};
+    const Element* v_pool{};
+    int64_t k_page_stride{}, k_row_stride{}, k_head_stride{};
+    int64_t v_page_stride{}, v_row_stride{}, v_head_stride{};
+    int32_t page_shift{};
     int32_t total_q{}, total_k{};  // varlen: packed rows of q and k/v (the bounds cu_seqlens must keep)
     uint8_t* async_error{};        // varlen, KV cache: mapped error record (device_state.h) for invalid indices
     const float* sink{};

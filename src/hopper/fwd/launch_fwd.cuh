@@ -32,7 +32,7 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   const int32_t batch_t = fp.is_varlen ? 1 : fp.batch;  // TMA batch extent
   const int32_t rows_q = int32_t(std::max<int64_t>(1, fp.is_varlen ? fp.total_q : fp.seqlen_q));
   // A paged KV cache: K / V are the page pool, (num_pages, page_size, heads_kv, d), seen by TMA
-  // as (page rows, d, head, page).
+  // as (page rows, d, head, page) (the gathering kernel addresses the pool itself).
   const bool paged = ctx.page_table != nullptr;
   const int32_t rows_k = paged ? ctx.page_size : int32_t(std::max<int64_t>(1, fp.is_varlen ? fp.total_k : fp.seqlen_k));
   const int32_t batch_kv = paged ? ctx.num_pages : batch_t;
@@ -102,8 +102,21 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   p.page_table_batch_stride = ctx.page_table_batch_stride;
   p.page_size = ctx.page_size;
   p.num_pages = ctx.num_pages;
-  if (paged && ctx.page_size % Kt::kBlockN != 0)
-    throw Error(ErrorCode::kInternal, std::string(ctx.fn) + " (hopper): a paged forward needs whole key blocks per page");
+  const FwdPagedLoad paged_load = paged ? fwd_paged_load(ctx.page_size, Kt::kBlockN) : FwdPagedLoad::kNone;
+  if (paged_load != (Kt::kGather ? FwdPagedLoad::kGather : paged ? FwdPagedLoad::kTmaBox : FwdPagedLoad::kNone))
+    throw Error(ErrorCode::kInternal, std::string(ctx.fn) + " (hopper): this page size (" +
+                                          std::to_string(ctx.page_size) + ") is not this forward kernel's");
+  if constexpr (Kt::kGather) {  // (the TMA views of K / V above are encoded, never used)
+    p.k_pool = static_cast<const Element*>(fp.k);
+    p.v_pool = static_cast<const Element*>(fp.v);
+    p.k_page_stride = fp.k_stride.batch;
+    p.k_row_stride = fp.k_stride.row;
+    p.k_head_stride = fp.k_stride.head;
+    p.v_page_stride = fp.v_stride.batch;
+    p.v_row_stride = fp.v_stride.row;
+    p.v_head_stride = fp.v_stride.head;
+    while ((1 << p.page_shift) < ctx.page_size) ++p.page_shift;  // (a power of two: fwd_paged_load)
+  }
   p.total_q = int32_t(fp.total_q);  // varlen: common_support allows at most kMaxRows (unused batched)
   p.total_k = int32_t(fp.total_k);
   p.async_error = ctx.async_error;
@@ -206,8 +219,15 @@ void run_fwd_local(const detail::FwdParams& fp, const LaunchContext& ctx) {
 }
 
 template <int kDType, int kHeadDim, int kHeadDimV>
+void run_fwd_gather(const detail::FwdParams& fp, const LaunchContext& ctx) {
+  launch_fwd<FwdKernelTraits<FwdElement<kDType>, kHeadDim, kHeadDimV, /*kLocal=*/false, /*kGather=*/true>>(fp, ctx);
+}
+
+template <int kDType, int kHeadDim, int kHeadDimV>
 void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   constexpr detail::HopperFwdConfig kConfig = detail::hopper_fwd_config(kHeadDim, kHeadDimV);
+  if (ctx.page_table && fwd_paged_load(ctx.page_size, kConfig.tile_n) == FwdPagedLoad::kGather)
+    return run_fwd_gather<kDType, kHeadDim, kHeadDimV>(fp, ctx);
   if constexpr (kConfig.local_kernel) {  // (elsewhere there is no local kernel to instantiate)
     if (fwd_runs_local_kernel(kConfig, fp)) return run_fwd_local<kDType, kHeadDim, kHeadDimV>(fp, ctx);
   }

@@ -38,6 +38,22 @@ inline bool fwd_key_split_eligible(const detail::FwdParams& p, int64_t m_blocks,
   return 2 * first_tile_blocks >= blocks;
 }
 
+/// How the forward kernel loads a paged KV cache's key blocks of tile_n keys (hopper_api.cu
+/// kvcache_on_forward routes by it, launch_fwd.cuh picks the kernel by it):
+///   kTmaBox  page_size a multiple of tile_n: a block is one TMA box of one page;
+///   kGather  page_size a power of two of at least 8 rows: the gathering kernel's producer warps
+///            copy a block's rows in groups of 8 keys, which always share a page
+///            (mainloop_fwd_load.cuh gather);
+///   kNone    any other page size: the decode kernel attends.
+enum class FwdPagedLoad { kNone, kTmaBox, kGather };
+inline constexpr int32_t kFwdGatherGroup = 8;
+constexpr FwdPagedLoad fwd_paged_load(int32_t page_size, int32_t tile_n) {
+  if (page_size <= 0 || tile_n <= 0) return FwdPagedLoad::kNone;
+  if (page_size % tile_n == 0) return FwdPagedLoad::kTmaBox;
+  if (page_size >= kFwdGatherGroup && (page_size & (page_size - 1)) == 0) return FwdPagedLoad::kGather;
+  return FwdPagedLoad::kNone;
+}
+
 /// kDType: 0 = bf16, 1 = fp16 (values of fa4::DType). Defined in launch_fwd.cuh; explicitly
 /// instantiated once per compiled bucket. Throws fa4::Error(kCudaError) if a CUDA call fails.
 /// Masks with a right edge (fwd_runs_local_kernel, below) of a bucket with a local kernel
@@ -47,6 +63,9 @@ template <int kDType, int kHeadDim, int kHeadDimV>
 void run_fwd(const detail::FwdParams& p, const LaunchContext& ctx);
 template <int kDType, int kHeadDim, int kHeadDimV>
 void run_fwd_local(const detail::FwdParams& p, const LaunchContext& ctx);
+/// A paged cache with fwd_paged_load kGather runs run_fwd_gather (its own file too).
+template <int kDType, int kHeadDim, int kHeadDimV>
+void run_fwd_gather(const detail::FwdParams& p, const LaunchContext& ctx);
 
 /// Whether a call on the bucket of tuning row `c` runs its local kernel: the row has one
 /// (local_kernel) and the mask a right edge (causal folds into window_right = 0), so its rows'

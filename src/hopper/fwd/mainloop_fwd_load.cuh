@@ -10,6 +10,10 @@
 // d64's local kernel a varlen tile's consumers hold the first K stage until its V lands: two
 // stages, kernel_traits_fwd.cuh).
 // Key blocks are walked from the highest down: the masked diagonal/tail block comes first.
+// The gathering kernel (Kt::kGather: a paged cache whose pages are not whole key blocks) loads
+// K/V with warps 1-3 instead (gather, below): TMA boxes of a few page rows each measured 1.2-1.8x
+// slower than the decode kernel, so the rows are copied 16 bytes at a time through cp.async, as
+// FlashAttention-3 does for paged KV without TMA.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -36,7 +40,7 @@ struct MainloopLoad {
   template <class SharedStorage>
   __device__ __forceinline__ static void run(const Params& p, SharedStorage& ss, Pipeline& pipe_k, Pipeline& pipe_v,
                                              PipelineQ& pipe_q, TileRing::Pipeline& pipe_t) {
-    if (p.page_table) run_tiles<true>(p, ss, pipe_k, pipe_v, pipe_q, pipe_t);
+    if (Kt::kGather || p.page_table) run_tiles<true>(p, ss, pipe_k, pipe_v, pipe_q, pipe_t);
     else run_tiles<false>(p, ss, pipe_k, pipe_v, pipe_q, pipe_t);
   }
 
@@ -47,8 +51,10 @@ struct MainloopLoad {
     const bool leader = threadIdx.x % 32 == 0;
     if (leader) {
       cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
-      cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
-      cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+      if constexpr (!Kt::kGather) {
+        cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
+        cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+      }
     }
     Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Kt::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Kt::SmemLayoutK{});
@@ -78,7 +84,11 @@ struct MainloopLoad {
         // After the publish: the piece's key range is not live across it (the 24-register
         // producer spilled more with it computed before).
         restrict_keys(ti, w);
-        if (ti.has_keys()) load_tile<kPaged>(p, ss, pipe_k, pipe_v, pipe_q, ti, wr, wq, tQsQ, tKsK, tVsV, mQ_all, mK_all, mVt_all);
+        if constexpr (Kt::kGather) {  // (K/V: the gathering warps)
+          if (ti.has_keys()) load_q(p, pipe_q, wq, tQsQ, q_tile(p, ti, mQ_all));
+        } else if (ti.has_keys()) {
+          load_tile<kPaged>(p, ss, pipe_k, pipe_v, pipe_q, ti, wr, wq, tQsQ, tKsK, tVsV, mQ_all, mK_all, mVt_all);
+        }
       }
       w = TileRing::item(p, ss.tiles, ++i);
     }
@@ -87,8 +97,10 @@ struct MainloopLoad {
       // Wait until the consumers released every stage: no TMA load may still target this CTA's
       // smem. (A TMA store still reading staged O is waited for by its issuing consumer thread,
       // before it releases a Q buffer or, with an O buffer, before the kernel exits.)
-      pipe_k.producer_tail(wr);
-      pipe_v.producer_tail(wr);
+      if constexpr (!Kt::kGather) {
+        pipe_k.producer_tail(wr);
+        pipe_v.producer_tail(wr);
+      }
       pipe_q.producer_tail(wq);
     }
   }
@@ -119,6 +131,29 @@ struct MainloopLoad {
     }
   }
 
+  /// Tile ti's Q rows as the TMA source partition.
+  template <class MQ>
+  __device__ __forceinline__ static auto q_tile(const Params& p, const TileInfo& ti, const MQ& mQ_all) {
+    using namespace cute;
+    const int32_t b = p.is_varlen ? 0 : ti.c.batch;
+    Tensor gQ = local_tile(domain_offset(make_coord(ti.q_row0, _0{}), mQ_all(_, _, ti.c.head, b)),
+                           Shape<Int<kBlockM>, Int<Kt::kHeadDim>>{}, make_coord(ti.c.m_block, _0{}));
+    return group_modes<0, 3>(p.tma_q.get_slice(_0{}).partition_S(gQ));
+  }
+
+  /// Issues Q into the next Q buffer, once the consumers freed it (lane 0).
+  template <class TQ, class GQ>
+  __device__ __forceinline__ static void load_q(const Params& p, PipelineQ& pipe_q, PipelineStateQ& wq, TQ& tQsQ,
+                                                const GQ& tQgQ) {
+    using namespace cute;
+    if (threadIdx.x % 32 == 0) {
+      pipe_q.producer_acquire(wq);
+      copy(p.tma_q.with(*pipe_q.producer_get_barrier(wq), 0, TMA::CacheHintSm90::EVICT_FIRST),
+           tQgQ, tQsQ(_, wq.index()));
+    }
+    ++wq;
+  }
+
   /// Issues Q (into the next Q buffer, once the consumers freed it) and every K/V block of tile ti
   /// (which has rows and keys).
   template <bool kPaged, class SharedStorage, class TQ, class TK, class TV, class MQ, class MK, class MV>
@@ -128,18 +163,15 @@ struct MainloopLoad {
                                                    const MQ& mQ_all, const MK& mK_all, const MV& mVt_all) {
     using namespace cute;
     const bool leader = threadIdx.x % 32 == 0;
-    auto cta_q = p.tma_q.get_slice(_0{});
     auto cta_k = p.tma_k.get_slice(_0{});
     auto cta_v = p.tma_v.get_slice(_0{});
     const int32_t b = p.is_varlen ? 0 : ti.c.batch;
     const int32_t h_kv = ti.c.head / p.group_size;
-    Tensor gQ = local_tile(domain_offset(make_coord(ti.q_row0, _0{}), mQ_all(_, _, ti.c.head, b)),
-                           Shape<Int<kBlockM>, Int<Kt::kHeadDim>>{}, make_coord(ti.c.m_block, _0{}));
     Tensor gK = local_tile(domain_offset(make_coord(ti.k_row0, _0{}), mK_all(_, _, h_kv, b)),
                            Shape<Int<kBlockN>, Int<Kt::kHeadDim>>{}, make_coord(_, _0{}));
     Tensor gVt = local_tile(domain_offset(make_coord(_0{}, ti.k_row0), mVt_all(_, _, h_kv, b)),
                             Shape<Int<Kt::kHeadDimV>, Int<kBlockN>>{}, make_coord(_0{}, _));
-    Tensor tQgQ = group_modes<0, 3>(cta_q.partition_S(gQ));
+    Tensor tQgQ = q_tile(p, ti, mQ_all);
     Tensor tKgK = group_modes<0, 3>(cta_k.partition_S(gK));   // (TMA, n_block)
     Tensor tVgV = group_modes<0, 3>(cta_v.partition_S(gVt));  // (TMA, n_block)
 
@@ -204,12 +236,7 @@ struct MainloopLoad {
     load_k(n, wr);
     // A Q buffer is free once the consumers finished the Q K^T products of the tile that used it
     // (and, without an O buffer, the TMA store of its O, which the epilogue stages there).
-    if (leader) {
-      pipe_q.producer_acquire(wq);
-      copy(p.tma_q.with(*pipe_q.producer_get_barrier(wq), 0, TMA::CacheHintSm90::EVICT_FIRST),
-           tQgQ, tQsQ(_, wq.index()));
-    }
-    ++wq;
+    load_q(p, pipe_q, wq, tQsQ, tQgQ);
     for (--n; n >= ti.keys.n_block_min; --n) {
       PipelineState wr_v = wr;
       ++wr;
@@ -218,6 +245,85 @@ struct MainloopLoad {
     }
     load_v(ti.keys.n_block_min, wr);
     ++wr;
+  }
+
+  /// The gathering kernel's producer warps 1-3 (Kt::kGather): they follow the tile ring as the
+  /// consumers do and copy every key block of each tile into the K and V rings, in the order the
+  /// TMA producer issues them (K of block n, then V of block n + 1). Each of their 96 threads
+  /// waits for the stage to be free, issues its copies and arrives on the stage's full barrier
+  /// once they have landed (noinc: the barrier expects the 96 arrivals, kernel_fwd.cuh).
+  template <class SharedStorage>
+  __device__ static void gather(const Params& p, SharedStorage& ss, Pipeline& pipe_k, Pipeline& pipe_v,
+                                TileRing::Pipeline& pipe_t) {
+    PipelineState wr = cutlass::make_producer_start_state<Pipeline>();
+    TileRing::State ts;
+    for (detail::WorkItem w = TileRing::receive(pipe_t, ss.tiles, ts); w.tile < p.num_tiles;
+         w = TileRing::receive(pipe_t, ss.tiles, ts)) {
+      const TileInfo ti = make_tile_info<kBlockM, kBlockN>(p, w);  // (the consumers' key range)
+      if (!ti.has_keys()) continue;
+      int32_t n = ti.keys.n_block_max - 1;
+      gather_block<false>(p, ss.smem_k.data(), pipe_k, wr, ti, n);
+      for (--n; n >= ti.keys.n_block_min; --n) {
+        PipelineState wr_v = wr;
+        ++wr;
+        gather_block<false>(p, ss.smem_k.data(), pipe_k, wr, ti, n);
+        gather_block<true>(p, ss.smem_v.data(), pipe_v, wr_v, ti, n + 1);
+      }
+      gather_block<true>(p, ss.smem_v.data(), pipe_v, wr, ti, ti.keys.n_block_min);
+      ++wr;
+    }
+    arch::cp_async_wait_all();  // nothing of this thread's still in flight when it exits
+  }
+
+  /// Key block n of tile ti into stage st of the K ring (kV false) or the V ring. The block goes in
+  /// groups of 8 keys (8 divides both the block's first key and the page size: a group lies in one
+  /// page); warp w (0-2) takes groups w, w + 3, ..., lane l key l / 4 of the group and the
+  /// 16-byte pieces l % 4 + 4 i of its row, so a warp instruction reads 64 contiguous bytes of
+  /// each of 8 rows. Lane g first reads group g's page-table entry (one load per lane per block,
+  /// before the stage wait; seq_bounds checked every entry of the sequence's keys); the groups
+  /// take it by shuffle. Keys from seqlen_k on, head-dim padding and an entry outside the pool
+  /// are zero-filled (src-size 0: nothing read); the smem addresses are the layout's, swizzle
+  /// included, where TMA would have written.
+  template <bool kV>
+  __device__ __forceinline__ static void gather_block(const Params& p, typename Kt::Element* ring, Pipeline& pipe,
+                                                      PipelineState st, const TileInfo& ti, int32_t n) {
+    using namespace cute;
+    using Element = typename Kt::Element;
+    constexpr int kGroups = kBlockN / 8;
+    constexpr int kPieces = (kV ? Kt::kHeadDimV : Kt::kHeadDim) / 32;  // per lane per key
+    const int lane = int(threadIdx.x % 32);
+    const int warp = int(threadIdx.x / 32) - 1;
+    const int32_t key0 = n * kBlockN;
+    int32_t entry = 0;
+    if (lane < kGroups && key0 + 8 * lane < ti.seqlen_k)
+      entry = __ldg(p.page_table + int64_t(ti.c.batch) * p.page_table_batch_stride + ((key0 + 8 * lane) >> p.page_shift));
+    pipe.producer_acquire(st);  // (lane 0 of warp 0 is the leader, never here: no expect-tx)
+    const Element* pool = kV ? p.v_pool : p.k_pool;
+    const int64_t page_stride = kV ? p.v_page_stride : p.k_page_stride;
+    const int64_t row_stride = kV ? p.v_row_stride : p.k_row_stride;
+    const Element* head = pool + int64_t(ti.c.head / p.group_size) * (kV ? p.v_head_stride : p.k_head_stride);
+    const int32_t width = kV ? p.headdim_v : get<1>(p.shape_k);  // real d (a multiple of 8)
+    const int r = lane / 4;
+#pragma unroll 1
+    for (int g = warp; g < kGroups; g += 3) {
+      const int32_t page = __shfl_sync(0xffffffffu, entry, g);
+      const int32_t key = key0 + 8 * g + r;
+      const bool row_ok = key < ti.seqlen_k && detail::page_in_pool(page, p.num_pages);
+      const Element* src = head + int64_t(page) * page_stride + int64_t(key & (p.page_size - 1)) * row_stride;
+#pragma unroll
+      for (int i = 0; i < kPieces; ++i) {
+        const int col = (lane % 4 + 4 * i) * 8;
+        const bool ok = row_ok && col < width;
+        Element* dst;
+        if constexpr (kV) {
+          dst = &make_tensor(make_smem_ptr(ring), typename Kt::SmemLayoutVt{})(col, 8 * g + r, st.index());
+        } else {
+          dst = &make_tensor(make_smem_ptr(ring), typename Kt::SmemLayoutK{})(8 * g + r, col, st.index());
+        }
+        arch::cp_async_16(dst, ok ? src + col : pool, ok);
+      }
+    }
+    cutlass::arch::cpasync_barrier_arrive_noinc(pipe.producer_get_barrier(st));
   }
 };
 

@@ -155,6 +155,9 @@ struct MainloopMma {
     auto consumer_wait = [](auto& pipe, auto st) {
       auto token = pipe.consumer_try_wait(st);
       pipe.consumer_wait(st, token);
+      // Gathered K/V were written by cp.async (the generic proxy); the wgmmas read through the
+      // async proxy: order them after the wait.
+      if constexpr (Kt::kGather) cutlass::arch::fence_view_async_shared();
     };
 
     clear(tOrO);
@@ -168,7 +171,8 @@ struct MainloopMma {
     // after the first block's softmax (the V load lands under it).
     const int32_t valid_in_last = ti.seqlen_k - (n_hi - 1) * kBlockN;
     auto zero_v_tail = [&]() {
-      if ((!p.is_varlen && !p.seqused_k) || valid_in_last >= kBlockN) return;
+      // (Gathered rows past seqlen_k are zero fill already.)
+      if (Kt::kGather || (!p.is_varlen && !p.seqused_k) || valid_in_last >= kBlockN) return;
       consumer_wait(pipe_v, rd);
       // A trip count the same in every thread (the store is predicated instead): a loop exit that
       // may diverge here made the compiler keep the loop's pipeline states in per-thread
