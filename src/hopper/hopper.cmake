@@ -83,7 +83,11 @@ foreach(bucket ${_fa4_hopper_buckets})
       message(FATAL_ERROR "fa4: ${f} is missing: run scripts/generate_kernels.py")
     endif()
     # ... and its gathering kernel (paged caches whose pages are not whole key blocks), its own file.
-    list(APPEND _fa4_hopper_sources ${f} ${CMAKE_CURRENT_LIST_DIR}/fwd/instantiations/fwd_${dtype}_${_suffix}_gather.cu)
+    set(fg ${CMAKE_CURRENT_LIST_DIR}/fwd/instantiations/fwd_${dtype}_${_suffix}_gather.cu)
+    if(NOT EXISTS ${fg})
+      message(FATAL_ERROR "fa4: ${fg} is missing: run scripts/generate_kernels.py")
+    endif()
+    list(APPEND _fa4_hopper_sources ${f} ${fg})
     # The forward's kernel for causal masks and windows with a right edge, for the buckets whose row in
     # src/hopper/fwd/tuning_fwd.h has local_kernel (the generator's --check test keeps the set equal).
     set(fl ${CMAKE_CURRENT_LIST_DIR}/fwd/instantiations/fwd_${dtype}_${_suffix}_local.cu)

@@ -132,7 +132,7 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
     d256p.page_size = 160; d256p.seed = 47;
     routes.push_back({d256p, true});
     // ... and gathered: d64 pages of 16 (causal: the plain kernel, not the local one), GQA 8/1
-    // pages of 32, d256 pages of 64 (80-key blocks start inside a page).
+    // pages of 32, d256 pages of 64 and 128 (80-key blocks start inside a page).
     KvCase c16 = c;
     c16.page_size = 16; c16.cache_seqlens = {3000}; c16.causal = true; c16.seed = 48;
     routes.push_back({c16, true, true});
@@ -142,6 +142,9 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
     KvCase d256g = d256;
     d256g.page_size = 64; d256g.seed = 50;
     routes.push_back({d256g, true, true});
+    KvCase d256g128 = d256;  // pages of 128 (blocks 1, 3, 4, ... cross a page boundary), fp16
+    d256g128.page_size = 128; d256g128.dtype = DType::kFP16; d256g128.seed = 51;
+    routes.push_back({d256g128, true, true});
   }
   int ran = 0;
   for (const Route& r : routes) {

@@ -85,7 +85,15 @@ struct MainloopLoad {
         // producer spilled more with it computed before).
         restrict_keys(ti, w);
         if constexpr (Kt::kGather) {  // (K/V: the gathering warps)
-          if (ti.has_keys()) load_q(p, pipe_q, wq, tQsQ, q_tile(p, ti, mQ_all));
+          if (ti.has_keys()) {
+            Tensor tQgQ = q_tile(p, ti, mQ_all);
+            // (With one Q buffer the load waits for the previous tile's Q K^T: pull Q into L2 first,
+            // as load_tile does.)
+            if constexpr (Kt::kQStages == 1) {
+              if (leader) cute::prefetch(p.tma_q, tQgQ);
+            }
+            load_q(p, pipe_q, wq, tQsQ, tQgQ);
+          }
         } else if (ti.has_keys()) {
           load_tile<kPaged>(p, ss, pipe_k, pipe_v, pipe_q, ti, wr, wq, tQsQ, tKsK, tVsV, mQ_all, mK_all, mVt_all);
         }
@@ -261,21 +269,22 @@ struct MainloopLoad {
          w = TileRing::receive(pipe_t, ss.tiles, ts)) {
       const TileInfo ti = make_tile_info<kBlockM, kBlockN>(p, w);  // (the consumers' key range)
       if (!ti.has_keys()) continue;
+      const int32_t h_kv = ti.c.head / p.group_size;
       int32_t n = ti.keys.n_block_max - 1;
-      gather_block<false>(p, ss.smem_k.data(), pipe_k, wr, ti, n);
+      gather_block<false>(p, ss.smem_k.data(), pipe_k, wr, ti, h_kv, n);
       for (--n; n >= ti.keys.n_block_min; --n) {
         PipelineState wr_v = wr;
         ++wr;
-        gather_block<false>(p, ss.smem_k.data(), pipe_k, wr, ti, n);
-        gather_block<true>(p, ss.smem_v.data(), pipe_v, wr_v, ti, n + 1);
+        gather_block<false>(p, ss.smem_k.data(), pipe_k, wr, ti, h_kv, n);
+        gather_block<true>(p, ss.smem_v.data(), pipe_v, wr_v, ti, h_kv, n + 1);
       }
-      gather_block<true>(p, ss.smem_v.data(), pipe_v, wr, ti, ti.keys.n_block_min);
+      gather_block<true>(p, ss.smem_v.data(), pipe_v, wr, ti, h_kv, ti.keys.n_block_min);
       ++wr;
     }
     arch::cp_async_wait_all();  // nothing of this thread's still in flight when it exits
   }
 
-  /// Key block n of tile ti into stage st of the K ring (kV false) or the V ring. The block goes in
+  /// Key block n of tile ti (KV head h_kv) into stage st of the K ring (kV false) or the V ring. The block goes in
   /// groups of 8 keys (8 divides both the block's first key and the page size: a group lies in one
   /// page); warp w (0-2) takes groups w, w + 3, ..., lane l key l / 4 of the group and the
   /// 16-byte pieces l % 4 + 4 i of its row, so a warp instruction reads 64 contiguous bytes of
@@ -286,7 +295,8 @@ struct MainloopLoad {
   /// included, where TMA would have written.
   template <bool kV>
   __device__ __forceinline__ static void gather_block(const Params& p, typename Kt::Element* ring, Pipeline& pipe,
-                                                      PipelineState st, const TileInfo& ti, int32_t n) {
+                                                      PipelineState st, const TileInfo& ti, int32_t h_kv,
+                                                      int32_t n) {
     using namespace cute;
     using Element = typename Kt::Element;
     constexpr int kGroups = kBlockN / 8;
@@ -301,7 +311,7 @@ struct MainloopLoad {
     const Element* pool = kV ? p.v_pool : p.k_pool;
     const int64_t page_stride = kV ? p.v_page_stride : p.k_page_stride;
     const int64_t row_stride = kV ? p.v_row_stride : p.k_row_stride;
-    const Element* head = pool + int64_t(ti.c.head / p.group_size) * (kV ? p.v_head_stride : p.k_head_stride);
+    const Element* head = pool + int64_t(h_kv) * (kV ? p.v_head_stride : p.k_head_stride);
     const int32_t width = kV ? p.headdim_v : get<1>(p.shape_k);  // real d (a multiple of 8)
     const int r = lane / 4;
 #pragma unroll 1
