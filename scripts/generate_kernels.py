@@ -37,8 +37,8 @@ template void fa4::hopper::run_fwd<{code}, {d}, {dv}>(const fa4::detail::FwdPara
                                                      const fa4::hopper::LaunchContext&);
 """
 
-# The plain file of a bucket with a local kernel leaves that kernel to its own file; every plain
-# file leaves the gathering kernel (paged caches of small pages) to its own.
+# The plain file of a bucket with a local kernel leaves that kernel to its own file, and one with a
+# gathering kernel (paged caches of small pages) that one.
 LOCAL_EXTERN = """
 extern template void fa4::hopper::run_fwd_local<{code}, {d}, {dv}>(const fa4::detail::FwdParams&,
                                                                   const fa4::hopper::LaunchContext&);"""
@@ -118,6 +118,15 @@ def local_buckets():
     return [b for b in buckets() if b in rows]
 
 
+def gather_buckets():
+    """Buckets whose forward tuning row has gather_kernel (the field before local_kernel) true."""
+    table = table_text(CONFIG, "kHopperFwdConfigs")
+    rows = {(int(d), int(dv)) for d, dv, gather in
+            re.findall(r"^\s*\{\s*(\d+)\s*,\s*(\d+)\s*,.*,\s*(true|false)\s*,\s*(?:true|false)\s*\}\s*,", table, re.M)
+            if gather == "true"}
+    return [b for b in buckets() if b in rows]
+
+
 def table_buckets(config, table_name):
     """Buckets with a row in a tuning table (rows start "{d, dv,")."""
     rows = {(int(d), int(dv))
@@ -150,11 +159,12 @@ def files():
                                                ("bwd", bwd_buckets(), BWD_TEMPLATE, BWD_OUT_DIR),
                                                ("decode", decode_buckets(), DECODE_TEMPLATE, DECODE_OUT_DIR)):
         local = local_buckets() if direction == "fwd" else []
+        gather = gather_buckets() if direction == "fwd" else []
         for d, dv in dims:
             for name, code in DTYPES.items():
                 stem = f"{direction}_{name}_hdim{d}" + (f"x{dv}" if dv != d else "")
                 extern = LOCAL_EXTERN.format(d=d, dv=dv, code=code) if (d, dv) in local else ""
-                if direction == "fwd":
+                if (d, dv) in gather:
                     extern += GATHER_EXTERN.format(d=d, dv=dv, code=code)
                     out[out_dir / (stem + "_gather.cu")] = GATHER_TEMPLATE.format(dtype=name, d=d, dv=dv, code=code)
                 out[out_dir / (stem + ".cu")] = template.format(dtype=name, d=d, dv=dv, code=code, extern=extern)

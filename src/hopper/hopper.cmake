@@ -82,12 +82,13 @@ foreach(bucket ${_fa4_hopper_buckets})
     if(NOT EXISTS ${f})
       message(FATAL_ERROR "fa4: ${f} is missing: run scripts/generate_kernels.py")
     endif()
-    # ... and its gathering kernel (paged caches whose pages are not whole key blocks), its own file.
+    list(APPEND _fa4_hopper_sources ${f})
+    # ... and its gathering kernel (paged caches of small pages), for the buckets whose row has
+    # gather_kernel (the generator's --check test keeps the set equal).
     set(fg ${CMAKE_CURRENT_LIST_DIR}/fwd/instantiations/fwd_${dtype}_${_suffix}_gather.cu)
-    if(NOT EXISTS ${fg})
-      message(FATAL_ERROR "fa4: ${fg} is missing: run scripts/generate_kernels.py")
+    if(EXISTS ${fg})
+      list(APPEND _fa4_hopper_sources ${fg})
     endif()
-    list(APPEND _fa4_hopper_sources ${f} ${fg})
     # The forward's kernel for causal masks and windows with a right edge, for the buckets whose row in
     # src/hopper/fwd/tuning_fwd.h has local_kernel (the generator's --check test keeps the set equal).
     set(fl ${CMAKE_CURRENT_LIST_DIR}/fwd/instantiations/fwd_${dtype}_${_suffix}_local.cu)

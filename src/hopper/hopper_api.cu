@@ -333,9 +333,10 @@ std::string forward_kernel_support(const detail::FwdParams& p, std::string* kern
 /// Whether the KV-cache call p runs on the forward kernel, after the decode launch's append
 /// (forward_kvcache): the cache read in place, dense or paged (launch_fwd.h fwd_paged_load) with
 /// a page size that is a multiple of the forward bucket's key tile (tile_n: 128 keys up to d128
-/// and at 192 x 128, 96 at d192, 80 at d256; a key block is one TMA box of one page) or a power of
-/// two of at least 8 rows (the gathering kernel, hopper::fwd_<bucket>_gather; other page sizes
-/// stay on the decode kernel, which takes any) and a pool of at least one page, no cache_batch_idx, no explicit num_splits (the decode
+/// and at 192 x 128, 96 at d192, 80 at d256; a key block is one TMA box of one page) or, on a
+/// bucket with a gathering kernel (tuning_fwd.h gather_kernel: d256), a power of two of at least 8
+/// rows (hopper::fwd_<bucket>_gather; other page sizes stay on the decode kernel, which takes
+/// any) and a pool of at least one page, no cache_batch_idx, no explicit num_splits (the decode
 /// kernel's), more than 128 query rows per KV head (chunked prefill; there a
 /// forward of the same shape over the whole cache would not take the decode kernel either,
 /// small_q_on_decode; override "small_q" forces either way, fwd then at any row count), and the
@@ -349,8 +350,11 @@ bool kvcache_on_forward(const detail::KVCacheParams& p, std::string* name) {
   if (p.cache_batch_idx || p.num_splits != 0 || p.seqlen_q == 0 || p.key_capacity == 0) return false;
   const detail::HopperFwdConfig* fc = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
   const FwdPagedLoad paged_load = p.paged && fc ? fwd_paged_load(p.page_size, fc->tile_n) : FwdPagedLoad::kNone;
-  // (An empty pool has no TMA view: the decode kernel.)
-  if (p.paged && (paged_load == FwdPagedLoad::kNone || p.num_pages < 1)) return false;
+  // (An empty pool has no TMA view: the decode kernel. Small pages: on the buckets with a
+  // gathering kernel, tuning_fwd.h gather_kernel.)
+  if (p.paged && (paged_load == FwdPagedLoad::kNone || p.num_pages < 1 ||
+                  (paged_load == FwdPagedLoad::kGather && !fc->gather_kernel)))
+    return false;
   // Up to 128 rows per KV head (decode steps, speculative decoding, short chunks) the decode kernel
   // stays, as it did before this route was measured; above them small_q_on_decode would decline
   // too, and its decode checks are kvcache_support's, already passed. Override "small_q" forces

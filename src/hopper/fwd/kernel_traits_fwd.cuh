@@ -54,6 +54,7 @@ struct FwdKernelTraits {
   /// on its full barrier, when its copies have landed (cp.async.mbarrier.arrive.noinc).
   static constexpr int kGatherThreads = kGather ? 96 : 0;
   static_assert(!(kLocal_ && kGather_), "the gathering kernel walks whole tiles (no local variant)");
+  static_assert(!kGather_ || kConfig.gather_kernel, "a gathering kernel only where the tuning row has one");
   static_assert(!kGather_ || (kBlockN % 8 == 0 && kBlockN / 8 <= 32 && kHeadDim_ % 32 == 0 && kHeadDimV_ % 32 == 0),
                 "gathering: 8-key groups, one page-table entry per lane, 4 lanes of 16-byte pieces per key");
   // Every warpgroup waits for V of the tile's first block (the varlen tail zeroing) while it still

@@ -43,7 +43,8 @@ inline bool fwd_key_split_eligible(const detail::FwdParams& p, int64_t m_blocks,
 ///   kTmaBox  page_size a multiple of tile_n: a block is one TMA box of one page;
 ///   kGather  page_size a power of two of at least 8 rows: the gathering kernel's producer warps
 ///            copy a block's rows in groups of 8 keys, which always share a page
-///            (mainloop_fwd_load.cuh gather);
+///            (mainloop_fwd_load.cuh gather), on buckets whose tuning row has gather_kernel (the
+///            decode kernel elsewhere);
 ///   kNone    any other page size: the decode kernel attends.
 enum class FwdPagedLoad { kNone, kTmaBox, kGather };
 inline constexpr int32_t kFwdGatherGroup = 8;
@@ -63,7 +64,8 @@ template <int kDType, int kHeadDim, int kHeadDimV>
 void run_fwd(const detail::FwdParams& p, const LaunchContext& ctx);
 template <int kDType, int kHeadDim, int kHeadDimV>
 void run_fwd_local(const detail::FwdParams& p, const LaunchContext& ctx);
-/// A paged cache with fwd_paged_load kGather runs run_fwd_gather (its own file too).
+/// A paged cache with fwd_paged_load kGather on a bucket with gather_kernel runs run_fwd_gather
+/// (its own file too).
 template <int kDType, int kHeadDim, int kHeadDimV>
 void run_fwd_gather(const detail::FwdParams& p, const LaunchContext& ctx);
 

@@ -47,8 +47,8 @@ struct LaunchContext {
   int32_t seqlen_new = 0;
   /// ... of a paged cache: k/v are the page pool (num_pages, page_size, heads_kv, d) and key j of
   /// sequence b is row j % page_size of page page_table[b * page_table_batch_stride + j /
-  /// page_size]; page_size a multiple of the forward's key tile or a power of two from 8 rows
-  /// (fwd/launch_fwd.h fwd_paged_load). nullptr: a dense cache.
+  /// page_size]; page_size a multiple of the forward's key tile or, on a bucket with a gathering
+  /// kernel, a power of two from 8 rows (fwd/launch_fwd.h fwd_paged_load). nullptr: a dense cache.
   const int32_t* page_table = nullptr;
   int64_t page_table_batch_stride = 0;
   int32_t page_size = 0, num_pages = 0;
