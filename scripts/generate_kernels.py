@@ -109,22 +109,27 @@ def config_rows():
     return [(d, dv, rows[(d, dv)]) for d, dv in buckets()]
 
 
-def local_buckets():
-    """Buckets whose forward tuning row has local_kernel (its last field) true."""
+def flag_buckets(field):
+    """Buckets whose forward tuning row has the bool `field` true: local_kernel (the last field) or
+    gather_kernel (the one before it). Every bucket's row must end in those two bools."""
     table = table_text(CONFIG, "kHopperFwdConfigs")
-    rows = {(int(d), int(dv)) for d, dv, local in
-            re.findall(r"^\s*\{\s*(\d+)\s*,\s*(\d+)\s*,.*,\s*(true|false)\s*\}\s*,", table, re.M)
-            if local == "true"}
-    return [b for b in buckets() if b in rows]
+    found = {(int(d), int(dv)): (g == "true", l == "true") for d, dv, g, l in
+             re.findall(r"^\s*\{\s*(\d+)\s*,\s*(\d+)\s*,.*,\s*(true|false)\s*,\s*(true|false)\s*\}\s*,", table, re.M)}
+    missing = [b for b in buckets() if b not in found]
+    if missing:
+        sys.exit(f"generate_kernels.py: rows of buckets {missing} in {CONFIG.name} do not end in "
+                 "'gather_kernel, local_kernel' (two bools on the row's line)")
+    return [b for b in buckets() if found[b][0 if field == "gather_kernel" else 1]]
+
+
+def local_buckets():
+    """Buckets whose forward tuning row has local_kernel true."""
+    return flag_buckets("local_kernel")
 
 
 def gather_buckets():
-    """Buckets whose forward tuning row has gather_kernel (the field before local_kernel) true."""
-    table = table_text(CONFIG, "kHopperFwdConfigs")
-    rows = {(int(d), int(dv)) for d, dv, gather in
-            re.findall(r"^\s*\{\s*(\d+)\s*,\s*(\d+)\s*,.*,\s*(true|false)\s*,\s*(?:true|false)\s*\}\s*,", table, re.M)
-            if gather == "true"}
-    return [b for b in buckets() if b in rows]
+    """Buckets whose forward tuning row has gather_kernel true."""
+    return flag_buckets("gather_kernel")
 
 
 def table_buckets(config, table_name):

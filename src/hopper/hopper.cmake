@@ -109,8 +109,8 @@ foreach(bucket ${_fa4_hopper_buckets})
   endforeach()
   list(APPEND _fa4_hopper_defs FA4_HOPPER_HAS_${d}_${dv}=1)
 endforeach()
-# Re-run the configuration when the bucket list changes, or a forward tuning row's local_kernel
-# (which decides whether a *_local.cu file is compiled).
+# Re-run the configuration when the bucket list changes, or a forward tuning row's local_kernel or
+# gather_kernel (which decide whether a *_local.cu / *_gather.cu file is compiled).
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/buckets.h
                                                                ${CMAKE_CURRENT_LIST_DIR}/fwd/tuning_fwd.h)
 

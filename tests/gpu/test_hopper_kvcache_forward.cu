@@ -135,7 +135,8 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
     routes.push_back({d256p, true});
     // Small pages: d64 (pages of 16) and GQA 8/1 (pages of 32) on the decode kernel; d256 on its
     // gathering kernel with pages of 64 and 128 (80-key blocks start inside a page, groups of 8
-    // keys never do), 16, 8 (fp16, softcap) and 32 with a bad entry (the sequence skipped).
+    // keys never do), 16, 8 (fp16, softcap), 32 with a bad entry (that sequence skipped) and 16 at
+    // head dim 248.
     KvCase c16 = c;
     c16.page_size = 16; c16.cache_seqlens = {3000}; c16.causal = true; c16.seed = 48;
     routes.push_back({c16, false});
@@ -151,9 +152,13 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
     KvCase d256g8 = d256;
     d256g8.page_size = 8; d256g8.dtype = DType::kFP16; d256g8.softcap = 15.f; d256g8.seed = 66;
     routes.push_back({d256g8, true, true});
-    KvCase d256bad = d256;
-    d256bad.page_size = 32; d256bad.bad_page_b = 0; d256bad.seed = 67;
+    KvCase d256bad = d256;  // two sequences, the first skipped, the second attended
+    d256bad.batch = 2; d256bad.cache_seqlens = {1800, 37}; d256bad.page_size = 32; d256bad.bad_page_b = 0;
+    d256bad.seed = 67;
     routes.push_back({d256bad, true, true});
+    KvCase d248 = d256;  // head dim 248 on the 256 bucket: the padding columns are zero-filled
+    d248.d = d248.dv = 248; d248.page_size = 16; d248.seed = 68;
+    routes.push_back({d248, true, true});
     KvCase d256g128 = d256;  // pages of 128 (blocks 1, 3, 4, ... cross a page boundary), fp16
     d256g128.page_size = 128; d256g128.dtype = DType::kFP16; d256g128.seed = 51;
     routes.push_back({d256g128, true, true});
