@@ -210,12 +210,12 @@ struct FwdKernelTraits {
     const int32_t* page_table{};
     int64_t page_table_batch_stride{};
     int32_t page_size{}, num_pages{};
-    // ... gathered (kGather): key j's row is at pool + page * page_stride + (j % page_size) *
-    // row_stride + head * head_stride (elements), page_size = 2^page_shift.
+    // ... gathered (kGather): key j's row is at pool + page * stride.batch + (j % page_size) *
+    // stride.row + head * stride.head (elements; the pool's page is its batch), page_size =
+    // 2^page_shift.
     const Element* k_pool{};
     const Element* v_pool{};
-    int64_t k_page_stride{}, k_row_stride{}, k_head_stride{};
-    int64_t v_page_stride{}, v_row_stride{}, v_head_stride{};
+    detail::RowStrides k_pool_stride{}, v_pool_stride{};
     int32_t page_shift{};
     int32_t total_q{}, total_k{};  // varlen: packed rows of q and k/v (the bounds cu_seqlens must keep)
     uint8_t* async_error{};        // varlen, KV cache: mapped error record (device_state.h) for invalid indices

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <string>
 
@@ -109,13 +110,9 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   if constexpr (Kt::kGather) {  // (the TMA views of K / V above are encoded, never used)
     p.k_pool = static_cast<const Element*>(fp.k);
     p.v_pool = static_cast<const Element*>(fp.v);
-    p.k_page_stride = fp.k_stride.batch;
-    p.k_row_stride = fp.k_stride.row;
-    p.k_head_stride = fp.k_stride.head;
-    p.v_page_stride = fp.v_stride.batch;
-    p.v_row_stride = fp.v_stride.row;
-    p.v_head_stride = fp.v_stride.head;
-    while ((1 << p.page_shift) < ctx.page_size) ++p.page_shift;  // (a power of two: fwd_paged_load)
+    p.k_pool_stride = fp.k_stride;
+    p.v_pool_stride = fp.v_stride;
+    p.page_shift = std::countr_zero(uint32_t(ctx.page_size));  // (a power of two: fwd_paged_load)
   }
   p.total_q = int32_t(fp.total_q);  // varlen: common_support allows at most kMaxRows (unused batched)
   p.total_k = int32_t(fp.total_k);

@@ -309,9 +309,8 @@ struct MainloopLoad {
       entry = __ldg(p.page_table + int64_t(ti.c.batch) * p.page_table_batch_stride + ((key0 + 8 * lane) >> p.page_shift));
     pipe.producer_acquire(st);  // (lane 0 of warp 0 is the leader, never here: no expect-tx)
     const Element* pool = kV ? p.v_pool : p.k_pool;
-    const int64_t page_stride = kV ? p.v_page_stride : p.k_page_stride;
-    const int64_t row_stride = kV ? p.v_row_stride : p.k_row_stride;
-    const Element* head = pool + int64_t(h_kv) * (kV ? p.v_head_stride : p.k_head_stride);
+    const detail::RowStrides& stride = kV ? p.v_pool_stride : p.k_pool_stride;
+    const Element* head = pool + int64_t(h_kv) * stride.head;
     const int32_t width = kV ? p.headdim_v : get<1>(p.shape_k);  // real d (a multiple of 8)
     const int r = lane / 4;
 #pragma unroll 1
@@ -319,7 +318,7 @@ struct MainloopLoad {
       const int32_t page = __shfl_sync(0xffffffffu, entry, g);
       const int32_t key = key0 + 8 * g + r;
       const bool row_ok = key < ti.seqlen_k && detail::page_in_pool(page, p.num_pages);
-      const Element* src = head + int64_t(page) * page_stride + int64_t(key & (p.page_size - 1)) * row_stride;
+      const Element* src = head + int64_t(page) * stride.batch + int64_t(key & (p.page_size - 1)) * stride.row;
 #pragma unroll
       for (int i = 0; i < kPieces; ++i) {
         const int col = (lane % 4 + 4 * i) * 8;
