@@ -16,6 +16,9 @@ if(FA4_GPU_TEST_SOURCES)
   target_include_directories(fa4_gpu_tests PRIVATE
     ${PROJECT_SOURCE_DIR}/src ${CMAKE_CURRENT_LIST_DIR}/..)
   target_include_directories(fa4_gpu_tests SYSTEM PRIVATE ${FA4_CUTLASS_INCLUDE_DIR})
+  # As the library's kernels (hopper.cmake): the forward's kernel traits (test_hopper_gather_layout.cu)
+  # use wgmma atoms of N = 80 and 96.
+  target_compile_definitions(fa4_gpu_tests PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED>)
   target_link_libraries(fa4_gpu_tests PRIVATE fa4::fa4 GTest::gtest_main CUDA::cudart OpenMP::OpenMP_CXX)
   # A kernel that deadlocks (e.g. unbalanced named barriers) fails its test after 10 minutes
   # instead of hanging the run; the slowest GPU test takes well under a minute on an H200.

@@ -1,6 +1,6 @@
 // tests/gpu/test_hopper_kvcache_forward.cu — KV-cache calls that the selector runs on the forward
 // kernel (hopper_api.cu kvcache_on_forward: the cache read in place, dense or paged with pages of
-// whole key blocks or, on d256's gathering kernel, of a power of two from 8 rows; more than 128
+// whole key blocks or, on a bucket with a gathering kernel, of a power of two from 8 rows; more than 128
 // query rows per KV head: chunked prefill): the route (the kernel's name) and decode_case.cuh's checks on the forward kernel — the append (bitwise), out /
 // lse against the reference, rows that see no key, stale cache rows past a sequence's keys
 // holding NaN, broken cache_seqlens or page-table entries skipping the sequence —
@@ -15,11 +15,19 @@
 #include <vector>
 
 #include "gpu/decode_case.cuh"
+#include "hopper/fwd/tuning_fwd.h"
 #include "test_util.h"
 
 namespace {
 
 bool on_forward_kernel(const std::string& kernel) { return kernel.find("hopper::fwd_") != std::string::npos; }
+
+// Whether c's bucket has a gathering kernel (tuning_fwd.h gather_kernel): where a chunk on pages
+// of a power of two from 8 rows that are no whole key blocks runs (on the decode kernel if not).
+bool bucket_gathers(const KvCase& c) {
+  const fa4::detail::HopperFwdConfig* fc = fa4::detail::hopper_fwd_bucket(c.d, c.dv);
+  return fc != nullptr && fc->gather_kernel;
+}
 
 TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
   REQUIRE_HOPPER();
@@ -29,6 +37,11 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
     bool gather = false;  // on the gathering forward kernel (hopper::fwd_..._gather)
   };
   std::vector<Route> routes;
+  // A case on small pages: gathered where its bucket has the kernel, else on the decode kernel.
+  const auto small_pages = [&](const KvCase& c) {
+    const bool g = bucket_gathers(c);
+    routes.push_back({c, g, g});
+  };
   {
     // GQA 32/8, 64 queries (256 rows per KV head), appended as the chunk's own keys; sequence 1
     // nearly empty; every cache row past a sequence's keys NaN (the last block's tail must be zeroed).
@@ -66,31 +79,30 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
     KvCase pfull = c;  // no cache_seqlens: every slot of the table is a page, all keys attended
     pfull.page_size = 128; pfull.cache_seqlens = {}; pfull.seqlen_new = 0; pfull.capacity = 1000; pfull.seed = 55;
     routes.push_back({pfull, true});
-    // Pages that are no whole key blocks: at d128 (no gathering kernel: tuning_fwd.h gather_kernel)
-    // the decode kernel, at every such size (bad entries in the middle and in sequence 1's last
-    // used slot, the 7th page of 16 of its 101 keys; every slot mapped; head dim 120; fp16 and
-    // softcap; pages of 48 and 4, which no bucket gathers).
+    // Pages that are no whole key blocks (bad entries in the middle and in sequence 1's last used
+    // slot, the 7th page of 16 of its 101 keys; every slot mapped; head dim 120, its padding
+    // columns zero-filled; fp16 and softcap); then pages of 48 and 4, which no bucket gathers.
     KvCase p64 = c;
     p64.page_size = 64; p64.seed = 56;
-    routes.push_back({p64, false});
+    small_pages(p64);
     KvCase g16 = c;
     g16.page_size = 16; g16.seed = 57;
-    routes.push_back({g16, false});
+    small_pages(g16);
     KvCase g8 = c;
     g8.page_size = 8; g8.dtype = DType::kFP16; g8.softcap = 15.f; g8.seed = 58;
-    routes.push_back({g8, false});
+    small_pages(g8);
     KvCase g32bad = c;
     g32bad.page_size = 32; g32bad.bad_page_b = 0; g32bad.seed = 59;
-    routes.push_back({g32bad, false});
+    small_pages(g32bad);
     KvCase g16last = c;
     g16last.page_size = 16; g16last.bad_page_b = 1; g16last.bad_page_slot = 6; g16last.seed = 60;
-    routes.push_back({g16last, false});
+    small_pages(g16last);
     KvCase g16full = c;
     g16full.page_size = 16; g16full.cache_seqlens = {}; g16full.seqlen_new = 0; g16full.capacity = 1000; g16full.seed = 61;
-    routes.push_back({g16full, false});
+    small_pages(g16full);
     KvCase g16pad = c;
     g16pad.page_size = 16; g16pad.d = g16pad.dv = 120; g16pad.seed = 62;
-    routes.push_back({g16pad, false});
+    small_pages(g16pad);
     KvCase p48 = c;
     p48.page_size = 48; p48.seed = 63;
     routes.push_back({p48, false});
@@ -133,35 +145,34 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
     KvCase d256p = d256;
     d256p.page_size = 160; d256p.seed = 47;
     routes.push_back({d256p, true});
-    // Small pages: d64 (pages of 16) and GQA 8/1 (pages of 32) on the decode kernel; d256 on its
-    // gathering kernel with pages of 64 and 128 (80-key blocks start inside a page, groups of 8
-    // keys never do), 16, 8 (fp16, softcap), 32 with a bad entry (that sequence skipped) and 16 at
-    // head dim 248.
+    // Small pages: d64 (pages of 16), GQA 8/1 (pages of 32), d256 with pages of 64 and 128
+    // (80-key blocks start inside a page, groups of 8 keys never do), 16, 8 (fp16, softcap), 32
+    // with a bad entry (that sequence skipped) and 16 at head dim 248.
     KvCase c16 = c;
     c16.page_size = 16; c16.cache_seqlens = {3000}; c16.causal = true; c16.seed = 48;
-    routes.push_back({c16, false});
+    small_pages(c16);
     KvCase g32 = g;
     g32.page_size = 32; g32.seed = 49;
-    routes.push_back({g32, false});
+    small_pages(g32);
     KvCase d256g = d256;
     d256g.page_size = 64; d256g.seed = 50;
-    routes.push_back({d256g, true, true});
+    small_pages(d256g);
     KvCase d256g16 = d256;
     d256g16.page_size = 16; d256g16.seed = 65;
-    routes.push_back({d256g16, true, true});
+    small_pages(d256g16);
     KvCase d256g8 = d256;
     d256g8.page_size = 8; d256g8.dtype = DType::kFP16; d256g8.softcap = 15.f; d256g8.seed = 66;
-    routes.push_back({d256g8, true, true});
+    small_pages(d256g8);
     KvCase d256bad = d256;  // two sequences, the first skipped, the second attended
     d256bad.batch = 2; d256bad.cache_seqlens = {1800, 37}; d256bad.page_size = 32; d256bad.bad_page_b = 0;
     d256bad.seed = 67;
-    routes.push_back({d256bad, true, true});
+    small_pages(d256bad);
     KvCase d248 = d256;  // head dim 248 on the 256 bucket: the padding columns are zero-filled
     d248.d = d248.dv = 248; d248.page_size = 16; d248.seed = 68;
-    routes.push_back({d248, true, true});
+    small_pages(d248);
     KvCase d256g128 = d256;  // pages of 128 (blocks 1, 3, 4, ... cross a page boundary), fp16
     d256g128.page_size = 128; d256g128.dtype = DType::kFP16; d256g128.seed = 51;
-    routes.push_back({d256g128, true, true});
+    small_pages(d256g128);
   }
   int ran = 0;
   for (const Route& r : routes) {
@@ -207,8 +218,9 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
 // A chunked prefill loop: one captured call appends a chunk of 64 tokens to a cache and attends
 // over it (on the forward kernel), replayed with new q, k_new, v_new and cache_seqlens advanced by
 // 64 (one sequence starting empty); every replay's out, lse and cache equal, bitwise, an eager call
-// on an identical problem. Dense, and paged with pages of 128 (every slot of the table a page, as
-// a serving engine maps them ahead); and at d256 with pages of 16 (the gathering kernel).
+// on an identical problem. Dense, and paged with pages of 128 and 16 (every slot of the table a
+// page, as a serving engine maps them ahead); and at d256 with pages of 16. Pages of 16 run on the
+// bucket's gathering kernel where tuning_fwd.h gives it one (else on the decode kernel).
 TEST(HopperKVCacheForward, GraphReplayOfAChunkLoop) {
   REQUIRE_HOPPER();
   KvCase c;
@@ -217,15 +229,16 @@ TEST(HopperKVCacheForward, GraphReplayOfAChunkLoop) {
   c.cache_seqlens = {300, 0}; c.seqlen_new = 64; c.causal = true; c.seed = 860;
   cudaStream_t s;
   CUDA_OK(cudaStreamCreate(&s));
-  for (int page_size : {0, 128}) {
+  for (int page_size : {0, 128, 16}) {
     SCOPED_TRACE("page_size " + std::to_string(page_size));
     c.page_size = page_size;
     c.full_page_table = page_size > 0;
+    const bool gathered = page_size == 16 && bucket_gathers(c);
     std::string kernel;
     graph_loop_matches_eager(c, s, 5, &kernel);
-    EXPECT_TRUE(on_forward_kernel(kernel)) << kernel;
+    EXPECT_EQ(on_forward_kernel(kernel), page_size != 16 || gathered) << kernel;
     EXPECT_EQ(kernel.find("paged") != std::string::npos, page_size > 0) << kernel;
-    EXPECT_EQ(kernel.find("_gather"), std::string::npos) << kernel;
+    EXPECT_EQ(kernel.find("_gather") != std::string::npos, gathered) << kernel;
   }
   if (!fa4::test::leave_out(256, 256, fa4::test::kFwd | fa4::test::kDecode)) {
     SCOPED_TRACE("d256, page_size 16");
@@ -233,7 +246,7 @@ TEST(HopperKVCacheForward, GraphReplayOfAChunkLoop) {
     g.d = g.dv = 256; g.heads = 16; g.heads_kv = 2; g.page_size = 16; g.full_page_table = true; g.seed = 861;
     std::string kernel;
     graph_loop_matches_eager(g, s, 5, &kernel);
-    EXPECT_NE(kernel.find("_gather"), std::string::npos) << kernel;
+    EXPECT_EQ(kernel.find("_gather") != std::string::npos, bucket_gathers(g)) << kernel;
   }
   cudaStreamDestroy(s);
 }

@@ -16,6 +16,7 @@
 
 #include "hopper/fwd/tuning_fwd.h"
 #include "core/mask.h"
+#include "core/params.h"
 #include "core/exp2.h"
 #include "hopper/shared/tile_scheduler.cuh"
 
@@ -241,6 +242,41 @@ struct FwdKernelTraits {
     float* sk_partial{};        // stream-K partials (stream_k.cuh), when sk.tail_ctas > 0
     int32_t* sk_flags{};        // zero at launch and left zero; one per (tail CTA, consumer warpgroup): partial stored
   };
+};
+
+/// Where the gathering kernel's copy (mainloop_fwd_load.cuh gather_block) writes the 16-byte piece
+/// of key row `row`, columns [col, col + 8), of stage `stage` of Kt's K ring (kV false) or V ring:
+/// the layout's element, swizzle included, where TMA would have written it. Swizzle atoms are 8
+/// rows by at most 64 columns and the layouts are linear in whole atoms, so a copying thread takes
+/// only its first two pieces from the layout (columns c0 and c0 + 32 of its first row) and reaches
+/// the others by whole atoms: piece i of its warp's j-th group (rows + 24 j, i.e. 3 atom rows a
+/// group) lies j * group_step + (i / 2) * atom_step (64 columns) from piece i % 2 — a constant
+/// offset each, where the layout itself costs ~10 instructions a piece.
+/// tests/gpu/test_hopper_gather_layout.cu checks every piece of every bucket against the layout.
+template <class Kt, bool kV>
+struct GatherSmem {
+  using Element = typename Kt::Element;
+  static constexpr int kGroups = Kt::kBlockN / 8;                              // 8-key groups a block
+  static constexpr int kPieces = (kV ? Kt::kHeadDimV : Kt::kHeadDim) / 32;   // per lane per key
+  CUTE_HOST_DEVICE static Element* at(Element* ring, int stage, int row, int col) {
+    if constexpr (kV) {
+      return &make_tensor(make_smem_ptr(ring), typename Kt::SmemLayoutVt{})(col, row, stage);
+    } else {
+      return &make_tensor(make_smem_ptr(ring), typename Kt::SmemLayoutK{})(row, col, stage);
+    }
+  }
+  // (coordinates in range only where a thread takes the step)
+  CUTE_HOST_DEVICE static int32_t group_step(Element* ring) {
+    return kGroups > 3 ? int32_t(at(ring, 0, 24, 0) - at(ring, 0, 0, 0)) : 0;
+  }
+  CUTE_HOST_DEVICE static int32_t atom_step(Element* ring) {
+    return kPieces > 2 ? int32_t(at(ring, 0, 0, 64) - at(ring, 0, 0, 0)) : 0;
+  }
+  /// Piece i of the j-th group of a thread whose first group's pieces 0 and 1 are first0, first1.
+  CUTE_HOST_DEVICE static Element* piece(Element* first0, Element* first1, int j, int i, int32_t group_step,
+                                         int32_t atom_step) {
+    return (i % 2 ? first1 : first0) + j * group_step + (i / 2) * atom_step;
+  }
 };
 
 }  // namespace fa4::hopper

@@ -291,45 +291,41 @@ struct MainloopLoad {
   /// each of 8 rows. Lane g first reads group g's page-table entry (one load per lane per block,
   /// before the stage wait; seq_bounds checked every entry of the sequence's keys); the groups
   /// take it by shuffle. Keys from seqlen_k on, head-dim padding and an entry outside the pool
-  /// are zero-filled (src-size 0: nothing read); the smem addresses are the layout's, swizzle
-  /// included, where TMA would have written.
+  /// are zero-filled (src-size 0: nothing read); the smem addresses are GatherSmem's
+  /// (kernel_traits_fwd.cuh): the layout's, swizzle included, where TMA would have written.
   template <bool kV>
   __device__ __forceinline__ static void gather_block(const Params& p, typename Kt::Element* ring, Pipeline& pipe,
                                                       PipelineState st, const TileInfo& ti, int32_t h_kv,
                                                       int32_t n) {
-    using namespace cute;
     using Element = typename Kt::Element;
-    constexpr int kGroups = kBlockN / 8;
-    constexpr int kPieces = (kV ? Kt::kHeadDimV : Kt::kHeadDim) / 32;  // per lane per key
+    using Smem = GatherSmem<Kt, kV>;
     const int lane = int(threadIdx.x % 32);
     const int warp = int(threadIdx.x / 32) - 1;
     const int32_t key0 = n * kBlockN;
     int32_t entry = 0;
-    if (lane < kGroups && key0 + 8 * lane < ti.seqlen_k)
+    if (lane < Smem::kGroups && key0 + 8 * lane < ti.seqlen_k)
       entry = __ldg(p.page_table + int64_t(ti.c.batch) * p.page_table_batch_stride + ((key0 + 8 * lane) >> p.page_shift));
     pipe.producer_acquire(st);  // (lane 0 of warp 0 is the leader, never here: no expect-tx)
     const Element* pool = kV ? p.v_pool : p.k_pool;
     const detail::RowStrides& stride = kV ? p.v_pool_stride : p.k_pool_stride;
     const Element* head = pool + int64_t(h_kv) * stride.head;
-    const int32_t width = kV ? p.headdim_v : get<1>(p.shape_k);  // real d (a multiple of 8)
+    const int32_t width = kV ? p.headdim_v : cute::get<1>(p.shape_k);  // real d (a multiple of 8)
     const int r = lane / 4;
+    const int c0 = (lane % 4) * 8;
+    Element* const first0 = Smem::at(ring, st.index(), 8 * warp + r, c0);
+    Element* const first1 = Smem::at(ring, st.index(), 8 * warp + r, c0 + 32);
+    const int32_t group_step = Smem::group_step(ring), atom_step = Smem::atom_step(ring);
 #pragma unroll 1
-    for (int g = warp; g < kGroups; g += 3) {
+    for (int g = warp, j = 0; g < Smem::kGroups; g += 3, ++j) {
       const int32_t page = __shfl_sync(0xffffffffu, entry, g);
       const int32_t key = key0 + 8 * g + r;
       const bool row_ok = key < ti.seqlen_k && detail::page_in_pool(page, p.num_pages);
-      const Element* src = head + int64_t(page) * stride.batch + int64_t(key & (p.page_size - 1)) * stride.row;
+      const Element* src =
+          row_ok ? head + int64_t(page) * stride.batch + int64_t(key & (p.page_size - 1)) * stride.row + c0 : pool;
 #pragma unroll
-      for (int i = 0; i < kPieces; ++i) {
-        const int col = (lane % 4 + 4 * i) * 8;
-        const bool ok = row_ok && col < width;
-        Element* dst;
-        if constexpr (kV) {
-          dst = &make_tensor(make_smem_ptr(ring), typename Kt::SmemLayoutVt{})(col, 8 * g + r, st.index());
-        } else {
-          dst = &make_tensor(make_smem_ptr(ring), typename Kt::SmemLayoutK{})(8 * g + r, col, st.index());
-        }
-        arch::cp_async_16(dst, ok ? src + col : pool, ok);
+      for (int i = 0; i < Smem::kPieces; ++i) {
+        const bool ok = row_ok && c0 + 32 * i < width;
+        arch::cp_async_16(Smem::piece(first0, first1, j, i, group_step, atom_step), ok ? src + 32 * i : pool, ok);
       }
     }
     cutlass::arch::cpasync_barrier_arrive_noinc(pipe.producer_get_barrier(st));
