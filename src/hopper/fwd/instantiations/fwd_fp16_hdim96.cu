@@ -2,7 +2,5 @@
 // Hopper forward, fp16, headdim 96, headdim_v 96.
 #include "hopper/fwd/launch_fwd.cuh"
 
-extern template void fa4::hopper::run_fwd_gather<1, 96, 96>(const fa4::detail::FwdParams&,
-                                                                   const fa4::hopper::LaunchContext&);
 template void fa4::hopper::run_fwd<1, 96, 96>(const fa4::detail::FwdParams&,
                                                      const fa4::hopper::LaunchContext&);
