@@ -270,55 +270,41 @@ struct MainloopLoad {
       const TileInfo ti = make_tile_info<kBlockM, kBlockN>(p, w);  // (the consumers' key range)
       if (!ti.has_keys()) continue;
       const int32_t h_kv = ti.c.head / p.group_size;
-      // Each block's page-table entries are read once (K and V share them) and one block ahead:
-      // the read's latency then passes while this thread waits for a free stage, not between
-      // that wait and its copies.
       int32_t n = ti.keys.n_block_max - 1;
-      int32_t entry = page_entry(p, ti, n);
-      int32_t entry_next = page_entry(p, ti, n - 1);
-      gather_block<false>(p, ss.smem_k.data(), pipe_k, wr, ti, h_kv, n, entry);
+      gather_block<false>(p, ss.smem_k.data(), pipe_k, wr, ti, h_kv, n);
       for (--n; n >= ti.keys.n_block_min; --n) {
-        const int32_t entry_v = entry;
-        entry = entry_next;
-        entry_next = page_entry(p, ti, n - 1);
         PipelineState wr_v = wr;
         ++wr;
-        gather_block<false>(p, ss.smem_k.data(), pipe_k, wr, ti, h_kv, n, entry);
-        gather_block<true>(p, ss.smem_v.data(), pipe_v, wr_v, ti, h_kv, n + 1, entry_v);
+        gather_block<false>(p, ss.smem_k.data(), pipe_k, wr, ti, h_kv, n);
+        gather_block<true>(p, ss.smem_v.data(), pipe_v, wr_v, ti, h_kv, n + 1);
       }
-      gather_block<true>(p, ss.smem_v.data(), pipe_v, wr, ti, h_kv, ti.keys.n_block_min, entry);
+      gather_block<true>(p, ss.smem_v.data(), pipe_v, wr, ti, h_kv, ti.keys.n_block_min);
       ++wr;
     }
     arch::cp_async_wait_all();  // nothing of this thread's still in flight when it exits
-  }
-
-  /// Lane g's page-table entry for key block n of tile ti: that of the block's g-th group of 8 keys
-  /// (0 past the block's groups, past seqlen_k and below the tile's key range; seq_bounds checked
-  /// every entry of the sequence's keys).
-  __device__ __forceinline__ static int32_t page_entry(const Params& p, const TileInfo& ti, int32_t n) {
-    const int lane = int(threadIdx.x % 32);
-    const int32_t key = n * kBlockN + 8 * lane;
-    if (n < ti.keys.n_block_min || lane >= kBlockN / 8 || key >= ti.seqlen_k) return 0;
-    return __ldg(p.page_table + int64_t(ti.c.batch) * p.page_table_batch_stride + (key >> p.page_shift));
   }
 
   /// Key block n of tile ti (KV head h_kv) into stage st of the K ring (kV false) or the V ring. The block goes in
   /// groups of 8 keys (8 divides both the block's first key and the page size: a group lies in one
   /// page); warp w (0-2) takes groups w, w + 3, ..., lane l key l / 4 of the group and the
   /// 16-byte pieces l % 4 + 4 i of its row, so a warp instruction reads 64 contiguous bytes of
-  /// each of 8 rows. Lane g holds group g's page-table entry (page_entry, read ahead by gather);
-  /// the groups take it by shuffle. Keys from seqlen_k on, head-dim padding and an entry outside the pool
+  /// each of 8 rows. Lane g first reads group g's page-table entry (one load per lane per block,
+  /// before the stage wait; seq_bounds checked every entry of the sequence's keys); the groups
+  /// take it by shuffle. Keys from seqlen_k on, head-dim padding and an entry outside the pool
   /// are zero-filled (src-size 0: nothing read); the smem addresses are GatherSmem's
   /// (kernel_traits_fwd.cuh): the layout's, swizzle included, where TMA would have written.
   template <bool kV>
   __device__ __forceinline__ static void gather_block(const Params& p, typename Kt::Element* ring, Pipeline& pipe,
                                                       PipelineState st, const TileInfo& ti, int32_t h_kv,
-                                                      int32_t n, int32_t entry) {
+                                                      int32_t n) {
     using Element = typename Kt::Element;
     using Smem = GatherSmem<Kt, kV>;
     const int lane = int(threadIdx.x % 32);
     const int warp = int(threadIdx.x / 32) - 1;
     const int32_t key0 = n * kBlockN;
+    int32_t entry = 0;
+    if (lane < Smem::kGroups && key0 + 8 * lane < ti.seqlen_k)
+      entry = __ldg(p.page_table + int64_t(ti.c.batch) * p.page_table_batch_stride + ((key0 + 8 * lane) >> p.page_shift));
     pipe.producer_acquire(st);  // (lane 0 of warp 0 is the leader, never here: no expect-tx)
     const Element* pool = kV ? p.v_pool : p.k_pool;
     const detail::RowStrides& stride = kV ? p.v_pool_stride : p.k_pool_stride;
