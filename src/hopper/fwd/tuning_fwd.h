@@ -50,9 +50,9 @@ struct HopperFwdConfig {
   /// Paged KV-cache chunks whose pages are no whole key blocks but a power of two from 8 rows
   /// (launch_fwd.h fwd_paged_load) run this bucket's gathering kernel (producer warps copying the
   /// rows with cp.async; scripts/generate_kernels.py writes its own instantiation file) instead of
-  /// the decode kernel. Only where it measured faster: d256 (H200, pages of 16, 256 rows per KV
-  /// head: 3.9x the decode kernel); at d64 and d128 its copy loop (about 20 instructions a 16-byte
-  /// piece) made it 1.1-1.6x slower than the decode kernel (bench/results/history.md).
+  /// the decode kernel. Only where it measured faster: d256 (pages of 16, 256 rows per KV head:
+  /// 4.3x the decode kernel); at d64 / d128 it was faster on some shapes and up to 1.6x slower on
+  /// others, so they keep the decode kernel (bench/results/history.md).
   bool gather_kernel;
   /// A second kernel for causal masks and windows with a right edge (launch_fwd.h
   /// fwd_runs_local_kernel; scripts/generate_kernels.py writes its own instantiation file), whose
@@ -105,9 +105,9 @@ constexpr HopperFwdConfig kHopperFwdConfigs[] = {
     // Measured at 8k (x cuDNN): two warpgroups 0.90 / 0.91 (non-causal / causal); three with
     // exp2 emulation share 4/16 1.02-1.03 / 0.98-0.99, 2/16 1.06 / 1.01, 1/16 1.10 / 1.03, 0 1.11 / 1.06-1.07:
     // with three warpgroups the FMA pipe, not MUFU, is the scarcer unit, so d64 emulates nothing.
-    {64, 64, kHopperTileM3WG, 128, 3, 2, Exp2Emulation{16, 0}, kHopperConsumerRegs3WG, kHopperProducerRegs, true, true, true, true, true},
+    {64, 64, kHopperTileM3WG, 128, 3, 2, Exp2Emulation{16, 0}, kHopperConsumerRegs3WG, kHopperProducerRegs, true, true, true, false, true},
     {96, 96, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 3}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true, false, false},
-    {128, 128, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 1}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true, true, false},
+    {128, 128, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 1}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true, false, false},
     // d192x128: key tile 128 measured +2.4% / +1.7% (non-causal / causal 8k) over 112.
     {192, 128, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, true, false, false},
     {192, 192, kHopperTileM, 96, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false, false, false},
