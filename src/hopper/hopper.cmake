@@ -143,6 +143,8 @@ if(FA4_TRIM_CUTE_HEADERS)
   endif()
 endif()
 target_include_directories(fa4 SYSTEM PRIVATE ${_fa4_cute_overlay} ${FA4_CUTLASS_INCLUDE_DIR})
+# (The GPU tests that include CuTe search the same copies first: tests/gpu/gpu_tests.cmake.)
+set(FA4_CUTE_OVERLAY_DIR "${_fa4_cute_overlay}" CACHE INTERNAL "trimmed CuTe wgmma headers, searched first")
 # sm_90a: the 'a' target is what enables wgmma and setmaxnreg. No fast-math: fa4::exp2_emulated
 # must be bitwise identical to the host path.
 target_compile_options(fa4 PRIVATE

@@ -1,10 +1,11 @@
 // tests/gpu/test_hopper_gather_layout.cu — the gathering forward's shared-memory addresses
 // (kernel_traits_fwd.cuh GatherSmem, used by mainloop_fwd_load.cuh gather_block) against the
-// K / V ring layouts themselves, for every bucket with a gathering kernel, on the host (no GPU
-// needed: it runs on the CI machine too). For each stage, each of the 96 copying threads (warp w
-// of 3, lane l: key l / 4 of the groups w, w + 3, ..., pieces l % 4 + 4 i of the row), the piece it
-// writes must be the layout's element of that (key, column), its 8 elements contiguous and 16-byte
-// aligned, and the pieces of all threads must cover each stage's block exactly once.
+// K / V rings as the kernel views them (indexed here, not through GatherSmem), for every bucket with a
+// gathering kernel, on the host (no GPU needed: it runs on the CI machine too). For each stage,
+// each of the 96 copying threads (warp w of 3, lane l: key l / 4 of the groups w, w + 3, ...,
+// columns 8 (l % 4) + 32 i), the piece it writes must be the layout's element of that (key,
+// column), its 8 elements contiguous and 16-byte aligned, and no two pieces may share an address
+// (so, as many as the block has, they cover it once).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -25,28 +26,35 @@ void check_ring() {
   SCOPED_TRACE(std::string(kV ? "V" : "K") + " ring, d " + std::to_string(Kt::kHeadDim) + " dv " +
                std::to_string(Kt::kHeadDimV));
   alignas(1024) static Element ring[cute::cosize_v<Layout>];
+  // (As the kernel sees it: a swizzled smem pointer over a 1024-byte aligned ring; the swizzle acts
+  // on the address, so the layout's integer offsets alone are not the elements' places.)
+  const auto view = cute::make_tensor(cute::make_smem_ptr(ring), Layout{});
   const int32_t group_step = Smem::group_step(ring), atom_step = Smem::atom_step(ring);
   for (int stage = 0; stage < Kt::kStages; ++stage) {
-    std::set<std::pair<int, int>> covered;  // (key, column) of each piece written
+    std::set<const Element*> covered;  // the first element of each piece written
     for (int warp = 0; warp < 3; ++warp) {
       for (int lane = 0; lane < 32; ++lane) {
+        // The kernel's thread: key lane / 4 of groups warp, warp + 3, ...; columns c0 + 32 i.
         const int r = lane / 4, c0 = (lane % 4) * 8;
-        Element* const first0 = Smem::at(ring, stage, 8 * warp + r, c0);
-        Element* const first1 = Smem::at(ring, stage, 8 * warp + r, c0 + 32);
+        Element* const first0 = Smem::first(ring, stage, warp, lane, 0);
+        Element* const first1 = Smem::first(ring, stage, warp, lane, 1);
         for (int g = warp, j = 0; g < Smem::kGroups; g += 3, ++j) {
           for (int i = 0; i < Smem::kPieces; ++i) {
             const int key = 8 * g + r, col = c0 + 32 * i;
-            Element* const want = Smem::at(ring, stage, key, col);
-            ASSERT_EQ(Smem::piece(first0, first1, j, i, group_step, atom_step), want)
-                << "stage " << stage << " key " << key << " column " << col;
-            ASSERT_EQ(reinterpret_cast<uintptr_t>(want) % 16, 0u) << "key " << key << " column " << col;
-            for (int e = 1; e < 8; ++e)
-              ASSERT_EQ(Smem::at(ring, stage, key, col + e), want + e) << "key " << key << " column " << col;
-            EXPECT_TRUE(covered.insert({key, col}).second) << "key " << key << " column " << col << " twice";
+            // The element the consumers' and TMA's view of the ring puts at (key, column): K is
+            // (key, column, stage), V^T (column, key, stage).
+            const auto element = [&](int c) { return kV ? &view(c, key, stage) : &view(key, c, stage); };
+            Element* const want = element(col);
+            Element* const got = Smem::piece(first0, first1, j, i, group_step, atom_step);
+            ASSERT_EQ(got, want) << "stage " << stage << " key " << key << " column " << col;
+            ASSERT_EQ(reinterpret_cast<uintptr_t>(got) % 16, 0u) << "key " << key << " column " << col;
+            for (int e = 1; e < 8; ++e) ASSERT_EQ(element(col + e), got + e) << "key " << key << " column " << col;
+            EXPECT_TRUE(covered.insert(got).second) << "key " << key << " column " << col << " written twice";
           }
         }
       }
     }
+    // Every element of the stage's block written once: as many distinct 8-element pieces as it has.
     EXPECT_EQ(covered.size(), size_t(Kt::kBlockN) * (kWidth / 8)) << "stage " << stage;
   }
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gpu/decode_case.cuh"
+#include "hopper/fwd/launch_fwd.h"
 #include "hopper/fwd/tuning_fwd.h"
 #include "test_util.h"
 
@@ -22,11 +23,13 @@ namespace {
 
 bool on_forward_kernel(const std::string& kernel) { return kernel.find("hopper::fwd_") != std::string::npos; }
 
-// Whether c's bucket has a gathering kernel (tuning_fwd.h gather_kernel): where a chunk on pages
-// of a power of two from 8 rows that are no whole key blocks runs (on the decode kernel if not).
+// Whether c's pages go to its bucket's gathering kernel: a power of two from 8 rows that is no
+// whole key block (launch_fwd.h fwd_paged_load) on a bucket with one (tuning_fwd.h gather_kernel);
+// such a chunk runs on the decode kernel otherwise.
 bool bucket_gathers(const KvCase& c) {
   const fa4::detail::HopperFwdConfig* fc = fa4::detail::hopper_fwd_bucket(c.d, c.dv);
-  return fc != nullptr && fc->gather_kernel;
+  return fc != nullptr && fc->gather_kernel &&
+         fa4::hopper::fwd_paged_load(c.page_size, fc->tile_n) == fa4::hopper::FwdPagedLoad::kGather;
 }
 
 TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
@@ -216,7 +219,8 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
 }
 
 // A chunked prefill loop: one captured call appends a chunk of 64 tokens to a cache and attends
-// over it (on the forward kernel), replayed with new q, k_new, v_new and cache_seqlens advanced by
+// over it (on the forward kernel, or on the decode kernel for small pages without a gathering
+// kernel), replayed with new q, k_new, v_new and cache_seqlens advanced by
 // 64 (one sequence starting empty); every replay's out, lse and cache equal, bitwise, an eager call
 // on an identical problem. Dense, and paged with pages of 128 and 16 (every slot of the table a
 // page, as a serving engine maps them ahead); and at d256 with pages of 16. Pages of 16 run on the
@@ -246,6 +250,7 @@ TEST(HopperKVCacheForward, GraphReplayOfAChunkLoop) {
     g.d = g.dv = 256; g.heads = 16; g.heads_kv = 2; g.page_size = 16; g.full_page_table = true; g.seed = 861;
     std::string kernel;
     graph_loop_matches_eager(g, s, 5, &kernel);
+    EXPECT_EQ(on_forward_kernel(kernel), bucket_gathers(g)) << kernel;
     EXPECT_EQ(kernel.find("_gather") != std::string::npos, bucket_gathers(g)) << kernel;
   }
   cudaStreamDestroy(s);

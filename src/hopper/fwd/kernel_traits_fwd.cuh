@@ -246,24 +246,32 @@ struct FwdKernelTraits {
 
 /// Where the gathering kernel's copy (mainloop_fwd_load.cuh gather_block) writes the 16-byte piece
 /// of key row `row`, columns [col, col + 8), of stage `stage` of Kt's K ring (kV false) or V ring:
-/// the layout's element, swizzle included, where TMA would have written it. Swizzle atoms are 8
-/// rows by at most 64 columns and the layouts are linear in whole atoms, so a copying thread takes
-/// only its first two pieces from the layout (columns c0 and c0 + 32 of its first row) and reaches
-/// the others by whole atoms: piece i of its warp's j-th group (rows + 24 j, i.e. 3 atom rows a
-/// group) lies j * group_step + (i / 2) * atom_step (64 columns) from piece i % 2 — a constant
-/// offset each, where the layout itself costs ~10 instructions a piece.
-/// tests/gpu/test_hopper_gather_layout.cu checks every piece of every bucket against the layout.
+/// the layout's element, swizzle included, where TMA would have written it. Copying thread
+/// (warp w of 3, lane l) takes key l / 4 of the block's groups of 8 keys w, w + 3, ... and the
+/// pieces at columns c0 + 32 i, c0 = 8 (l % 4). Swizzle atoms are 8 rows by at most 64 columns
+/// and the layouts are linear in whole atoms, so a thread takes only its first group's pieces 0
+/// and 1 from the layout (`first`) and reaches the others by whole atoms: piece i of its j-th
+/// group (rows + 24 j: 3 atom rows) lies j * group_step + (i / 2) * atom_step (64 columns) from
+/// piece i % 2 — constant offsets, where the layout itself costs index math on every piece.
+/// tests/gpu/test_hopper_gather_layout.cu checks every piece of every gathering bucket against the layout.
 template <class Kt, bool kV>
 struct GatherSmem {
   using Element = typename Kt::Element;
-  static constexpr int kGroups = Kt::kBlockN / 8;                              // 8-key groups a block
-  static constexpr int kPieces = (kV ? Kt::kHeadDimV : Kt::kHeadDim) / 32;   // per lane per key
+  static constexpr int kWidth = kV ? Kt::kHeadDimV : Kt::kHeadDim;
+  static constexpr int kGroups = Kt::kBlockN / 8;  // 8-key groups a block
+  static constexpr int kPieces = kWidth / 32;       // per lane per key
+  static_assert(Kt::kBlockN % 8 == 0 && kGroups >= 3 && kWidth % 32 == 0 && kPieces >= 2,
+                "gathering: whole 8-key groups, one per copying warp at least, two pieces a lane at least");
   CUTE_HOST_DEVICE static Element* at(Element* ring, int stage, int row, int col) {
     if constexpr (kV) {
       return &make_tensor(make_smem_ptr(ring), typename Kt::SmemLayoutVt{})(col, row, stage);
     } else {
       return &make_tensor(make_smem_ptr(ring), typename Kt::SmemLayoutK{})(row, col, stage);
     }
+  }
+  /// Piece `half` (0 or 1) of the first group of copying warp `warp` (0-2), lane `lane`.
+  CUTE_HOST_DEVICE static Element* first(Element* ring, int stage, int warp, int lane, int half) {
+    return at(ring, stage, 8 * warp + lane / 4, (lane % 4) * 8 + 32 * half);
   }
   // (coordinates in range only where a thread takes the step)
   CUTE_HOST_DEVICE static int32_t group_step(Element* ring) {

@@ -312,8 +312,8 @@ struct MainloopLoad {
     const int32_t width = kV ? p.headdim_v : cute::get<1>(p.shape_k);  // real d (a multiple of 8)
     const int r = lane / 4;
     const int c0 = (lane % 4) * 8;
-    Element* const first0 = Smem::at(ring, st.index(), 8 * warp + r, c0);
-    Element* const first1 = Smem::at(ring, st.index(), 8 * warp + r, c0 + 32);
+    Element* const first0 = Smem::first(ring, st.index(), warp, lane, 0);
+    Element* const first1 = Smem::first(ring, st.index(), warp, lane, 1);
     const int32_t group_step = Smem::group_step(ring), atom_step = Smem::atom_step(ring);
 #pragma unroll 1
     for (int g = warp, j = 0; g < Smem::kGroups; g += 3, ++j) {
