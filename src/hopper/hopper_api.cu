@@ -350,10 +350,11 @@ bool kvcache_on_forward(const detail::KVCacheParams& p, std::string* name) {
   if (p.cache_batch_idx || p.num_splits != 0 || p.seqlen_q == 0 || p.key_capacity == 0) return false;
   const detail::HopperFwdConfig* fc = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
   const FwdPagedLoad paged_load = p.paged && fc ? fwd_paged_load(p.page_size, fc->tile_n) : FwdPagedLoad::kNone;
+  const bool gathered = p.paged && fc && fwd_runs_gather_kernel(*fc, p.page_size);
   // (An empty pool has no TMA view: the decode kernel. Small pages: on the buckets with a
   // gathering kernel, tuning_fwd.h gather_kernel.)
   if (p.paged && (paged_load == FwdPagedLoad::kNone || p.num_pages < 1 ||
-                  (paged_load == FwdPagedLoad::kGather && !fc->gather_kernel)))
+                  (paged_load == FwdPagedLoad::kGather && !gathered)))
     return false;
   // Up to 128 rows per KV head (decode steps, speculative decoding, short chunks) the decode kernel
   // stays, as it did before this route was measured; above them small_q_on_decode would decline
@@ -365,7 +366,7 @@ bool kvcache_on_forward(const detail::KVCacheParams& p, std::string* name) {
   // pool's, the same TMA rule.)
   const detail::FwdParams& fp = p;
   if (!common_support(fp).empty() || !forward_kernel_support(fp, name).empty()) return false;
-  if (name && paged_load == FwdPagedLoad::kGather)  // (its own kernel, whatever the mask)
+  if (name && gathered)  // (its own kernel, whatever the mask)
     *name = "hopper::fwd_" + bucket_name(fp, fc->headdim, fc->headdim_v, "_gather");
   if (name) *name += p.paged ? " (KV cache, paged)" : " (KV cache)";
   return true;

@@ -23,13 +23,12 @@ namespace {
 
 bool on_forward_kernel(const std::string& kernel) { return kernel.find("hopper::fwd_") != std::string::npos; }
 
-// Whether c's pages go to its bucket's gathering kernel: a power of two from 8 rows that is no
-// whole key block (launch_fwd.h fwd_paged_load) on a bucket with one (tuning_fwd.h gather_kernel);
-// such a chunk runs on the decode kernel otherwise.
+// Whether c's pages go to its bucket's gathering kernel (launch_fwd.h fwd_runs_gather_kernel: a
+// power of two from 8 rows that is no whole key block, on a bucket with one); such a chunk runs on
+// the decode kernel otherwise.
 bool bucket_gathers(const KvCase& c) {
   const fa4::detail::HopperFwdConfig* fc = fa4::detail::hopper_fwd_bucket(c.d, c.dv);
-  return fc != nullptr && fc->gather_kernel &&
-         fa4::hopper::fwd_paged_load(c.page_size, fc->tile_n) == fa4::hopper::FwdPagedLoad::kGather;
+  return fc != nullptr && fa4::hopper::fwd_runs_gather_kernel(*fc, c.page_size);
 }
 
 TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {

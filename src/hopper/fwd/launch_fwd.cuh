@@ -224,7 +224,7 @@ template <int kDType, int kHeadDim, int kHeadDimV>
 void run_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   constexpr detail::HopperFwdConfig kConfig = detail::hopper_fwd_config(kHeadDim, kHeadDimV);
   if constexpr (kConfig.gather_kernel) {  // (elsewhere there is no gathering kernel to instantiate)
-    if (ctx.page_table && fwd_paged_load(ctx.page_size, kConfig.tile_n) == FwdPagedLoad::kGather)
+    if (ctx.page_table && fwd_runs_gather_kernel(kConfig, ctx.page_size))
       return run_fwd_gather<kDType, kHeadDim, kHeadDimV>(fp, ctx);
   }
   if constexpr (kConfig.local_kernel) {  // (elsewhere there is no local kernel to instantiate)

@@ -77,4 +77,11 @@ constexpr bool fwd_runs_local_kernel(const detail::HopperFwdConfig& c, const det
   return c.local_kernel && p.mask.window_right >= 0;
 }
 
+/// Whether a paged call with pages of page_size rows on the bucket of tuning row `c` runs its
+/// gathering kernel: the row has one (gather_kernel) and the pages are gathered (fwd_paged_load
+/// kGather). hopper_api.cu routes such calls to the decode kernel on the other buckets.
+constexpr bool fwd_runs_gather_kernel(const detail::HopperFwdConfig& c, int32_t page_size) {
+  return c.gather_kernel && fwd_paged_load(page_size, c.tile_n) == FwdPagedLoad::kGather;
+}
+
 }  // namespace fa4::hopper

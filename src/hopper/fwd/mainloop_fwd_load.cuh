@@ -87,11 +87,7 @@ struct MainloopLoad {
         if constexpr (Kt::kGather) {  // (K/V: the gathering warps)
           if (ti.has_keys()) {
             Tensor tQgQ = q_tile(p, ti, mQ_all);
-            // (With one Q buffer the load waits for the previous tile's Q K^T: pull Q into L2 first,
-            // as load_tile does.)
-            if constexpr (Kt::kQStages == 1) {
-              if (leader) cute::prefetch(p.tma_q, tQgQ);
-            }
+            prefetch_q(p, tQgQ);  // (load_q waits for the previous tile's Q K^T)
             load_q(p, pipe_q, wq, tQsQ, tQgQ);
           }
         } else if (ti.has_keys()) {
@@ -147,6 +143,19 @@ struct MainloopLoad {
     Tensor gQ = local_tile(domain_offset(make_coord(ti.q_row0, _0{}), mQ_all(_, _, ti.c.head, b)),
                            Shape<Int<kBlockM>, Int<Kt::kHeadDim>>{}, make_coord(ti.c.m_block, _0{}));
     return group_modes<0, 3>(p.tma_q.get_slice(_0{}).partition_S(gQ));
+  }
+
+  /// Q is read once per tile, so it comes from HBM. With one Q buffer its TMA load (load_q) waits
+  /// until the previous tile's key loop (with an O buffer) or its epilogue's store of O from that
+  /// buffer, and then pays the full HBM latency before the first Q K^T: pull Q into L2 while the
+  /// previous tile still runs (measured at d128: seqlen 512-1024 +3..10%, >= 4k within +-1.5%;
+  /// bench/results/history.md). With two Q buffers the load itself is issued that early; a
+  /// prefetch would only fetch Q twice.
+  template <class GQ>
+  __device__ __forceinline__ static void prefetch_q(const Params& p, const GQ& tQgQ) {
+    if constexpr (Kt::kQStages == 1) {
+      if (threadIdx.x % 32 == 0) cute::prefetch(p.tma_q, tQgQ);
+    }
   }
 
   /// Issues Q into the next Q buffer, once the consumers freed it (lane 0).
@@ -230,16 +239,9 @@ struct MainloopLoad {
       }
     };
 
-    // Q is read once per tile, so it comes from HBM. With one Q buffer its TMA load below waits
-    // until the previous tile's key loop (with an O buffer) or its epilogue's store of O from
-    // that buffer, and then pays the full HBM latency before the first Q K^T. The producer gets
-    // here when it has issued the previous tile's last K/V block, i.e. about `stages` key blocks
-    // before that tile ends (fewer if it had fewer): pull Q into L2 now (measured at d128:
-    // seqlen 512-1024 +3..10%, >= 4k within +-1.5%; bench/results/history.md). With two Q buffers the load itself is issued
-    // this early; a prefetch would only fetch Q twice.
-    if constexpr (Kt::kQStages == 1) {
-      if (leader) cute::prefetch(p.tma_q, tQgQ);
-    }
+    // The producer gets here when it has issued the previous tile's last K/V block, i.e. about
+    // `stages` key blocks before that tile ends (fewer if it had fewer).
+    prefetch_q(p, tQgQ);
     int32_t n = ti.keys.n_block_max - 1;
     load_k(n, wr);
     // A Q buffer is free once the consumers finished the Q K^T products of the tile that used it
