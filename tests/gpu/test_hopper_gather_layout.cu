@@ -29,15 +29,13 @@ void check_ring() {
   // (As the kernel sees it: a swizzled smem pointer over a 1024-byte aligned ring; the swizzle acts
   // on the address, so the layout's integer offsets alone are not the elements' places.)
   const auto view = cute::make_tensor(cute::make_smem_ptr(ring), Layout{});
-  const int32_t group_step = Smem::group_step(ring), atom_step = Smem::atom_step(ring);
   for (int stage = 0; stage < Kt::kStages; ++stage) {
     std::set<const Element*> covered;  // the first element of each piece written
     for (int warp = 0; warp < 3; ++warp) {
       for (int lane = 0; lane < 32; ++lane) {
         // The kernel's thread: key lane / 4 of groups warp, warp + 3, ...; columns c0 + 32 i.
         const int r = lane / 4, c0 = (lane % 4) * 8;
-        Element* const first0 = Smem::first(ring, stage, warp, lane, 0);
-        Element* const first1 = Smem::first(ring, stage, warp, lane, 1);
+        const int32_t first0 = Smem::first(warp, lane, 0), first1 = Smem::first(warp, lane, 1);
         for (int g = warp, j = 0; g < Smem::kGroups; g += 3, ++j) {
           for (int i = 0; i < Smem::kPieces; ++i) {
             const int key = 8 * g + r, col = c0 + 32 * i;
@@ -45,7 +43,8 @@ void check_ring() {
             // (key, column, stage), V^T (column, key, stage).
             const auto element = [&](int c) { return kV ? &view(c, key, stage) : &view(key, c, stage); };
             Element* const want = element(col);
-            Element* const got = Smem::piece(first0, first1, j, i, group_step, atom_step);
+            // GatherSmem's offsets are taken on a stand-in ring: they must hold on this one.
+            Element* const got = ring + Smem::piece(first0, first1, stage, j, i);
             ASSERT_EQ(got, want) << "stage " << stage << " key " << key << " column " << col;
             ASSERT_EQ(reinterpret_cast<uintptr_t>(got) % 16, 0u) << "key " << key << " column " << col;
             for (int e = 1; e < 8; ++e) ASSERT_EQ(element(col + e), got + e) << "key " << key << " column " << col;

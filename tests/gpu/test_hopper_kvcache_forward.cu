@@ -23,12 +23,13 @@ namespace {
 
 bool on_forward_kernel(const std::string& kernel) { return kernel.find("hopper::fwd_") != std::string::npos; }
 
-// Whether c's pages go to its bucket's gathering kernel (launch_fwd.h fwd_runs_gather_kernel: a
-// power of two from 8 rows that is no whole key block, on a bucket with one); such a chunk runs on
-// the decode kernel otherwise.
+// Whether c's pages go to its bucket's gathering kernel (launch_fwd.h kvcache_gathers: a power of
+// two from 8 rows that is no whole key block, on a bucket with one, and enough query rows per KV
+// head); such a chunk runs on the decode kernel otherwise.
 bool bucket_gathers(const KvCase& c) {
   const fa4::detail::HopperFwdConfig* fc = fa4::detail::hopper_fwd_bucket(c.d, c.dv);
-  return fc != nullptr && fa4::hopper::fwd_runs_gather_kernel(*fc, c.page_size);
+  return fc != nullptr &&
+         fa4::hopper::kvcache_gathers(*fc, c.page_size, int64_t(c.seqlen_q) * (c.heads / c.heads_kv));
 }
 
 TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
@@ -147,12 +148,15 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
     KvCase d256p = d256;
     d256p.page_size = 160; d256p.seed = 47;
     routes.push_back({d256p, true});
-    // Small pages: d64 (pages of 16), GQA 8/1 (pages of 32), d256 with pages of 64 and 128
+    // Small pages: d64 (pages of 16, at 300 and 400 query rows), GQA 8/1 (pages of 32), d256 with pages of 64 and 128
     // (80-key blocks start inside a page, groups of 8 keys never do), 16, 8 (fp16, softcap), 32
     // with a bad entry (that sequence skipped) and 16 at head dim 248.
     KvCase c16 = c;
     c16.page_size = 16; c16.cache_seqlens = {3000}; c16.causal = true; c16.seed = 48;
     small_pages(c16);
+    KvCase c16w = c16;  // 400 rows: past two of d64's 192-row tiles (kvcache_gathers)
+    c16w.seqlen_q = 400; c16w.seqlen_new = 0; c16w.cache_seqlens = {2500}; c16w.seed = 69;
+    small_pages(c16w);
     KvCase g32 = g;
     g32.page_size = 32; g32.seed = 49;
     small_pages(g32);

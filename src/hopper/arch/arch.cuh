@@ -181,12 +181,16 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 // ---- decode (warp-level MMA) ----
 
-/// 16-byte global -> shared copy through L2 only (.cg: streamed K/V have no reuse in L1). With
-/// `valid` false no byte is read and the 16 bytes of smem are zero-filled.
+/// 16-byte global -> shared copy through L2 only (.cg: streamed K/V have no reuse in L1), to a
+/// shared-state-space address (__cvta_generic_to_shared's: a caller can step it by constants across
+/// copies). With `valid` false no byte is read and the 16 bytes of smem are zero-filled.
+__device__ __forceinline__ void cp_async_16(uint32_t smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(valid ? 16 : 0)
+               : "memory");
+}
+/// The same to a generic pointer into shared memory.
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-               "r"(valid ? 16 : 0) : "memory");
+  cp_async_16(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), gmem, valid);
 }
 /// Closes this thread's current cp.async group.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }

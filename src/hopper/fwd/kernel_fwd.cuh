@@ -70,12 +70,12 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
   __syncthreads();  // barrier inits (and the stream-K tail) visible to everyone
 
   if (warp_group == 0) {
-    arch::warpgroup_reg_dealloc<Kt::kConfig.producer_regs>();
+    arch::warpgroup_reg_dealloc<Kt::kProducerRegs>();
     if (warp_idx == 0) MainloopLoad<Kt>::run(p, ss, pipe_k, pipe_v, pipe_q, pipe_t);
     else if constexpr (Kt::kGather) MainloopLoad<Kt>::gather(p, ss, pipe_k, pipe_v, pipe_t);
     return;
   }
-  arch::warpgroup_reg_alloc<Kt::kConfig.consumer_regs>();
+  arch::warpgroup_reg_alloc<Kt::kConsumerRegs>();
   const int tid = threadIdx.x - cutlass::NumThreadsPerWarpGroup;  // 0..kNumMmaThreads-1
   const int wg = tid / 128;
   using Mma = MainloopMma<Kt>;

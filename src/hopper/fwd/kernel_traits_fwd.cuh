@@ -64,7 +64,17 @@ struct FwdKernelTraits {
   static_assert(!kWarpgroupKeyRanges || kStages >= 2, "per-warpgroup key ranges need two K/V stages");
   static_assert(kBlockM % 64 == 0 && (kNumMmaWarpGroups == 2 || kNumMmaWarpGroups == 3),
                 "two or three consumer warpgroups of 64 query rows (named barrier ids in arch/arch.cuh)");
-  static_assert(kNumMmaThreads * kConfig.consumer_regs + cutlass::NumThreadsPerWarpGroup * kConfig.producer_regs <=
+  // setmaxnreg split. The gathering kernel's producer warps compute a row address per group of
+  // keys and keep their rings' offsets across blocks: at the table's 24 registers they spilled
+  // their loop state around every block, so there the producers take what the consumers leave
+  // (tuning_fwd.h kHopperGatherConsumerRegs: 40 with two consumer warpgroups, 32 with three).
+  static constexpr int32_t kConsumerRegs =
+      kGather && kNumMmaWarpGroups == 2 ? detail::kHopperGatherConsumerRegs : kConfig.consumer_regs;
+  static constexpr int32_t kProducerRegs =
+      kGather ? (detail::hopper_cta_registers(kNumThreads) - kNumMmaThreads * kConsumerRegs) /
+                    cutlass::NumThreadsPerWarpGroup / 8 * 8
+              : kConfig.producer_regs;
+  static_assert(kNumMmaThreads * kConsumerRegs + cutlass::NumThreadsPerWarpGroup * kProducerRegs <=
                     detail::hopper_cta_registers(kNumThreads),
                 "setmaxnreg split over the registers the CTA holds (tuning_fwd.h hopper_cta_registers)");
   static_assert(kBlockN % 16 == 0, "tile_n is the k-extent of the PV wgmma (multiple of 16)");
@@ -249,10 +259,14 @@ struct FwdKernelTraits {
 /// the layout's element, swizzle included, where TMA would have written it. Copying thread
 /// (warp w of 3, lane l) takes key l / 4 of the block's groups of 8 keys w, w + 3, ... and the
 /// pieces at columns c0 + 32 i, c0 = 8 (l % 4). Swizzle atoms are 8 rows by at most 64 columns
-/// and the layouts are linear in whole atoms, so a thread takes only its first group's pieces 0
-/// and 1 from the layout (`first`) and reaches the others by whole atoms: piece i of its j-th
-/// group (rows + 24 j: 3 atom rows) lies j * group_step + (i / 2) * atom_step (64 columns) from
-/// piece i % 2 — constant offsets, where the layout itself costs index math on every piece.
+/// and the layouts are linear in whole atoms (and stages), so a thread takes only its first
+/// group's pieces 0 and 1 of stage 0 from the layout (`first`) and reaches the others by whole
+/// atoms: piece i of its j-th group (rows + 24 j: 3 atom rows) of stage s lies s * stage_step() +
+/// j * group_step() + (i / 2) * atom_step() (64 columns) from piece i % 2.
+/// All are element offsets from the ring's start, the same for every ring at a 1024-byte aligned
+/// address (the 128-byte swizzle permutes address bits 4-6 by bits 7-9; narrower swizzles fewer),
+/// as the K and V rings are (SharedStorage): they are taken on a stand-in ring at such an address,
+/// so the steps fold to constants and `first` needs no ring.
 /// tests/gpu/test_hopper_gather_layout.cu checks every piece of every gathering bucket against the layout.
 template <class Kt, bool kV>
 struct GatherSmem {
@@ -260,30 +274,32 @@ struct GatherSmem {
   static constexpr int kWidth = kV ? Kt::kHeadDimV : Kt::kHeadDim;
   static constexpr int kGroups = Kt::kBlockN / 8;  // 8-key groups a block
   static constexpr int kPieces = kWidth / 32;       // per lane per key
+  static constexpr uintptr_t kRingAlign = 1024;     // the rings' alignment (SharedStorage)
   static_assert(Kt::kBlockN % 8 == 0 && kGroups >= 3 && kWidth % 32 == 0 && kPieces >= 2,
                 "gathering: whole 8-key groups, one per copying warp at least, two pieces a lane at least");
-  CUTE_HOST_DEVICE static Element* at(Element* ring, int stage, int row, int col) {
+  /// Element offset of (row, col) of stage `stage` from the start of a ring at a kRingAlign-aligned address.
+  CUTE_HOST_DEVICE static int32_t at(int stage, int row, int col) {
+    Element* const ring = reinterpret_cast<Element*>(kRingAlign);  // a stand-in: never dereferenced
+    Element* e;
     if constexpr (kV) {
-      return &make_tensor(make_smem_ptr(ring), typename Kt::SmemLayoutVt{})(col, row, stage);
+      e = &make_tensor(make_smem_ptr(ring), typename Kt::SmemLayoutVt{})(col, row, stage);
     } else {
-      return &make_tensor(make_smem_ptr(ring), typename Kt::SmemLayoutK{})(row, col, stage);
+      e = &make_tensor(make_smem_ptr(ring), typename Kt::SmemLayoutK{})(row, col, stage);
     }
+    return int32_t(e - ring);
   }
-  /// Piece `half` (0 or 1) of the first group of copying warp `warp` (0-2), lane `lane`.
-  CUTE_HOST_DEVICE static Element* first(Element* ring, int stage, int warp, int lane, int half) {
-    return at(ring, stage, 8 * warp + lane / 4, (lane % 4) * 8 + 32 * half);
+  /// Piece `half` (0 or 1) of the first group of copying warp `warp` (0-2), lane `lane`, stage 0.
+  CUTE_HOST_DEVICE static int32_t first(int warp, int lane, int half) {
+    return at(0, 8 * warp + lane / 4, (lane % 4) * 8 + 32 * half);
   }
   // (coordinates in range only where a thread takes the step)
-  CUTE_HOST_DEVICE static int32_t group_step(Element* ring) {
-    return kGroups > 3 ? int32_t(at(ring, 0, 24, 0) - at(ring, 0, 0, 0)) : 0;
-  }
-  CUTE_HOST_DEVICE static int32_t atom_step(Element* ring) {
-    return kPieces > 2 ? int32_t(at(ring, 0, 0, 64) - at(ring, 0, 0, 0)) : 0;
-  }
-  /// Piece i of the j-th group of a thread whose first group's pieces 0 and 1 are first0, first1.
-  CUTE_HOST_DEVICE static Element* piece(Element* first0, Element* first1, int j, int i, int32_t group_step,
-                                         int32_t atom_step) {
-    return (i % 2 ? first1 : first0) + j * group_step + (i / 2) * atom_step;
+  CUTE_HOST_DEVICE static int32_t stage_step() { return Kt::kStages > 1 ? at(1, 0, 0) - at(0, 0, 0) : 0; }
+  CUTE_HOST_DEVICE static int32_t group_step() { return kGroups > 3 ? at(0, 24, 0) - at(0, 0, 0) : 0; }
+  CUTE_HOST_DEVICE static int32_t atom_step() { return kPieces > 2 ? at(0, 0, 64) - at(0, 0, 0) : 0; }
+  /// Offset of piece i of the j-th group of stage `stage` of a thread whose first group's pieces 0
+  /// and 1 (stage 0) are at first0, first1.
+  CUTE_HOST_DEVICE static int32_t piece(int32_t first0, int32_t first1, int stage, int j, int i) {
+    return (i % 2 ? first1 : first0) + stage * stage_step() + j * group_step() + (i / 2) * atom_step();
   }
 };
 

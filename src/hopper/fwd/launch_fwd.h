@@ -84,4 +84,13 @@ constexpr bool fwd_runs_gather_kernel(const detail::HopperFwdConfig& c, int32_t 
   return c.gather_kernel && fwd_paged_load(page_size, c.tile_n) == FwdPagedLoad::kGather;
 }
 
+/// Whether a KV-cache chunk of `rows` query rows per KV head (seqlen_q x group) on pages of
+/// page_size takes the gathering kernel of tuning row `c` (hopper_api.cu kvcache_on_forward; the
+/// decode kernel otherwise, unless an override forces the forward): its pages are gathered on that
+/// bucket (fwd_runs_gather_kernel) and the rows fill tuning_fwd.h kFwdGatherMinRowTiles of its row
+/// tiles.
+constexpr bool kvcache_gathers(const detail::HopperFwdConfig& c, int32_t page_size, int64_t rows) {
+  return fwd_runs_gather_kernel(c, page_size) && rows >= int64_t(detail::kFwdGatherMinRowTiles) * c.tile_m;
+}
+
 }  // namespace fa4::hopper

@@ -262,9 +262,17 @@ struct MainloopLoad {
   /// TMA producer issues them (K of block n, then V of block n + 1). Each of their 96 threads
   /// waits for the stage to be free, issues its copies and arrives on the stage's full barrier
   /// once they have landed (noinc: the barrier expects the 96 arrivals, kernel_fwd.cuh).
+  /// A block's page-table entries are read once for its K and V, one block ahead of their first
+  /// use: the read's latency passes while the thread waits for a free stage and issues the
+  /// previous block's copies, not between that wait and the copies that need it.
   template <class SharedStorage>
   __device__ static void gather(const Params& p, SharedStorage& ss, Pipeline& pipe_k, Pipeline& pipe_v,
                                 TileRing::Pipeline& pipe_t) {
+    const int lane = int(threadIdx.x % 32);
+    const int warp = int(threadIdx.x / 32) - 1;
+    // This thread's first pieces (stage 0), for each ring: GatherSmem's offsets, once.
+    const GatherThread tk = gather_thread<false>(p, ss.smem_k.data(), warp, lane);
+    const GatherThread tv = gather_thread<true>(p, ss.smem_v.data(), warp, lane);
     PipelineState wr = cutlass::make_producer_start_state<Pipeline>();
     TileRing::State ts;
     for (detail::WorkItem w = TileRing::receive(pipe_t, ss.tiles, ts); w.tile < p.num_tiles;
@@ -273,64 +281,116 @@ struct MainloopLoad {
       if (!ti.has_keys()) continue;
       const int32_t h_kv = ti.c.head / p.group_size;
       int32_t n = ti.keys.n_block_max - 1;
-      gather_block<false>(p, ss.smem_k.data(), pipe_k, wr, ti, h_kv, n);
+      int32_t entry = page_entry(p, ti, n);
+      int32_t entry_next = page_entry(p, ti, n - 1);
+      gather_block<false>(p, tk, pipe_k, wr, ti, h_kv, n, entry);
       for (--n; n >= ti.keys.n_block_min; --n) {
+        const int32_t entry_v = entry;
+        entry = entry_next;
+        entry_next = page_entry(p, ti, n - 1);
         PipelineState wr_v = wr;
         ++wr;
-        gather_block<false>(p, ss.smem_k.data(), pipe_k, wr, ti, h_kv, n);
-        gather_block<true>(p, ss.smem_v.data(), pipe_v, wr_v, ti, h_kv, n + 1);
+        gather_block<false>(p, tk, pipe_k, wr, ti, h_kv, n, entry);
+        gather_block<true>(p, tv, pipe_v, wr_v, ti, h_kv, n + 1, entry_v);
       }
-      gather_block<true>(p, ss.smem_v.data(), pipe_v, wr, ti, h_kv, ti.keys.n_block_min);
+      gather_block<true>(p, tv, pipe_v, wr, ti, h_kv, ti.keys.n_block_min, entry);
       ++wr;
     }
     arch::cp_async_wait_all();  // nothing of this thread's still in flight when it exits
   }
 
-  /// Key block n of tile ti (KV head h_kv) into stage st of the K ring (kV false) or the V ring. The block goes in
-  /// groups of 8 keys (8 divides both the block's first key and the page size: a group lies in one
-  /// page); warp w (0-2) takes groups w, w + 3, ..., lane l key l / 4 of the group and the
-  /// 16-byte pieces l % 4 + 4 i of its row, so a warp instruction reads 64 contiguous bytes of
-  /// each of 8 rows. Lane g first reads group g's page-table entry (one load per lane per block,
-  /// before the stage wait; seq_bounds checked every entry of the sequence's keys); the groups
-  /// take it by shuffle. Keys from seqlen_k on, head-dim padding and an entry outside the pool
-  /// are zero-filled (src-size 0: nothing read); the smem addresses are GatherSmem's
-  /// (kernel_traits_fwd.cuh): the layout's, swizzle included, where TMA would have written.
+  /// What a copying thread keeps of one ring across blocks: the shared-memory address of its
+  /// first group's pieces 0 and 1 in stage 0, and its row's offset in a group (key lane / 4 of the
+  /// group, columns from 8 (lane % 4)).
+  struct GatherThread {
+    uint32_t smem0, smem1;
+    int64_t lane_offset;
+  };
+
   template <bool kV>
-  __device__ __forceinline__ static void gather_block(const Params& p, typename Kt::Element* ring, Pipeline& pipe,
+  __device__ __forceinline__ static GatherThread gather_thread(const Params& p, typename Kt::Element* ring, int warp,
+                                                               int lane) {
+    using Smem = GatherSmem<Kt, kV>;
+    const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+    const detail::RowStrides& stride = kV ? p.v_pool_stride : p.k_pool_stride;
+    constexpr uint32_t kBytes = sizeof(typename Kt::Element);
+    return {base + kBytes * uint32_t(Smem::first(warp, lane, 0)), base + kBytes * uint32_t(Smem::first(warp, lane, 1)),
+            int64_t(lane / 4) * stride.row + (lane % 4) * 8};
+  }
+
+  /// Lane g's page-table entry for key block n of tile ti: that of the block's g-th group of 8 keys
+  /// (0 past the block's groups, past seqlen_k and below the tile's key range; seq_bounds checked
+  /// every entry of the sequence's keys).
+  __device__ __forceinline__ static int32_t page_entry(const Params& p, const TileInfo& ti, int32_t n) {
+    const int lane = int(threadIdx.x % 32);
+    const int32_t key = n * kBlockN + 8 * lane;
+    if (n < ti.keys.n_block_min || lane >= kBlockN / 8 || key >= ti.seqlen_k) return 0;
+    return __ldg(p.page_table + int64_t(ti.c.batch) * p.page_table_batch_stride + (key >> p.page_shift));
+  }
+
+  /// Key block n of tile ti (KV head h_kv) into stage st of the K ring (kV false) or the V ring. The
+  /// block goes in groups of 8 keys (8 divides both the block's first key and the page size: a group
+  /// lies in one page); warp w (0-2) takes groups w, w + 3, ..., lane l key l / 4 of the group and
+  /// the 16-byte pieces l % 4 + 4 i of its row, so a warp instruction reads 64 contiguous bytes of
+  /// each of 8 rows. Lane g holds group g's page-table entry (`entry`, page_entry); the groups take
+  /// it by shuffle. Keys from seqlen_k on and an entry outside the pool are zero-filled (src-size
+  /// 0: nothing read); so is head-dim padding, which only an input narrower than the bucket has
+  /// (copy_groups<false>: where every row is the bucket's width, no piece needs a test of its own).
+  /// The smem addresses are GatherSmem's: the layout's, swizzle included, where TMA would have written.
+  template <bool kV>
+  __device__ __forceinline__ static void gather_block(const Params& p, const GatherThread& t, Pipeline& pipe,
                                                       PipelineState st, const TileInfo& ti, int32_t h_kv,
-                                                      int32_t n) {
+                                                      int32_t n, int32_t entry) {
+    using Smem = GatherSmem<Kt, kV>;
+    pipe.producer_acquire(st);  // (lane 0 of warp 0 is the leader, never here: no expect-tx)
+    const int32_t width = kV ? p.headdim_v : cute::get<1>(p.shape_k);  // real d (a multiple of 8)
+    if (width == Smem::kWidth) copy_groups<kV, true>(p, t, st.index(), ti, h_kv, n, entry, width);
+    else copy_groups<kV, false>(p, t, st.index(), ti, h_kv, n, entry, width);
+    cutlass::arch::cpasync_barrier_arrive_noinc(pipe.producer_get_barrier(st));
+  }
+
+  template <bool kV, bool kFullWidth>
+  __device__ __forceinline__ static void copy_groups(const Params& p, const GatherThread& t, int stage,
+                                                     const TileInfo& ti, int32_t h_kv, int32_t n, int32_t entry,
+                                                     int32_t width) {
     using Element = typename Kt::Element;
     using Smem = GatherSmem<Kt, kV>;
+    constexpr uint32_t kBytes = sizeof(Element);
     const int lane = int(threadIdx.x % 32);
     const int warp = int(threadIdx.x / 32) - 1;
-    const int32_t key0 = n * kBlockN;
-    int32_t entry = 0;
-    if (lane < Smem::kGroups && key0 + 8 * lane < ti.seqlen_k)
-      entry = __ldg(p.page_table + int64_t(ti.c.batch) * p.page_table_batch_stride + ((key0 + 8 * lane) >> p.page_shift));
-    pipe.producer_acquire(st);  // (lane 0 of warp 0 is the leader, never here: no expect-tx)
     const Element* pool = kV ? p.v_pool : p.k_pool;
     const detail::RowStrides& stride = kV ? p.v_pool_stride : p.k_pool_stride;
-    const Element* head = pool + int64_t(h_kv) * stride.head;
-    const int32_t width = kV ? p.headdim_v : cute::get<1>(p.shape_k);  // real d (a multiple of 8)
-    const int r = lane / 4;
+    const int32_t key0 = n * kBlockN;
+    // Lane g: the byte offset of group g's first row in the pool (its page's row (key0 + 8 g) %
+    // page_size), or -1 where its entry is outside the pool; the groups take it by shuffle.
+    const int64_t group_offset =
+        detail::page_in_pool(entry, p.num_pages)
+            ? int64_t(kBytes) * (int64_t(uint32_t(entry)) * stride.batch +
+                                 int64_t(uint32_t((key0 + 8 * lane) & (p.page_size - 1))) * stride.row)
+            : int64_t(-1);
+    const char* head = reinterpret_cast<const char*>(pool + int64_t(h_kv) * stride.head + t.lane_offset);
+    const uint32_t stage_offset = kBytes * uint32_t(stage * Smem::stage_step());
+    uint32_t smem0 = t.smem0 + stage_offset, smem1 = t.smem1 + stage_offset;
+    const int32_t row_key = key0 + lane / 4;  // this thread's key in group 0
     const int c0 = (lane % 4) * 8;
-    Element* const first0 = Smem::first(ring, st.index(), warp, lane, 0);
-    Element* const first1 = Smem::first(ring, st.index(), warp, lane, 1);
-    const int32_t group_step = Smem::group_step(ring), atom_step = Smem::atom_step(ring);
 #pragma unroll 1
-    for (int g = warp, j = 0; g < Smem::kGroups; g += 3, ++j) {
-      const int32_t page = __shfl_sync(0xffffffffu, entry, g);
-      const int32_t key = key0 + 8 * g + r;
-      const bool row_ok = key < ti.seqlen_k && detail::page_in_pool(page, p.num_pages);
-      const Element* src =
-          row_ok ? head + int64_t(page) * stride.batch + int64_t(key & (p.page_size - 1)) * stride.row + c0 : pool;
+    for (int g = warp; g < Smem::kGroups; g += 3) {
+      const int64_t offset = __shfl_sync(0xffffffffu, group_offset, g);
+      const bool row_ok = offset >= 0 && row_key + 8 * g < ti.seqlen_k;
+      const Element* src = row_ok ? reinterpret_cast<const Element*>(head + offset) : pool;
 #pragma unroll
       for (int i = 0; i < Smem::kPieces; ++i) {
-        const bool ok = row_ok && c0 + 32 * i < width;
-        arch::cp_async_16(Smem::piece(first0, first1, j, i, group_step, atom_step), ok ? src + 32 * i : pool, ok);
+        const uint32_t dst = (i % 2 ? smem1 : smem0) + kBytes * uint32_t((i / 2) * Smem::atom_step());
+        if constexpr (kFullWidth) {
+          arch::cp_async_16(dst, src + 32 * i, row_ok);
+        } else {  // (pieces past the row's width zero-filled; their address need not be in the row)
+          const bool ok = row_ok && c0 + 32 * i < width;
+          arch::cp_async_16(dst, ok ? src + 32 * i : pool, ok);
+        }
       }
+      smem0 += kBytes * uint32_t(Smem::group_step());
+      smem1 += kBytes * uint32_t(Smem::group_step());
     }
-    cutlass::arch::cpasync_barrier_arrive_noinc(pipe.producer_get_barrier(st));
   }
 };
 

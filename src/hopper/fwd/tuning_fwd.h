@@ -50,9 +50,11 @@ struct HopperFwdConfig {
   /// Paged KV-cache chunks whose pages are no whole key blocks but a power of two from 8 rows
   /// (launch_fwd.h fwd_paged_load) run this bucket's gathering kernel (producer warps copying the
   /// rows with cp.async; scripts/generate_kernels.py writes its own instantiation file) instead of
-  /// the decode kernel. Only where it measured faster: d256 (pages of 16, 256 rows per KV head:
-  /// 4.3x the decode kernel); at d64 / d128 it was faster on some shapes and up to 1.6x slower on
-  /// others, so they keep the decode kernel (bench/results/history.md).
+  /// the decode kernel, from kFwdGatherMinRowTiles row tiles per KV head (below). Pages of 16 on an
+  /// H100, kernel time against the decode kernel's: d256 4.7x faster (256 rows per KV head); d128
+  /// 1.07-1.65x faster on 6 of 7 shapes of 256-2048 rows, causal and not, 0.91x at GQA 32/8 64
+  /// queries x 16k non-causal; d64 1.11-1.25x faster at 512 rows, 0.67-0.79x at 256 (1.33 of its
+  /// 192-row tiles) (bench/results/history.md).
   bool gather_kernel;
   /// A second kernel for causal masks and windows with a right edge (launch_fwd.h
   /// fwd_runs_local_kernel; scripts/generate_kernels.py writes its own instantiation file), whose
@@ -72,6 +74,11 @@ struct HopperFwdConfig {
 inline constexpr int32_t kHopperConsumerRegs = 240;
 inline constexpr int32_t kHopperConsumerRegs3WG = 160;
 inline constexpr int32_t kHopperProducerRegs = 24;
+/// The gathering kernel's two consumer warpgroups (kernel_traits_fwd.cuh kConsumerRegs): 8 fewer,
+/// so that its producer warpgroup, whose three warps copy K/V rows, gets 40 (the backward's
+/// split). Three consumer warpgroups keep their 160 (152 made ptxas serialise their wgmmas,
+/// C7512), which leaves the producers 32.
+inline constexpr int32_t kHopperGatherConsumerRegs = 232;
 inline constexpr int32_t kHopperRegisterFile = 64 * 1024;  ///< 32-bit registers per SM (sm_90)
 /// Registers a CTA of `threads` threads holds for setmaxnreg to move between its warpgroups. With
 /// __launch_bounds__(threads, 1) each thread starts with the register file's share, at most 255,
@@ -105,14 +112,20 @@ constexpr HopperFwdConfig kHopperFwdConfigs[] = {
     // Measured at 8k (x cuDNN): two warpgroups 0.90 / 0.91 (non-causal / causal); three with
     // exp2 emulation share 4/16 1.02-1.03 / 0.98-0.99, 2/16 1.06 / 1.01, 1/16 1.10 / 1.03, 0 1.11 / 1.06-1.07:
     // with three warpgroups the FMA pipe, not MUFU, is the scarcer unit, so d64 emulates nothing.
-    {64, 64, kHopperTileM3WG, 128, 3, 2, Exp2Emulation{16, 0}, kHopperConsumerRegs3WG, kHopperProducerRegs, true, true, true, false, true},
+    {64, 64, kHopperTileM3WG, 128, 3, 2, Exp2Emulation{16, 0}, kHopperConsumerRegs3WG, kHopperProducerRegs, true, true, true, true, true},
     {96, 96, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 3}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true, false, false},
-    {128, 128, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 1}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true, false, false},
+    {128, 128, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 1}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true, true, false},
     // d192x128: key tile 128 measured +2.4% / +1.7% (non-causal / causal 8k) over 112.
     {192, 128, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, true, false, false},
     {192, 192, kHopperTileM, 96, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false, false, false},
     {256, 256, kHopperTileM, 80, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false, true, false},
 };
+/// A KV-cache chunk on gathered pages runs the gathering kernel from this many of the forward's
+/// row tiles (tile_m) per KV head (launch_fwd.h kvcache_gathers), the decode kernel below: with
+/// fewer rows the forward's second tile is mostly empty and the decode kernel's 16- or 64-row
+/// tiles waste less (d64, 256 rows: gathered 44.4 us against the decode kernel's 35.2; 512 rows:
+/// 28.1 against 35.0; d128 at 256 rows causal 51.7 against 55.2, non-causal 88.5 against 80.9).
+inline constexpr int32_t kFwdGatherMinRowTiles = 2;
 inline constexpr int32_t kHopperNumFwdConfigs =
     int32_t(sizeof(kHopperFwdConfigs) / sizeof(kHopperFwdConfigs[0]));
 

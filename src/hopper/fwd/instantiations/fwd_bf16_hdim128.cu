@@ -2,5 +2,7 @@
 // Hopper forward, bf16, headdim 128, headdim_v 128.
 #include "hopper/fwd/launch_fwd.cuh"
 
+extern template void fa4::hopper::run_fwd_gather<0, 128, 128>(const fa4::detail::FwdParams&,
+                                                                   const fa4::hopper::LaunchContext&);
 template void fa4::hopper::run_fwd<0, 128, 128>(const fa4::detail::FwdParams&,
                                                      const fa4::hopper::LaunchContext&);

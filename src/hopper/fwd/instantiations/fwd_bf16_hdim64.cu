@@ -4,5 +4,7 @@
 
 extern template void fa4::hopper::run_fwd_local<0, 64, 64>(const fa4::detail::FwdParams&,
                                                                   const fa4::hopper::LaunchContext&);
+extern template void fa4::hopper::run_fwd_gather<0, 64, 64>(const fa4::detail::FwdParams&,
+                                                                   const fa4::hopper::LaunchContext&);
 template void fa4::hopper::run_fwd<0, 64, 64>(const fa4::detail::FwdParams&,
                                                      const fa4::hopper::LaunchContext&);

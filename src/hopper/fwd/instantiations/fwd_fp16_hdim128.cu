@@ -2,5 +2,7 @@
 // Hopper forward, fp16, headdim 128, headdim_v 128.
 #include "hopper/fwd/launch_fwd.cuh"
 
+extern template void fa4::hopper::run_fwd_gather<1, 128, 128>(const fa4::detail::FwdParams&,
+                                                                   const fa4::hopper::LaunchContext&);
 template void fa4::hopper::run_fwd<1, 128, 128>(const fa4::detail::FwdParams&,
                                                      const fa4::hopper::LaunchContext&);

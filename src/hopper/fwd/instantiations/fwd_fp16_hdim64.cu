@@ -4,5 +4,7 @@
 
 extern template void fa4::hopper::run_fwd_local<1, 64, 64>(const fa4::detail::FwdParams&,
                                                                   const fa4::hopper::LaunchContext&);
+extern template void fa4::hopper::run_fwd_gather<1, 64, 64>(const fa4::detail::FwdParams&,
+                                                                   const fa4::hopper::LaunchContext&);
 template void fa4::hopper::run_fwd<1, 64, 64>(const fa4::detail::FwdParams&,
                                                      const fa4::hopper::LaunchContext&);
