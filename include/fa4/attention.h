@@ -347,8 +347,9 @@ std::string forward_support(const TensorView& q, const TensorView& k, const Tens
 /// *kernel_name: "cpu::flash_forward_with_kvcache", "cpu::reference_forward_with_kvcache", the
 /// CUDA decode kernel's, or for a chunk of more than 128 query rows per KV head over a dense cache,
 /// or a paged one whose page size is a multiple of the forward's key tile (128 keys up to head dim
-/// 128 and at 192 x 128, 96 at 192, 80 at 256) or, on the 256 bucket (head dims 193-256), another
-/// power of two from 8 rows (then the gathering forward kernel, "hopper::fwd_..._gather"), the
+/// 128 and at 192 x 128, 96 at 192, 80 at 256) or, on the 64, 128 and 256 buckets (head dims up to
+/// 64, 97-128, 193-256; chunks of at least 96, 64 and any query tokens), another power of two from
+/// 8 rows (then the gathering forward kernel, "hopper::fwd_..._gather"), the
 /// forward kernel's, "hopper::fwd_...
 /// (KV cache)" / "(KV cache, paged)"), otherwise the
 /// message forward_with_kvcache() would throw. Reads host-resident index contents (as the call's

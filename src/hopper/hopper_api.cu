@@ -335,7 +335,7 @@ std::string forward_kernel_support(const detail::FwdParams& p, std::string* kern
 /// a page size that is a multiple of the forward bucket's key tile (tile_n: 128 keys up to d128
 /// and at 192 x 128, 96 at d192, 80 at d256; a key block is one TMA box of one page) or, on a
 /// bucket with a gathering kernel (tuning_fwd.h gather_kernel: d64, d128, d256), a power of two of
-/// at least 8 rows, from two of its row tiles per KV head (hopper::fwd_<bucket>_gather,
+/// at least 8 rows, from its gather_min_seqlen_q query tokens (hopper::fwd_<bucket>_gather,
 /// launch_fwd.h kvcache_gathers; other page sizes and fewer rows stay on the decode kernel, which
 /// takes any) and a pool of at least one page, no cache_batch_idx, no explicit num_splits (the decode
 /// kernel's), more than 128 query rows per KV head (chunked prefill; there a
@@ -363,8 +363,8 @@ bool kvcache_on_forward(const detail::KVCacheParams& p, std::string* name) {
   // either way (fwd: at any row count).
   const int8_t forced = detail::kernel_overrides().small_q_decode;
   if (forced == 1 || (forced < 0 && decode_rows(p) <= kSmallQMaxRows)) return false;
-  // Gathered pages from two of the forward's row tiles per KV head (launch_fwd.h kvcache_gathers).
-  if (gathered && forced < 0 && !kvcache_gathers(*fc, p.page_size, decode_rows(p))) return false;
+  // Gathered pages from the bucket's gather_min_seqlen_q tokens (launch_fwd.h kvcache_gathers).
+  if (gathered && forced < 0 && !kvcache_gathers(*fc, p.page_size, p.seqlen_q)) return false;
   // (Paged: common_support checks k / v's strides as a batched view's; decode_support checked the
   // pool's, the same TMA rule.)
   const detail::FwdParams& fp = p;

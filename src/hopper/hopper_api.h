@@ -47,7 +47,7 @@ uint64_t bwd_tma_epilogue_calls();
 /// The decode kernel (decode/) must accept p (its launch also appends k_new / v_new); a call with
 /// more than 128 query rows per KV head (chunked prefill) over a dense cache, or a paged one whose
 /// page size is a multiple of the forward's key tile or, on a bucket with a gathering kernel (d64,
-/// d128, d256) and from two of its row tiles per KV head, a power of two from 8 rows (the gathering
+/// d128, d256; from 96, 64 and any query tokens), a power of two from 8 rows (the gathering
 /// kernel, "hopper::fwd_..._gather"), then attends on the forward kernel (fwd/,
 /// "hopper::fwd_... (KV cache)" / "(KV cache, paged)"; hopper_api.cu kvcache_on_forward), as a
 /// forward of that shape would. forward_kvcache() runs exactly what this picks.

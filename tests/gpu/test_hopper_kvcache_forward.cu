@@ -1,6 +1,7 @@
 // tests/gpu/test_hopper_kvcache_forward.cu — KV-cache calls that the selector runs on the forward
 // kernel (hopper_api.cu kvcache_on_forward: the cache read in place, dense or paged with pages of
-// whole key blocks or, on a bucket with a gathering kernel, of a power of two from 8 rows; more than 128
+// whole key blocks or, on a bucket with a gathering kernel and from its gather_min_seqlen_q query
+// tokens, of a power of two from 8 rows; more than 128
 // query rows per KV head: chunked prefill): the route (the kernel's name) and decode_case.cuh's checks on the forward kernel — the append (bitwise), out /
 // lse against the reference, rows that see no key, stale cache rows past a sequence's keys
 // holding NaN, broken cache_seqlens or page-table entries skipping the sequence —
@@ -24,12 +25,11 @@ namespace {
 bool on_forward_kernel(const std::string& kernel) { return kernel.find("hopper::fwd_") != std::string::npos; }
 
 // Whether c's pages go to its bucket's gathering kernel (launch_fwd.h kvcache_gathers: a power of
-// two from 8 rows that is no whole key block, on a bucket with one, and enough query rows per KV
-// head); such a chunk runs on the decode kernel otherwise.
+// two from 8 rows that is no whole key block, on a bucket with one, and the bucket's
+// gather_min_seqlen_q query tokens); such a chunk runs on the decode kernel otherwise.
 bool bucket_gathers(const KvCase& c) {
   const fa4::detail::HopperFwdConfig* fc = fa4::detail::hopper_fwd_bucket(c.d, c.dv);
-  return fc != nullptr &&
-         fa4::hopper::kvcache_gathers(*fc, c.page_size, int64_t(c.seqlen_q) * (c.heads / c.heads_kv));
+  return fc != nullptr && fa4::hopper::kvcache_gathers(*fc, c.page_size, c.seqlen_q);
 }
 
 TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
@@ -148,15 +148,16 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
     KvCase d256p = d256;
     d256p.page_size = 160; d256p.seed = 47;
     routes.push_back({d256p, true});
-    // Small pages: d64 (pages of 16, at 300 and 400 query rows), GQA 8/1 (pages of 32), d256 with pages of 64 and 128
+    // Small pages: d64 (pages of 16; 300 queries, and 64 of GQA 32/4), GQA 8/1 (pages of 32), d256 with pages of 64 and 128
     // (80-key blocks start inside a page, groups of 8 keys never do), 16, 8 (fp16, softcap), 32
     // with a bad entry (that sequence skipped) and 16 at head dim 248.
     KvCase c16 = c;
     c16.page_size = 16; c16.cache_seqlens = {3000}; c16.causal = true; c16.seed = 48;
     small_pages(c16);
-    KvCase c16w = c16;  // 400 rows: past two of d64's 192-row tiles (kvcache_gathers)
-    c16w.seqlen_q = 400; c16w.seqlen_new = 0; c16w.cache_seqlens = {2500}; c16w.seed = 69;
-    small_pages(c16w);
+    KvCase c16g = c16;  // GQA 32/4, 64 queries (512 rows per KV head): under d64's gather_min_seqlen_q
+    c16g.seqlen_q = 64; c16g.heads = 32; c16g.heads_kv = 4; c16g.capacity = 2048; c16g.cache_seqlens = {2000};
+    c16g.seed = 69;
+    small_pages(c16g);
     KvCase g32 = g;
     g32.page_size = 32; g32.seed = 49;
     small_pages(g32);

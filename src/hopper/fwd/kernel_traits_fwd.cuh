@@ -74,6 +74,9 @@ struct FwdKernelTraits {
       kGather ? (detail::hopper_cta_registers(kNumThreads) - kNumMmaThreads * kConsumerRegs) /
                     cutlass::NumThreadsPerWarpGroup / 8 * 8
               : kConfig.producer_regs;
+  static_assert(kConsumerRegs % 8 == 0 && kProducerRegs % 8 == 0 && kConsumerRegs >= 24 && kProducerRegs >= 24 &&
+                    kConsumerRegs <= 256 && kProducerRegs <= 256,
+                "setmaxnreg takes multiples of 8 in [24, 256]");
   static_assert(kNumMmaThreads * kConsumerRegs + cutlass::NumThreadsPerWarpGroup * kProducerRegs <=
                     detail::hopper_cta_registers(kNumThreads),
                 "setmaxnreg split over the registers the CTA holds (tuning_fwd.h hopper_cta_registers)");
@@ -288,18 +291,25 @@ struct GatherSmem {
     }
     return int32_t(e - ring);
   }
+  /// Copying thread `lane`'s key in each of its groups, and the first column of its pieces.
+  CUTE_HOST_DEVICE static constexpr int key_in_group(int lane) { return lane / 4; }
+  CUTE_HOST_DEVICE static constexpr int column(int lane) { return (lane % 4) * 8; }
   /// Piece `half` (0 or 1) of the first group of copying warp `warp` (0-2), lane `lane`, stage 0.
   CUTE_HOST_DEVICE static int32_t first(int warp, int lane, int half) {
-    return at(0, 8 * warp + lane / 4, (lane % 4) * 8 + 32 * half);
+    return at(0, 8 * warp + key_in_group(lane), column(lane) + 32 * half);
   }
   // (coordinates in range only where a thread takes the step)
   CUTE_HOST_DEVICE static int32_t stage_step() { return Kt::kStages > 1 ? at(1, 0, 0) - at(0, 0, 0) : 0; }
   CUTE_HOST_DEVICE static int32_t group_step() { return kGroups > 3 ? at(0, 24, 0) - at(0, 0, 0) : 0; }
   CUTE_HOST_DEVICE static int32_t atom_step() { return kPieces > 2 ? at(0, 0, 64) - at(0, 0, 0) : 0; }
+  /// Piece i of the thread's j-th group of stage `stage`, from piece i % 2 of its first group in stage 0.
+  CUTE_HOST_DEVICE static int32_t step(int stage, int j, int i) {
+    return stage * stage_step() + j * group_step() + (i / 2) * atom_step();
+  }
   /// Offset of piece i of the j-th group of stage `stage` of a thread whose first group's pieces 0
   /// and 1 (stage 0) are at first0, first1.
   CUTE_HOST_DEVICE static int32_t piece(int32_t first0, int32_t first1, int stage, int j, int i) {
-    return (i % 2 ? first1 : first0) + stage * stage_step() + j * group_step() + (i / 2) * atom_step();
+    return (i % 2 ? first1 : first0) + step(stage, j, i);
   }
 };
 

@@ -84,13 +84,12 @@ constexpr bool fwd_runs_gather_kernel(const detail::HopperFwdConfig& c, int32_t 
   return c.gather_kernel && fwd_paged_load(page_size, c.tile_n) == FwdPagedLoad::kGather;
 }
 
-/// Whether a KV-cache chunk of `rows` query rows per KV head (seqlen_q x group) on pages of
-/// page_size takes the gathering kernel of tuning row `c` (hopper_api.cu kvcache_on_forward; the
-/// decode kernel otherwise, unless an override forces the forward): its pages are gathered on that
-/// bucket (fwd_runs_gather_kernel) and the rows fill tuning_fwd.h kFwdGatherMinRowTiles of its row
-/// tiles.
-constexpr bool kvcache_gathers(const detail::HopperFwdConfig& c, int32_t page_size, int64_t rows) {
-  return fwd_runs_gather_kernel(c, page_size) && rows >= int64_t(detail::kFwdGatherMinRowTiles) * c.tile_m;
+/// Whether a KV-cache chunk of seqlen_q query tokens on pages of page_size, which the route gives
+/// the forward (hopper_api.cu kvcache_on_forward), takes the gathering kernel of tuning row `c`
+/// rather than the decode kernel (unless an override forces the forward): its pages are gathered
+/// on that bucket (fwd_runs_gather_kernel) and it has the row's gather_min_seqlen_q tokens.
+constexpr bool kvcache_gathers(const detail::HopperFwdConfig& c, int32_t page_size, int32_t seqlen_q) {
+  return fwd_runs_gather_kernel(c, page_size) && seqlen_q >= c.gather_min_seqlen_q;
 }
 
 }  // namespace fa4::hopper

@@ -315,7 +315,7 @@ struct MainloopLoad {
     const detail::RowStrides& stride = kV ? p.v_pool_stride : p.k_pool_stride;
     constexpr uint32_t kBytes = sizeof(typename Kt::Element);
     return {base + kBytes * uint32_t(Smem::first(warp, lane, 0)), base + kBytes * uint32_t(Smem::first(warp, lane, 1)),
-            int64_t(lane / 4) * stride.row + (lane % 4) * 8};
+            int64_t(Smem::key_in_group(lane)) * stride.row + Smem::column(lane)};
   }
 
   /// Lane g's page-table entry for key block n of tile ti: that of the block's g-th group of 8 keys
@@ -362,25 +362,25 @@ struct MainloopLoad {
     const detail::RowStrides& stride = kV ? p.v_pool_stride : p.k_pool_stride;
     const int32_t key0 = n * kBlockN;
     // Lane g: the byte offset of group g's first row in the pool (its page's row (key0 + 8 g) %
-    // page_size), or -1 where its entry is outside the pool; the groups take it by shuffle.
+    // page_size), or -1 where its entry is outside the pool (an offset is never negative: the
+    // pool's strides are positive wherever its extent is above 1, hopper_api.cu check_tma_tensor);
+    // the groups take it by shuffle.
     const int64_t group_offset =
         detail::page_in_pool(entry, p.num_pages)
             ? int64_t(kBytes) * (int64_t(uint32_t(entry)) * stride.batch +
                                  int64_t(uint32_t((key0 + 8 * lane) & (p.page_size - 1))) * stride.row)
             : int64_t(-1);
     const char* head = reinterpret_cast<const char*>(pool + int64_t(h_kv) * stride.head + t.lane_offset);
-    const uint32_t stage_offset = kBytes * uint32_t(stage * Smem::stage_step());
-    uint32_t smem0 = t.smem0 + stage_offset, smem1 = t.smem1 + stage_offset;
-    const int32_t row_key = key0 + lane / 4;  // this thread's key in group 0
-    const int c0 = (lane % 4) * 8;
+    const int32_t row_key = key0 + Smem::key_in_group(lane);  // this thread's key in group 0
+    const int c0 = Smem::column(lane);
 #pragma unroll 1
-    for (int g = warp; g < Smem::kGroups; g += 3) {
+    for (int g = warp, j = 0; g < Smem::kGroups; g += 3, ++j) {
       const int64_t offset = __shfl_sync(0xffffffffu, group_offset, g);
       const bool row_ok = offset >= 0 && row_key + 8 * g < ti.seqlen_k;
       const Element* src = row_ok ? reinterpret_cast<const Element*>(head + offset) : pool;
 #pragma unroll
       for (int i = 0; i < Smem::kPieces; ++i) {
-        const uint32_t dst = (i % 2 ? smem1 : smem0) + kBytes * uint32_t((i / 2) * Smem::atom_step());
+        const uint32_t dst = (i % 2 ? t.smem1 : t.smem0) + kBytes * uint32_t(Smem::step(stage, j, i));
         if constexpr (kFullWidth) {
           arch::cp_async_16(dst, src + 32 * i, row_ok);
         } else {  // (pieces past the row's width zero-filled; their address need not be in the row)
@@ -388,8 +388,6 @@ struct MainloopLoad {
           arch::cp_async_16(dst, ok ? src + 32 * i : pool, ok);
         }
       }
-      smem0 += kBytes * uint32_t(Smem::group_step());
-      smem1 += kBytes * uint32_t(Smem::group_step());
     }
   }
 };

@@ -30,8 +30,10 @@ struct HopperFwdConfig {
   /// at d128 non-causal 4k-16k, so only d64 keeps 2 (equal there).
   int32_t q_stages;
   Exp2Emulation exp2_emulation;   ///< default share of exp2 done on the FMA pipe (FA4 Sec. 3)
-  int32_t consumer_regs;  ///< setmaxnreg for the softmax/MMA warpgroups
-  int32_t producer_regs;  ///< setmaxnreg for the TMA producer warpgroup
+  /// setmaxnreg for the softmax/MMA warpgroups and the TMA producer warpgroup (the gathering kernel
+  /// splits the registers its own way: kernel_traits_fwd.cuh kConsumerRegs / kProducerRegs).
+  int32_t consumer_regs;
+  int32_t producer_regs;
   bool pingpong;          ///< named-barrier ordering (round robin) of the warpgroups' wgmma issue
   /// O is staged for its TMA store in its own smem buffer (tile_m x headdim) instead of the tile's
   /// dead Q buffer: Q is then released right after the key loop, so the next tile's Q loads
@@ -47,14 +49,23 @@ struct HopperFwdConfig {
   /// MMA-bound d192 and d256 kernels measured 0.92 / 0.97 of the max-first loop at d192 8k and
   /// 0.92 at d256 causal 512, so they keep the block max first.
   bool exp_from_running_max;
+  /// KV-cache chunks on gathered pages (gather_kernel, below) take the gathering kernel from this
+  /// many query tokens (seqlen_q) on, the decode kernel below (launch_fwd.h kvcache_gathers). The
+  /// forward does not pack GQA groups: a chunk of seqlen_q tokens fills seqlen_q of a query head's
+  /// tile_m rows, where the decode kernel packs a group's heads into its 16- or 64-row tiles. Pages
+  /// of 16 on an H100, kernel time gathered / decode kernel: d64 (192-row tiles) 64 queries 1.26x
+  /// (causal) and 1.48x (non-causal), 128 queries 0.90x, 512 0.80x; d128 64 queries 0.93x causal,
+  /// 1.10x non-causal, 128-512 queries 0.61-0.69x; so half a row tile (96, 64). d256 measured at
+  /// 256 queries only (0.21x; its decode kernel has no wide tile): 0, i.e. every chunk the route gives
+  /// the forward (bench/results/history.md).
+  int32_t gather_min_seqlen_q;
   /// Paged KV-cache chunks whose pages are no whole key blocks but a power of two from 8 rows
   /// (launch_fwd.h fwd_paged_load) run this bucket's gathering kernel (producer warps copying the
   /// rows with cp.async; scripts/generate_kernels.py writes its own instantiation file) instead of
-  /// the decode kernel, from kFwdGatherMinRowTiles row tiles per KV head (below). Pages of 16 on an
-  /// H100, kernel time against the decode kernel's: d256 4.7x faster (256 rows per KV head); d128
-  /// 1.07-1.65x faster on 6 of 7 shapes of 256-2048 rows, causal and not, 0.91x at GQA 32/8 64
-  /// queries x 16k non-causal; d64 1.11-1.25x faster at 512 rows, 0.67-0.79x at 256 (1.33 of its
-  /// 192-row tiles) (bench/results/history.md).
+  /// the decode kernel, from gather_min_seqlen_q queries on. Pages of 16 on an H100, kernel time
+  /// against the decode kernel's: d256 4.7x faster (256 queries); d128 1.07-1.65x faster on 6 of 7
+  /// shapes of 64-512 queries, causal and not, 0.91x at GQA 32/8 64 queries x 16k non-causal; d64
+  /// 1.11-1.25x faster from 128 queries (bench/results/history.md).
   bool gather_kernel;
   /// A second kernel for causal masks and windows with a right edge (launch_fwd.h
   /// fwd_runs_local_kernel; scripts/generate_kernels.py writes its own instantiation file), whose
@@ -106,26 +117,20 @@ inline constexpr int32_t kHopperTileM3WG = 192;   ///< three consumer warpgroups
 // so one build would read another build's table.
 constexpr HopperFwdConfig kHopperFwdConfigs[] = {
     // d, dv, tile_m, tile_n, stages, q_stages, exp2_emulation, regs (consumer, producer), pingpong, o_buffer,
-    // exp_from_running_max, gather_kernel, local_kernel
+    // exp_from_running_max, gather_min_seqlen_q, gather_kernel, local_kernel
     // d64: three consumer warpgroups (192 query rows, FA3's tile): at d64 a warpgroup's softmax of a
     // block takes ~2x its Q K^T + P V, so two warpgroups leave the tensor core idle half the time.
     // Measured at 8k (x cuDNN): two warpgroups 0.90 / 0.91 (non-causal / causal); three with
     // exp2 emulation share 4/16 1.02-1.03 / 0.98-0.99, 2/16 1.06 / 1.01, 1/16 1.10 / 1.03, 0 1.11 / 1.06-1.07:
     // with three warpgroups the FMA pipe, not MUFU, is the scarcer unit, so d64 emulates nothing.
-    {64, 64, kHopperTileM3WG, 128, 3, 2, Exp2Emulation{16, 0}, kHopperConsumerRegs3WG, kHopperProducerRegs, true, true, true, true, true},
-    {96, 96, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 3}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true, false, false},
-    {128, 128, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 1}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true, true, false},
+    {64, 64, kHopperTileM3WG, 128, 3, 2, Exp2Emulation{16, 0}, kHopperConsumerRegs3WG, kHopperProducerRegs, true, true, true, 96, true, true},
+    {96, 96, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 3}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true, 0, false, false},
+    {128, 128, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 1}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true, 64, true, false},
     // d192x128: key tile 128 measured +2.4% / +1.7% (non-causal / causal 8k) over 112.
-    {192, 128, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, true, false, false},
-    {192, 192, kHopperTileM, 96, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false, false, false},
-    {256, 256, kHopperTileM, 80, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false, true, false},
+    {192, 128, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, true, 0, false, false},
+    {192, 192, kHopperTileM, 96, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false, 0, false, false},
+    {256, 256, kHopperTileM, 80, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false, 0, true, false},
 };
-/// A KV-cache chunk on gathered pages runs the gathering kernel from this many of the forward's
-/// row tiles (tile_m) per KV head (launch_fwd.h kvcache_gathers), the decode kernel below: with
-/// fewer rows the forward's second tile is mostly empty and the decode kernel's 16- or 64-row
-/// tiles waste less (d64, 256 rows: gathered 44.4 us against the decode kernel's 35.2; 512 rows:
-/// 28.1 against 35.0; d128 at 256 rows causal 51.7 against 55.2, non-causal 88.5 against 80.9).
-inline constexpr int32_t kFwdGatherMinRowTiles = 2;
 inline constexpr int32_t kHopperNumFwdConfigs =
     int32_t(sizeof(kHopperFwdConfigs) / sizeof(kHopperFwdConfigs[0]));
 
