@@ -336,7 +336,7 @@ std::string forward_kernel_support(const detail::FwdParams& p, std::string* kern
 /// and at 192 x 128, 96 at d192, 80 at d256; a key block is one TMA box of one page) or, on a
 /// bucket with a gathering kernel (tuning_fwd.h gather_kernel: d64, d128, d256), a power of two of
 /// at least 8 rows, from its gather_min_seqlen_q query tokens (hopper::fwd_<bucket>_gather,
-/// launch_fwd.h kvcache_gathers; other page sizes and fewer rows stay on the decode kernel, which
+/// launch_fwd.h kvcache_gathers; other page sizes and shorter chunks stay on the decode kernel, which
 /// takes any) and a pool of at least one page, no cache_batch_idx, no explicit num_splits (the decode
 /// kernel's), more than 128 query rows per KV head (chunked prefill; there a
 /// forward of the same shape over the whole cache would not take the decode kernel either,
