@@ -6,11 +6,13 @@ interleaved rounds (the contenders' order per round: bench/rounds.py).
 Metric: GB/s of K+V read (batch x seqlen_k x num_heads_kv x (headdim + headdim_v) x 2 bytes per
 call: the bytes a decode step must stream) and microseconds per call. SDPA gets dense (b, h, s, d)
 K/V with enable_gqa (its natural layout); fa4 gets its cache layout, dense (b, s, h_kv, d) or paged
-(num_pages, page_size, h_kv, d) with a shuffled page table. FlashInfer is not installed on the
-benchmark machine (no row).
+(num_pages, page_size, h_kv, d) with a shuffled page table. Upstream FlashAttention-4, where
+installed (shared/peers), gets fa4's cache through its varlen entry (seqused_k, page_table; its
+Hopper forward has no split-KV). FlashInfer is not installed on the benchmark machine (no row).
 
-Timing: eager calls of every contender (ratios), plus fa4's call replayed from a CUDA graph
-(fa4_graph: GPU time, as a serving engine runs decode; host costs are bench/host_overhead.py's).
+Timing: eager calls of every contender (ratios), plus fa4's and upstream's calls replayed from a
+CUDA graph (fa4_graph, upstream_fa4_graph: GPU time, as a serving engine runs decode; host costs are
+bench/host_overhead.py's; ratio_upstream_fa4_graph compares the two replays).
 
 Shapes: GQA 32/8 d128, batch 1/8/32/128, KV 1k..128k (at most 2M cached tokens per call: every
 layout's copy must fit), dense and paged (16; --quick) plus seqlen_q 4 and page 64 (full run), and
@@ -30,7 +32,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa4
-from bench_fwd import agreement, bench, fa4_layout, interleaved_rounds, run_meta, sdpa_fn
+from bench_fwd import (agreement, bench, fa4_layout, interleaved_rounds, run_meta, sdpa_fn, upstream_fa4_kvcache_fn,
+                       upstream_fa4_version)
 
 ROUNDS = 3
 
@@ -88,17 +91,31 @@ def time_row(r, batch, seqlen_k, seqlen_q, heads, heads_kv, d, page_size, dt, ge
         if fn:
             timers[name] = (lambda fn=fn, be=be: _in(be, lambda: bench(fn)))
             results[name] = (fa4_layout(name, _in(be, fn)),)
+    # Upstream FlashAttention-4 on the same cache (no split-KV on Hopper), eager and replayed.
+    up_fn = upstream_fa4_kvcache_fn(q, kc, vc, cache_seqlens=lens, page_table=table)
+    if up_fn is not None:
+        try:
+            results["upstream_fa4"] = (up_fn(),)
+            up_graph = graphed(up_fn)
+            timers["upstream_fa4"] = lambda: bench(up_fn)
+            timers["upstream_fa4_graph"] = lambda: bench(up_graph)
+        except Exception as e:
+            print(f"# upstream_fa4 failed: {str(e).splitlines()[0][:160]}", file=sys.stderr)
+            results.pop("upstream_fa4", None)
     # The contenders' outputs against fa4's (bench_fwd.agreement), before the timing.
     r["max_rel_diff_vs_fa4"] = agreement(results)
     times = interleaved_rounds(timers, ROUNDS)
     gbytes = batch * seqlen_k * heads_kv * 2 * d * q.element_size() / 1e9
-    for n in ("fa4", "fa4_graph", "cudnn", "flash"):
+    for n in ("fa4", "fa4_graph", "cudnn", "flash", "upstream_fa4", "upstream_fa4_graph"):
         ms = statistics.median(times[n]) if times.get(n) else None
         r[n + "_us"] = round(ms * 1e3, 1) if ms else None
         r[n + "_gbs"] = round(gbytes / (ms / 1e3), 0) if ms else None
     r["rounds"] = ROUNDS
     r["ratio_cudnn"] = round(r["cudnn_us"] / r["fa4_us"], 3) if r["fa4_us"] and r["cudnn_us"] else None
     r["ratio_flash"] = round(r["flash_us"] / r["fa4_us"], 3) if r["fa4_us"] and r["flash_us"] else None
+    # Graph replay against graph replay: upstream's eager call is host-bound at small sizes.
+    r["ratio_upstream_fa4_graph"] = (round(r["upstream_fa4_graph_us"] / r["fa4_graph_us"], 3)
+                                     if r["fa4_graph_us"] and r["upstream_fa4_graph_us"] else None)
     return r
 
 
@@ -129,6 +146,7 @@ def main():
     global ROUNDS
     ROUNDS = max(1, args.rounds)
     meta = run_meta()
+    meta["upstream_fa4"] = upstream_fa4_version()
     print(json.dumps(meta), flush=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
     dt = torch.bfloat16
@@ -159,14 +177,15 @@ def main():
     with open(args.out_json, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     print(f"\n{'h/hkv':>6} {'d':>4} {'sq':>3} {'b':>4} {'kv':>7} {'page':>4} {'fa4 GB/s':>9} {'cudnn':>7} "
-          f"{'flash':>7} {'fa4 us':>8} {'graph us':>8} {'cudnn us':>8} {'x cudnn':>7}")
+          f"{'flash':>7} {'fa4 us':>8} {'graph us':>8} {'cudnn us':>8} {'x cudnn':>7} {'up graph':>8} {'x up':>6}")
     for r in rows:
         if "error" in r:
             print(f"{r['heads']}/{r['heads_kv']} d{r['hdim']} b{r['batch']} kv{r['seqlen_k']} page{r['page_size']}: {r['error']}")
             continue
         print(f"{r['heads']:>3}/{r['heads_kv']:<2} {r['hdim']:>4} {r['seqlen_q']:>3} {r['batch']:>4} {r['seqlen_k']:>7} "
               f"{r['page_size']:>4} {r['fa4_gbs']!s:>9} {r['cudnn_gbs']!s:>7} {r['flash_gbs']!s:>7} "
-              f"{r['fa4_us']!s:>8} {r['fa4_graph_us']!s:>8} {r['cudnn_us']!s:>8} {r['ratio_cudnn']!s:>7}")
+              f"{r['fa4_us']!s:>8} {r['fa4_graph_us']!s:>8} {r['cudnn_us']!s:>8} {r['ratio_cudnn']!s:>7} "
+              f"{r['upstream_fa4_graph_us']!s:>8} {r['ratio_upstream_fa4_graph']!s:>6}")
     try:
         import matplotlib
         matplotlib.use("Agg")

@@ -35,8 +35,25 @@ from rounds import schedule  # same directory
 
 try:  # upstream FlashAttention-4 (CuTe DSL), shared/peers/install_upstream_fa4.sh
     from flash_attn.cute import flash_attn_func as upstream_fa4_func
+    from flash_attn.cute import flash_attn_varlen_func as upstream_fa4_varlen_func
 except Exception:  # not installed here
-    upstream_fa4_func = None
+    upstream_fa4_func = upstream_fa4_varlen_func = None
+
+
+def upstream_fa4_kvcache_fn(q, k_cache, v_cache, cache_seqlens=None, page_table=None, causal=False):
+    """Upstream FlashAttention-4's KV-cache form of a call (None where it is not installed): its
+    varlen entry on a dense (batch, seqlen_k, heads_kv, d) or paged (num_pages, page_size,
+    heads_kv, d) cache with seqused_k and page_table, pack-GQA its default. Its Hopper forward has no
+    split-KV (num_splits 1) and reads pages that are not one key tile with cp.async. Returns a
+    callable giving out (batch, seqlen_q, heads, d)."""
+    if upstream_fa4_varlen_func is None:
+        return None
+
+    def fn():
+        o = upstream_fa4_varlen_func(q, k_cache, v_cache, seqused_k=cache_seqlens, page_table=page_table,
+                                     causal=causal)
+        return o[0] if isinstance(o, tuple) else o
+    return fn
 
 
 def upstream_fa4_version():

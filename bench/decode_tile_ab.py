@@ -10,11 +10,12 @@ compared with fp32 math SDPA on the same keys (bottom-right causal mask); its ma
 Usage (GPU machine, repo root):
     PYTHONPATH=python:bench python3 bench/decode_tile_ab.py OUT.json new=build-dev/src/libfa4.so [old=...]
     ... --shape 1,8192,64,32,8,128,1   (batch,seqlen_k,seqlen_q,heads,heads_kv,headdim,causal; repeatable)
-    ... --tiles auto,16,64,fwd,dec,cudnn   (auto = the library's own choice; fwd = fa4.flash_attn_func
+    ... --tiles auto,16,64,fwd,dec,cudnn,up   (auto = the library's own choice; fwd = fa4.flash_attn_func
                                         on the forward kernel (override small_q fwd), the same maths;
                                         dec = the KV-cache call forced onto the decode kernel
                                         (override small_q decode); cudnn = SDPA's cuDNN backend, once,
-                                        not per library)
+                                        not per library; up = upstream FlashAttention-4 on the same
+                                        cache, paged or not, where installed, once)
     ... --page-size 16                 (the KV-cache calls on a paged cache: the same keys in pages of
                                         16 rows, in shuffled order; seqlen_k a multiple of it)
 The call is fa4.flash_attn_with_kvcache on a full cache (no cache_seqlens).
@@ -30,7 +31,7 @@ import fa4
 from ab_variants import load, parse, use
 from kernel_times import kernel_times
 from bench_decode import page_pool
-from bench_fwd import sdpa_fn
+from bench_fwd import sdpa_fn, upstream_fa4_kvcache_fn
 from rounds import schedule
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -62,7 +63,7 @@ def main():
     ap.add_argument("libs", nargs="+", help="name=path of a libfa4 build")
     ap.add_argument("--shape", action="append", default=[],
                     help="batch,seqlen_k,seqlen_q,heads,heads_kv,headdim,causal (repeatable)")
-    ap.add_argument("--tiles", default="auto,16,64", help="what to time: auto, 16, 64, fwd, dec, cudnn (see the docstring)")
+    ap.add_argument("--tiles", default="auto,16,64", help="what to time: auto, 16, 64, fwd, dec, cudnn, up (see the docstring)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--page-size", type=int, default=0, help="KV-cache calls on a paged cache of this page size")
     args = ap.parse_args()
@@ -95,9 +96,16 @@ def main():
                     fns[sname] = ref_fn
                     errs[sname] = round(float((ref_fn().float() - ref).abs().max()), 5)
                     break
+        up_fn = upstream_fa4_kvcache_fn(q, kc, vc, page_table=page_table, causal=causal) if "up" in tiles else None
+        if up_fn is not None:  # upstream FlashAttention-4, once, not per library
+            try:
+                errs["up"] = round(float((up_fn().float() - ref).abs().max()), 5)
+                fns["up"] = up_fn
+            except Exception as e:
+                print(f"# up failed: {str(e).splitlines()[0][:160]}", flush=True)
         for name, lib in libs.items():
             for tile in tiles:
-                if tile == "cudnn":
+                if tile in ("cudnn", "up"):
                     continue
                 env = {"auto": {}, "fwd": {"small_q": "fwd"}, "dec": {"small_q": "decode"}}.get(tile, {"decode_tile": tile})
 
