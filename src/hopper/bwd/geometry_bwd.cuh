@@ -56,7 +56,7 @@ __device__ __forceinline__ BwdTile make_bwd_tile(const Params& p, int32_t t) {
   ti.n_block = c.n_block;
   ti.h_kv = c.h_kv;
   ti.b = c.b;
-  ti.s = seq_bounds<kValidate, Params, false, kReport>(p, ti.b);
+  ti.s = seq_bounds<kValidate, Params, 0, kReport>(p, ti.b);
   ti.chunk0 = chunk_base<kBlockM>(p, ti.b, ti.s);
   ti.m = query_blocks<kBlockM, kBlockN>(ti.n_block, ti.s.seqlen_q, ti.s.seqlen_k, p.mask);
   ti.has_keys = ti.n_block * kBlockN < ti.s.seqlen_k;

@@ -64,6 +64,9 @@ struct FwdKernelTraits {
   static_assert(!kWarpgroupKeyRanges || kStages >= 2, "per-warpgroup key ranges need two K/V stages");
   static_assert(kBlockM % 64 == 0 && (kNumMmaWarpGroups == 2 || kNumMmaWarpGroups == 3),
                 "two or three consumer warpgroups of 64 query rows (named barrier ids in arch/arch.cuh)");
+  /// Page-table entries in flight per lane of the producer's warp 0 while it checks a paged
+  /// sequence's entries before publishing a tile (tuning_fwd.h kHopperPageCheckLoads).
+  static constexpr int kPageCheckLoads = kGather ? detail::kHopperGatherPageCheckLoads : detail::kHopperPageCheckLoads;
   // setmaxnreg split. The gathering kernel's producer warps compute a row address per group of
   // keys and keep their rings' offsets across blocks: at the table's 24 registers they spilled
   // their loop state around every block, so there the producers take what the consumers leave

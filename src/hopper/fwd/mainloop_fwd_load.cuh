@@ -78,7 +78,8 @@ struct MainloopLoad {
       // Tiles past the end of their sequence (varlen: most m-blocks of the short sequences) need
       // nobody: they are not handed to the consumers, and claiming the next one overlaps the
       // consumers' current work instead of costing them a handoff each.
-      TileInfo ti = make_tile_info<kBlockM, kBlockN, true, kPaged>(p, w.tile);
+      // (A paged cache's page-table check: tuning_fwd.h kHopperPageCheckLoads.)
+      TileInfo ti = make_tile_info<kBlockM, kBlockN, true, kPaged ? Kt::kPageCheckLoads : 0>(p, w.tile);
       if (ti.has_rows) {
         TileRing::publish(pipe_t, ss.tiles, published++, w);
         // After the publish: the piece's key range is not live across it (the 24-register

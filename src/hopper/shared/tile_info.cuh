@@ -35,11 +35,12 @@ struct SeqBounds {
 /// A batched forward serving a KV-cache call (Params with seqlen_new; seqused_k = cache_seqlens,
 /// hopper_api.cu kvcache_on_forward): sequence b sees keys [0, cache_seqlens[b] + seqlen_new) of
 /// its cache row, and kValidate checks cache_seqlens[b] against the capacity as the append did
-/// and, with kPages (the forward's paged producer), the page-table entries of those keys.
+/// and, with kPageLoads > 0 (the forward's paged producer), the page-table entries of those keys,
+/// kPageLoads entries in flight per lane (each round trip checks 32 x kPageLoads of them).
 /// kReport false: callers where thread 0 never runs (the backward's consumer warpgroups and dQ
 /// writer warps) leave the record's stores out (inlined there, dead, they cost registers: ptxas
 /// serialised the d128 backward's wgmmas for them).
-template <bool kValidate, class Params, bool kPages = false, bool kReport = true>
+template <bool kValidate, class Params, int kPageLoads = 0, bool kReport = true>
 __device__ __forceinline__ SeqBounds seq_bounds(const Params& p, int32_t b) {
   SeqBounds s;
   if (!p.is_varlen) {
@@ -58,20 +59,20 @@ __device__ __forceinline__ SeqBounds seq_bounds(const Params& p, int32_t b) {
         }
       }
     }
-    if constexpr (kValidate && kPages) {
+    if constexpr (kValidate && kPageLoads > 0) {
       // A paged cache: every page-table entry of the sequence's keys must be a page of the pool
       // (the decode kernel's rule); a sequence with one that is not is skipped like a bad length.
-      // The whole warp loads, four page-table lines per round trip.
+      // The whole warp loads, kPageLoads page-table lines per round trip.
       if (s.seqlen_k > 0) {
         const int32_t* row = p.page_table + int64_t(b) * p.page_table_batch_stride;
         const int32_t used = (s.seqlen_k - 1) / p.page_size + 1;
         bool bad = false;
-        for (int32_t i = int32_t(threadIdx.x % 32); i < used; i += 128) {
-          int32_t e[4];
+        for (int32_t i = int32_t(threadIdx.x % 32); i < used; i += 32 * kPageLoads) {
+          int32_t e[kPageLoads];
 #pragma unroll
-          for (int u = 0; u < 4; ++u) e[u] = i + 32 * u < used ? __ldg(row + i + 32 * u) : 0;
+          for (int u = 0; u < kPageLoads; ++u) e[u] = i + 32 * u < used ? __ldg(row + i + 32 * u) : 0;
 #pragma unroll
-          for (int u = 0; u < 4; ++u) bad |= !detail::page_in_pool(e[u], p.num_pages);
+          for (int u = 0; u < kPageLoads; ++u) bad |= !detail::page_in_pool(e[u], p.num_pages);
         }
         if (__any_sync(0xffffffffu, bad)) {
           if (kReport && threadIdx.x == 0) report_async_error(p.async_error, kBadPageTable);
@@ -115,11 +116,11 @@ __device__ __forceinline__ SeqBounds seq_bounds(const Params& p, int32_t b) {
 /// kValidate: check the varlen indices (the producer, which sees every tile first and publishes
 /// only tiles with rows; the consumers then recompute the same geometry without the checks, which
 /// would cost them registers in the key loop).
-template <int kBlockM, int kBlockN, bool kValidate, bool kPages = false, class Params>
+template <int kBlockM, int kBlockN, bool kValidate, int kPageLoads = 0, class Params>
 __device__ __forceinline__ TileInfo make_tile_info(const Params& p, int32_t t) {
   TileInfo ti;
   ti.c = tile_coord(p, t);
-  const SeqBounds s = seq_bounds<kValidate, Params, kPages>(p, ti.c.batch);
+  const SeqBounds s = seq_bounds<kValidate, Params, kPageLoads>(p, ti.c.batch);
   ti.q_row0 = s.q_row0;
   ti.k_row0 = s.k_row0;
   ti.seqlen_q = s.seqlen_q;
