@@ -97,6 +97,8 @@ def main():
                     errs[sname] = round(float((ref_fn().float() - ref).abs().max()), 5)
                     break
         up_fn = upstream_fa4_kvcache_fn(q, kc, vc, page_table=page_table, causal=causal) if "up" in tiles else None
+        if "up" in tiles and up_fn is None:
+            print("# up: upstream FlashAttention-4 is not installed", flush=True)
         if up_fn is not None:  # upstream FlashAttention-4, once, not per library
             try:
                 errs["up"] = round(float((up_fn().float() - ref).abs().max()), 5)

@@ -21,6 +21,7 @@ from bench_fwd import upstream_fa4_kvcache_fn
 b, sk, sq, h, hkv, d, causal = (int(x) for x in sys.argv[1].split(","))
 page_size = int(sys.argv[2]) if len(sys.argv) > 2 else 16
 which = (sys.argv[3] if len(sys.argv) > 3 else "kvcache,dense,up").split(",")
+assert sk % page_size == 0, "seqlen_k must be a multiple of the page size (a padded page tail would be attended)"
 gen = torch.Generator(device="cuda").manual_seed(0)
 q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, generator=gen)
 k = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)

@@ -92,12 +92,14 @@ inline constexpr int32_t kHopperProducerRegs = 24;
 inline constexpr int32_t kHopperGatherConsumerRegs = 232;
 /// A paged KV-cache call's producer warp 0 checks every page-table entry of a sequence's keys
 /// before it publishes the sequence's tile (shared/tile_info.cuh seq_bounds), so each CTA's first
-/// tile waits one round trip per 32 x this many entries: a 16k-key sequence has 128 entries or
-/// fewer on the TMA-box kernel's pages (whole key blocks), 1024 on the gathering kernel's pages of
-/// 16. Each entry in flight holds a register of the producer warpgroup (24 in the TMA-box kernel,
-/// 32-40 in the gathering kernel), hence a knob per kernel.
+/// tile waits one round trip per 32 x this many entries: a 16k-key sequence has at most 16k /
+/// tile_n entries on the TMA-box kernel's pages (whole key blocks: 128 at tile_n 128), 1024 on the
+/// gathering kernel's pages of 16. Each entry in flight holds a register of the producer
+/// warpgroup (24 in the TMA-box kernel, 32-40 in the gathering kernel), hence a knob per kernel.
 inline constexpr int32_t kHopperPageCheckLoads = 4;
 inline constexpr int32_t kHopperGatherPageCheckLoads = 4;
+static_assert(kHopperPageCheckLoads >= 1 && kHopperGatherPageCheckLoads >= 1,
+              "the paged producer checks every page-table entry: at least one load per lane");
 inline constexpr int32_t kHopperRegisterFile = 64 * 1024;  ///< 32-bit registers per SM (sm_90)
 /// Registers a CTA of `threads` threads holds for setmaxnreg to move between its warpgroups. With
 /// __launch_bounds__(threads, 1) each thread starts with the register file's share, at most 255,

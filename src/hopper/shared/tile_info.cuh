@@ -42,6 +42,7 @@ struct SeqBounds {
 /// serialised the d128 backward's wgmmas for them).
 template <bool kValidate, class Params, int kPageLoads = 0, bool kReport = true>
 __device__ __forceinline__ SeqBounds seq_bounds(const Params& p, int32_t b) {
+  static_assert(kPageLoads >= 0, "kPageLoads: 0 (no page-table check) or the loads in flight per lane");
   SeqBounds s;
   if (!p.is_varlen) {
     s.q_row0 = s.k_row0 = 0;
