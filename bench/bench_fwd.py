@@ -95,8 +95,8 @@ def run_meta():
 OVERRIDES = {"lpt": "FA4_HOPPER_LPT", "schedule": "FA4_HOPPER_SCHED", "epilogue": "FA4_HOPPER_EPILOGUE",
              "stream_k": "FA4_HOPPER_STREAMK", "small_q": None,
              "bwd_lpt_band": None, "stream_k_min_share": None, "bwd_walk": None, "decode_cluster": None, "decode_tile": None,
-             "decode_warps": None, "capture_scratch": None}  # small_q, bwd_*, stream_k_min_share, decode_*,
-# capture_*: no environment variable
+             "decode_warps": None, "capture_scratch": None, "pack_gqa": None}  # small_q, bwd_*,
+# stream_k_min_share, decode_*, capture_*, pack_gqa: no environment variable
 
 
 def set_overrides(lib, **switches):

@@ -19,7 +19,7 @@ struct Knob {
 };
 
 std::atomic<int8_t> g_lpt{-1}, g_schedule{-1}, g_epilogue{-1}, g_stream_k{-1}, g_small_q{-1}, g_bwd_walk{-1},
-    g_decode_cluster{-1}, g_decode_tile{-1}, g_decode_warps{-1}, g_capture_scratch{-1};
+    g_decode_cluster{-1}, g_decode_tile{-1}, g_decode_warps{-1}, g_capture_scratch{-1}, g_pack_gqa{-1};
 std::atomic<int32_t> g_bwd_lpt_band{0}, g_stream_k_min_share{0};
 
 const Knob kKnobs[] = {
@@ -33,6 +33,7 @@ const Knob kKnobs[] = {
     {"decode_tile", "16", "64", &g_decode_tile},
     {"decode_warps", "4", "8", &g_decode_warps},
     {"capture_scratch", "graph", "retained", &g_capture_scratch},
+    {"pack_gqa", "0", "1", &g_pack_gqa},
 };
 
 /// Integer knobs: 1..max, or "auto" (0: the selector's).
@@ -61,6 +62,7 @@ KernelOverrides kernel_overrides() {
   o.decode_tile = g_decode_tile.load(std::memory_order_relaxed);
   o.decode_warps = g_decode_warps.load(std::memory_order_relaxed);
   o.capture_scratch = g_capture_scratch.load(std::memory_order_relaxed);
+  o.pack_gqa = g_pack_gqa.load(std::memory_order_relaxed);
   return o;
 }
 
@@ -95,7 +97,7 @@ void set_kernel_override(const char* name, const char* value) {
     return;
   }
   throw Error(ErrorCode::kInvalidArgument, std::string(kFn) + ": unknown override '" + name +
-                                               "' (lpt, schedule, epilogue, stream_k, small_q, bwd_walk, bwd_lpt_band, stream_k_min_share, decode_cluster, decode_tile, decode_warps, capture_scratch)");
+                                               "' (lpt, schedule, epilogue, stream_k, small_q, bwd_walk, bwd_lpt_band, stream_k_min_share, decode_cluster, decode_tile, decode_warps, capture_scratch, pack_gqa)");
 }
 
 }  // namespace fa4::detail

@@ -54,6 +54,10 @@ struct KernelOverrides {
   /// 0); -1: retained while the device's retained scratch stays within
   /// hopper/shared/device_state.h kRetainedCaptureScratchBytes
   int8_t capture_scratch = -1;
+  /// "pack_gqa": the forward kernel's row tiles hold (token, head) pairs of a KV head's GQA group
+  /// wherever the group divides the row tile (1), or one query head each (0); -1: where measured
+  /// faster (hopper/fwd/launch_fwd.h fwd_packs_gqa)
+  int8_t pack_gqa = -1;
 };
 
 /// The current overrides.
@@ -62,7 +66,7 @@ KernelOverrides kernel_overrides();
 /// Sets one override: name "lpt" (value "0" | "1"), "schedule" ("static" | "dynamic"), "epilogue"
 /// ("direct" | "tma"), "stream_k" ("0" | "1"), "small_q" ("fwd" | "decode"), "bwd_walk" ("asc" |
 /// "desc"), "decode_cluster" ("0" | "1"), "decode_tile" ("16" | "64"), "decode_warps" ("4" | "8"),
-/// "capture_scratch" ("graph" | "retained"), "bwd_lpt_band" ("1" .. "64") or "stream_k_min_share"
+/// "capture_scratch" ("graph" | "retained"), "pack_gqa" ("0" | "1"), "bwd_lpt_band" ("1" .. "64") or "stream_k_min_share"
 /// ("1" .. "64"); the value "auto" returns the choice to the selector. Throws
 /// fa4::Error(kInvalidArgument) naming the rule for any other name or value.
 void set_kernel_override(const char* name, const char* value);

@@ -26,6 +26,7 @@
 namespace fa4::hopper {
 namespace {
 std::atomic<uint64_t> g_fwd_tma_epilogue_calls{0};
+std::atomic<uint64_t> g_fwd_pack_gqa_calls{0};
 std::atomic<uint64_t> g_bwd_tma_epilogue_calls{0};
 
 /// Every block of query rows or keys the kernels walk is within the row limit's margin
@@ -440,7 +441,9 @@ std::string missing_device(int index) {
 namespace {
 
 /// The forward kernel's launch choices for p (device facts, tile order, epilogue, split).
-LaunchContext forward_context(const detail::FwdParams& p, const detail::KernelOverrides& o) {
+/// gather_page_size: a KV-cache call's page size (0: not paged).
+LaunchContext forward_context(const detail::FwdParams& p, const detail::KernelOverrides& o,
+                              int32_t gather_page_size = 0) {
   const DeviceFacts f = device_facts(p.device.index);
   LaunchContext ctx;
   ctx.num_sms = f.num_sms;
@@ -457,7 +460,14 @@ LaunchContext forward_context(const detail::FwdParams& p, const detail::KernelOv
   ctx.dynamic_schedule = pick_override(o.dynamic_schedule, p.mask.is_local() && !p.is_varlen);
   // O leaves through smem + TMA store (fwd/epilogue_fwd.cuh) where out obeys the same TMA rule as q/k/v
   // and is batched (a varlen box would cross into the next sequence's rows).
-  ctx.tma_epilogue = pick_override(o.tma_epilogue, true) && !p.is_varlen &&
+  // Pack-GQA (launch_fwd.h fwd_packs_gqa): by default on the gathering kernel of a tuning row with
+  // pack_gqa_gather, for chunks filling at most half a row tile. Its tiles' rows belong to several
+  // heads, so O leaves through direct stores.
+  const detail::HopperFwdConfig* c = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
+  const bool measured_gain = c && c->pack_gqa_gather && gather_page_size > 0 && fwd_runs_gather_kernel(*c, gather_page_size);
+  ctx.pack_gqa = c && fwd_packs_gqa(c->tile_m, fwd_query_rows(p), p.num_heads, p.num_heads_kv, measured_gain, o.pack_gqa);
+  if (ctx.pack_gqa) g_fwd_pack_gqa_calls.fetch_add(1, std::memory_order_relaxed);
+  ctx.tma_epilogue = pick_override(o.tma_epilogue, true) && !p.is_varlen && !ctx.pack_gqa &&
                      check_tma_tensor("out", p.out, p.out_stride, p.seqlen_q, p.num_heads, p.batch,
                                       false, dtype_size(p.dtype)).empty();
   // Stream-K split-KV (core/stream_k.h): automatic (-1) for problems whose tiles walk all or most
@@ -585,7 +595,7 @@ void forward_kvcache(const detail::KVCacheParams& p, const char* fn) {
   const bool on_forward = kvcache_on_forward(p, nullptr);
   LaunchContext ctx;
   if (on_forward) {
-    ctx = forward_context(p, overrides);
+    ctx = forward_context(p, overrides, p.paged ? p.page_size : 0);
     ctx.cache_seqlens = p.cache_seqlens;
     ctx.seqlen_new = p.seqlen_new;
     if (p.paged) {
@@ -625,6 +635,7 @@ void forward_kvcache(const detail::KVCacheParams& p, const char* fn) {
 }
 
 uint64_t fwd_tma_epilogue_calls() { return g_fwd_tma_epilogue_calls.load(std::memory_order_relaxed); }
+uint64_t fwd_pack_gqa_calls() { return g_fwd_pack_gqa_calls.load(std::memory_order_relaxed); }
 uint64_t bwd_tma_epilogue_calls() { return g_bwd_tma_epilogue_calls.load(std::memory_order_relaxed); }
 
 }  // namespace fa4::hopper

@@ -12,6 +12,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <algorithm>
@@ -472,6 +473,69 @@ TEST(HopperHost, ForwardQueryRows) {
   EXPECT_EQ(fa4::hopper::fwd_query_rows(p), 1000);
   p.seqlen_q = 200;
   EXPECT_EQ(fa4::hopper::fwd_query_rows(p), 200);
+}
+
+// Pack-GQA's row map (tile_scheduler.cuh packed_row): over the m-blocks of a KV head's tiles,
+// every (token, query head of its group) pair is exactly one tile row, the tokens of a tile are
+// consecutive and the heads of a token adjacent (the TMA box order: heads fastest).
+TEST(HopperHost, PackedRowsCoverTheGroupOnce) {
+  for (int32_t tile_m : {128, 192})
+    for (int32_t group : {2, 3, 4, 6, 8, 16, 32, 64, 128}) {
+      if (tile_m % group != 0) continue;
+      const int32_t seqlen_q = 77, per_tile = tile_m / group;
+      const int32_t m_blocks = (seqlen_q + per_tile - 1) / per_tile;
+      for (int32_t kv_head : {0, 3}) {
+        std::set<std::pair<int32_t, int32_t>> seen;
+        for (int32_t m = 0; m < m_blocks; ++m)
+          for (int32_t row = 0; row < tile_m; ++row) {
+            const fa4::hopper::RowCoord c = fa4::hopper::packed_row(m, kv_head, row, tile_m, group);
+            ASSERT_EQ(c.query, m * per_tile + row / group);
+            ASSERT_EQ(c.head - kv_head * group, row % group) << "the group's heads are fastest";
+            if (c.query < seqlen_q) ASSERT_TRUE(seen.insert({c.query, c.head}).second) << "row " << row;
+          }
+        EXPECT_EQ(int32_t(seen.size()), seqlen_q * group) << "tile_m " << tile_m << " group " << group;
+        for (const auto& [q, h] : seen) ASSERT_EQ(h / group, kv_head);
+      }
+    }
+}
+
+// When the forward packs a GQA group (fwd_packs_gqa): only a group of 2 or more that divides the
+// row tile; by default only where measured faster (the gathering kernel of a row with
+// pack_gqa_gather) for chunks filling at most half a row tile; the override forces it off, or on
+// wherever it fits. The tuning table: d128 only.
+TEST(HopperHost, ForwardPackGqaRule) {
+  using fa4::hopper::fwd_pack_gqa_fits;
+  using fa4::hopper::fwd_packs_gqa;
+  EXPECT_FALSE(fwd_pack_gqa_fits(128, 8, 8));   // no group
+  EXPECT_TRUE(fwd_pack_gqa_fits(128, 32, 8));   // 4
+  EXPECT_FALSE(fwd_pack_gqa_fits(128, 28, 4));  // 7 does not divide 128
+  EXPECT_TRUE(fwd_pack_gqa_fits(192, 24, 4));   // 6 divides 192
+  EXPECT_FALSE(fwd_pack_gqa_fits(128, 30, 8));  // not a whole group
+  EXPECT_FALSE(fwd_pack_gqa_fits(128, 8, 0));
+  EXPECT_TRUE(fwd_packs_gqa(128, 64, 32, 8, true));     // half a tile
+  EXPECT_TRUE(fwd_packs_gqa(128, 1, 32, 8, true));
+  EXPECT_FALSE(fwd_packs_gqa(128, 65, 32, 8, true));    // more than half
+  EXPECT_FALSE(fwd_packs_gqa(128, 4096, 32, 8, true));
+  EXPECT_FALSE(fwd_packs_gqa(128, 64, 32, 8, false));   // not measured faster there
+  EXPECT_TRUE(fwd_packs_gqa(192, 96, 24, 4, true));
+  EXPECT_FALSE(fwd_packs_gqa(128, 64, 28, 4, true));    // group 7: no packing, even forced
+  EXPECT_FALSE(fwd_packs_gqa(128, 64, 28, 4, true, 1));
+  EXPECT_FALSE(fwd_packs_gqa(128, 64, 32, 8, true, 0));
+  EXPECT_TRUE(fwd_packs_gqa(128, 4096, 32, 8, false, 1));
+  EXPECT_FALSE(fwd_packs_gqa(128, 0, 32, 8, true, 1));  // no rows
+  for (const auto& c : fa4::detail::kHopperFwdConfigs)
+    EXPECT_EQ(c.pack_gqa_gather, c.headdim == 128 && c.headdim_v == 128) << c.headdim << "x" << c.headdim_v;
+  // The override's knob: "0" / "1" / "auto".
+  using fa4::detail::kernel_overrides;
+  using fa4::detail::set_kernel_override;
+  EXPECT_EQ(kernel_overrides().pack_gqa, -1);
+  set_kernel_override("pack_gqa", "1");
+  EXPECT_EQ(kernel_overrides().pack_gqa, 1);
+  EXPECT_THROW(set_kernel_override("pack_gqa", "yes"), fa4::Error);
+  set_kernel_override("pack_gqa", "0");
+  EXPECT_EQ(kernel_overrides().pack_gqa, 0);
+  set_kernel_override("pack_gqa", "auto");
+  EXPECT_EQ(kernel_overrides().pack_gqa, -1);
 }
 
 // How the forward loads a paged cache (fwd_paged_load): whole key blocks per page through TMA

@@ -7,9 +7,10 @@
 //     and one thread TMA-stores it. The consumers go on to the next tile at once instead of
 //     issuing dv/4 scattered 4-byte stores per thread (measured on H200: the direct store cost 3-6%
 //     of the d128 forward). TMA clips rows past seqlen_q and columns past the real headdim_v.
-//   * direct (varlen — a TMA box would spill into the next sequence's rows —, misaligned out, tiles
-//     without keys): straight from registers, each quad of lanes writing 8 contiguous columns of a
-//     row as 4-byte pairs. Rows past seqlen_q and columns past headdim_v are never written (C12, C14).
+//   * direct (varlen — a TMA box would spill into the next sequence's rows —, misaligned out,
+//     pack-GQA — a tile's rows belong to several heads —, tiles without keys): straight from
+//     registers, each quad of lanes writing 8 contiguous columns of a row as 4-byte pairs. Rows
+//     past seqlen_q and columns past headdim_v are never written (C12, C14).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -41,10 +42,10 @@ struct Epilogue {
     if (tid % 4 != 0) return;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int32_t i = query_row<Kt::kBlockM>(ti, tid, r);
-      if (i >= ti.seqlen_q) continue;
+      const RowCoord rc = fragment_row_coord<Kt::kBlockM>(p, ti, tid, r);
+      if (rc.query >= ti.seqlen_q) continue;
       const int64_t li = (p.is_varlen ? 0 : int64_t(ti.c.batch) * p.lse_batch_stride) +
-                         int64_t(ti.c.head) * p.lse_head_stride + (int64_t(ti.q_row0) + i) * p.lse_row_stride;
+                         int64_t(rc.head) * p.lse_head_stride + (int64_t(ti.q_row0) + rc.query) * p.lse_row_stride;
       p.lse[li] = lse[r];
     }
   }
@@ -55,13 +56,12 @@ struct Epilogue {
                                                       const float (&o_scale)[2]) {
     const int col_lane = fragment_col(tid);
     Element* out = static_cast<Element*>(p.out);
-    const int64_t base = (p.is_varlen ? 0 : int64_t(ti.c.batch) * p.out_batch_stride) +
-                         int64_t(ti.c.head) * p.out_head_stride;
+    const int64_t base = p.is_varlen ? 0 : int64_t(ti.c.batch) * p.out_batch_stride;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int32_t i = query_row<Kt::kBlockM>(ti, tid, r);
-      if (i >= ti.seqlen_q) continue;
-      Element* orow = out + base + (int64_t(ti.q_row0) + i) * p.out_row_stride;
+      const RowCoord rc = fragment_row_coord<Kt::kBlockM>(p, ti, tid, r);
+      if (rc.query >= ti.seqlen_q) continue;
+      Element* orow = out + base + int64_t(rc.head) * p.out_head_stride + (int64_t(ti.q_row0) + rc.query) * p.out_row_stride;
 #pragma unroll
       for (int g = 0; g < Kt::kHeadDimV / 8; ++g) {
         const int col = g * 8 + col_lane;

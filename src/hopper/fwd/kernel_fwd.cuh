@@ -91,7 +91,9 @@ __global__ void __launch_bounds__(Kt::kNumThreads, 1)
   for (detail::WorkItem w = TileRing::receive(pipe_t, ss.tiles, ts); w.tile < p.num_tiles;
        w = TileRing::receive(pipe_t, ss.tiles, ts)) {
     const TileInfo ti = make_tile_info<Kt::kBlockM, Kt::kBlockN>(p, w);  // has rows (producer skips others)
-    const float sink = p.sink ? p.sink[ti.c.head] : -INFINITY;
+    float sink[2];  // of each row's head (loaded before the key loop: its latency is hidden there)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) sink[r] = p.sink ? p.sink[fragment_row_coord<Kt::kBlockM>(p, ti, tid, r).head] : -INFINITY;
     float o_scale[2], lse[2];
     // No key visible to any row (of this piece): O = 0, LSE = -inf (or the sink). A stream-K piece
     // with no key (restrict_keys) has no Q loaded either, but a contributor still publishes its

@@ -146,9 +146,6 @@ struct FwdKernelTraits {
   using StrideQKV = Stride<int64_t, _1, int64_t, int64_t>;
   using StrideVt = Stride<_1, int64_t, int64_t, int64_t>;
 
-  using TMA_Q = decltype(make_tma_copy(
-      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}),
-      take<0, 2>(SmemLayoutQ{}), Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
   using TMA_O = decltype(make_tma_copy(
       SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeQKV{}, StrideQKV{}),
       SmemLayoutOSlice{}, Shape<_64, Int<kHeadDimV>>{}, _1{}));
@@ -158,6 +155,21 @@ struct FwdKernelTraits {
   using TMA_V = decltype(make_tma_copy(
       SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideVt{}),
       take<0, 2>(SmemLayoutVt{}), Shape<Int<kHeadDimV>, Int<kBlockN>>{}, _1{}));
+
+  // The Q load (mainloop_fwd_load.cuh load_q): one 4-D TMA box (W columns, heads per tile, tokens
+  // per tile, 1 sequence) per W-column chunk of the Q buffer, W the swizzle atom's width: 1 head of
+  // kBlockM tokens, or with pack-GQA the group's heads of kBlockM / group tokens. The box's rows
+  // land (token, head) with the head fastest, each W columns wide, which is the swizzled Q layout
+  // only if a chunk's kBlockM rows are consecutive W-element rows and the chunks follow each other
+  // (tile_to_shape tiles the atom down the rows first): asserted here.
+  static constexpr int kQChunkCols = int(size<1>(SmemLayoutAtomQ{}));
+  static constexpr int kQChunks = kHeadDim / kQChunkCols;
+  static_assert(kHeadDim % kQChunkCols == 0 && kQChunkCols * int(sizeof(Element)) % 16 == 0);
+  static_assert(int(get_nonswizzle_portion(SmemLayoutQStage{})(1, 0)) == kQChunkCols &&
+                    int(get_nonswizzle_portion(SmemLayoutQStage{})(kBlockM - 1, 0)) == (kBlockM - 1) * kQChunkCols &&
+                    (kQChunks == 1 ||
+                     int(get_nonswizzle_portion(SmemLayoutQStage{})(0, kQChunkCols)) == kBlockM * kQChunkCols),
+                "the Q boxes assume W-column chunks of kBlockM consecutive rows");
 
   // TMA always transfers (and counts) the full box, including out-of-bounds zero fill.
   static constexpr uint32_t kTmaBytesQ = uint32_t(size(take<0, 2>(SmemLayoutQ{})) * sizeof(Element));
@@ -195,11 +207,9 @@ struct FwdKernelTraits {
   /// Everything the kernel reads, passed by value as a __grid_constant__ (TMA descriptors must
   /// live in param/const/global memory).
   struct Params {
-    TMA_Q tma_q;
     TMA_K tma_k;
     TMA_V tma_v;
     TMA_O tma_o;        // valid only if out_tma
-    ShapeQKV shape_q;   // (rows, real d, heads, batch)
     ShapeQKV shape_k;
     ShapeQKV shape_vt;  // (real dv, rows, heads_kv, batch)
     ShapeQKV shape_o;   // (rows, real dv, heads, batch)
@@ -211,7 +221,16 @@ struct FwdKernelTraits {
     float* lse{};
     int64_t lse_batch_stride{}, lse_head_stride{}, lse_row_stride{};
 
-    int32_t batch{}, num_heads{}, num_heads_kv{}, group_size{};  // group_size = num_heads / num_heads_kv
+    // num_heads: the tile grid's heads (tile_scheduler.cuh tile_coord): the query heads, or with
+    // pack_gqa the KV heads (a tile's rows are then (token, head) pairs of one KV head's group:
+    // shared/tile_info.cuh tile_row; O leaves through direct stores).
+    int32_t batch{}, num_heads{}, num_heads_kv{}, group_size{};  // group_size = query heads / num_heads_kv
+    bool pack_gqa{};
+    int32_t tile_queries{};  // query tokens per tile: tile_m, or tile_m / group_size with pack_gqa
+    // Q viewed as (d, query heads, rows, batch), box (kQChunkCols, heads per tile: group_size with
+    // pack_gqa or 1, tile_queries, 1), one box per column chunk (mainloop_fwd_load.cuh load_q);
+    // encoded by launch_fwd.cuh.
+    cute::TmaDescriptor tma_q{};
     int32_t seqlen_q{}, seqlen_k{};  // batched: lengths; varlen: maxima (tile count only)
     int32_t headdim_v{};           // real dv: no store at or past it
     bool is_varlen{};

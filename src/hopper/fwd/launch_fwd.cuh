@@ -41,7 +41,6 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   auto strides = [&](const detail::RowStrides& s, int32_t rows, int32_t heads, int32_t batch) {
     return tma_view_stride<std::max(kHeadDim, kHeadDimV)>(s, rows, heads, batch, fp.is_varlen);
   };
-  auto shape_q = make_shape(rows_q, fp.headdim, fp.num_heads, batch_t);
   auto shape_k = make_shape(rows_k, fp.headdim, fp.num_heads_kv, batch_kv);
   auto shape_vt = make_shape(fp.headdim_v, rows_k, fp.num_heads_kv, batch_kv);
   auto sq = strides(fp.q_stride, rows_q, fp.num_heads, batch_t);
@@ -49,7 +48,6 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   auto sv = strides(fp.v_stride, rows_k, fp.num_heads_kv, batch_kv);
   auto svt = make_stride(_1{}, get<0>(sv), get<2>(sv), get<3>(sv));
 
-  Tensor mQ = make_tensor(make_gmem_ptr(static_cast<const Element*>(fp.q)), shape_q, sq);
   // No keys at all (seqlen_k = 0): K/V may be null views. Their descriptors are never used then
   // (every tile takes the no-key path), but the encoder wants a real address: q's stands in.
   const void* k_base = fp.k ? fp.k : fp.q;
@@ -67,16 +65,52 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
                       : make_tensor(make_gmem_ptr(o_ptr), make_shape(1, fp.headdim_v, 1, 1),
                                     make_stride(int64_t(kHeadDimV), _1{}, int64_t(kHeadDimV), int64_t(kHeadDimV)));
 
+  // Q: one 4-D TMA view of q as (d, query heads, rows, batch), read in boxes of (W columns, heads
+  // per tile, tokens per tile, 1) per W-column chunk of the Q buffer (mainloop_fwd_load.cuh
+  // load_q): one head's kBlockM tokens, or with pack-GQA (hopper_api.cu forward_context,
+  // launch_fwd.h fwd_packs_gqa) the group's heads of kBlockM / group tokens: tiles of (token,
+  // head) rows of one KV head's group. Should the driver refuse the packed box, the tiles stay one
+  // query head each (O is stored directly either way).
+  const int32_t group = fp.num_heads / fp.num_heads_kv;
+  if (ctx.pack_gqa && (!fwd_pack_gqa_fits(Kt::kBlockM, fp.num_heads, fp.num_heads_kv) || ctx.tma_epilogue))
+    throw Error(ErrorCode::kInternal, std::string(ctx.fn) + " (hopper): pack-GQA needs a group that divides the "
+                                                            "row tile and stores O directly");
+  cute::TmaDescriptor q_desc{};
+  auto encode_q = [&](int32_t heads_per_tile) {
+    constexpr int kW = Kt::kQChunkCols;
+    constexpr CUtensorMapSwizzle kSwizzle = kW * kElem == 128 ? CU_TENSOR_MAP_SWIZZLE_128B
+                                            : kW * kElem == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                            : kW * kElem == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
+                                                               : CU_TENSOR_MAP_SWIZZLE_NONE;
+    // sq: the (row, 1, head, batch) strides in elements, extent-1 ones replaced by valid ones.
+    const cuuint64_t dims[4] = {cuuint64_t(fp.headdim), cuuint64_t(fp.num_heads), cuuint64_t(rows_q), cuuint64_t(batch_t)};
+    const cuuint64_t strides_bytes[3] = {cuuint64_t(get<2>(sq) * kElem), cuuint64_t(get<0>(sq) * kElem),
+                                         cuuint64_t(get<3>(sq) * kElem)};
+    const cuuint32_t box[4] = {cuuint32_t(kW), cuuint32_t(heads_per_tile), cuuint32_t(Kt::kBlockM / heads_per_tile), 1};
+    const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+    return CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
+        &q_desc, TMA::to_CUtensorMapDataType<Element>(), 4, const_cast<void*>(fp.q), dims, strides_bytes, box,
+        elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, kSwizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  };
+  const bool pack = ctx.pack_gqa && encode_q(group) == CUDA_SUCCESS;
+  if (!pack) {
+    const CUresult r = encode_q(1);
+    if (r != CUDA_SUCCESS)
+      throw Error(ErrorCode::kCudaError, std::string(ctx.fn) + " (hopper): cuTensorMapEncodeTiled(q) failed with " +
+                                             std::to_string(int(r)));
+  }
+  const int32_t tile_queries = pack ? Kt::kBlockM / group : Kt::kBlockM;
+  const int32_t tile_heads = pack ? fp.num_heads_kv : fp.num_heads;
+
   Params p{
-      make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(typename Kt::SmemLayoutQ{}),
-                    Shape<Int<Kt::kBlockM>, Int<kHeadDim>>{}, _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(typename Kt::SmemLayoutK{}),
                     Shape<Int<Kt::kBlockN>, Int<kHeadDim>>{}, _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, mVt, take<0, 2>(typename Kt::SmemLayoutVt{}),
                     Shape<Int<kHeadDimV>, Int<Kt::kBlockN>>{}, _1{}),
       // A placeholder descriptor when out_tma is false (never used by the kernel then).
       make_tma_copy(SM90_TMA_STORE{}, mO, typename Kt::SmemLayoutOSlice{}, Shape<_64, Int<kHeadDimV>>{}, _1{}),
-      shape_q, shape_k, shape_vt, shape_o};
+      shape_k, shape_vt, shape_o};
   p.out = fp.out;
   p.out_batch_stride = fp.out_stride.batch;
   p.out_row_stride = fp.out_stride.row;
@@ -88,9 +122,12 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   p.lse_head_stride = fp.lse_head_stride;
   p.lse_row_stride = fp.lse_row_stride;
   p.batch = fp.batch;
-  p.num_heads = fp.num_heads;
+  p.num_heads = tile_heads;
   p.num_heads_kv = fp.num_heads_kv;
-  p.group_size = fp.num_heads / fp.num_heads_kv;
+  p.group_size = group;
+  p.pack_gqa = pack;
+  p.tile_queries = tile_queries;
+  p.tma_q = q_desc;
   p.seqlen_q = fp.seqlen_q;
   p.seqlen_k = fp.seqlen_k;
   p.headdim_v = fp.headdim_v;
@@ -132,8 +169,8 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
 
   // Varlen: no sequence is longer than the packed rows (fwd_query_rows), so a larger max_seqlen_q
   // adds no tiles; in int64, as the selector counted them.
-  const int64_t m_blocks = (fwd_query_rows(fp) + Kt::kBlockM - 1) / Kt::kBlockM;
-  const int64_t num_tiles = m_blocks * fp.num_heads * fp.batch;
+  const int64_t m_blocks = (fwd_query_rows(fp) + tile_queries - 1) / tile_queries;
+  const int64_t num_tiles = m_blocks * tile_heads * fp.batch;
   if (num_tiles == 0) {
     if (ctx.before_kernel) ctx.before_kernel(ctx.before_kernel_arg);
     return;
@@ -146,7 +183,7 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   // L2 section: heads whose K+V (all of seqlen_k) together fill about half the L2.
   const int64_t kv_bytes_per_head =
       std::max<int64_t>(1, int64_t(fp.seqlen_k) * (fp.headdim + fp.headdim_v) * kElem);
-  const int64_t bh = int64_t(fp.num_heads) * fp.batch;
+  const int64_t bh = int64_t(tile_heads) * fp.batch;
   p.heads_per_section = int32_t(std::clamp<int64_t>(ctx.l2_bytes / 2 / kv_bytes_per_head, 1, bh));
 
   auto kernel = fwd_kernel<Kt>;
@@ -159,7 +196,7 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   const detail::StreamKPlan whole_tiles = detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, 0);
   const bool dynamic = ctx.dynamic_schedule && num_tiles > whole_tiles.grid;
   // Stream-K tail (core/stream_k.h): tiles planned at every key block, in the static order.
-  const bool sk_eligible = fwd_key_split_eligible(fp, m_blocks, Kt::kBlockM, Kt::kBlockN) && !dynamic;
+  const bool sk_eligible = fwd_key_split_eligible(fp, m_blocks, tile_queries, Kt::kBlockN) && !dynamic;
   p.sk = sk_eligible ? detail::plan_stream_k(num_tiles, ctx.num_sms, blocks_per_tile, ctx.stream_k,
                                                   ctx.stream_k_min_share)
                       : whole_tiles;

@@ -38,6 +38,30 @@ inline bool fwd_key_split_eligible(const detail::FwdParams& p, int64_t m_blocks,
   return 2 * first_tile_blocks >= blocks;
 }
 
+/// Whether the forward kernel can pack a GQA group into its row tiles of tile_m rows (pack-GQA,
+/// shared/tile_info.cuh tile_row): a group of more than one query head per KV head whose size
+/// divides tile_m, so a tile holds tile_m / group whole tokens and its Q is one TMA box per
+/// column chunk (fwd/mainloop_fwd_load.cuh load_q).
+constexpr bool fwd_pack_gqa_fits(int32_t tile_m, int32_t num_heads, int32_t num_heads_kv) {
+  if (num_heads_kv <= 0 || num_heads % num_heads_kv != 0) return false;
+  const int32_t group = num_heads / num_heads_kv;
+  return group > 1 && tile_m % group == 0;
+}
+
+/// Whether the forward packs the GQA group (where it fits), for a call of query_rows tokens per
+/// sequence (seqlen_q; varlen: fwd_query_rows): `forced` (override "pack_gqa") 0 never, 1 wherever
+/// it fits; by default only where `measured_gain` (the call runs the gathering kernel of a tuning
+/// row with pack_gqa_gather) and the tokens fill at most half a row tile. FlashAttention-3 packs
+/// wherever the tiles' share of real rows unpacked is under 0.9x the packed share; here the packed
+/// TMA-box forward measured 9-22% slower than the unpacked one at 100-200 tokens per head (d128)
+/// and 128 tokens at d64, though its tiles were fuller (tuning_fwd.h pack_gqa_gather).
+constexpr bool fwd_packs_gqa(int32_t tile_m, int64_t query_rows, int32_t num_heads, int32_t num_heads_kv,
+                             bool measured_gain, int8_t forced = -1) {
+  if (forced == 0 || !fwd_pack_gqa_fits(tile_m, num_heads, num_heads_kv) || query_rows <= 0) return false;
+  if (forced == 1) return true;
+  return measured_gain && 2 * query_rows <= tile_m;
+}
+
 /// How the forward kernel loads a paged KV cache's key blocks of tile_n keys (hopper_api.cu
 /// kvcache_on_forward routes by it, launch_fwd.cuh picks the kernel by it):
 ///   kTmaBox  page_size a multiple of tile_n: a block is one TMA box of one page;

@@ -50,22 +50,18 @@ struct MainloopLoad {
     using namespace cute;
     const bool leader = threadIdx.x % 32 == 0;
     if (leader) {
-      cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(&p.tma_q);
       if constexpr (!Kt::kGather) {
         cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
         cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
       }
     }
-    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Kt::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Kt::SmemLayoutK{});
     Tensor sVt = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Kt::SmemLayoutVt{});
-    auto cta_q = p.tma_q.get_slice(_0{});
     auto cta_k = p.tma_k.get_slice(_0{});
     auto cta_v = p.tma_v.get_slice(_0{});
-    Tensor tQsQ = group_modes<0, 3>(cta_q.partition_D(sQ));   // (TMA, q stage)
     Tensor tKsK = group_modes<0, 3>(cta_k.partition_D(sK));   // (TMA, stage)
     Tensor tVsV = group_modes<0, 3>(cta_v.partition_D(sVt));  // (TMA, stage)
-    Tensor mQ_all = p.tma_q.get_tma_tensor(p.shape_q);
     Tensor mK_all = p.tma_k.get_tma_tensor(p.shape_k);
     Tensor mVt_all = p.tma_v.get_tma_tensor(p.shape_vt);
 
@@ -87,12 +83,11 @@ struct MainloopLoad {
         restrict_keys(ti, w);
         if constexpr (Kt::kGather) {  // (K/V: the gathering warps)
           if (ti.has_keys()) {
-            Tensor tQgQ = q_tile(p, ti, mQ_all);
-            prefetch_q(p, tQgQ);  // (load_q waits for the previous tile's Q K^T)
-            load_q(p, pipe_q, wq, tQsQ, tQgQ);
+            prefetch_q(p, ti);  // (load_q waits for the previous tile's Q K^T)
+            load_q(p, pipe_q, wq, ti, ss.smem_q.data());
           }
         } else if (ti.has_keys()) {
-          load_tile<kPaged>(p, ss, pipe_k, pipe_v, pipe_q, ti, wr, wq, tQsQ, tKsK, tVsV, mQ_all, mK_all, mVt_all);
+          load_tile<kPaged>(p, ss, pipe_k, pipe_v, pipe_q, ti, wr, wq, tKsK, tVsV, mK_all, mVt_all);
         }
       }
       w = TileRing::item(p, ss.tiles, ++i);
@@ -136,60 +131,68 @@ struct MainloopLoad {
     }
   }
 
-  /// Tile ti's Q rows as the TMA source partition.
-  template <class MQ>
-  __device__ __forceinline__ static auto q_tile(const Params& p, const TileInfo& ti, const MQ& mQ_all) {
-    using namespace cute;
-    const int32_t b = p.is_varlen ? 0 : ti.c.batch;
-    Tensor gQ = local_tile(domain_offset(make_coord(ti.q_row0, _0{}), mQ_all(_, _, ti.c.head, b)),
-                           Shape<Int<kBlockM>, Int<Kt::kHeadDim>>{}, make_coord(ti.c.m_block, _0{}));
-    return group_modes<0, 3>(p.tma_q.get_slice(_0{}).partition_S(gQ));
-  }
-
   /// Q is read once per tile, so it comes from HBM. With one Q buffer its TMA load (load_q) waits
   /// until the previous tile's key loop (with an O buffer) or its epilogue's store of O from that
   /// buffer, and then pays the full HBM latency before the first Q K^T: pull Q into L2 while the
   /// previous tile still runs (measured at d128: seqlen 512-1024 +3..10%, >= 4k within +-1.5%;
   /// bench/results/history.md). With two Q buffers the load itself is issued that early; a
   /// prefetch would only fetch Q twice.
-  template <class GQ>
-  __device__ __forceinline__ static void prefetch_q(const Params& p, const GQ& tQgQ) {
+  __device__ __forceinline__ static void prefetch_q(const Params& p, const TileInfo& ti) {
     if constexpr (Kt::kQStages == 1) {
-      if (threadIdx.x % 32 == 0) cute::prefetch(p.tma_q, tQgQ);
+      if (threadIdx.x % 32 != 0) return;
+      const QBox q = q_box(p, ti);
+#pragma unroll
+      for (int c = 0; c < Kt::kQChunks; ++c)
+        cute::SM90_TMA_LOAD_4D::PREFETCH::copy(&p.tma_q, c * Kt::kQChunkCols, q.head, q.row, q.batch);
     }
   }
 
-  /// Issues Q into the next Q buffer, once the consumers freed it (lane 0).
-  template <class TQ, class GQ>
-  __device__ __forceinline__ static void load_q(const Params& p, PipelineQ& pipe_q, PipelineStateQ& wq, TQ& tQsQ,
-                                                const GQ& tQgQ) {
+  /// The first query head and row of tile ti's Q box (tma_q's coordinates): the tile's head and
+  /// first token, or with pack-GQA its KV head's first query head.
+  struct QBox {
+    int32_t head, row, batch;
+  };
+  __device__ __forceinline__ static QBox q_box(const Params& p, const TileInfo& ti) {
+    return {p.pack_gqa ? ti.c.head * p.group_size : ti.c.head, ti.q_row0 + ti.c.m_block * p.tile_queries,
+            p.is_varlen ? 0 : ti.c.batch};
+  }
+
+  /// Issues Q into the next Q buffer, once the consumers freed it (lane 0): one box per W-column
+  /// chunk of the buffer (kernel_traits_fwd.cuh kQChunks), out-of-bounds rows and columns
+  /// zero-filled and counted.
+  __device__ __forceinline__ static void load_q(const Params& p, PipelineQ& pipe_q, PipelineStateQ& wq,
+                                                const TileInfo& ti, typename Kt::Element* smem_q) {
     using namespace cute;
     if (threadIdx.x % 32 == 0) {
       pipe_q.producer_acquire(wq);
-      copy(p.tma_q.with(*pipe_q.producer_get_barrier(wq), 0, TMA::CacheHintSm90::EVICT_FIRST),
-           tQgQ, tQsQ(_, wq.index()));
+      uint64_t* bar = pipe_q.producer_get_barrier(wq);
+      const QBox q = q_box(p, ti);
+      typename Kt::Element* stage = smem_q + wq.index() * Kt::kQStageElems;
+#pragma unroll
+      for (int c = 0; c < Kt::kQChunks; ++c)
+        SM90_TMA_LOAD_4D::copy(&p.tma_q, bar, uint64_t(TMA::CacheHintSm90::EVICT_FIRST),
+                               stage + c * kBlockM * Kt::kQChunkCols, c * Kt::kQChunkCols, q.head, q.row, q.batch);
     }
     ++wq;
   }
 
   /// Issues Q (into the next Q buffer, once the consumers freed it) and every K/V block of tile ti
   /// (which has rows and keys).
-  template <bool kPaged, class SharedStorage, class TQ, class TK, class TV, class MQ, class MK, class MV>
+  template <bool kPaged, class SharedStorage, class TK, class TV, class MK, class MV>
   __device__ __forceinline__ static void load_tile(const Params& p, SharedStorage& ss, Pipeline& pipe_k, Pipeline& pipe_v,
                                                    PipelineQ& pipe_q, const TileInfo& ti, PipelineState& wr,
-                                                   PipelineStateQ& wq, TQ& tQsQ, TK& tKsK, TV& tVsV,
-                                                   const MQ& mQ_all, const MK& mK_all, const MV& mVt_all) {
+                                                   PipelineStateQ& wq, TK& tKsK, TV& tVsV, const MK& mK_all,
+                                                   const MV& mVt_all) {
     using namespace cute;
     const bool leader = threadIdx.x % 32 == 0;
     auto cta_k = p.tma_k.get_slice(_0{});
     auto cta_v = p.tma_v.get_slice(_0{});
     const int32_t b = p.is_varlen ? 0 : ti.c.batch;
-    const int32_t h_kv = ti.c.head / p.group_size;
+    const int32_t h_kv = tile_kv_head(p, ti);
     Tensor gK = local_tile(domain_offset(make_coord(ti.k_row0, _0{}), mK_all(_, _, h_kv, b)),
                            Shape<Int<kBlockN>, Int<Kt::kHeadDim>>{}, make_coord(_, _0{}));
     Tensor gVt = local_tile(domain_offset(make_coord(_0{}, ti.k_row0), mVt_all(_, _, h_kv, b)),
                             Shape<Int<Kt::kHeadDimV>, Int<kBlockN>>{}, make_coord(_0{}, _));
-    Tensor tQgQ = q_tile(p, ti, mQ_all);
     Tensor tKgK = group_modes<0, 3>(cta_k.partition_S(gK));   // (TMA, n_block)
     Tensor tVgV = group_modes<0, 3>(cta_v.partition_S(gVt));  // (TMA, n_block)
 
@@ -242,12 +245,12 @@ struct MainloopLoad {
 
     // The producer gets here when it has issued the previous tile's last K/V block, i.e. about
     // `stages` key blocks before that tile ends (fewer if it had fewer).
-    prefetch_q(p, tQgQ);
+    prefetch_q(p, ti);
     int32_t n = ti.keys.n_block_max - 1;
     load_k(n, wr);
     // A Q buffer is free once the consumers finished the Q K^T products of the tile that used it
     // (and, without an O buffer, the TMA store of its O, which the epilogue stages there).
-    load_q(p, pipe_q, wq, tQsQ, tQgQ);
+    load_q(p, pipe_q, wq, ti, ss.smem_q.data());
     for (--n; n >= ti.keys.n_block_min; --n) {
       PipelineState wr_v = wr;
       ++wr;
@@ -280,7 +283,7 @@ struct MainloopLoad {
          w = TileRing::receive(pipe_t, ss.tiles, ts)) {
       const TileInfo ti = make_tile_info<kBlockM, kBlockN>(p, w);  // (the consumers' key range)
       if (!ti.has_keys()) continue;
-      const int32_t h_kv = ti.c.head / p.group_size;
+      const int32_t h_kv = tile_kv_head(p, ti);
       int32_t n = ti.keys.n_block_max - 1;
       int32_t entry = page_entry(p, ti, n);
       int32_t entry_next = page_entry(p, ti, n - 1);

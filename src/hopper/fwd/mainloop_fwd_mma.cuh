@@ -91,7 +91,7 @@ struct MainloopMma {
     detail::KeyRange vis[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r)
-      vis[r] = detail::visible_key_range(query_row<kBlockM>(ti, tid, r), ti.seqlen_q, ti.seqlen_k, p.mask);
+      vis[r] = detail::visible_key_range(fragment_row_coord<kBlockM>(p, ti, tid, r).query, ti.seqlen_q, ti.seqlen_k, p.mask);
 
     // The stages come in the tile's order, blocks n_hi - 1 down to n_lo. With kWarpgroupKeyRanges
     // this warpgroup computes only blocks [n_lo, w_hi), below the last its own 64 rows see (a
@@ -105,10 +105,12 @@ struct MainloopMma {
     TileKeyRange wk{};
     int32_t w_hi = n_hi;
     if constexpr (Kt::kWarpgroupKeyRanges) {
-      const int32_t wrow_lo = query_row<kBlockM>(ti, wg * 128, 0);  // the warpgroup's first row
-      wk = wrow_lo < ti.seqlen_q
-          ? TileKeyRange::make(wrow_lo, min(wrow_lo + 64, ti.seqlen_q) - 1, ti.seqlen_q, ti.seqlen_k, p.mask, kBlockN)
-          : TileKeyRange{};
+      // The warpgroup's first and last rows' query tokens (with pack-GQA its 64 rows hold 64 / group
+      // tokens, or part of one).
+      const int32_t wq_lo = tile_row<kBlockM>(p, ti, wg * 64).query;
+      const int32_t wq_hi = min(tile_row<kBlockM>(p, ti, wg * 64 + 63).query, ti.seqlen_q - 1);
+      wk = wq_lo < ti.seqlen_q ? TileKeyRange::make(wq_lo, wq_hi, ti.seqlen_q, ti.seqlen_k, p.mask, kBlockN)
+                               : TileKeyRange{};
       // Blocks below the warpgroup's first visible one (a left window) stay computed, masked: a
       // second pass-through loop after the key loop cost the key loop's Q K^T its wgmma
       // descriptors in uniform registers (ptxas recomputed them before each k-step).

@@ -49,10 +49,19 @@ struct HopperFwdConfig {
   /// MMA-bound d192 and d256 kernels measured 0.92 / 0.97 of the max-first loop at d192 8k and
   /// 0.92 at d256 causal 512, so they keep the block max first.
   bool exp_from_running_max;
+  /// The gathering kernel packs a KV-cache chunk's GQA group into its row tiles (pack-GQA,
+  /// launch_fwd.h fwd_packs_gqa) where the chunk's tokens fill at most half a row tile and the
+  /// group divides tile_m: each gathered K/V block then serves the group's heads. d128, pages of
+  /// 16, GQA 32/8, 64 tokens, an H100, kernel time packed / not: causal 8k 45.95 / 51.43 us,
+  /// non-causal 16k 62.36 / 85.28. Elsewhere packing measured slower (bench/results/history.md
+  /// 2026-12-07 08:xx: the TMA-box forward at 100-200 tokens per head and d64 128 tokens, 9-22%),
+  /// and d64 / d256's gathering kernels were not measured packed: off.
+  bool pack_gqa_gather;
   /// KV-cache chunks on gathered pages (gather_kernel, below) take the gathering kernel from this
-  /// many query tokens (seqlen_q) on, the decode kernel below (launch_fwd.h kvcache_gathers). The
-  /// forward does not pack GQA groups: a chunk of seqlen_q tokens fills seqlen_q of a query head's
-  /// tile_m rows, where the decode kernel packs a group's heads into its 16- or 64-row tiles. Pages
+  /// many query tokens (seqlen_q) on, the decode kernel below (launch_fwd.h kvcache_gathers).
+  /// Measured before the forward could pack GQA groups (pack_gqa_gather): a chunk of seqlen_q tokens
+  /// filled seqlen_q of a query head's tile_m rows, where the decode kernel packs a group's heads
+  /// into its 16- or 64-row tiles. Pages
   /// of 16 on an H100, kernel time gathered / decode kernel: d64 (192-row tiles) 64 queries 1.26x
   /// (causal) and 1.48x (non-causal), 128 queries 0.90x, 512 0.80x; d128 64 queries 0.93x causal,
   /// 1.10x non-causal, 128-512 queries 0.61-0.69x; so half a row tile (96, 64). d256 measured at
@@ -127,19 +136,19 @@ inline constexpr int32_t kHopperTileM3WG = 192;   ///< three consumer warpgroups
 // so one build would read another build's table.
 constexpr HopperFwdConfig kHopperFwdConfigs[] = {
     // d, dv, tile_m, tile_n, stages, q_stages, exp2_emulation, regs (consumer, producer), pingpong, o_buffer,
-    // exp_from_running_max, gather_min_seqlen_q, gather_kernel, local_kernel
+    // exp_from_running_max, pack_gqa_gather, gather_min_seqlen_q, gather_kernel, local_kernel
     // d64: three consumer warpgroups (192 query rows, FA3's tile): at d64 a warpgroup's softmax of a
     // block takes ~2x its Q K^T + P V, so two warpgroups leave the tensor core idle half the time.
     // Measured at 8k (x cuDNN): two warpgroups 0.90 / 0.91 (non-causal / causal); three with
     // exp2 emulation share 4/16 1.02-1.03 / 0.98-0.99, 2/16 1.06 / 1.01, 1/16 1.10 / 1.03, 0 1.11 / 1.06-1.07:
     // with three warpgroups the FMA pipe, not MUFU, is the scarcer unit, so d64 emulates nothing.
-    {64, 64, kHopperTileM3WG, 128, 3, 2, Exp2Emulation{16, 0}, kHopperConsumerRegs3WG, kHopperProducerRegs, true, true, true, 96, true, true},
-    {96, 96, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 3}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true, 0, false, false},
-    {128, 128, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 1}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true, 64, true, false},
+    {64, 64, kHopperTileM3WG, 128, 3, 2, Exp2Emulation{16, 0}, kHopperConsumerRegs3WG, kHopperProducerRegs, true, true, true, false, 96, true, true},
+    {96, 96, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 3}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true, false, 0, false, false},
+    {128, 128, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 1}, kHopperConsumerRegs, kHopperProducerRegs, true, true, true, true, 64, true, false},
     // d192x128: key tile 128 measured +2.4% / +1.7% (non-causal / causal 8k) over 112.
-    {192, 128, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, true, 0, false, false},
-    {192, 192, kHopperTileM, 96, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false, 0, false, false},
-    {256, 256, kHopperTileM, 80, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false, 0, true, false},
+    {192, 128, kHopperTileM, 128, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, true, false, 0, false, false},
+    {192, 192, kHopperTileM, 96, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false, false, 0, false, false},
+    {256, 256, kHopperTileM, 80, 2, 1, Exp2Emulation{16, 0}, kHopperConsumerRegs, kHopperProducerRegs, false, false, false, false, 0, true, false},
 };
 inline constexpr int32_t kHopperNumFwdConfigs =
     int32_t(sizeof(kHopperFwdConfigs) / sizeof(kHopperFwdConfigs[0]));

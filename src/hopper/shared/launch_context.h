@@ -40,6 +40,10 @@ struct LaunchContext {
   /// are TMA-aligned, and batched for O; override "epilogue" = direct forces the direct register
   /// stores, for the ablation).
   bool tma_epilogue = false;
+  /// Forward: pack-GQA, a row tile's rows are (token, head) pairs of one KV head's group
+  /// (hopper_api.cu sets it by fwd/launch_fwd.h fwd_packs_gqa; override "pack_gqa" forces). O then
+  /// leaves through direct stores (tma_epilogue false).
+  bool pack_gqa = false;
   /// A KV-cache call on the forward kernel (hopper_api.cu forward_kvcache): sequence b attends to
   /// the first cache_seqlens[b] + seqlen_new keys of its row of the dense cache (k/v, seqlen_k = the
   /// capacity); cache_seqlens nullptr: all of them.

@@ -305,14 +305,16 @@ struct OnlineSoftmax {
   }
 
   /// Final normalisation (core/softmax.h). o_scale[r] multiplies O row r; lse[r] is the
-  /// natural-log LSE. sink: the head's sink logit (natural-log units), or -inf when there is none.
+  /// natural-log LSE. sink[r]: row r's head's sink logit (natural-log units), or -inf when there is
+  /// none (with pack-GQA the two rows may be different heads').
   /// Fully masked row (l == 0): O = 0, lse = -inf, or lse = sink with a sink. NaN from the data
   /// (l is NaN) still propagates to O and lse.
-  __device__ __forceinline__ void finalize(float scale_log2, float sink, float (&o_scale)[2], float (&lse)[2]) {
+  __device__ __forceinline__ void finalize(float scale_log2, const float (&sink)[2], float (&o_scale)[2],
+                                          float (&lse)[2]) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float m = row_max[r] == kNegInf ? kNegInf : shift(row_max[r], scale_log2);  // log2 units
-      const detail::RowNorm n = detail::finalize_row(m, arch::quad_sum(row_sum[r]), sink);
+      const detail::RowNorm n = detail::finalize_row(m, arch::quad_sum(row_sum[r]), sink[r]);
       o_scale[r] = n.o_scale;
       lse[r] = n.lse;
     }

@@ -50,6 +50,22 @@ struct TileCoord {
   int32_t batch;
 };
 
+/// A tile row's query token (within its sequence) and query head.
+struct RowCoord {
+  int32_t query;
+  int32_t head;
+};
+
+/// Pack-GQA (the forward, Params::pack_gqa): the tiles of KV head kv_head hold (token, head) pairs
+/// of its group of `group` query heads, the heads fastest, tile_m / group tokens per tile (group
+/// divides tile_m: fwd/launch_fwd.h fwd_pack_gqa_fits). Row `row` of m-block m_block is token
+/// m_block * (tile_m / group) + row / group of query head kv_head * group + row % group, so the
+/// group's heads share each K/V block (FlashAttention-3's PackGQA order). The rows are the order
+/// of a TMA box over q viewed as (d, heads, tokens, batch) (fwd/mainloop_fwd_load.cuh load_q).
+FA4_HD RowCoord packed_row(int32_t m_block, int32_t kv_head, int32_t row, int32_t tile_m, int32_t group) {
+  return {m_block * (tile_m / group) + row / group, kv_head * group + row % group};
+}
+
 template <class Params>
 FA4_HD TileCoord tile_coord(const Params& p, int32_t t) {
   const int32_t num_m = p.num_m_blocks;
