@@ -26,7 +26,6 @@
 namespace fa4::hopper {
 namespace {
 std::atomic<uint64_t> g_fwd_tma_epilogue_calls{0};
-std::atomic<uint64_t> g_fwd_pack_gqa_calls{0};
 std::atomic<uint64_t> g_bwd_tma_epilogue_calls{0};
 
 /// Every block of query rows or keys the kernels walk is within the row limit's margin
@@ -466,7 +465,6 @@ LaunchContext forward_context(const detail::FwdParams& p, const detail::KernelOv
   const detail::HopperFwdConfig* c = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
   const bool measured_gain = c && c->pack_gqa_gather && gather_page_size > 0 && fwd_runs_gather_kernel(*c, gather_page_size);
   ctx.pack_gqa = c && fwd_packs_gqa(c->tile_m, fwd_query_rows(p), p.num_heads, p.num_heads_kv, measured_gain, o.pack_gqa);
-  if (ctx.pack_gqa) g_fwd_pack_gqa_calls.fetch_add(1, std::memory_order_relaxed);
   ctx.tma_epilogue = pick_override(o.tma_epilogue, true) && !p.is_varlen && !ctx.pack_gqa &&
                      check_tma_tensor("out", p.out, p.out_stride, p.seqlen_q, p.num_heads, p.batch,
                                       false, dtype_size(p.dtype)).empty();
@@ -635,7 +633,7 @@ void forward_kvcache(const detail::KVCacheParams& p, const char* fn) {
 }
 
 uint64_t fwd_tma_epilogue_calls() { return g_fwd_tma_epilogue_calls.load(std::memory_order_relaxed); }
-uint64_t fwd_pack_gqa_calls() { return g_fwd_pack_gqa_calls.load(std::memory_order_relaxed); }
+uint64_t fwd_pack_gqa_calls() { return fwd_pack_gqa_launches(); }
 uint64_t bwd_tma_epilogue_calls() { return g_bwd_tma_epilogue_calls.load(std::memory_order_relaxed); }
 
 }  // namespace fa4::hopper

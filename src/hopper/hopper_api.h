@@ -42,7 +42,7 @@ void zero_dsink(const detail::BwdParams& p);
 /// that their comparisons with the direct stores took that path.
 uint64_t fwd_tma_epilogue_calls();
 uint64_t bwd_tma_epilogue_calls();
-/// Forward-kernel calls so far that packed a GQA group into its row tiles (launch_fwd.h
+/// Forward-kernel launches so far that packed a GQA group into their row tiles (launch_fwd.h
 /// fwd_packs_gqa): the tests check that a pack-GQA comparison took that path.
 uint64_t fwd_pack_gqa_calls();
 

@@ -108,7 +108,8 @@ TEST(HopperFwd, GqaMqa) {  // C21: kv_head = h / (H / Hkv)
 // on the path it should take: group sizes that divide the buckets' row tiles (2 to 64; 3 on d64's
 // 192 rows) and one that does not (7: never packed), 1 to 200 tokens, plain, causal (bottom-right,
 // seqlen_q < seqlen_k), window + softcap + sink (a sink per query head), varlen with an empty and
-// a keyless sequence; two batches, so the tiles' batch and KV head both vary.
+// a keyless sequence; several sequences and KV heads, so the tiles' batch and KV head both vary.
+// Counted per launch that packed (a refused packed descriptor would fall back unpacked and fail here).
 TEST(HopperFwd, PackGqa) {
   REQUIRE_HOPPER();
   fa4::test::ScopedOverride on_forward("small_q", "fwd");

@@ -5,6 +5,9 @@
 // swizzle mode must match the layout TMA wrote with; CuTe derives both the TMA box/swizzle and the
 // wgmma descriptors from ONE layout object (GMMA::Layout_*_SW*_Atom tiled to the tile shape), so
 // the two can never disagree. Hand-writing descriptors is the classic source of silent garbage.
+// Q is the exception: its TMA descriptor is encoded by hand (launch_fwd.cuh; pack-GQA's boxes
+// span two tensor modes with a runtime group), so the layout facts it relies on — W-column
+// chunks of kBlockM rows, the swizzle width — are static_asserted from SmemLayoutQStage below.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -170,6 +173,13 @@ struct FwdKernelTraits {
                     (kQChunks == 1 ||
                      int(get_nonswizzle_portion(SmemLayoutQStage{})(0, kQChunkCols)) == kBlockM * kQChunkCols),
                 "the Q boxes assume W-column chunks of kBlockM consecutive rows");
+  // The Q descriptor's swizzle (launch_fwd.cuh kQSwizzle): 16-byte units XORed within a span of
+  // one W-column row, so the layout's swizzle must have log2(W * sizeof(Element) / 16) bits over
+  // a shift of 3 (8 rows) — what CuTe's TMA would have derived from the same layout.
+  using QSwizzle = decltype(get_swizzle_portion(SmemLayoutQStage{}));
+  static constexpr int kQSwizzleBytes = QSwizzle::num_bits == 0 ? 0 : 16 << QSwizzle::num_bits;
+  static_assert(kQSwizzleBytes == 0 || (kQSwizzleBytes == kQChunkCols * int(sizeof(Element)) && QSwizzle::num_shft == 3),
+                "the Q layout's swizzle is not one a TMA box of one W-column row writes");
 
   // TMA always transfers (and counts) the full box, including out-of-bounds zero fill.
   static constexpr uint32_t kTmaBytesQ = uint32_t(size(take<0, 2>(SmemLayoutQ{})) * sizeof(Element));

@@ -78,10 +78,10 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   cute::TmaDescriptor q_desc{};
   auto encode_q = [&](int32_t heads_per_tile) {
     constexpr int kW = Kt::kQChunkCols;
-    constexpr CUtensorMapSwizzle kSwizzle = kW * kElem == 128 ? CU_TENSOR_MAP_SWIZZLE_128B
-                                            : kW * kElem == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
-                                            : kW * kElem == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
-                                                               : CU_TENSOR_MAP_SWIZZLE_NONE;
+    constexpr CUtensorMapSwizzle kSwizzle = Kt::kQSwizzleBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B
+                                            : Kt::kQSwizzleBytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                            : Kt::kQSwizzleBytes == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
+                                                                       : CU_TENSOR_MAP_SWIZZLE_NONE;
     // sq: the (row, 1, head, batch) strides in elements, extent-1 ones replaced by valid ones.
     const cuuint64_t dims[4] = {cuuint64_t(fp.headdim), cuuint64_t(fp.num_heads), cuuint64_t(rows_q), cuuint64_t(batch_t)};
     const cuuint64_t strides_bytes[3] = {cuuint64_t(get<2>(sq) * kElem), cuuint64_t(get<0>(sq) * kElem),
@@ -240,6 +240,7 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   }
   check_cuda(launched, ctx.fn, "kernel launch");  // (a refused launch: the holds release the scratch)
   if (dynamic) count_fwd_dynamic_launch();
+  if (pack) count_fwd_pack_gqa_launch();
   partials.release();
   flags.release();
 }

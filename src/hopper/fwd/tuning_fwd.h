@@ -51,7 +51,9 @@ struct HopperFwdConfig {
   bool exp_from_running_max;
   /// The gathering kernel packs a KV-cache chunk's GQA group into its row tiles (pack-GQA,
   /// launch_fwd.h fwd_packs_gqa) where the chunk's tokens fill at most half a row tile and the
-  /// group divides tile_m: each gathered K/V block then serves the group's heads. d128, pages of
+  /// group divides tile_m: each gathered K/V block then serves the group's heads. (With d128's
+  /// gather_min_seqlen_q of 64 that is chunks of exactly 64 tokens, group 3 or more: the decode
+  /// kernel takes 128 rows per KV head or fewer.) d128, pages of
   /// 16, GQA 32/8, 64 tokens, an H100, kernel time packed / not: causal 8k 45.95 / 51.43 us,
   /// non-causal 16k 62.36 / 85.28. Elsewhere packing measured slower (bench/results/history.md
   /// 2026-12-07 08:xx: the TMA-box forward at 100-200 tokens per head and d64 128 tokens, 9-22%),

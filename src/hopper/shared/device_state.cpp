@@ -471,9 +471,12 @@ EagerScratchStats eager_scratch_stats(int device) {
 
 namespace {
 std::atomic<uint64_t> g_fwd_dynamic_launches{0};
+std::atomic<uint64_t> g_fwd_pack_gqa_launches{0};
 }  // namespace
 
 void count_fwd_dynamic_launch() { g_fwd_dynamic_launches.fetch_add(1, std::memory_order_relaxed); }
+void count_fwd_pack_gqa_launch() { g_fwd_pack_gqa_launches.fetch_add(1, std::memory_order_relaxed); }
+uint64_t fwd_pack_gqa_launches() { return g_fwd_pack_gqa_launches.load(std::memory_order_relaxed); }
 
 uint64_t fwd_dynamic_launches() { return g_fwd_dynamic_launches.load(std::memory_order_relaxed); }
 

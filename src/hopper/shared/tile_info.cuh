@@ -118,7 +118,7 @@ __device__ __forceinline__ SeqBounds seq_bounds(const Params& p, int32_t b) {
 /// groups that divide kBlockM: fwd/launch_fwd.h fwd_pack_gqa_fits).
 template <int kBlockM, class Params>
 __device__ __forceinline__ int32_t tile_queries(const Params& p) {
-  if constexpr (requires { p.tile_queries; }) return p.tile_queries;  // (set by the host: no division here)
+  if constexpr (requires { p.tile_queries; }) return p.tile_queries;  // (set by the host)
   return kBlockM;
 }
 

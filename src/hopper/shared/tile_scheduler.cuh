@@ -4,7 +4,8 @@
 // bwd/schedule_bwd.h, bwd/geometry_bwd.cuh).
 //
 // The grid has min(num_tiles, num_SMs) CTAs, each running tiles until none is left (which ones:
-// "Which CTA runs which tile" below). A tile is (m_block, head, batch): tile_m (128; d64: 192) query rows of one head.
+// "Which CTA runs which tile" below). A tile is (m_block, head, batch): tile_m (128; d64: 192) query rows of one head
+// (with the forward's pack-GQA, `head` is a KV head and the rows its group's: packed_row below).
 // The linear tile index is mapped to coordinates so that
 //   * LPT: under causal/window masks the bottom m-blocks see the most keys; handing them out first
 //     (longest-processing-time first) keeps the last wave short. Used for masked (causal/window)

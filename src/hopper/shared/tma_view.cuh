@@ -13,7 +13,8 @@ namespace fa4::hopper {
 
 /// TMA ignores the stride of an extent-1 dimension but still requires a positive multiple of 16
 /// bytes; user strides of size-1 dims may be anything (case C20). Replace such a stride by the
-/// span of the dimensions before it (what a contiguous tensor would have): valid and monotone.
+/// span of the dimensions before it (what a contiguous tensor would have): a valid stride. (The
+/// forward's Q descriptor takes these strides in (head, row, batch) order: TMA needs no order.)
 inline int64_t tma_stride(int64_t extent, int64_t stride, int64_t span_before) {
   return extent <= 1 ? span_before : stride;
 }
