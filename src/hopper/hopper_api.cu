@@ -633,7 +633,6 @@ void forward_kvcache(const detail::KVCacheParams& p, const char* fn) {
 }
 
 uint64_t fwd_tma_epilogue_calls() { return g_fwd_tma_epilogue_calls.load(std::memory_order_relaxed); }
-uint64_t fwd_pack_gqa_calls() { return fwd_pack_gqa_launches(); }
 uint64_t bwd_tma_epilogue_calls() { return g_bwd_tma_epilogue_calls.load(std::memory_order_relaxed); }
 
 }  // namespace fa4::hopper

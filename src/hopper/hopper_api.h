@@ -42,9 +42,6 @@ void zero_dsink(const detail::BwdParams& p);
 /// that their comparisons with the direct stores took that path.
 uint64_t fwd_tma_epilogue_calls();
 uint64_t bwd_tma_epilogue_calls();
-/// Forward-kernel launches so far that packed a GQA group into their row tiles (launch_fwd.h
-/// fwd_packs_gqa): the tests check that a pack-GQA comparison took that path.
-uint64_t fwd_pack_gqa_calls();
 
 /// The KV-cache selector: "" and the kernel name if p runs on the current device, else the reason.
 /// The decode kernel (decode/) must accept p (its launch also appends k_new / v_new); a call with

@@ -129,10 +129,10 @@ TEST(HopperFwd, PackGqa) {
         if (mode == 3) { c.lens_q = {sq, 0, sq / 2 + 1}; c.lens_k = {300, 77, 0}; c.causal = true; }
         for (const char* pack : {"1", "0"}) {
           fa4::test::ScopedOverride forced("pack_gqa", pack);
-          const uint64_t before = fa4::hopper::fwd_pack_gqa_calls();
+          const uint64_t before = fa4::hopper::fwd_pack_gqa_launches();
           if (!run_case(c, 1)) break;  // bucket left out
           const bool packed = fits && pack[0] == '1';
-          EXPECT_EQ(fa4::hopper::fwd_pack_gqa_calls() - before, packed ? 1u : 0u) << c.name() << " pack_gqa " << pack;
+          EXPECT_EQ(fa4::hopper::fwd_pack_gqa_launches() - before, packed ? 1u : 0u) << c.name() << " pack_gqa " << pack;
         }
       }
   }

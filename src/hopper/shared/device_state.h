@@ -202,7 +202,7 @@ CaptureScratchStats capture_scratch_stats();
 /// (fwd/launch_fwd.cuh), so far: the tests check that the "schedule" override's dynamic choice ran.
 void count_fwd_dynamic_launch();
 /// Forward launches whose tiles packed a GQA group (fwd/launch_fwd.cuh): the tests check that a
-/// pack-GQA comparison ran packed (hopper_api.h fwd_pack_gqa_calls reads it).
+/// pack-GQA comparison ran packed.
 void count_fwd_pack_gqa_launch();
 uint64_t fwd_pack_gqa_launches();
 uint64_t fwd_dynamic_launches();
