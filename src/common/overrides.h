@@ -54,9 +54,9 @@ struct KernelOverrides {
   /// 0); -1: retained while the device's retained scratch stays within
   /// hopper/shared/device_state.h kRetainedCaptureScratchBytes
   int8_t capture_scratch = -1;
-  /// "pack_gqa": the forward kernel's row tiles hold (token, head) pairs of a KV head's GQA group
-  /// wherever the group divides the row tile (1), or one query head each (0); -1: where measured
-  /// faster (hopper/fwd/launch_fwd.h fwd_packs_gqa)
+  /// "pack_gqa": the gathering forward kernel's row tiles hold (token, head) pairs of a KV head's
+  /// GQA group wherever the group divides the row tile (1), or one query head each (0); -1: where
+  /// measured faster (hopper/fwd/launch_fwd.h fwd_packs_gqa; the other forward kernels never pack)
   int8_t pack_gqa = -1;
 };
 

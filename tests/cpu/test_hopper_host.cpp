@@ -499,10 +499,10 @@ TEST(HopperHost, PackedRowsCoverTheGroupOnce) {
     }
 }
 
-// When the forward packs a GQA group (fwd_packs_gqa): only a group of 2 or more that divides the
-// row tile; by default only where measured faster (the gathering kernel of a row with
-// pack_gqa_gather) for chunks filling at most half a row tile; the override forces it off, or on
-// wherever it fits. The tuning table: d128 only.
+// When the forward packs a GQA group (fwd_packs_gqa): only on a gathering kernel (the only ones
+// compiled with pack-GQA), a group of 2 or more that divides the row tile; by default only where
+// measured faster (a row with pack_gqa_gather) for chunks filling at most half a row tile; the
+// override forces it off, or on wherever it fits on a gathering kernel. The tuning table: d128 only.
 TEST(HopperHost, ForwardPackGqaRule) {
   using fa4::hopper::fwd_pack_gqa_fits;
   using fa4::hopper::fwd_packs_gqa;
@@ -512,17 +512,19 @@ TEST(HopperHost, ForwardPackGqaRule) {
   EXPECT_TRUE(fwd_pack_gqa_fits(192, 24, 4));   // 6 divides 192
   EXPECT_FALSE(fwd_pack_gqa_fits(128, 30, 8));  // not a whole group
   EXPECT_FALSE(fwd_pack_gqa_fits(128, 8, 0));
-  EXPECT_TRUE(fwd_packs_gqa(128, 64, 32, 8, true));     // half a tile
-  EXPECT_TRUE(fwd_packs_gqa(128, 1, 32, 8, true));
-  EXPECT_FALSE(fwd_packs_gqa(128, 65, 32, 8, true));    // more than half
-  EXPECT_FALSE(fwd_packs_gqa(128, 4096, 32, 8, true));
-  EXPECT_FALSE(fwd_packs_gqa(128, 64, 32, 8, false));   // not measured faster there
-  EXPECT_TRUE(fwd_packs_gqa(192, 96, 24, 4, true));
-  EXPECT_FALSE(fwd_packs_gqa(128, 64, 28, 4, true));    // group 7: no packing, even forced
-  EXPECT_FALSE(fwd_packs_gqa(128, 64, 28, 4, true, 1));
-  EXPECT_FALSE(fwd_packs_gqa(128, 64, 32, 8, true, 0));
-  EXPECT_TRUE(fwd_packs_gqa(128, 4096, 32, 8, false, 1));
-  EXPECT_FALSE(fwd_packs_gqa(128, 0, 32, 8, true, 1));  // no rows
+  EXPECT_TRUE(fwd_packs_gqa(128, 64, 32, 8, true, true));     // half a tile
+  EXPECT_TRUE(fwd_packs_gqa(128, 1, 32, 8, true, true));
+  EXPECT_FALSE(fwd_packs_gqa(128, 65, 32, 8, true, true));    // more than half
+  EXPECT_FALSE(fwd_packs_gqa(128, 4096, 32, 8, true, true));
+  EXPECT_FALSE(fwd_packs_gqa(128, 64, 32, 8, true, false));   // not measured faster there
+  EXPECT_TRUE(fwd_packs_gqa(192, 96, 24, 4, true, true));
+  EXPECT_FALSE(fwd_packs_gqa(128, 64, 28, 4, true, true));    // group 7: no packing, even forced
+  EXPECT_FALSE(fwd_packs_gqa(128, 64, 28, 4, true, true, 1));
+  EXPECT_FALSE(fwd_packs_gqa(128, 64, 32, 8, true, true, 0));
+  EXPECT_TRUE(fwd_packs_gqa(128, 4096, 32, 8, true, false, 1));
+  EXPECT_FALSE(fwd_packs_gqa(128, 0, 32, 8, true, true, 1));  // no rows
+  EXPECT_FALSE(fwd_packs_gqa(128, 64, 32, 8, false, true));   // a TMA-box kernel: never, even forced
+  EXPECT_FALSE(fwd_packs_gqa(128, 64, 32, 8, false, true, 1));
   for (const auto& c : fa4::detail::kHopperFwdConfigs)
     EXPECT_EQ(c.pack_gqa_gather, c.headdim == 128 && c.headdim_v == 128) << c.headdim << "x" << c.headdim_v;
   // The override's knob: "0" / "1" / "auto".

@@ -10,7 +10,6 @@
 // repeatability), C28 (empty problems), C32 (softmax_scale).
 // Sanitizer subset: --gtest_filter='HopperFwd.Sanitize*' (see tests/gpu/README.md).
 #include "fwd_case.cuh"
-#include "hopper/fwd/launch_fwd.h"
 
 namespace {
 
@@ -99,42 +98,6 @@ TEST(HopperFwd, GqaMqa) {  // C21: kv_head = h / (H / Hkv)
   for (int hk : {1, 2, 3}) {
     Case c; c.heads = 6; c.heads_kv = hk; c.seqlen_q = 257; c.seqlen_k = 300; c.causal = hk == 2;
     run_case(c, 1);
-  }
-}
-
-// Pack-GQA (hopper/shared/tile_scheduler.cuh packed_row): a row tile holds (token, head) pairs of
-// one KV head's group, Q read by TMA boxes of the group's heads, O and LSE stored per row's head.
-// Forced on and off on the forward kernel (small_q = fwd), each against the reference and counted
-// on the path it should take: group sizes that divide the buckets' row tiles (2 to 64; 3 on d64's
-// 192 rows) and one that does not (7: never packed), 1 to 200 tokens, plain, causal (bottom-right,
-// seqlen_q < seqlen_k), window + softcap + sink (a sink per query head), varlen with an empty and
-// a keyless sequence; several sequences and KV heads, so the tiles' batch and KV head both vary.
-// Counted per launch that packed (a refused packed descriptor would fall back unpacked and fail here).
-TEST(HopperFwd, PackGqa) {
-  REQUIRE_HOPPER();
-  fa4::test::ScopedOverride on_forward("small_q", "fwd");
-  struct Group { int d, heads, heads_kv; };
-  for (const Group g : {Group{64, 6, 2}, Group{64, 16, 2}, Group{64, 64, 1}, Group{128, 32, 8}, Group{128, 8, 1},
-                        Group{128, 64, 2}, Group{128, 14, 2}, Group{96, 8, 2}, Group{192, 8, 4}, Group{256, 16, 4}}) {
-    const fa4::detail::HopperFwdConfig* bucket = fa4::detail::hopper_fwd_bucket(g.d, g.d);
-    ASSERT_NE(bucket, nullptr);
-    const bool fits = fa4::hopper::fwd_pack_gqa_fits(bucket->tile_m, g.heads, g.heads_kv);
-    EXPECT_EQ(fits, g.heads / g.heads_kv != 7) << "d" << g.d;
-    for (int sq : {1, 7, 64, 200})
-      for (int mode = 0; mode < 4; ++mode) {
-        Case c; c.d = c.dv = g.d; c.heads = g.heads; c.heads_kv = g.heads_kv; c.batch = 2;
-        c.seqlen_q = sq; c.seqlen_k = 300; c.seed = uint32_t(1000 * g.d + 10 * sq + mode);
-        if (mode == 1) c.causal = true;
-        if (mode == 2) { c.window_left = 100; c.window_right = 20; c.softcap = 30.f; c.sink = true; }
-        if (mode == 3) { c.lens_q = {sq, 0, sq / 2 + 1}; c.lens_k = {300, 77, 0}; c.causal = true; }
-        for (const char* pack : {"1", "0"}) {
-          fa4::test::ScopedOverride forced("pack_gqa", pack);
-          const uint64_t before = fa4::hopper::fwd_pack_gqa_launches();
-          if (!run_case(c, 1)) break;  // bucket left out
-          const bool packed = fits && pack[0] == '1';
-          EXPECT_EQ(fa4::hopper::fwd_pack_gqa_launches() - before, packed ? 1u : 0u) << c.name() << " pack_gqa " << pack;
-        }
-      }
   }
 }
 

@@ -6,7 +6,8 @@
 // lse against the reference, rows that see no key, stale cache rows past a sequence's keys
 // holding NaN, broken cache_seqlens or page-table entries skipping the sequence —
 // with its stream-K split automatic, forced on and off (and shown to change the rounding), each case
-// also forced onto the decode kernel; and a captured chunk loop replayed.
+// also forced onto the decode kernel; pack-GQA on the gathering kernels; and a captured chunk
+// loop replayed.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -220,6 +221,53 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
     run_fa4(P, whole, lse);
   }
   EXPECT_NE(0, std::memcmp(split.data(), whole.data(), split.size() * 2)) << "bitwise equal: did the split run?";
+}
+
+// Pack-GQA (hopper/shared/tile_scheduler.cuh packed_row) on the gathering kernels, the only ones
+// compiled with it: a row tile holds (token, head) pairs of one KV head's group, Q read by TMA
+// boxes of the group's heads, O and LSE stored per row's head. Chunks on pages of 16 forced onto
+// the forward (small_q = fwd: the gathering kernel at any token count), packing forced on and off,
+// each against the reference and counted on the path it should take: groups that divide the row
+// tiles (2 to 64; 3 on d64's 192 rows) and one that does not (7: never packed); 1 to 200 tokens;
+// plain, causal (bottom-right), a window with softcap and a sink (a sink per query head), and a
+// causal chunk beside an empty sequence whose stale cache rows hold NaN; two sequences and several
+// KV heads, so the tiles' batch and KV head both vary. A refused packed descriptor would fall back
+// unpacked and fail the count.
+TEST(HopperKVCacheForward, PackGqa) {
+  REQUIRE_HOPPER();
+  const fa4::test::ScopedOverride on_forward("small_q", "fwd");
+  struct Group { int d, heads, heads_kv; };
+  int ran = 0;
+  for (const Group g : {Group{64, 6, 2}, Group{64, 16, 2}, Group{64, 64, 1}, Group{128, 32, 8}, Group{128, 8, 1},
+                        Group{128, 64, 2}, Group{128, 14, 2}, Group{256, 16, 4}}) {
+    const fa4::detail::HopperFwdConfig* bucket = fa4::detail::hopper_fwd_bucket(g.d, g.d);
+    ASSERT_NE(bucket, nullptr);
+    ASSERT_TRUE(bucket->gather_kernel) << "d" << g.d;
+    if (fa4::test::leave_out(g.d, g.d, fa4::test::kFwd | fa4::test::kDecode)) continue;
+    const bool fits = fa4::hopper::fwd_pack_gqa_fits(bucket->tile_m, g.heads, g.heads_kv);
+    EXPECT_EQ(fits, g.heads / g.heads_kv != 7) << "d" << g.d;
+    for (int sq : {1, 7, 64, 200})
+      for (int mode = 0; mode < 4; ++mode) {
+        KvCase c;
+        c.d = c.dv = g.d; c.heads = g.heads; c.heads_kv = g.heads_kv; c.batch = 2; c.seqlen_q = sq;
+        c.page_size = 16; c.capacity = 320; c.cache_seqlens = {300, 77}; c.seed = uint32_t(1000 * g.d + 10 * sq + mode);
+        if (mode == 1) c.causal = true;
+        if (mode == 2) { c.window_left = 100; c.window_right = 20; c.softcap = 30.f; c.sink = true; }
+        if (mode == 3) { c.causal = true; c.cache_seqlens = {250, 0}; c.nan_past_keys = true; }
+        for (const char* pack : {"1", "0"}) {
+          SCOPED_TRACE(c.name() + " pack_gqa " + pack);
+          const fa4::test::ScopedOverride forced("pack_gqa", pack);
+          const uint64_t before = fa4::hopper::fwd_pack_gqa_launches();
+          std::string kernel;
+          ASSERT_TRUE(run_case(c, &kernel));
+          EXPECT_NE(kernel.find("_gather"), std::string::npos) << "kernel " << kernel;
+          const bool packed = fits && pack[0] == '1';
+          EXPECT_EQ(fa4::hopper::fwd_pack_gqa_launches() - before, packed ? 1u : 0u);
+          ++ran;
+        }
+      }
+  }
+  if (ran == 0) GTEST_SKIP() << "no gathering bucket (64, 128, 256) in this build";
 }
 
 // A chunked prefill loop: one captured call appends a chunk of 64 tokens to a cache and attends

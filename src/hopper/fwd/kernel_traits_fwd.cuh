@@ -58,6 +58,11 @@ struct FwdKernelTraits {
   /// on its full barrier, when its copies have landed (cp.async.mbarrier.arrive.noinc).
   static constexpr int kGatherThreads = kGather ? 96 : 0;
   static_assert(!(kLocal_ && kGather_), "the gathering kernel walks whole tiles (no local variant)");
+  /// Pack-GQA (shared/tile_info.cuh tile_row) is compiled into the gathering kernels only: there it
+  /// pays (launch_fwd.h fwd_packs_gqa), while on the TMA-box kernels the runtime row map's branch
+  /// cost the key loop registers (d128 about 1% slower unpacked, bench/results/history.md
+  /// 2026-12-07 09:4x) and packed tiles measured slower than unpacked ones.
+  static constexpr bool kPackGqa = kGather;
   static_assert(!kGather_ || kConfig.gather_kernel, "a gathering kernel only where the tuning row has one");
   static_assert(!kGather_ || (kBlockN % 8 == 0 && kBlockN / 8 <= 32 && kHeadDim_ % 32 == 0 && kHeadDimV_ % 32 == 0),
                 "gathering: 8-key groups, one page-table entry per lane, 4 lanes of 16-byte pieces per key");
@@ -235,8 +240,12 @@ struct FwdKernelTraits {
     // pack_gqa the KV heads (a tile's rows are then (token, head) pairs of one KV head's group:
     // shared/tile_info.cuh tile_row; O leaves through direct stores).
     int32_t batch{}, num_heads{}, num_heads_kv{}, group_size{};  // group_size = query heads / num_heads_kv
-    bool pack_gqa{};
+    bool pack_gqa{};         // set only for a kernel with kPackGqa (launch_fwd.cuh)
     int32_t tile_queries{};  // query tokens per tile: tile_m, or tile_m / group_size with pack_gqa
+    /// Whether this launch packs: false at compile time in the kernels without kPackGqa, so their
+    /// row map is the unpacked one's constants.
+    __host__ __device__ __forceinline__ bool packed() const { return kPackGqa && pack_gqa; }
+    __host__ __device__ __forceinline__ int32_t queries_per_tile() const { return packed() ? tile_queries : kBlockM; }
     // Q viewed as (d, query heads, rows, batch), box (kQChunkCols, heads per tile: group_size with
     // pack_gqa or 1, tile_queries, 1), one box per column chunk (mainloop_fwd_load.cuh load_q);
     // encoded by launch_fwd.cuh.

@@ -68,13 +68,14 @@ void launch_fwd(const detail::FwdParams& fp, const LaunchContext& ctx) {
   // Q: one 4-D TMA view of q as (d, query heads, rows, batch), read in boxes of (W columns, heads
   // per tile, tokens per tile, 1) per W-column chunk of the Q buffer (mainloop_fwd_load.cuh
   // load_q): one head's kBlockM tokens, or with pack-GQA (hopper_api.cu forward_context,
-  // launch_fwd.h fwd_packs_gqa) the group's heads of kBlockM / group tokens: tiles of (token,
-  // head) rows of one KV head's group. Should the driver refuse the packed box, the tiles stay one
-  // query head each (O is stored directly either way).
+  // launch_fwd.h fwd_packs_gqa; the gathering kernels, Kt::kPackGqa) the group's heads of
+  // kBlockM / group tokens: tiles of (token, head) rows of one KV head's group. Should the driver
+  // refuse the packed box, the tiles stay one query head each (O is stored directly either way).
   const int32_t group = fp.num_heads / fp.num_heads_kv;
-  if (ctx.pack_gqa && (!fwd_pack_gqa_fits(Kt::kBlockM, fp.num_heads, fp.num_heads_kv) || ctx.tma_epilogue))
-    throw Error(ErrorCode::kInternal, std::string(ctx.fn) + " (hopper): pack-GQA needs a group that divides the "
-                                                            "row tile and stores O directly");
+  if (ctx.pack_gqa && (!Kt::kPackGqa || !fwd_pack_gqa_fits(Kt::kBlockM, fp.num_heads, fp.num_heads_kv) ||
+                       ctx.tma_epilogue))
+    throw Error(ErrorCode::kInternal, std::string(ctx.fn) + " (hopper): pack-GQA needs the gathering kernel, a group "
+                                                            "that divides the row tile and O stored directly");
   cute::TmaDescriptor q_desc{};
   auto encode_q = [&](int32_t heads_per_tile) {
     constexpr int kW = Kt::kQChunkCols;

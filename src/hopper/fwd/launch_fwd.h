@@ -49,15 +49,17 @@ constexpr bool fwd_pack_gqa_fits(int32_t tile_m, int32_t num_heads, int32_t num_
 }
 
 /// Whether the forward packs the GQA group (where it fits), for a call of query_rows tokens per
-/// sequence (seqlen_q; varlen: fwd_query_rows): `forced` (override "pack_gqa") 0 never, 1 wherever
-/// it fits; by default only where `measured_gain` (the call runs the gathering kernel of a tuning
-/// row with pack_gqa_gather) and the tokens fill at most half a row tile. FlashAttention-3 packs
-/// wherever the tiles' share of real rows unpacked is under 0.9x the packed share; here the packed
-/// TMA-box forward measured 9-22% slower than the unpacked one at 100-200 tokens per head (d128)
-/// and 128 tokens at d64, though its tiles were fuller (tuning_fwd.h pack_gqa_gather).
+/// sequence (seqlen_q; varlen: fwd_query_rows) that runs a gathering kernel or not (`gathers`:
+/// only those are compiled with pack-GQA, kernel_traits_fwd.cuh kPackGqa): `forced` (override
+/// "pack_gqa") 0 never, 1 wherever it fits on a gathering kernel; by default only where
+/// `measured_gain` (the tuning row's pack_gqa_gather) and the tokens fill at most half a row tile.
+/// FlashAttention-3 packs wherever the tiles' share of real rows unpacked is under 0.9x the packed
+/// share; here the packed TMA-box forward measured 9-22% slower than the unpacked one at 100-200
+/// tokens per head (d128) and 128 tokens at d64, though its tiles were fuller (tuning_fwd.h
+/// pack_gqa_gather), and its runtime row map cost the unpacked key loop about 1% at d128.
 constexpr bool fwd_packs_gqa(int32_t tile_m, int64_t query_rows, int32_t num_heads, int32_t num_heads_kv,
-                             bool measured_gain, int8_t forced = -1) {
-  if (forced == 0 || !fwd_pack_gqa_fits(tile_m, num_heads, num_heads_kv) || query_rows <= 0) return false;
+                             bool gathers, bool measured_gain, int8_t forced = -1) {
+  if (forced == 0 || !gathers || !fwd_pack_gqa_fits(tile_m, num_heads, num_heads_kv) || query_rows <= 0) return false;
   if (forced == 1) return true;
   return measured_gain && 2 * query_rows <= tile_m;
 }

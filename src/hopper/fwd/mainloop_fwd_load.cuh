@@ -153,7 +153,7 @@ struct MainloopLoad {
     int32_t head, row, batch;
   };
   __device__ __forceinline__ static QBox q_box(const Params& p, const TileInfo& ti) {
-    return {p.pack_gqa ? ti.c.head * p.group_size : ti.c.head, ti.q_row0 + ti.c.m_block * p.tile_queries,
+    return {p.packed() ? ti.c.head * p.group_size : ti.c.head, ti.q_row0 + ti.c.m_block * p.queries_per_tile(),
             p.is_varlen ? 0 : ti.c.batch};
   }
 

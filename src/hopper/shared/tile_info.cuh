@@ -115,11 +115,12 @@ __device__ __forceinline__ SeqBounds seq_bounds(const Params& p, int32_t b) {
 }
 
 /// The query token (within its sequence) and query head of row `row` of tile ti: the one place
-/// that says which (token, head) a row is. With pack-GQA (Params::pack_gqa) tile_scheduler.cuh
-/// packed_row; else a tile is kBlockM consecutive tokens of query head c.head.
+/// that says which (token, head) a row is. With pack-GQA (Params::packed(): the launch packs, in
+/// a kernel compiled with it) tile_scheduler.cuh packed_row; else a tile is kBlockM consecutive
+/// tokens of query head c.head.
 template <int kBlockM, class Params>
 __device__ __forceinline__ RowCoord tile_row(const Params& p, const TileInfo& ti, int32_t row) {
-  if (p.pack_gqa) return packed_row(ti.c.m_block, ti.c.head, row, kBlockM, p.group_size);
+  if (p.packed()) return packed_row(ti.c.m_block, ti.c.head, row, kBlockM, p.group_size);
   return {ti.c.m_block * kBlockM + row, ti.c.head};
 }
 
@@ -132,7 +133,7 @@ __device__ __forceinline__ RowCoord fragment_row_coord(const Params& p, const Ti
 /// The KV head whose keys tile ti reads.
 template <class Params>
 __device__ __forceinline__ int32_t tile_kv_head(const Params& p, const TileInfo& ti) {
-  return p.pack_gqa ? ti.c.head : ti.c.head / p.group_size;
+  return p.packed() ? ti.c.head : ti.c.head / p.group_size;
 }
 
 /// kValidate: check the varlen indices (the producer, which sees every tile first and publishes
@@ -147,7 +148,7 @@ __device__ __forceinline__ TileInfo make_tile_info(const Params& p, int32_t t) {
   ti.k_row0 = s.k_row0;
   ti.seqlen_q = s.seqlen_q;
   ti.seqlen_k = s.seqlen_k;
-  const int32_t queries = p.tile_queries;  // (kBlockM, or kBlockM / group with pack-GQA: set by the host)
+  const int32_t queries = p.queries_per_tile();
   const int32_t row_lo = ti.c.m_block * queries;
   ti.has_rows = row_lo < ti.seqlen_q;
   if (ti.has_rows) {
