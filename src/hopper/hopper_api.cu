@@ -464,8 +464,8 @@ LaunchContext forward_context(const detail::FwdParams& p, const detail::KernelOv
   // heads, so O leaves through direct stores.
   const detail::HopperFwdConfig* c = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
   const bool gathers = c && gather_page_size > 0 && fwd_runs_gather_kernel(*c, gather_page_size);
-  ctx.pack_gqa = gathers && fwd_packs_gqa(c->tile_m, fwd_query_rows(p), p.num_heads, p.num_heads_kv, gathers,
-                                          c->pack_gqa_gather, o.pack_gqa);
+  ctx.pack_gqa = c && fwd_packs_gqa(c->tile_m, fwd_query_rows(p), p.num_heads, p.num_heads_kv, /*gathers=*/gathers,
+                                     /*measured_gain=*/c->pack_gqa_gather, o.pack_gqa);
   ctx.tma_epilogue = pick_override(o.tma_epilogue, true) && !p.is_varlen && !ctx.pack_gqa &&
                      check_tma_tensor("out", p.out, p.out_stride, p.seqlen_q, p.num_heads, p.batch,
                                       false, dtype_size(p.dtype)).empty();

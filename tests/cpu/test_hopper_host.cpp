@@ -512,6 +512,7 @@ TEST(HopperHost, ForwardPackGqaRule) {
   EXPECT_TRUE(fwd_pack_gqa_fits(192, 24, 4));   // 6 divides 192
   EXPECT_FALSE(fwd_pack_gqa_fits(128, 30, 8));  // not a whole group
   EXPECT_FALSE(fwd_pack_gqa_fits(128, 8, 0));
+  // fwd_packs_gqa(tile_m, tokens, heads, heads_kv, gathers, measured_gain[, forced])
   EXPECT_TRUE(fwd_packs_gqa(128, 64, 32, 8, true, true));     // half a tile
   EXPECT_TRUE(fwd_packs_gqa(128, 1, 32, 8, true, true));
   EXPECT_FALSE(fwd_packs_gqa(128, 65, 32, 8, true, true));    // more than half

@@ -59,9 +59,10 @@ struct FwdKernelTraits {
   static constexpr int kGatherThreads = kGather ? 96 : 0;
   static_assert(!(kLocal_ && kGather_), "the gathering kernel walks whole tiles (no local variant)");
   /// Pack-GQA (shared/tile_info.cuh tile_row) is compiled into the gathering kernels only: there it
-  /// pays (launch_fwd.h fwd_packs_gqa), while on the TMA-box kernels the runtime row map's branch
-  /// cost the key loop registers (d128 about 1% slower unpacked, bench/results/history.md
-  /// 2026-12-07 09:4x) and packed tiles measured slower than unpacked ones.
+  /// pays (launch_fwd.h fwd_packs_gqa), while on the TMA-box kernels the runtime row map's index
+  /// arithmetic (about 170 more IMAD / IADD3 in d128's SASS, the key loop scheduled differently)
+  /// measured about 1% slower unpacked (bench/results/history.md 2026-12-07 09:4x; the cause not
+  /// profiled further) and packed tiles measured slower than unpacked ones.
   static constexpr bool kPackGqa = kGather;
   static_assert(!kGather_ || kConfig.gather_kernel, "a gathering kernel only where the tuning row has one");
   static_assert(!kGather_ || (kBlockN % 8 == 0 && kBlockN / 8 <= 32 && kHeadDim_ % 32 == 0 && kHeadDimV_ % 32 == 0),
@@ -241,7 +242,7 @@ struct FwdKernelTraits {
     // shared/tile_info.cuh tile_row; O leaves through direct stores).
     int32_t batch{}, num_heads{}, num_heads_kv{}, group_size{};  // group_size = query heads / num_heads_kv
     bool pack_gqa{};         // set only for a kernel with kPackGqa (launch_fwd.cuh)
-    int32_t tile_queries{};  // query tokens per tile: tile_m, or tile_m / group_size with pack_gqa
+    int32_t tile_queries{};  // tile_m, or tile_m / group_size with pack_gqa (read via queries_per_tile())
     /// Whether this launch packs: false at compile time in the kernels without kPackGqa, so their
     /// row map is the unpacked one's constants.
     __host__ __device__ __forceinline__ bool packed() const { return kPackGqa && pack_gqa; }

@@ -105,8 +105,7 @@ struct MainloopMma {
     TileKeyRange wk{};
     int32_t w_hi = n_hi;
     if constexpr (Kt::kWarpgroupKeyRanges) {
-      // The warpgroup's first and last rows' query tokens (with pack-GQA its 64 rows hold 64 / group
-      // tokens, or part of one).
+      // The warpgroup's first and last rows' query tokens (the local kernel never packs GQA groups).
       const int32_t wq_lo = tile_row<kBlockM>(p, ti, wg * 64).query;
       const int32_t wq_hi = min(tile_row<kBlockM>(p, ti, wg * 64 + 63).query, ti.seqlen_q - 1);
       wk = wq_lo < ti.seqlen_q ? TileKeyRange::make(wq_lo, wq_hi, ti.seqlen_q, ti.seqlen_k, p.mask, kBlockN)

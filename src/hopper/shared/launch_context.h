@@ -41,8 +41,9 @@ struct LaunchContext {
   /// stores, for the ablation).
   bool tma_epilogue = false;
   /// Forward: pack-GQA, a row tile's rows are (token, head) pairs of one KV head's group
-  /// (hopper_api.cu sets it by fwd/launch_fwd.h fwd_packs_gqa; override "pack_gqa" forces). O then
-  /// leaves through direct stores (tma_epilogue false).
+  /// (hopper_api.cu sets it by fwd/launch_fwd.h fwd_packs_gqa; override "pack_gqa" forces), only
+  /// for a gathering kernel (kernel_traits_fwd.cuh kPackGqa; launch_fwd.cuh throws otherwise). O
+  /// then leaves through direct stores (tma_epilogue false).
   bool pack_gqa = false;
   /// A KV-cache call on the forward kernel (hopper_api.cu forward_kvcache): sequence b attends to
   /// the first cache_seqlens[b] + seqlen_new keys of its row of the dense cache (k/v, seqlen_k = the

@@ -57,7 +57,7 @@ struct RowCoord {
   int32_t head;
 };
 
-/// Pack-GQA (the forward, Params::pack_gqa): the tiles of KV head kv_head hold (token, head) pairs
+/// Pack-GQA (the forward's gathering kernels, Params::packed()): the tiles of KV head kv_head hold (token, head) pairs
 /// of its group of `group` query heads, the heads fastest, tile_m / group tokens per tile (group
 /// divides tile_m: fwd/launch_fwd.h fwd_pack_gqa_fits). Row `row` of m-block m_block is token
 /// m_block * (tile_m / group) + row / group of query head kv_head * group + row % group, so the
