@@ -20,6 +20,7 @@
 
 #include "common/overrides.h"
 #include "core/mask.h"
+#include "core/pack_gqa.h"
 #include "fa4/error.h"
 #include "hopper/bwd/schedule_bwd.h"
 #include "hopper/bwd/tuning_bwd.h"
@@ -475,9 +476,12 @@ TEST(HopperHost, ForwardQueryRows) {
   EXPECT_EQ(fa4::hopper::fwd_query_rows(p), 200);
 }
 
-// Pack-GQA's row map (tile_scheduler.cuh packed_row): over the m-blocks of a KV head's tiles,
-// every (token, query head of its group) pair is exactly one tile row, the tokens of a tile are
-// consecutive and the heads of a token adjacent (the TMA box order: heads fastest).
+// Pack-GQA's row map (core/pack_gqa.h packed_row) as the forward's tiles use it (tile_info.cuh
+// tile_row: a tile's packed rows from its first token on, tile_m / group tokens per tile): over the
+// m-blocks of a KV head's tiles, every (token, query head of its group) pair is exactly one tile
+// row, the tokens of a tile are consecutive and the heads of a token adjacent (the TMA box order:
+// heads fastest), and each row is the one the decode kernel's map gives the same packed row
+// counted from token 0.
 TEST(HopperHost, PackedRowsCoverTheGroupOnce) {
   for (int32_t tile_m : {128, 192})
     for (int32_t group : {2, 3, 4, 6, 8, 16, 32, 64, 128}) {
@@ -488,9 +492,13 @@ TEST(HopperHost, PackedRowsCoverTheGroupOnce) {
         std::set<std::pair<int32_t, int32_t>> seen;
         for (int32_t m = 0; m < m_blocks; ++m)
           for (int32_t row = 0; row < tile_m; ++row) {
-            const fa4::hopper::RowCoord c = fa4::hopper::packed_row(m, kv_head, row, tile_m, group);
+            fa4::detail::RowCoord c = fa4::detail::packed_row(row, kv_head, group);
+            c.query += m * per_tile;
             ASSERT_EQ(c.query, m * per_tile + row / group);
             ASSERT_EQ(c.head - kv_head * group, row % group) << "the group's heads are fastest";
+            const fa4::detail::RowCoord whole = fa4::detail::packed_row(m * tile_m + row, kv_head, group);
+            ASSERT_EQ(whole.query, c.query);
+            ASSERT_EQ(whole.head, c.head);
             if (c.query < seqlen_q) ASSERT_TRUE(seen.insert({c.query, c.head}).second) << "row " << row;
           }
         EXPECT_EQ(int32_t(seen.size()), seqlen_q * group) << "tile_m " << tile_m << " group " << group;

@@ -223,7 +223,7 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
   EXPECT_NE(0, std::memcmp(split.data(), whole.data(), split.size() * 2)) << "bitwise equal: did the split run?";
 }
 
-// Pack-GQA (hopper/shared/tile_scheduler.cuh packed_row) on the gathering kernels, the only ones
+// Pack-GQA (core/pack_gqa.h packed_row, shared/tile_info.cuh tile_row) on the gathering kernels, the only ones
 // compiled with it: a row tile holds (token, head) pairs of one KV head's group, Q read by TMA
 // boxes of the group's heads, O and LSE stored per row's head. Chunks on pages of 16 forced onto
 // the forward (small_q = fwd: the gathering kernel at any token count), packing forced on and off,

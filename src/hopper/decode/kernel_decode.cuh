@@ -4,8 +4,8 @@
 // Decode is bandwidth-bound: every K/V byte of the cache is read once per step and used by only the
 // few query rows of its head group. The kernel therefore
 //   * packs the group (pack-GQA): a CTA's rows (a tile of 16 or 64, below) are (query token, query
-//     head of one KV head), row r -> token r / group, head kv_head * group + r % group, so one K/V
-//     load serves them all;
+//     head of one KV head), row r -> token r / group, head kv_head * group + r % group
+//     (core/pack_gqa.h), so one K/V load serves them all;
 //   * splits the keys (split-KV, FlashDecoding): grid (split, kv head x row tile, batch), each CTA
 //     one range of kBlockN-key blocks (64, or 128 in the 8-warp form below), merged with the shared merge maths (core/softmax.h). The splits
 //     of a tile that form one thread-block cluster (up to 16) merge through distributed shared
@@ -304,8 +304,9 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
     const bool valid = row < rows && c * 8 < p.headdim;
     const Elem* src = q;
     if (valid) {
-      const PackedRow pr = packed_row(a, kv_head, row);
-      src = q + int64_t(b) * p.q_stride.batch + int64_t(pr.i) * p.q_stride.row + int64_t(pr.h) * p.q_stride.head + c * 8;
+      const detail::RowCoord pr = detail::packed_row(row, kv_head, a.group);
+      src = q + int64_t(b) * p.q_stride.batch + int64_t(pr.query) * p.q_stride.row + int64_t(pr.head) * p.q_stride.head +
+            c * 8;
     }
     arch::cp_async_16(sQ + tile_off(r, c), src, valid);
   }
@@ -671,9 +672,9 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
       float ll;
       float4 acc;
       row_state(r, c, ll, acc);
-      const PackedRow pr = packed_row(a, kv_head, row);
-      if (a.num_splits == 1) store_final<kBF16>(p, b, pr.i, pr.h, c, sMax[r], ll, acc, sink);
-      else store_partial<kD>(a, split, 0, b, pr.i, pr.h, c, c == 0, sMax[r], ll, acc);
+      const detail::RowCoord pr = detail::packed_row(row, kv_head, a.group);
+      if (a.num_splits == 1) store_final<kBF16>(p, b, pr.query, pr.head, c, sMax[r], ll, acc, sink);
+      else store_partial<kD>(a, split, 0, b, pr.query, pr.head, c, c == 0, sMax[r], ll, acc);
     }
     if (a.num_splits > 1 && arrive_last(a, &s_last, false, 0, a.num_splits))
       combine_tile<kBF16, kD, kRows>(a, b, kv_head, row0, rows, 0, kD);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "core/pack_gqa.h"
 #include "core/softmax.h"
 #include "hopper/arch/arch.cuh"
 #include "hopper/decode/args_decode.cuh"
@@ -133,15 +134,6 @@ __device__ __forceinline__ void store_final(const detail::KVCacheParams& p, int3
     p.lse[int64_t(b) * p.lse_batch_stride + int64_t(h) * p.lse_head_stride + int64_t(i) * p.lse_row_stride] = nrm.lse;
 }
 
-/// Query token i and query head h of packed row `row` of KV head kv_head (pack-GQA: row = token x
-/// head of the group).
-struct PackedRow {
-  int32_t i, h;
-};
-__device__ __forceinline__ PackedRow packed_row(const DecodeArgs& a, int32_t kv_head, int32_t row) {
-  return {row / a.group, kv_head * a.group + row % a.group};
-}
-
 /// Merges n partial states of this CTA's share of one tile's (row, 4 columns) slices of columns
 /// [c_lo, c_lo + width) (rows row0.. of kv_head in sequence b, kRows per tile; slice idx = first,
 /// first + stride, ... of kRows x width / 4) with merge_partials, and writes each finished (part < 0: finalize_row,
@@ -159,10 +151,11 @@ __device__ __forceinline__ void merge_tile(const DecodeArgs& a, int32_t b, int32
   for (int idx = first; idx < n_rows * c4; idx += stride) {
     const int r = idx / c4, c = c_lo + (idx % c4) * 4;
     if (c >= p.headdim_v) continue;
-    const PackedRow pr = packed_row(a, kv_head, row0 + r);
-    const MergedSlice ms = merge_partials(n, [&](int32_t s, float& ls, float4& x) { load(r, c, pr.i, pr.h, s, ls, x); });
-    if (part < 0) store_final<kBF16>(p, b, pr.i, pr.h, c, ms.m, ms.l, ms.acc, p.sink);
-    else store_partial<kD>(a, part, c_lo / width, b, pr.i, pr.h, c, c == c_lo, ms.m, ms.l, ms.acc);
+    const detail::RowCoord pr = detail::packed_row(row0 + r, kv_head, a.group);
+    const MergedSlice ms =
+        merge_partials(n, [&](int32_t s, float& ls, float4& x) { load(r, c, pr.query, pr.head, s, ls, x); });
+    if (part < 0) store_final<kBF16>(p, b, pr.query, pr.head, c, ms.m, ms.l, ms.acc, p.sink);
+    else store_partial<kD>(a, part, c_lo / width, b, pr.query, pr.head, c, c == c_lo, ms.m, ms.l, ms.acc);
   }
 }
 

@@ -18,9 +18,10 @@ inline int64_t fwd_query_rows(const detail::FwdParams& p) {
 }
 
 /// Whether the stream-K tail (core/stream_k.h) may cut the tiles of a forward with m_blocks query
-/// blocks of tile_m tokens per (sequence, head) (with pack-GQA: tile_m / group tokens per tile), planned as tiles of all ceil(seqlen_k / tile_n) key
-/// blocks: batched (not varlen) with keys, and no left window edge (every row sees key 0), so a
-/// tile's visible blocks are a prefix [0, n_i) of them. Without a right edge, or with all of a
+/// blocks of tile_m tokens per (sequence, head) (with pack-GQA: tile_m / group tokens per tile),
+/// planned as tiles of all ceil(seqlen_k / tile_n) key blocks: batched (not varlen) with keys, and
+/// no left window edge (every row sees key 0), so a tile's visible blocks are a prefix [0, n_i) of
+/// them. Without a right edge, or with all of a
 /// head's query rows in one tile (bottom-right, its last row seqlen_q - 1 sees up to key
 /// seqlen_k - 1), every n_i is all of them. With a right edge and several query tiles per head (a
 /// chunk of queries against a long cache), tile i sees fewer blocks the lower i is: a piece runs

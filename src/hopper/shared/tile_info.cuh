@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "core/pack_gqa.h"
 #include "core/params.h"
 #include "hopper/arch/arch.cuh"
 #include "hopper/shared/device_state.h"
@@ -114,13 +115,22 @@ __device__ __forceinline__ SeqBounds seq_bounds(const Params& p, int32_t b) {
   return s;
 }
 
-/// The query token (within its sequence) and query head of row `row` of tile ti: the one place
-/// that says which (token, head) a row is. With pack-GQA (Params::packed(): the launch packs, in
-/// a kernel compiled with it) tile_scheduler.cuh packed_row; else a tile is kBlockM consecutive
-/// tokens of query head c.head.
+using detail::RowCoord;
+
+/// The query token (within its sequence) and query head of row `row` of tile ti: the forward's one
+/// place that says which (token, head) a row is. With pack-GQA (Params::packed(): the launch
+/// packs, in a kernel compiled with it) a tile of KV head c.head holds tile_queries whole tokens
+/// (the group divides the row tile: fwd/launch_fwd.h fwd_pack_gqa_fits), its rows core/pack_gqa.h's
+/// packed rows from its first token on, in the order of the Q box over (d, heads, tokens, batch)
+/// (fwd/mainloop_fwd_load.cuh load_q); else a tile is kBlockM consecutive tokens of query head
+/// c.head.
 template <int kBlockM, class Params>
 __device__ __forceinline__ RowCoord tile_row(const Params& p, const TileInfo& ti, int32_t row) {
-  if (p.packed()) return packed_row(ti.c.m_block, ti.c.head, row, kBlockM, p.group_size);
+  if (p.packed()) {
+    RowCoord rc = detail::packed_row(row, ti.c.head, p.group_size);
+    rc.query += ti.c.m_block * p.tile_queries;
+    return rc;
+  }
   return {ti.c.m_block * kBlockM + row, ti.c.head};
 }
 

@@ -5,7 +5,7 @@
 //
 // The grid has min(num_tiles, num_SMs) CTAs, each running tiles until none is left (which ones:
 // "Which CTA runs which tile" below). A tile is (m_block, head, batch): tile_m (128; d64: 192) query rows of one head
-// (with the forward's pack-GQA, `head` is a KV head and the rows its group's: packed_row below).
+// (with the forward's pack-GQA, `head` is a KV head and the rows its group's: core/pack_gqa.h).
 // The linear tile index is mapped to coordinates so that
 //   * LPT: under causal/window masks the bottom m-blocks see the most keys; handing them out first
 //     (longest-processing-time first) keeps the last wave short. Used for masked (causal/window)
@@ -50,22 +50,6 @@ struct TileCoord {
   int32_t head;
   int32_t batch;
 };
-
-/// A tile row's query token (within its sequence) and query head.
-struct RowCoord {
-  int32_t query;
-  int32_t head;
-};
-
-/// Pack-GQA (the forward's gathering kernels, Params::packed()): the tiles of KV head kv_head hold (token, head) pairs
-/// of its group of `group` query heads, the heads fastest, tile_m / group tokens per tile (group
-/// divides tile_m: fwd/launch_fwd.h fwd_pack_gqa_fits). Row `row` of m-block m_block is token
-/// m_block * (tile_m / group) + row / group of query head kv_head * group + row % group, so the
-/// group's heads share each K/V block (FlashAttention-3's PackGQA order). The rows are the order
-/// of a TMA box over q viewed as (d, heads, tokens, batch) (fwd/mainloop_fwd_load.cuh load_q).
-FA4_HD RowCoord packed_row(int32_t m_block, int32_t kv_head, int32_t row, int32_t tile_m, int32_t group) {
-  return {m_block * (tile_m / group) + row / group, kv_head * group + row % group};
-}
 
 template <class Params>
 FA4_HD TileCoord tile_coord(const Params& p, int32_t t) {
