@@ -10,6 +10,7 @@ compared with cuDNN's (max abs difference), so a broken variant shows in its lin
 Usage (GPU machine, repo root; bench/device_run.sh DAB=1 runs it on OLD / new / VARIANTS):
     PYTHONPATH=python:bench python3 bench/ab_decode.py OUT.json old=build-old/src/libfa4.so new=build-dev/src/libfa4.so
     ... --shape 8,131072,32,8,128,16        (batch,seqlen_k,heads,heads_kv,headdim,page_size; repeatable)
+    ... --shape 8,131072,32,8,128,16,1      (the same with the pages in pool order, not shuffled)
     ... --fill 0.25     every sequence holds a quarter of its cache's capacity (cache_seqlens), as a
                         serving engine's preallocated cache does; cuDNN runs on those keys only
     ... --flush write   L2 flushed before every call by writing 256 MB (triton's do_bench, so
@@ -43,20 +44,23 @@ SHAPES = [
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out_json")
-    ap.add_argument("variants", nargs="+", help="name=path/to/libfa4.so[?override=value&...]")
+    ap.add_argument("variants", nargs="+",
+                    help="name=path/to/libfa4.so[?override=value&...] (num_splits=N: the calls' split count)")
     ap.add_argument("--rounds", type=int, default=None,
                     help="interleaved rounds per row (default: one period of bench/rounds.py for the row's "
                          "contenders, e.g. 6 for cuDNN and two builds: everyone after everyone equally often "
                          "within rounds)")
     ap.add_argument("--shape", action="append", default=[],
-                    help="batch,seqlen_k,heads,heads_kv,headdim,page_size (repeatable): these shapes instead")
+                    help="batch,seqlen_k,heads,heads_kv,headdim,page_size[,in_order] (repeatable): these shapes "
+                         "instead; in_order 1: the pages in pool order (default: shuffled)")
     ap.add_argument("--fill", type=float, default=1.0,
                     help="cache_seqlens = this share of seqlen_k (the cache's capacity); cuDNN gets those keys")
     ap.add_argument("--flush", choices=["none", "write", "read"], default="none",
                     help="flush L2 before every call (not timed) by writing or by reading 256 MB")
     args = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape] or SHAPES
-    libs = {n: (load(p), e) for n, p, e in map(parse, args.variants)}
+    # A variant's num_splits (its spec's "?num_splits=N") is the call's argument, not an override.
+    libs = {n: (load(p), e, int(e.pop("num_splits", 0))) for n, p, e in map(parse, args.variants)}
     gen = torch.Generator(device="cuda").manual_seed(0)
     flush = None
     if args.flush != "none":
@@ -74,8 +78,10 @@ def main():
         if shared:
             raise RuntimeError(f"{name} launches the L2 flush's kernels {sorted(shared)}: its times would miss them")
     rows = []
-    for (b, sk, h, hk, d, page) in shapes:
-        q, kc, vc, lens, table, (k, v) = make_problem(b, sk, 1, h, hk, d, page, torch.bfloat16, gen)
+    for shape in shapes:
+        b, sk, h, hk, d, page, in_order = (shape + (0,))[:7]
+        q, kc, vc, lens, table, (k, v) = make_problem(b, sk, 1, h, hk, d, page, torch.bfloat16, gen,
+                                                      shuffle=not in_order)
         used = max(1, min(sk, int(sk * args.fill)))
         if used < sk:
             lens.fill_(used)
@@ -89,12 +95,12 @@ def main():
         fns = {"cudnn": cudnn}
         ref = cudnn().transpose(1, 2).float()
         err = {}
-        for n, (lib, env) in libs.items():
+        for n, (lib, env, splits) in libs.items():
             use(lib, env)
-            err[n] = float((fa4.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table).float()
-                            - ref).abs().max())
-            fns[n] = (lambda lib_=lib, env_=env: (use(lib_, env_), fa4.flash_attn_with_kvcache(
-                q, kc, vc, cache_seqlens=lens, page_table=table)))
+            err[n] = float((fa4.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table,
+                                                        num_splits=splits).float() - ref).abs().max())
+            fns[n] = (lambda lib_=lib, env_=env, s_=splits: (use(lib_, env_), fa4.flash_attn_with_kvcache(
+                q, kc, vc, cache_seqlens=lens, page_table=table, num_splits=s_)))
         names = list(fns)
         if flush:
             for n in names:
@@ -104,11 +110,11 @@ def main():
             times[n].append(sum(timed(fns[n]).values()))
         us = {n: round(statistics.median(t), 2) for n, t in times.items()}
         rows.append({"batch": b, "seqlen_k": sk, "cache_seqlens": used, "l2_flush": args.flush, "heads": h,
-                     "heads_kv": hk, "headdim": d, "page_size": page,
+                     "heads_kv": hk, "headdim": d, "page_size": page, "pages_in_order": bool(in_order),
                      "us": us, "ratio_vs_cudnn": {n: round(us["cudnn"] / us[n], 3) for n in libs},
                      "max_abs_err_vs_cudnn": err})
         used_s = "" if used == sk else f" used {used}"
-        print(f"b{b} kv{sk}{used_s} {h}/{hk} d{d} page{page}: " + " ".join(f"{n} {us[n]:.2f}" for n in names)
+        print(f"b{b} kv{sk}{used_s} {h}/{hk} d{d} page{page}{' in order' if in_order else ''}: " + " ".join(f"{n} {us[n]:.2f}" for n in names)
               + " | x cudnn " + " ".join(f"{n} {us['cudnn'] / us[n]:.3f}" for n in libs)
               + " | err " + " ".join(f"{err[n]:.1e}" for n in libs), flush=True)
         del q, kc, vc, k, v, sdpa, ref

@@ -38,25 +38,27 @@ from bench_fwd import (agreement, bench, fa4_layout, interleaved_rounds, run_met
 ROUNDS = 3
 
 
-def make_problem(batch, seqlen_k, seqlen_q, heads, heads_kv, d, page_size, dt, gen):
+def make_problem(batch, seqlen_k, seqlen_q, heads, heads_kv, d, page_size, dt, gen, shuffle=True):
     q = torch.randn(batch, seqlen_q, heads, d, device="cuda", dtype=dt, generator=gen)
     k = torch.randn(batch, seqlen_k, heads_kv, d, device="cuda", dtype=dt, generator=gen)
     v = torch.randn(batch, seqlen_k, heads_kv, d, device="cuda", dtype=dt, generator=gen)
     lens = torch.full((batch,), seqlen_k, device="cuda", dtype=torch.int32)
     if not page_size:
         return q, k, v, lens, None, (k, v)
-    kp, vp, table = page_pool(k, v, page_size, gen)
+    kp, vp, table = page_pool(k, v, page_size, gen, shuffle)
     return q, kp, vp, lens, table, (k, v)
 
 
-def page_pool(k, v, page_size, gen):
-    """Dense k, v (batch, seqlen_k, heads_kv, d) as a page pool in shuffled order: (k_pool, v_pool,
+def page_pool(k, v, page_size, gen, shuffle=True):
+    """Dense k, v (batch, seqlen_k, heads_kv, d) as a page pool in shuffled order (shuffle=False:
+    in order, sequence after sequence, as a fresh pool hands them out): (k_pool, v_pool,
     page_table), logical page i of sequence b in physical page page_table[b, i] (int32); the last
     page of a sequence zero-padded past seqlen_k."""
     batch, seqlen_k, heads_kv, d = k.shape
     pages_per_seq = (seqlen_k + page_size - 1) // page_size
     num_pages = batch * pages_per_seq
-    perm = torch.randperm(num_pages, device="cuda", generator=gen).to(torch.int32)
+    perm = (torch.randperm(num_pages, device="cuda", generator=gen) if shuffle
+            else torch.arange(num_pages, device="cuda")).to(torch.int32)
     table = perm.view(batch, pages_per_seq)
     kp = torch.empty(num_pages, page_size, heads_kv, d, device="cuda", dtype=k.dtype)
     vp = torch.empty_like(kp)

@@ -105,7 +105,7 @@ TEST(HopperHost, DecodeClusterSize) {
 }
 
 // The decode's automatic split count (decode/launch_decode.h): one CTA per SM when that covers
-// 2/3 of the SMs with a dense cache (a paged one: if each split then keeps at most 16 key blocks),
+// 2/3 of the SMs with a dense cache (a paged one: if each split then keeps at most 128 key blocks),
 // or when the keys are few (not rounded to a power of two;
 // 9-16 blocks of a dense cache in a small launch: 8 splits, one cluster), else one wave of CTAs
 // rounded down to a power of two, none when the tiles fill the GPU, never more splits than key
@@ -146,12 +146,12 @@ TEST(HopperHost, DecodeSplitCount) {
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 5);
   p.paged = true;  // paged: one wave, 264 / 24 = 11 -> 8
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 8);
-  p.batch = 1;     // 8 tiles: 264 / 8 = 33 -> 32 (2048 blocks: 128 per split at one CTA per SM)
-  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 32);
-  p.key_capacity = 16384;  // 256 blocks: 16 per split at one CTA per SM, few enough for that
+  p.batch = 1;     // 8 tiles, 2048 blocks: 128 per split at one CTA per SM, few enough for that
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 16);
-  p.key_capacity = 16448;  // 257 blocks: 17 per split at one CTA per SM -> one wave
+  p.key_capacity = 131072 + 64;  // 2049 blocks: 129 per split at one CTA per SM -> one wave, 264 / 8 = 33 -> 32
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 32);
+  p.key_capacity = 16384;  // 256 blocks: 16 per split at one CTA per SM
+  EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 16);
   p.key_capacity = 2048;  // ... a short cache: 32 blocks, 2 per split at one CTA per SM
   EXPECT_EQ(fa4::hopper::decode_num_splits(p, c, sms), 16);
   p.key_capacity = 131072;

@@ -39,12 +39,14 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
     KvCase c;
     bool forward;
     bool gather = false;  // on the gathering forward kernel (hopper::fwd_..._gather)
+    bool packed = false;  // ... with the GQA group packed into its row tiles (fwd_pack_gqa_launches)
   };
   std::vector<Route> routes;
-  // A case on small pages: gathered where its bucket has the kernel, else on the decode kernel.
-  const auto small_pages = [&](const KvCase& c) {
+  // A case on small pages: gathered where its bucket has the kernel, else on the decode kernel;
+  // `packs`: gathered, the default packs it (d128's 64-token GQA 32/8 chunks: half a row tile).
+  const auto small_pages = [&](const KvCase& c, bool packs = false) {
     const bool g = bucket_gathers(c);
-    routes.push_back({c, g, g});
+    routes.push_back({c, g, g, g && packs});
   };
   {
     // GQA 32/8, 64 queries (256 rows per KV head), appended as the chunk's own keys; sequence 1
@@ -88,25 +90,25 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
     // columns zero-filled; fp16 and softcap); then pages of 48 and 4, which no bucket gathers.
     KvCase p64 = c;
     p64.page_size = 64; p64.seed = 56;
-    small_pages(p64);
+    small_pages(p64, true);
     KvCase g16 = c;
     g16.page_size = 16; g16.seed = 57;
-    small_pages(g16);
+    small_pages(g16, true);
     KvCase g8 = c;
     g8.page_size = 8; g8.dtype = DType::kFP16; g8.softcap = 15.f; g8.seed = 58;
-    small_pages(g8);
+    small_pages(g8, true);
     KvCase g32bad = c;
     g32bad.page_size = 32; g32bad.bad_page_b = 0; g32bad.seed = 59;
-    small_pages(g32bad);
+    small_pages(g32bad, true);
     KvCase g16last = c;
     g16last.page_size = 16; g16last.bad_page_b = 1; g16last.bad_page_slot = 6; g16last.seed = 60;
-    small_pages(g16last);
+    small_pages(g16last, true);
     KvCase g16full = c;
     g16full.page_size = 16; g16full.cache_seqlens = {}; g16full.seqlen_new = 0; g16full.capacity = 1000; g16full.seed = 61;
-    small_pages(g16full);
+    small_pages(g16full, true);
     KvCase g16pad = c;
     g16pad.page_size = 16; g16pad.d = g16pad.dv = 120; g16pad.seed = 62;
-    small_pages(g16pad);
+    small_pages(g16pad, true);
     KvCase p48 = c;
     p48.page_size = 48; p48.seed = 63;
     routes.push_back({p48, false});
@@ -190,9 +192,12 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
       SCOPED_TRACE(r.c.name() + " stream_k " + split);
       const fa4::test::ScopedOverride sk("stream_k", split);
       std::string kernel;
+      const uint64_t packed_before = fa4::hopper::fwd_pack_gqa_launches();
       if (!run_case(r.c, &kernel)) continue;
       EXPECT_EQ(on_forward_kernel(kernel), r.forward) << "kernel " << kernel;
       EXPECT_EQ(kernel.find("_gather") != std::string::npos, r.gather) << "kernel " << kernel;
+      // (run_case calls fa4 twice)
+      EXPECT_EQ(fa4::hopper::fwd_pack_gqa_launches() - packed_before, r.packed ? 2u : 0u) << "kernel " << kernel;
       ++ran;
     }
     if (r.forward) {  // forced onto the decode kernel, the same call passes the same checks there

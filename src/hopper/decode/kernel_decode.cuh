@@ -314,9 +314,12 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
   const Elem* k_base = static_cast<const Elem*>(p.k) + int64_t(kv_head) * p.k_stride.head;
   const Elem* v_base = static_cast<const Elem*>(p.v) + int64_t(kv_head) * p.v_stride.head;
   // Paged: row offsets (elements; -1: not loaded) of a block's kBlockN keys in K and V, one row per
-  // thread of the first kBlockN. Computed one block ahead into registers and stored after the compute,
-  // so the page-table load (and the division by page_size) is off the path of the copies that use
-  // it. A dense cache's rows are one stride apart: each thread steps its own pointer instead.
+  // thread of the first kBlockN, in a per-stage table the copies read. A block's page-table entries
+  // are loaded an iteration before its offsets are computed and stored (after the compute), so the
+  // entry's load latency (an L2 round trip where the line left L1, queued behind the stream's
+  // copies) hides behind a whole iteration instead of one block's compute: with one CTA per SM
+  // its wait held up the next barrier. A dense cache's rows are one stride apart: each thread
+  // steps its own pointer instead.
   // Every page-table entry of keys [0, seqlen_k) must be a page (the rule of the CPU path and of
   // the append kernel). Past check_first's limit the entries a row offset reads are checked there
   // (a row of a page outside the pool is zero-filled, never read), the split's others once the
@@ -326,14 +329,21 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
   // written.
   bool page_bad = false;  // this thread's: an entry it read is outside the pool
   int64_t* sOff = reinterpret_cast<int64_t*>(sRing + kStages * Smem::kStageElems);  // [stage][K, V][kBlockN]
-  auto row_offsets = [&](int32_t blk, int64_t& ko, int64_t& vo) {
+  // A row's page-table entry and slot within the page (slot -1: no key, nothing read).
+  struct PageRef {
+    int32_t page, slot;
+  };
+  auto page_ref = [&](int32_t blk) -> PageRef {
     const int32_t j = int32_t(seq_keys.first) + blk * kBlockN + tid;
+    if (j >= key_end) return {0, -1};
+    return {pages[j / p.page_size], j % p.page_size};
+  };
+  auto row_offsets = [&](PageRef r, int64_t& ko, int64_t& vo) {
     ko = vo = -1;
-    if (j < key_end) {
-      const int32_t page = pages[j / p.page_size], slot = j % p.page_size;
-      if (detail::page_in_pool(page, p.num_pages)) {
-        ko = page_row_offset(page, slot, p.k_stride);
-        vo = page_row_offset(page, slot, p.v_stride);
+    if (r.slot >= 0) {
+      if (detail::page_in_pool(r.page, p.num_pages)) {
+        ko = page_row_offset(r.page, r.slot, p.k_stride);
+        vo = page_row_offset(r.page, r.slot, p.v_stride);
       } else {
         page_bad = true;
       }
@@ -373,9 +383,12 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
       }
     }
   };
-  if (p.paged && tid < kBlockN)
+  PageRef next_ref{0, -1};  // this thread's row of block it + kStages, stored at the end of iteration it
+  if (p.paged && tid < kBlockN) {
     for (int s = 0; s < kStages && s < n_iter; ++s)
-      row_offsets(t_lo + s, sOff[s * 2 * kBlockN + tid], sOff[s * 2 * kBlockN + kBlockN + tid]);
+      row_offsets(page_ref(t_lo + s), sOff[s * 2 * kBlockN + tid], sOff[s * 2 * kBlockN + kBlockN + tid]);
+    if (kStages < n_iter) next_ref = page_ref(t_lo + kStages);
+  }
   __syncthreads();
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
@@ -428,11 +441,6 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
     const int32_t nxt = it + kStages - 1;
     if (nxt < n_iter) load_block(nxt % kStages, t_lo + nxt);
     arch::cp_async_commit();
-    // Paged: offsets of block nxt + 1, whose stage is the one computed on below (its offsets were
-    // read when it was issued, before the barrier above).
-    int64_t pre_k = -1, pre_v = -1;
-    const bool prefetch = p.paged && tid < kBlockN && nxt + 1 < n_iter;
-    if (prefetch) row_offsets(t_lo + nxt + 1, pre_k, pre_v);
     const Elem* sK = sRing + (it % kStages) * Smem::kStageElems;
     const Elem* sV = sK + kBlockN * kD;
 
@@ -587,10 +595,13 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
           arch::mma_m16n8k16<kBF16>(o[2 * np + 1], pa[g], vb[2], vb[3]);
         }
     }
-    if (prefetch) {
+    // Paged: offsets of block nxt + 1 into the stage computed on above (its offsets were read when
+    // it was issued, before this iteration's barrier), from the entry loaded an iteration ago; then
+    // the entry of the block after it.
+    if (p.paged && tid < kBlockN && nxt + 1 < n_iter) {
       const int st = (nxt + 1) % kStages;
-      sOff[st * 2 * kBlockN + tid] = pre_k;
-      sOff[st * 2 * kBlockN + kBlockN + tid] = pre_v;
+      row_offsets(next_ref, sOff[st * 2 * kBlockN + tid], sOff[st * 2 * kBlockN + kBlockN + tid]);
+      if (nxt + 2 < n_iter) next_ref = page_ref(t_lo + nxt + 2);
     }
   }
   arch::cp_async_wait<0>();

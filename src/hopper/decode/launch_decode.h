@@ -83,8 +83,8 @@ inline bool decode_full_tiles(const detail::KVCacheParams& p, const detail::Deco
 ///     for any cache whose keys fit in kDecodeMinBlocksPerSplit blocks per split: a CTA alone on
 ///     its SM streams as fast as two sharing it, the merge reads half the partials, and a short
 ///     split's first block waits for DRAM with nothing to overlap while a second CTA would only
-///     share the SM's issue slots. Below 2/3 the busy SMs cannot draw the HBM bandwidth; a longer
-///     paged split's CTA also waits on its page-table loads, which a second CTA per SM covers. A
+///     share the SM's issue slots. Below 2/3 the busy SMs cannot draw the HBM bandwidth; longer
+///     paged splits over shuffled pages stream faster two or three to an SM. A
 ///     dense cache of 9 to 16 blocks whose tiles, at kDecodePortableCluster splits each, leave
 ///     half the SMs free takes that many splits instead (up to 2 blocks each), to be merged in one
 ///     cluster per tile (decode_cluster_size);

@@ -115,9 +115,10 @@ inline constexpr int32_t kDecodeMaxAutoSplitsOneTile = 112;
 inline constexpr int32_t kDecodeOneTileMinBlocks = 2;
 /// A paged cache takes one CTA per SM (as a dense one does) where each split then keeps at most
 /// this many key blocks (counted at num_sms / tiles splits, before the split count's cut to a
-/// multiple of 8 and its caps): such a split's page-table loads are few, and a second CTA per SM
-/// adds more partials to the merge than it hides of them.
-inline constexpr int32_t kDecodePagedOnePerSmMaxBlocks = 16;
+/// multiple of 8 and its caps): the kernel loads a block's page-table entries a block ahead of
+/// their use, and a second CTA per SM adds more partials to the merge than it hides. Longer
+/// splits over shuffled pages stream faster two to an SM (bench/results/history.md).
+inline constexpr int32_t kDecodePagedOnePerSmMaxBlocks = 128;
 /// Blocks per split past which a full tile's split count may pass kDecodeMaxAutoSplitsFullTile.
 inline constexpr int32_t kDecodeLongSplitBlocks = 16;
 /// Splits of one tile that merge through distributed shared memory, as one thread-block cluster
