@@ -79,7 +79,10 @@ def main():
             raise RuntimeError(f"{name} launches the L2 flush's kernels {sorted(shared)}: its times would miss them")
     rows = []
     for shape in shapes:
+        if len(shape) not in (6, 7):
+            raise SystemExit(f"--shape {','.join(map(str, shape))}: 6 or 7 fields")
         b, sk, h, hk, d, page, in_order = (shape + (0,))[:7]
+        in_order = bool(in_order and page)
         q, kc, vc, lens, table, (k, v) = make_problem(b, sk, 1, h, hk, d, page, torch.bfloat16, gen,
                                                       shuffle=not in_order)
         used = max(1, min(sk, int(sk * args.fill)))
@@ -110,11 +113,13 @@ def main():
             times[n].append(sum(timed(fns[n]).values()))
         us = {n: round(statistics.median(t), 2) for n, t in times.items()}
         rows.append({"batch": b, "seqlen_k": sk, "cache_seqlens": used, "l2_flush": args.flush, "heads": h,
-                     "heads_kv": hk, "headdim": d, "page_size": page, "pages_in_order": bool(in_order),
+                     "heads_kv": hk, "headdim": d, "page_size": page, "pages_in_order": in_order,
+                     "num_splits": {n: splits for n, (_, _, splits) in libs.items()},
                      "us": us, "ratio_vs_cudnn": {n: round(us["cudnn"] / us[n], 3) for n in libs},
                      "max_abs_err_vs_cudnn": err})
         used_s = "" if used == sk else f" used {used}"
-        print(f"b{b} kv{sk}{used_s} {h}/{hk} d{d} page{page}{' in order' if in_order else ''}: " + " ".join(f"{n} {us[n]:.2f}" for n in names)
+        order = " in order" if in_order else ""
+        print(f"b{b} kv{sk}{used_s} {h}/{hk} d{d} page{page}{order}: " + " ".join(f"{n} {us[n]:.2f}" for n in names)
               + " | x cudnn " + " ".join(f"{n} {us['cudnn'] / us[n]:.3f}" for n in libs)
               + " | err " + " ".join(f"{err[n]:.1e}" for n in libs), flush=True)
         del q, kc, vc, k, v, sdpa, ref
