@@ -148,7 +148,9 @@ def main():
                     help="interleaved rounds per row (default: one period of bench/rounds.py for the row's "
                          "contenders, e.g. 6 for cuDNN and two builds, 4 with FLASH too: everyone after everyone "
                          "equally often within rounds)")
-    ap.add_argument("--headdims", default="64,128", help="comma list of q/k head dims (192 covers 192x128)")
+    ap.add_argument("--headdims", default=None,
+                    help="comma list of q/k head dims (192 covers 192x128; default 64,128, or with --shape "
+                         "the shapes' own, so that the varlen rows need no other bucket)")
     ap.add_argument("--small", action="store_true", help="short-sequence shapes instead")
     ap.add_argument("--backward", action="store_true", help="time the backward")
     ap.add_argument("--deterministic", action="store_true", help="with --backward: fa4 in deterministic mode")
@@ -168,6 +170,8 @@ def main():
         if path not in loaded:
             loaded[path] = load(path)
         libs[name] = (loaded[path], env)
+    if args.headdims is None:
+        args.headdims = ",".join(sorted({spec.split(",")[0] for spec in args.shape}, key=int)) if args.shape else "64,128"
     hds = {int(h) for h in args.headdims.split(",")}
     gpu = torch.cuda.get_device_name()
     rows = []
