@@ -27,7 +27,10 @@ TEST(HopperDecode, DenseSplitCounts) {
 
 TEST(HopperDecode, PagedPageSizesAndBoundaries) {
   REQUIRE_HOPPER();
-  for (int ps : {1, 3, 16, 64, 256}) {
+  // (At d128 a thread copies runs of 8 consecutive keys: pages of 8 and more hold whole runs,
+  // which take one page-table entry each; 1, 3 and 4 take one per row. HeadDimsAndPadding adds
+  // pages of 6 at every width: runs of 4 at d64, 16 at d256.)
+  for (int ps : {1, 3, 4, 8, 16, 64, 256}) {
     KvCase c;
     c.batch = 4;
     c.page_size = ps;
@@ -114,6 +117,9 @@ TEST(HopperDecode, HeadDimsAndPadding) {
     c.seqlen_new = 0;
     c.seed = 500 + dd[0] + dd[1];
     run_case(c);
+    c.page_size = 6;  // a thread's run of rows (4, 8 or 16 keys) spans pages: an entry per row
+    run_case(c);
+    c.page_size = 16;
     // The cluster merge at every width: 16 splits of 10 key blocks (6 empty) in clusters of up to
     // 16, each CTA merging d / 16 columns of the tile (4 at d64; at 32 of 64, 80 of 128 and 128 of
     // 256 the last CTAs own only padding columns yet receive every row's log2-sum-exp).
@@ -209,31 +215,34 @@ TEST(HopperDecode, BrokenPagesOutsideTheKeysReadSkipTheSequence) {
     }
 }
 
-// The same over long splits (pages of one key: up to 3000 page-table entries per split, more than a
-// CTA checks before its first copy), so each entry is checked as a row offset reads it or after the
-// first copies: a broken entry in the middle (read), and before a left window's first visible key
-// (not read).
+// The same over long splits (more page-table entries per split than a CTA checks before its first
+// copy), so each entry is checked as a copy reads it or after the first copies: a broken entry in
+// the middle (read), and before a left window's first visible key (not read). Pages of one key
+// (up to 3000 entries per split; each row's entry read by its copy) and of 8 (up to 1500; one entry
+// per thread's run of 8 keys at d128).
 TEST(HopperDecode, BrokenPagesOfALongSplitSkipTheSequence) {
   REQUIRE_HOPPER();
-  for (int slot : {-1, 5}) {
-    KvCase c;
-    c.batch = 2;
-    c.page_size = 1;
-    c.capacity = 3000;
-    c.cache_seqlens = {3000, 2500};
-    if (slot >= 0) c.window_left = 1000;  // keys 1999..2999 of sequence 0
-    c.bad_page_b = 0;
-    c.bad_page_slot = slot;
-    c.seed = 740 + slot;
-    // One split; two (1500 entries each, still past the check before the first copy), through the
-    // global merge and in one cluster, whose flagged CTA stays for its peers' barriers.
-    for (int splits : {1, 2}) {
-      c.num_splits = splits;
+  for (int ps : {1, 8})
+    for (int slot : {-1, 5}) {
+      KvCase c;
+      c.batch = 2;
+      c.page_size = ps;
+      c.capacity = 3000 * ps / (ps == 1 ? 1 : 2);  // 3000 / 12000 keys
+      c.cache_seqlens = {c.capacity, c.capacity * 5 / 6};
+      if (slot >= 0) c.window_left = 1000;  // the last 1001 keys of sequence 0
+      c.bad_page_b = 0;
+      c.bad_page_slot = slot;
+      c.seed = 740 + slot + ps;
+      // One split; two (1500 / 750 entries each: the second still past the check before the first
+      // copy at pages of one key), through the global merge and in one cluster, whose flagged CTA
+      // stays for its peers' barriers.
+      for (int splits : {1, 2}) {
+        c.num_splits = splits;
+        run_case(c);
+      }
+      const fa4::test::ScopedOverride cluster("decode_cluster", "1");
       run_case(c);
     }
-    const fa4::test::ScopedOverride cluster("decode_cluster", "1");
-    run_case(c);
-  }
 }
 
 TEST(HopperDecode, NegativeLengthAndBadCacheRow) {

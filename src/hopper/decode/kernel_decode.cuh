@@ -1,5 +1,5 @@
-// src/hopper/decode/kernel_decode.cuh — the Hopper KV-cache kernels: append, and split-KV decode with
-// the splits' merge.
+// src/hopper/decode/kernel_decode.cuh — the Hopper split-KV decode kernel with the splits' merge (the
+// append kernel and the cache's index checks: cache_decode.cuh).
 //
 // Decode is bandwidth-bound: every K/V byte of the cache is read once per step and used by only the
 // few query rows of its head group. The kernel therefore
@@ -53,96 +53,12 @@
 #include "hopper/arch/arch.cuh"
 #include "hopper/arch/wgmma_raw.cuh"
 #include "hopper/decode/args_decode.cuh"
+#include "hopper/decode/cache_decode.cuh"
 #include "hopper/decode/merge_decode.cuh"
 #include "hopper/decode/tuning_decode.h"
 #include "hopper/shared/device_state.h"
 
 namespace fa4::hopper::decode {
-
-/// Sequence b's cache geometry, checked. Uniform over a CTA.
-struct CacheSeq {
-  int32_t cache_b;   ///< dense: cache sequence
-  int32_t cached;    ///< keys already in the cache (before the append)
-  int32_t seqlen_k;  ///< keys attended to: cached + seqlen_new (0 when bad)
-  uint32_t bad;      ///< AsyncError bits of the broken rules
-};
-
-__device__ __forceinline__ CacheSeq cache_seq(const detail::KVCacheParams& p, int32_t b) {
-  CacheSeq s;
-  const int32_t room = p.key_capacity - p.seqlen_new;  // >= 0 (validated on the host)
-  s.cached = p.cache_seqlens ? p.cache_seqlens[b] : room;
-  s.cache_b = p.cache_batch_idx ? p.cache_batch_idx[b] : b;
-  s.bad = 0;
-  if (!detail::cached_keys_valid(s.cached, room)) s.bad |= kBadCacheSeqlens;
-  if (!p.paged && uint32_t(s.cache_b) >= uint32_t(p.batch_cache)) s.bad |= kBadCacheBatchIdx;
-  s.seqlen_k = s.bad ? 0 : s.cached + p.seqlen_new;
-  return s;
-}
-
-
-/// Offset (elements) of row `slot` of page `page` in a paged cache of strides s.
-__device__ __forceinline__ int64_t page_row_offset(int32_t page, int32_t slot, const detail::RowStrides& s) {
-  return int64_t(page) * s.batch + int64_t(slot) * s.row;
-}
-
-/// Offset (elements) of key j's row in a cache (page-table entry already checked).
-__device__ __forceinline__ int64_t cache_row_offset(const detail::KVCacheParams& p, const int32_t* pages,
-                                                    int32_t cache_b, int32_t j, const detail::RowStrides& s) {
-  if (p.paged) {
-    const int32_t page = pages[j / p.page_size];
-    return page_row_offset(page, j % p.page_size, s);
-  }
-  return int64_t(cache_b) * s.batch + int64_t(j) * s.row;
-}
-
-// ---------------------------------------------------------------------------------------------
-/// True if one of this thread's share of the page-table entries of keys [lo, hi) of a sequence is
-/// not a page of the pool (the CTA's threads stride over the entries).
-__device__ __forceinline__ bool pages_outside_pool(const detail::KVCacheParams& p, const int32_t* pages, int32_t lo,
-                                                   int32_t hi) {
-  bool bad = false;
-  if (hi > lo)
-    for (int32_t i = lo / p.page_size + int32_t(threadIdx.x); i <= (hi - 1) / p.page_size; i += int32_t(blockDim.x))
-      bad |= !detail::page_in_pool(pages[i], p.num_pages);
-  return bad;
-}
-
-/// True if every page-table entry of keys [lo, hi) of a sequence is a page of the pool. Called by
-/// the whole CTA (the result is uniform).
-__device__ __forceinline__ bool pages_valid(const detail::KVCacheParams& p, const int32_t* pages, int32_t lo, int32_t hi) {
-  return !__syncthreads_or(pages_outside_pool(p, pages, lo, hi));
-}
-
-// ---------------------------------------------------------------------------------------------
-// Append: k_new/v_new rows (b, t) -> cache key cached(b) + t. Grid (seqlen_new, num_heads_kv, batch).
-// A sequence with a broken index is not appended at all (nor attended to, decode_kernel).
-template <class Elem>
-__global__ void __launch_bounds__(64) append_kernel(const __grid_constant__ DecodeArgs a) {
-  const detail::KVCacheParams& p = a.p;
-  const int32_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const CacheSeq s = cache_seq(p, b);
-  const int32_t* pages = p.paged ? p.page_table + int64_t(b) * p.page_table_batch_stride : nullptr;
-  uint32_t bad = s.bad;
-  if (!bad && p.paged && !pages_valid(p, pages, 0, s.seqlen_k)) bad |= kBadPageTable;
-  if (bad) {
-    if (threadIdx.x == 0) report_async_error(a.async_error, bad);
-    return;
-  }
-  const int32_t j = s.cached + t;
-  const int64_t k_dst = cache_row_offset(p, pages, s.cache_b, j, p.k_stride) + int64_t(h) * p.k_stride.head;
-  const int64_t v_dst = cache_row_offset(p, pages, s.cache_b, j, p.v_stride) + int64_t(h) * p.v_stride.head;
-  const Elem* k_src = static_cast<const Elem*>(p.k_new) + int64_t(b) * p.k_new_stride.batch +
-                      int64_t(t) * p.k_new_stride.row + int64_t(h) * p.k_new_stride.head;
-  const Elem* v_src = static_cast<const Elem*>(p.v_new) + int64_t(b) * p.v_new_stride.batch +
-                      int64_t(t) * p.v_new_stride.row + int64_t(h) * p.v_new_stride.head;
-  Elem* k_cache = const_cast<Elem*>(static_cast<const Elem*>(p.k)) + k_dst;
-  Elem* v_cache = const_cast<Elem*>(static_cast<const Elem*>(p.v)) + v_dst;
-  // 16-byte chunks (head dims are multiples of 8; the selector checked 16-byte alignment).
-  for (int c = threadIdx.x; c < p.headdim / 8; c += blockDim.x)
-    reinterpret_cast<int4*>(k_cache)[c] = reinterpret_cast<const int4*>(k_src)[c];
-  for (int c = threadIdx.x; c < p.headdim_v / 8; c += blockDim.x)
-    reinterpret_cast<int4*>(v_cache)[c] = reinterpret_cast<const int4*>(v_src)[c];
-}
 
 // ---------------------------------------------------------------------------------------------
 // Split-KV decode.
@@ -175,8 +91,7 @@ struct DecodeSmem {
   static constexpr int kWarps = kDecodeCtaWarps<kBlockN, kRows>;
   static constexpr int kQElems = kRows * kD;
   static constexpr int kStageElems = 2 * kBlockN * kD;  // K block then V block
-  // + the K/V row offsets of every stage's block (int64, 2 x kBlockN per stage).
-  static constexpr int kBytes = (kQElems + kStages * kStageElems) * 2 + kStages * 2 * kBlockN * 8;
+  static constexpr int kBytes = (kQElems + kStages * kStageElems) * 2;
   /// The wide tile computes on one warpgroup's wgmma (m64: its 4 warps' 64 rows), the narrow one on
   /// mma.sync.
   static constexpr bool kWgmma = kRows == 64;
@@ -219,6 +134,12 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
   static_assert(kBlockN == 16 * kKeyWarps * kKeyGroups, "a block's keys are the warps' 16-key groups");
   constexpr int kC = kD / 8;            // 16-byte chunks per row
   constexpr int kRowsPerPass = kThreads / kC;
+  // A block's thread copies chunk tid % kC of a run of kRowRun consecutive keys: in a paged cache one
+  // page holds the run where the page size is a multiple of kRowRun (the blocks start at a multiple
+  // of it), so one page-table entry gives the thread's first row and the others are a row stride
+  // on, as in a dense cache.
+  constexpr int kRowRun = kBlockN / kRowsPerPass;
+  static_assert(kRowRun * kRowsPerPass == kBlockN, "a block's rows are whole passes");
   // The wide tile reads Q, K and V from shared memory in wgmma's swizzled layout (swz_slab).
   constexpr bool kWgmma = Smem::kWgmma;
   static_assert(!kWgmma || kD == 64 || kD == 128, "the wide tile's P V wgmma is 64 or 128 columns wide");
@@ -253,9 +174,14 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
   const int32_t seqlen_k = cs.seqlen_k;
   // Keys any query row sees (bottom-right masks: both ends grow with the row), in kBlockN-key blocks
   // from `first`; split s takes blocks [s * per, (s + 1) * per). Sequence-wide, so every CTA of one
-  // (split, sequence) checks the same pages (with its key walk, below) and agrees on its flag.
-  const detail::KeyRange seq_keys{detail::visible_key_range(0, p.seqlen_q, seqlen_k, p.mask).first,
-                                  detail::visible_key_range(p.seqlen_q - 1, p.seqlen_q, seqlen_k, p.mask).last};
+  // (split, sequence) checks the same pages (with its key walk, below) and agrees on its flag. A
+  // paged cache's blocks start at a multiple of kRowRun (a left window's first key rounded down:
+  // the keys before it are masked like any other the rows do not see, and their page-table entries
+  // are among those of keys [0, seqlen_k) that must be pages anyway).
+  const detail::KeyRange seen{detail::visible_key_range(0, p.seqlen_q, seqlen_k, p.mask).first,
+                              detail::visible_key_range(p.seqlen_q - 1, p.seqlen_q, seqlen_k, p.mask).last};
+  const detail::KeyRange seq_keys{p.paged && seen.last > seen.first ? seen.first - seen.first % kRowRun : seen.first,
+                                  seen.last};
   const int32_t n_blocks = int32_t((seq_keys.last - seq_keys.first + kBlockN - 1) / kBlockN);
   const int32_t per = (n_blocks + a.num_splits - 1) / a.num_splits;
   const int32_t blk_lo = min(n_blocks, split * per), blk_hi = min(n_blocks, blk_lo + per);
@@ -264,7 +190,7 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
   const int32_t* pages = p.paged ? p.page_table + int64_t(b) * p.page_table_batch_stride : nullptr;
   // Page-table entries the split checks: its keys' and, in split 0, those before the first visible
   // key. Up to 8 loads per thread they are checked before the first copy (the loads also bring the
-  // lines the row offsets read next); more are checked as the row offsets read them (below).
+  // lines the copies' runs read next); more are checked as the copies read them (below).
   const int32_t check_lo = split == 0 ? 0 : split_first;
   const int32_t check_entries = split_last > check_lo ? (split_last - 1) / p.page_size - check_lo / p.page_size + 1 : 0;
   const bool check_first = p.paged && check_entries <= 8 * kThreads;
@@ -313,89 +239,179 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
 
   const Elem* k_base = static_cast<const Elem*>(p.k) + int64_t(kv_head) * p.k_stride.head;
   const Elem* v_base = static_cast<const Elem*>(p.v) + int64_t(kv_head) * p.v_stride.head;
-  // Paged: row offsets (elements; -1: not loaded) of a block's kBlockN keys in K and V, one row per
-  // thread of the first kBlockN, in a per-stage table the copies read. A block's page-table entries
-  // are loaded an iteration before its offsets are computed and stored (after the compute), so the
-  // entry's load latency (an L2 round trip where the line left L1, queued behind the stream's
-  // copies) hides behind a whole iteration instead of one block's compute: with one CTA per SM
-  // its wait held up the next barrier. A dense cache's rows are one stride apart: each thread
-  // steps its own pointer instead.
+  // Paged: each block's copies start from the page-table entry of the thread's run of kRowRun keys,
+  // loaded two blocks ahead (an iteration before the copies that use it), so that its latency (an
+  // L2 round trip where its line has left L1, queued behind the stream's copies) hides behind a
+  // whole iteration: loaded in the iteration of its copies it held up the next barrier wherever
+  // its line had left L1. Page sizes that are not a multiple of kRowRun (runs across pages) read
+  // each row's entry as its copies are issued.
   // Every page-table entry of keys [0, seqlen_k) must be a page (the rule of the CPU path and of
-  // the append kernel). Past check_first's limit the entries a row offset reads are checked there
-  // (a row of a page outside the pool is zero-filled, never read), the split's others once the
+  // the append kernel). Past check_first's limit the entries the copies read are checked there
+  // (the rows of a page outside the pool are zero-filled, never read), the split's others once the
   // first copies are issued: a check of the whole split before the first copy would put a round
   // trip per page-table line of the split (thousands of entries with pages of 16 over a long
   // cache) ahead of the stream. The CTA's flag is reduced after the key walk, before anything is
   // written.
   bool page_bad = false;  // this thread's: an entry it read is outside the pool
-  int64_t* sOff = reinterpret_cast<int64_t*>(sRing + kStages * Smem::kStageElems);  // [stage][K, V][kBlockN]
-  // A row's page-table entry and slot within the page (slot -1: no key, nothing read).
+  const bool runs_in_page = p.paged && p.page_size % kRowRun == 0;
+  const int run0 = (tid / kC) * kRowRun;  // the thread's first row of a block
+  // A run's page-table entry and the slot of its first key within the page (slot -1: no key). At
+  // d256 (registers full: O alone takes 128) only the entry is carried, and the slot is computed
+  // where the copies use it (a division per block).
+  constexpr bool kCompactRuns = kD > 128;
   struct PageRef {
     int32_t page, slot;
   };
-  auto page_ref = [&](int32_t blk) -> PageRef {
-    const int32_t j = int32_t(seq_keys.first) + blk * kBlockN + tid;
-    if (j >= key_end) return {0, -1};
-    return {pages[j / p.page_size], j % p.page_size};
+  // The thread's walk over its runs, one block a step: the next run's keys left before key_end
+  // (<= 0: none), its first key's page-table index and slot (one division per CTA; a step adds
+  // kBlockN keys).
+  int32_t walk_left = 0, walk_idx = 0, walk_slot = 0, step_idx = 0, step_slot = 0;
+  if (runs_in_page) {
+    const int32_t j = int32_t(seq_keys.first) + t_lo * kBlockN + run0;
+    walk_left = key_end - j;
+    walk_idx = j / p.page_size;
+    walk_slot = j % p.page_size;
+    step_idx = kBlockN / p.page_size;
+    step_slot = kBlockN % p.page_size;
+  }
+  // Byte offset in a K block of chunk c of row run0 + i: tile_off(run0 + i, c) is tile_off(run0, c)
+  // with the chunk's bits (byte offset bits 4-6) XOR i % 8, plus i rows (run0 is a multiple of
+  // kRowRun, at least 4: its low 3 bits and i's are disjoint, and both swizzles XOR the chunk with
+  // the row's low 3 bits; rows are whole multiples of 128 bytes).
+  constexpr uint32_t kRowBytes = (kWgmma ? 64 : kD) * 2;  // a row of one swz slab / of swz's tile
+  static_assert(kRowRun >= 4 && kRowRun % 4 == 0 && kRowBytes % 128 == 0, "runs of whole swizzle phases");
+  const uint32_t run_off = uint32_t(tile_off(run0, tid % kC)) * 2;
+  auto run_dst = [&](uint32_t stage_base, int i) {
+    return stage_base + ((run_off ^ uint32_t((i % 8) << 4)) + uint32_t(i) * kRowBytes);
   };
-  auto row_offsets = [&](PageRef r, int64_t& ko, int64_t& vo) {
-    ko = vo = -1;
-    if (r.slot >= 0) {
-      if (detail::page_in_pool(r.page, p.num_pages)) {
-        ko = page_row_offset(r.page, r.slot, p.k_stride);
-        vo = page_row_offset(r.page, r.slot, p.v_stride);
-      } else {
-        page_bad = true;
+  auto next_run = [&]() -> PageRef {
+    PageRef r{0, -1};
+    if constexpr (kCompactRuns) {
+      if (walk_left > 0) r.page = pages[(key_end - walk_left) / p.page_size];
+    } else {
+      if (walk_left > 0) r = {pages[walk_idx], walk_slot};
+      walk_idx += step_idx;
+      walk_slot += step_slot;
+      if (walk_slot >= p.page_size) {
+        walk_slot -= p.page_size;
+        ++walk_idx;
       }
     }
+    walk_left -= kBlockN;
+    return r;
   };
-  // Block blk of the split into ring stage `stage`: thread t copies 16-byte chunk t % kC of rows
-  // t / kC + kRowsPerPass * i; rows past key_end and head-dim padding are zero-filled, never read.
-  auto load_block = [&](int stage, int32_t blk) {
-    Elem* sK = sRing + stage * Smem::kStageElems;
-    Elem* sV = sK + kBlockN * kD;
+  // Dense: up to d128 the thread copies rows tid / kC + kRowsPerPass * i of a block (the same
+  // swizzle phase: the copies' shared addresses are one register plus constants) and keeps its
+  // row pointers of the next block to load (blocks load in order, each once), which saves a
+  // block's address arithmetic; at d256 (registers full) it copies a run like a paged block, from
+  // key seq_keys.first + blk * kBlockN + run0.
+  constexpr bool kPassRows = kD <= 128;
+  static_assert(!kPassRows || kRowsPerPass % 8 == 0, "a pass's rows in one swizzle phase");
+  auto dense_row = [&](const Elem* base, const detail::RowStrides& st, int32_t blk, int row) {
+    const int64_t j = seq_keys.first + int64_t(blk) * kBlockN + row;
+    return base + (int64_t(cs.cache_b) * st.batch + j * st.row + (tid % kC) * 8);
+  };
+  const Elem* k_walk = kPassRows && !p.paged ? dense_row(k_base, p.k_stride, t_lo, tid / kC) : k_base;
+  const Elem* v_walk = kPassRows && !p.paged ? dense_row(v_base, p.v_stride, t_lo, tid / kC) : v_base;
+  const int64_t k_step = int64_t(kRowsPerPass) * p.k_stride.row, v_step = int64_t(kRowsPerPass) * p.v_stride.row;
+  // Block blk of the split into ring stage `stage` (paged: `ref` is the thread's run of it): the
+  // thread copies 16-byte chunk tid % kC of rows run0 .. run0 + kRowRun - 1 (dense up to d128: of
+  // rows tid / kC + kRowsPerPass * i); rows past key_end and head-dim padding are zero-filled,
+  // never read (a copy that reads nothing may have any address).
+  auto load_block = [&](int stage, int32_t blk, PageRef ref) {
     const int c = tid % kC;
     const bool k_col = c * 8 < p.headdim, v_col = c * 8 < p.headdim_v;
-    if (p.paged) {
-      const int64_t* off = sOff + stage * 2 * kBlockN;
+    Elem* sK = sRing + stage * Smem::kStageElems;
+    if (kPassRows && !p.paged) {
+      const int32_t rows_in = key_end - (int32_t(seq_keys.first) + blk * kBlockN + tid / kC);
+      const int32_t k_rows = k_col ? rows_in : 0, v_rows = v_col ? rows_in : 0;
 #pragma unroll
       for (int it = 0; it < kBlockN / kRowsPerPass; ++it) {
         const int r = tid / kC + it * kRowsPerPass;
-        const int64_t ko = off[r], vo = off[kBlockN + r];
-        const bool k_ok = ko >= 0 && k_col, v_ok = vo >= 0 && v_col;
-        arch::cp_async_16(sK + tile_off(r, c), k_base + (k_ok ? ko + c * 8 : 0), k_ok);
-        arch::cp_async_16(sV + tile_off(r, c), v_base + (v_ok ? vo + c * 8 : 0), v_ok);
+        arch::cp_async_16(sK + tile_off(r, c), k_walk, it * kRowsPerPass < k_rows);
+        arch::cp_async_16(sK + kBlockN * kD + tile_off(r, c), v_walk, it * kRowsPerPass < v_rows);
+        k_walk += k_step;
+        v_walk += v_step;
       }
+      return;
+    }
+    const uint32_t stage_base = uint32_t(__cvta_generic_to_shared(sK));
+    const int32_t j = int32_t(seq_keys.first) + blk * kBlockN + run0;  // the run's first key
+    if (p.paged && !runs_in_page) {  // a run may span pages: every row's entry
+      // (Up to 8 entries loaded at once, then their rows' copies: past the ring's first blocks,
+      // the line of the run's first entry was prefetched two iterations ago.)
+      constexpr int kBatch = kCompactRuns ? 1 : kRowRun < 8 ? kRowRun : 8;
+      int32_t idx = j / p.page_size, slot = j % p.page_size;  // of key j + i
+#pragma unroll
+      for (int i0 = 0; i0 < kRowRun; i0 += kBatch) {
+        int32_t page[kBatch], slots[kBatch];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          page[i] = j + i0 + i < key_end ? pages[idx] : 0;
+          slots[i] = slot;
+          if (++slot == p.page_size) {
+            slot = 0;
+            ++idx;
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          int64_t ko = -1, vo = -1;
+          if (j + i0 + i < key_end) {
+            if (detail::page_in_pool(page[i], p.num_pages)) {
+              ko = page_row_offset(page[i], slots[i], p.k_stride);
+              vo = page_row_offset(page[i], slots[i], p.v_stride);
+            } else {
+              page_bad = true;
+            }
+          }
+          const uint32_t dst = run_dst(stage_base, i0 + i);
+          const bool k_ok = ko >= 0 && k_col, v_ok = vo >= 0 && v_col;
+          arch::cp_async_16(dst, k_base + (k_ok ? ko + c * 8 : 0), k_ok);
+          arch::cp_async_16(dst + kBlockN * kD * 2, v_base + (v_ok ? vo + c * 8 : 0), v_ok);
+        }
+      }
+      return;
+    }
+    int32_t rows_in = key_end - j;  // the run's rows that are keys
+    const Elem* k_row;
+    const Elem* v_row;
+    if (p.paged) {  // the run is in one page
+      if constexpr (kCompactRuns) ref.slot = j < key_end ? j % p.page_size : -1;
+      const bool used = ref.slot >= 0, ok = used && detail::page_in_pool(ref.page, p.num_pages);
+      page_bad |= used && !ok;
+      // (Offsets of page 0 where nothing is read: no branch. Both are non-negative: unsigned
+      // products.)
+      const uint32_t page = ok ? uint32_t(ref.page) : 0u, slot = ok ? uint32_t(ref.slot) : 0u;
+      if (!ok) rows_in = 0;
+      k_row = k_base + (int64_t(page) * p.k_stride.batch + int64_t(slot) * p.k_stride.row + c * 8);
+      v_row = v_base + (int64_t(page) * p.v_stride.batch + int64_t(slot) * p.v_stride.row + c * 8);
     } else {
-      const int32_t j = int32_t(seq_keys.first) + blk * kBlockN + tid / kC;  // key of this thread's first row
-      const Elem* k_row = k_base + int64_t(cs.cache_b) * p.k_stride.batch + int64_t(j) * p.k_stride.row + c * 8;
-      const Elem* v_row = v_base + int64_t(cs.cache_b) * p.v_stride.batch + int64_t(j) * p.v_stride.row + c * 8;
-      const int64_t k_step = int64_t(kRowsPerPass) * p.k_stride.row, v_step = int64_t(kRowsPerPass) * p.v_stride.row;
+      k_row = dense_row(k_base, p.k_stride, blk, run0);
+      v_row = dense_row(v_base, p.v_stride, blk, run0);
+    }
+    const int32_t k_rows = k_col ? rows_in : 0, v_rows = v_col ? rows_in : 0;
 #pragma unroll
-      for (int it = 0; it < kBlockN / kRowsPerPass; ++it) {
-        const int r = tid / kC + it * kRowsPerPass;
-        const bool in = j + it * kRowsPerPass < key_end;
-        const bool k_ok = in && k_col, v_ok = in && v_col;
-        arch::cp_async_16(sK + tile_off(r, c), k_ok ? k_row : k_base, k_ok);
-        arch::cp_async_16(sV + tile_off(r, c), v_ok ? v_row : v_base, v_ok);
-        k_row += k_step;
-        v_row += v_step;
-      }
+    for (int i = 0; i < kRowRun; ++i) {
+      const uint32_t dst = run_dst(stage_base, i);
+      arch::cp_async_16(dst, k_row, i < k_rows);
+      arch::cp_async_16(dst + kBlockN * kD * 2, v_row, i < v_rows);
+      k_row += p.k_stride.row;
+      v_row += p.v_stride.row;
     }
   };
-  PageRef next_ref{0, -1};  // this thread's row of block it + kStages, stored at the end of iteration it
-  if (p.paged && tid < kBlockN) {
-    for (int s = 0; s < kStages && s < n_iter; ++s)
-      row_offsets(page_ref(t_lo + s), sOff[s * 2 * kBlockN + tid], sOff[s * 2 * kBlockN + kBlockN + tid]);
-    if (kStages < n_iter) next_ref = page_ref(t_lo + kStages);
-  }
-  __syncthreads();
+  // The runs of blocks it + kStages - 1 (copied in iteration it) and it + kStages (loaded ahead).
+  PageRef run_next{0, -1}, run_after{0, -1};
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_iter) load_block(s, t_lo + s);
+    if (s < n_iter) load_block(s, t_lo + s, runs_in_page ? next_run() : PageRef{0, -1});
     arch::cp_async_commit();
   }
-  // Paged: the split's entries no row offset reads (those of its keys outside this tile's blocks
+  if (runs_in_page) {
+    run_next = next_run();
+    run_after = next_run();
+  }
+  // Paged: the split's entries no copy reads (those of its keys outside this tile's blocks
   // and, in split 0, those of the keys before the first visible one), while the first blocks land.
   if (p.paged && !bad && !check_first) {
     const int32_t read_lo = n_iter > 0 ? int32_t(seq_keys.first) + t_lo * kBlockN : split_last;
@@ -439,7 +455,7 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
     }
     __syncthreads();  // block `it` landed for every thread; the stage refilled below is consumed
     const int32_t nxt = it + kStages - 1;
-    if (nxt < n_iter) load_block(nxt % kStages, t_lo + nxt);
+    if (nxt < n_iter) load_block(nxt % kStages, t_lo + nxt, run_next);
     arch::cp_async_commit();
     const Elem* sK = sRing + (it % kStages) * Smem::kStageElems;
     const Elem* sV = sK + kBlockN * kD;
@@ -595,13 +611,15 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
           arch::mma_m16n8k16<kBF16>(o[2 * np + 1], pa[g], vb[2], vb[3]);
         }
     }
-    // Paged: offsets of block nxt + 1 into the stage computed on above (its offsets were read when
-    // it was issued, before this iteration's barrier), from the entry loaded an iteration ago; then
-    // the entry of the block after it.
-    if (p.paged && tid < kBlockN && nxt + 1 < n_iter) {
-      const int st = (nxt + 1) % kStages;
-      row_offsets(next_ref, sOff[st * 2 * kBlockN + tid], sOff[st * 2 * kBlockN + kBlockN + tid]);
-      if (nxt + 2 < n_iter) next_ref = page_ref(t_lo + nxt + 2);
+    // Paged: the run of block nxt + 1 (loaded an iteration ago) is copied next; load the one after.
+    // (Runs across pages: the line of the first entry of the thread's run of block nxt + 2, into
+    // L1 for the copies of the iteration after next.)
+    if (runs_in_page) {
+      run_next = run_after;
+      run_after = next_run();
+    } else if (p.paged) {
+      const int32_t j = int32_t(seq_keys.first) + (t_lo + nxt + 2) * kBlockN + run0;
+      if (j < key_end) arch::prefetch_l1(pages + j / p.page_size);
     }
   }
   arch::cp_async_wait<0>();
