@@ -134,10 +134,10 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
   static_assert(kBlockN == 16 * kKeyWarps * kKeyGroups, "a block's keys are the warps' 16-key groups");
   constexpr int kC = kD / 8;            // 16-byte chunks per row
   constexpr int kRowsPerPass = kThreads / kC;
-  // A block's thread copies chunk tid % kC of a run of kRowRun consecutive keys: in a paged cache one
-  // page holds the run where the page size is a multiple of kRowRun (the blocks start at a multiple
-  // of it), so one page-table entry gives the thread's first row and the others are a row stride
-  // on, as in a dense cache.
+  // A paged block's thread (and a dense one's at d256, load_block) copies chunk tid % kC of a run of
+  // kRowRun consecutive keys: one page holds the run where the page size is a multiple of kRowRun
+  // (the blocks start at a multiple of it), so one page-table entry gives the thread's first row
+  // and the others are a row stride on, as in a dense cache.
   constexpr int kRowRun = kBlockN / kRowsPerPass;
   static_assert(kRowRun * kRowsPerPass == kBlockN, "a block's rows are whole passes");
   // The wide tile reads Q, K and V from shared memory in wgmma's swizzled layout (swz_slab).
