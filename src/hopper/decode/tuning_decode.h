@@ -39,9 +39,9 @@ struct HopperDecodeConfig {
 constexpr HopperDecodeConfig kHopperDecodeConfigs[] = {
     // d, dv, block_n, stages, CTAs/SM narrow, wide, wide stages, 8-warp stages: smem = stages x 2 x
     // keys x d x 2 B + the Q tile (16 or 64 rows x d x 2 B), + 1 KB for the wide tile's 1024-byte
-    // alignment. At d128 the wide tile's ring of 2 leaves room for a
-    // second CTA per SM, which overlaps its latency chain: a ring of 3 at one CTA per SM (and at
-    // d64 one of 6) measured slower (bench/results/history.md). The 8-warp tile keeps (stages - 1)
+    // alignment. At d128 the wide tile's ring of 2 leaves room for a second CTA per SM, which
+    // overlaps its latency chain: a ring of 3 at one CTA per SM (and at d64 one of 6) measured
+    // slower (bench/results/history.md). The 8-warp tile keeps (stages - 1)
     // 128-key blocks in flight: twice the narrow tile's keys, which it consumes about twice as fast.
     {64, 64, 64, 4, 3, 2, 4, 4},     //  66 KB, wide 73 KB, 8-warp 130 KB
     {128, 128, 64, 3, 2, 2, 2, 3},   // 100 KB, wide 81 KB, 8-warp 196 KB
@@ -116,8 +116,7 @@ inline constexpr int32_t kDecodeOneTileMinBlocks = 2;
 /// A paged cache takes one CTA per SM (as a dense one does) where each split then keeps at most
 /// this many key blocks (counted at num_sms / tiles splits, before the split count's cut to a
 /// multiple of 8 and its caps): the kernel loads a block's page-table entries an iteration before
-/// their copies, and a second CTA per SM adds more
-/// partials to the merge than it hides. Longer splits over shuffled pages stream faster two or
+/// their copies, and a second CTA per SM adds more partials to the merge than it hides. Longer splits over shuffled pages stream faster two or
 /// three to an SM (bench/results/history.md; measured at d128, where 16 -> 128 gained up to 3%;
 /// at d64 +2% at batch 1 and -1.5% at batch 2, KV 32k).
 inline constexpr int32_t kDecodePagedOnePerSmMaxBlocks = 128;
