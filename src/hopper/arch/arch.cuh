@@ -192,10 +192,6 @@ __device__ __forceinline__ void cp_async_16(uint32_t smem, const void* gmem, boo
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
   cp_async_16(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), gmem, valid);
 }
-/// Brings the line of `gmem` into L1 without waiting for it (a later load of it then hits L1).
-__device__ __forceinline__ void prefetch_l1(const void* gmem) {
-  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(gmem));
-}
 /// Closes this thread's current cp.async group.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 /// Waits until every cp.async of this thread has completed (grouped or not).

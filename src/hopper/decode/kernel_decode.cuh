@@ -91,7 +91,10 @@ struct DecodeSmem {
   static constexpr int kWarps = kDecodeCtaWarps<kBlockN, kRows>;
   static constexpr int kQElems = kRows * kD;
   static constexpr int kStageElems = 2 * kBlockN * kD;  // K block then V block
-  static constexpr int kBytes = (kQElems + kStages * kStageElems) * 2;
+  static constexpr int kQRingBytes = (kQElems + kStages * kStageElems) * 2;
+  // Behind the ring: per stage, each row's K and V offsets (two int64) for paged caches whose
+  // page size is not a multiple of the kernel's run of keys (kernel: row_table).
+  static constexpr int kBytes = kQRingBytes + kStages * kBlockN * 16;
   /// The wide tile computes on one warpgroup's wgmma (m64: its 4 warps' 64 rows), the narrow one on
   /// mma.sync.
   static constexpr bool kWgmma = kRows == 64;
@@ -243,8 +246,11 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
   // loaded two blocks ahead (an iteration before the copies that use it), so that its latency (an
   // L2 round trip where its line has left L1, queued behind the stream's copies) hides behind a
   // whole iteration: loaded in the iteration of its copies it held up the next barrier wherever
-  // its line had left L1. Page sizes that are not a multiple of kRowRun (runs across pages) read
-  // each row's entry as its copies are issued.
+  // its line had left L1. Page sizes that are not a multiple of kRowRun (runs across pages: pages
+  // of one key, SGLang's, among them) need every row's entry: thread t < kBlockN loads row t's an
+  // iteration ahead and stores the row's K and V offsets once into the stage's row table, which
+  // the run's copies read (each of a row's kC threads converting the entry itself put kC times the
+  // integer work on the copy path).
   // Every page-table entry of keys [0, seqlen_k) must be a page (the rule of the CPU path and of
   // the append kernel). Past check_first's limit the entries the copies read are checked there
   // (the rows of a page outside the pool are zero-filled, never read), the split's others once the
@@ -254,6 +260,7 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
   // written.
   bool page_bad = false;  // this thread's: an entry it read is outside the pool
   const bool runs_in_page = p.paged && p.page_size % kRowRun == 0;
+  const bool rows_tabled = p.paged && !runs_in_page;
   const int run0 = (tid / kC) * kRowRun;  // the thread's first row of a block
   // A run's page-table entry and the slot of its first key within the page (slot -1: no key). At
   // d256 (registers full: O alone takes 128) only the entry is carried, and the slot is computed
@@ -274,6 +281,27 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
     step_idx = kBlockN / p.page_size;
     step_slot = kBlockN % p.page_size;
   }
+  // [stage][row] {K offset, V offset} in elements, -1: nothing read (no key, or a page outside the
+  // pool). Row tid's entry of block blk (slot -1: no key), and its offsets stored into `stage`.
+  longlong2* const row_table = reinterpret_cast<longlong2*>(smem + Smem::kQRingBytes);
+  auto row_ref = [&](int32_t blk) -> PageRef {
+    const int32_t j = int32_t(seq_keys.first) + blk * kBlockN + tid;
+    if (tid >= kBlockN || j >= key_end) return {0, -1};
+    return {pages[j / p.page_size], j % p.page_size};
+  };
+  auto store_row = [&](int stage, PageRef r) {
+    if (tid >= kBlockN) return;
+    longlong2 off{-1, -1};
+    if (r.slot >= 0) {
+      if (detail::page_in_pool(r.page, p.num_pages)) {
+        off.x = page_row_offset(r.page, r.slot, p.k_stride);
+        off.y = page_row_offset(r.page, r.slot, p.v_stride);
+      } else {
+        page_bad = true;
+      }
+    }
+    row_table[stage * kBlockN + tid] = off;
+  };
   // Byte offset in a K block of chunk c of row run0 + i: tile_off(run0 + i, c) is tile_off(run0, c)
   // with the chunk's bits (byte offset bits 4-6) XOR i % 8, plus i rows (run0 is a multiple of
   // kRowRun, at least 4: its low 3 bits and i's are disjoint, and both swizzles XOR the chunk with
@@ -337,39 +365,15 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
     }
     const uint32_t stage_base = uint32_t(__cvta_generic_to_shared(sK));
     const int32_t j = int32_t(seq_keys.first) + blk * kBlockN + run0;  // the run's first key
-    if (p.paged && !runs_in_page) {  // a run may span pages: every row's entry
-      // (Up to 8 entries loaded at once, then their rows' copies: past the ring's first blocks,
-      // the line of the run's first entry was prefetched two iterations ago.)
-      constexpr int kBatch = kCompactRuns ? 1 : kRowRun < 8 ? kRowRun : 8;
-      int32_t idx = j / p.page_size, slot = j % p.page_size;  // of key j + i
+    if (rows_tabled) {  // a run may span pages: each row's offsets from the stage's table
+      const longlong2* off = row_table + stage * kBlockN + run0;
 #pragma unroll
-      for (int i0 = 0; i0 < kRowRun; i0 += kBatch) {
-        int32_t page[kBatch], slots[kBatch];
-#pragma unroll
-        for (int i = 0; i < kBatch; ++i) {
-          page[i] = j + i0 + i < key_end ? pages[idx] : 0;
-          slots[i] = slot;
-          if (++slot == p.page_size) {
-            slot = 0;
-            ++idx;
-          }
-        }
-#pragma unroll
-        for (int i = 0; i < kBatch; ++i) {
-          int64_t ko = -1, vo = -1;
-          if (j + i0 + i < key_end) {
-            if (detail::page_in_pool(page[i], p.num_pages)) {
-              ko = page_row_offset(page[i], slots[i], p.k_stride);
-              vo = page_row_offset(page[i], slots[i], p.v_stride);
-            } else {
-              page_bad = true;
-            }
-          }
-          const uint32_t dst = run_dst(stage_base, i0 + i);
-          const bool k_ok = ko >= 0 && k_col, v_ok = vo >= 0 && v_col;
-          arch::cp_async_16(dst, k_base + (k_ok ? ko + c * 8 : 0), k_ok);
-          arch::cp_async_16(dst + kBlockN * kD * 2, v_base + (v_ok ? vo + c * 8 : 0), v_ok);
-        }
+      for (int i = 0; i < kRowRun; ++i) {
+        const longlong2 o = off[i];
+        const bool k_ok = o.x >= 0 && k_col, v_ok = o.y >= 0 && v_col;
+        const uint32_t dst = run_dst(stage_base, i);
+        arch::cp_async_16(dst, k_base + (k_ok ? o.x + c * 8 : 0), k_ok);
+        arch::cp_async_16(dst + kBlockN * kD * 2, v_base + (v_ok ? o.y + c * 8 : 0), v_ok);
       }
       return;
     }
@@ -402,6 +406,14 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
   };
   // The runs of blocks it + kStages - 1 (copied in iteration it) and it + kStages (loaded ahead).
   PageRef run_next{0, -1}, run_after{0, -1};
+  // Runs across pages: the ring's first kStages blocks' row offsets, then block kStages's entry
+  // (stored at the end of iteration 0).
+  PageRef row_next{0, -1};
+  if (rows_tabled) {
+    for (int s = 0; s < kStages && s < n_iter; ++s) store_row(s, row_ref(t_lo + s));
+    if (kStages < n_iter) row_next = row_ref(t_lo + kStages);
+    __syncthreads();
+  }
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < n_iter) load_block(s, t_lo + s, runs_in_page ? next_run() : PageRef{0, -1});
@@ -612,14 +624,15 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
         }
     }
     // Paged: the run of block nxt + 1 (loaded an iteration ago) is copied next; load the one after.
-    // (Runs across pages: the line of the first entry of the thread's run of block nxt + 2, into
-    // L1 for the copies of the iteration after next.)
+    // Runs across pages: block nxt + 1's row offsets into its stage (the block that stage held was
+    // issued before this iteration's barrier), from the entry loaded an iteration ago; then the
+    // entry of block nxt + 2.
     if (runs_in_page) {
       run_next = run_after;
       run_after = next_run();
-    } else if (p.paged) {
-      const int32_t j = int32_t(seq_keys.first) + (t_lo + nxt + 2) * kBlockN + run0;
-      if (j < key_end) arch::prefetch_l1(pages + j / p.page_size);
+    } else if (rows_tabled && nxt + 1 < n_iter) {
+      store_row((nxt + 1) % kStages, row_next);
+      if (nxt + 2 < n_iter) row_next = row_ref(t_lo + nxt + 2);
     }
   }
   arch::cp_async_wait<0>();

@@ -37,15 +37,15 @@ struct HopperDecodeConfig {
 
 // Internal linkage (not `inline`): see bwd/tuning_bwd.h (several libfa4 builds in one process).
 constexpr HopperDecodeConfig kHopperDecodeConfigs[] = {
-    // d, dv, block_n, stages, CTAs/SM narrow, wide, wide stages, 8-warp stages: smem = stages x 2 x
-    // keys x d x 2 B + the Q tile (16 or 64 rows x d x 2 B), + 1 KB for the wide tile's 1024-byte
-    // alignment. At d128 the wide tile's ring of 2 leaves room for a second CTA per SM, which
-    // overlaps its latency chain: a ring of 3 at one CTA per SM (and at d64 one of 6) measured
-    // slower (bench/results/history.md). The 8-warp tile keeps (stages - 1)
+    // d, dv, block_n, stages, CTAs/SM narrow, wide, wide stages, 8-warp stages: smem = stages x (2 x
+    // keys x d x 2 B + keys x 16 B of row offsets) + the Q tile (16 or 64 rows x d x 2 B), + 1 KB
+    // for the wide tile's 1024-byte alignment. At d128 the wide tile's ring of 2 leaves room for a
+    // second CTA per SM, which overlaps its latency chain: a ring of 3 at one CTA per SM (and at d64
+    // one of 6) measured slower (bench/results/history.md). The 8-warp tile keeps (stages - 1)
     // 128-key blocks in flight: twice the narrow tile's keys, which it consumes about twice as fast.
-    {64, 64, 64, 4, 3, 2, 4, 4},     //  66 KB, wide 73 KB, 8-warp 130 KB
-    {128, 128, 64, 3, 2, 2, 2, 3},   // 100 KB, wide 81 KB, 8-warp 196 KB
-    {256, 256, 64, 3, 1, 0, 0, 0},   // 200 KB (a wide or 8-warp tile would not fit)
+    {64, 64, 64, 4, 3, 2, 4, 4},     //  70 KB, wide 77 KB, 8-warp 138 KB
+    {128, 128, 64, 3, 2, 2, 2, 3},   // 103 KB, wide 83 KB, 8-warp 202 KB
+    {256, 256, 64, 3, 1, 0, 0, 0},   // 203 KB (a wide or 8-warp tile would not fit)
 };
 inline constexpr int32_t kHopperNumDecodeConfigs =
     int32_t(sizeof(kHopperDecodeConfigs) / sizeof(kHopperDecodeConfigs[0]));
