@@ -17,6 +17,9 @@ Usage (GPU machine, repo root; bench/device_run.sh DAB=1 runs it on OLD / new / 
                         bench_decode.py: the evictions then also write those dirty lines back)
     ... --flush read    ... by reading 256 MB (L2 then full of clean lines); the flush's kernels
                         are not counted either way (bench/results/history.md compares the two)
+    ... --append 1      fa4's calls append each sequence's last key (k, v given, cache_seqlens one
+                        less): the append kernel's time is counted with the attention's (the same
+                        values are written to the same rows every call); cuDNN attends as before
 """
 import argparse
 import json
@@ -57,6 +60,8 @@ def main():
                     help="cache_seqlens = this share of seqlen_k (the cache's capacity); cuDNN gets those keys")
     ap.add_argument("--flush", choices=["none", "write", "read"], default="none",
                     help="flush L2 before every call (not timed) by writing or by reading 256 MB")
+    ap.add_argument("--append", type=int, default=0,
+                    help="fa4's calls append each sequence's last N keys in place (k, v given)")
     args = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape] or SHAPES
     # A variant's num_splits (its spec's "?num_splits=N") is the call's argument, not an override.
@@ -89,6 +94,10 @@ def main():
         if used < sk:
             lens.fill_(used)
             k, v = k[:, :used], v[:, :used]
+        # --append N: the last N keys come as k / v and are written back to their rows every call.
+        app = min(args.append, used)
+        new_kv = ((k[:, used - app:used].contiguous(), v[:, used - app:used].contiguous()) if app else (None, None))
+        cache_lens = lens - app
         sdpa = sdpa_fn(q, k, v, False, SDPBackend.CUDNN_ATTENTION)
         if sdpa is None:
             raise RuntimeError(f"cuDNN refuses batch {b}, seqlen_k {sk}, heads {h}/{hk}, d{d}")
@@ -100,10 +109,10 @@ def main():
         err = {}
         for n, (lib, env, splits) in libs.items():
             use(lib, env)
-            err[n] = float((fa4.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table,
+            err[n] = float((fa4.flash_attn_with_kvcache(q, kc, vc, *new_kv, cache_seqlens=cache_lens, page_table=table,
                                                         num_splits=splits).float() - ref).abs().max())
             fns[n] = (lambda lib_=lib, env_=env, s_=splits: (use(lib_, env_), fa4.flash_attn_with_kvcache(
-                q, kc, vc, cache_seqlens=lens, page_table=table, num_splits=s_)))
+                q, kc, vc, *new_kv, cache_seqlens=cache_lens, page_table=table, num_splits=s_)))
         names = list(fns)
         if flush:
             for n in names:
@@ -112,17 +121,17 @@ def main():
         for n in schedule(names, args.rounds):
             times[n].append(sum(timed(fns[n]).values()))
         us = {n: round(statistics.median(t), 2) for n, t in times.items()}
-        rows.append({"batch": b, "seqlen_k": sk, "cache_seqlens": used, "l2_flush": args.flush, "heads": h,
+        rows.append({"batch": b, "seqlen_k": sk, "cache_seqlens": used, "appended": app, "l2_flush": args.flush, "heads": h,
                      "heads_kv": hk, "headdim": d, "page_size": page, "pages_in_order": in_order,
                      "num_splits": {n: splits for n, (_, _, splits) in libs.items()},
                      "us": us, "ratio_vs_cudnn": {n: round(us["cudnn"] / us[n], 3) for n in libs},
                      "max_abs_err_vs_cudnn": err})
-        used_s = "" if used == sk else f" used {used}"
+        used_s = ("" if used == sk else f" used {used}") + (f" append {app}" if app else "")
         order = " in order" if in_order else ""
         print(f"b{b} kv{sk}{used_s} {h}/{hk} d{d} page{page}{order}: " + " ".join(f"{n} {us[n]:.2f}" for n in names)
               + " | x cudnn " + " ".join(f"{n} {us['cudnn'] / us[n]:.3f}" for n in libs)
               + " | err " + " ".join(f"{err[n]:.1e}" for n in libs), flush=True)
-        del q, kc, vc, k, v, sdpa, ref
+        del q, kc, vc, k, v, sdpa, ref, new_kv
         torch.cuda.empty_cache()
     with open(args.out_json, "w") as f:
         json.dump(rows, f, indent=1)
