@@ -96,7 +96,8 @@ def main():
             k, v = k[:, :used], v[:, :used]
         # --append N: the last N keys come as k / v and are written back to their rows every call.
         app = min(args.append, used)
-        new_kv = ((k[:, used - app:used].contiguous(), v[:, used - app:used].contiguous()) if app else (None, None))
+        # (Copies: a slice of one sequence's keys is contiguous already, and may be the cache's own memory.)
+        new_kv = ((k[:, used - app:used].clone(), v[:, used - app:used].clone()) if app else (None, None))
         cache_lens = lens - app
         sdpa = sdpa_fn(q, k, v, False, SDPBackend.CUDNN_ATTENTION)
         if sdpa is None:

@@ -25,6 +25,39 @@ TEST(HopperDecode, DenseSplitCounts) {
   }
 }
 
+// The append kernel checks its sequence's whole page-table range before it writes (a sequence with
+// a broken entry is neither appended nor attended to), reading the row four entries at a time from
+// its first 16-byte boundary, by 64 threads, or 256 where the row holds more than 1024 entries.
+// Pages of 3 over a capacity of 100 keys: rows of 34 entries (136 B), so sequence 1's row starts 8
+// bytes past a boundary; its 97 keys (95 cached + 2 appended) take entries 0..32: two before the
+// boundary (0, 1), seven vectors (2..29), three after (30..32). Pages of one key over 9001: rows of
+// 9001 entries (36004 B), sequence 1's starting 4 bytes past a boundary; its 8997 keys take three
+// entries before it (0..2), 2248 vectors (3..8994: 8 or 9 per thread of 256, two batches of 4 loads
+// and a partial third) and two after (8995, 8996). A broken entry at each of those places must
+// skip sequence 1 (its cache rows unwritten, its output the poison) while sequences 0 and 2 are
+// appended and attended to.
+TEST(HopperDecode, AppendChecksTheWholePageRangeOfAMisalignedRow) {
+  REQUIRE_HOPPER();
+  struct Row {
+    int page_size, capacity, cached;
+    std::vector<int> slots;
+  };
+  const Row rows[] = {{3, 100, 95, {0, 1, 2, 29, 30, 32}}, {1, 9001, 8995, {0, 2, 3, 5000, 8994, 8995, 8996}}};
+  for (const Row& r : rows)
+    for (int slot : r.slots) {
+      KvCase c;
+      c.batch = 3;
+      c.page_size = r.page_size;
+      c.capacity = r.capacity;
+      c.cache_seqlens = {r.cached - 5, r.cached, r.cached / 2};
+      c.seqlen_new = 2;
+      c.bad_page_b = 1;
+      c.bad_page_slot = slot;
+      c.seed = 260 + slot;
+      run_case(c);
+    }
+}
+
 TEST(HopperDecode, PagedPageSizesAndBoundaries) {
   REQUIRE_HOPPER();
   // (At d128 a thread copies runs of 8 consecutive keys: pages of 8 and more hold whole runs,

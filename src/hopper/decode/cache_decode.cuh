@@ -67,17 +67,65 @@ __device__ __forceinline__ bool pages_valid(const detail::KVCacheParams& p, cons
   return !__syncthreads_or(pages_outside_pool(p, pages, lo, hi));
 }
 
+/// True if every page-table entry of keys [0, hi) of a sequence is a page of the pool, for the append
+/// kernel, whose every (token, KV head) CTA checks its sequence's whole range before it writes:
+/// four entries per 16-byte load from the row's first 16-byte boundary on, loaded kAppendCheckLoads
+/// at a time per thread before any is tested (a long range of small pages, 128k keys of pages of
+/// one key, is 512 KB of entries, which 64 threads reading one 4-byte entry at a time fetch 256 B
+/// per round trip). The up to 3 entries before the boundary and after the last whole vector are
+/// loaded by the first threads before the first batch and tested after the last. Called by the
+/// whole CTA (the result is uniform).
+inline constexpr int kAppendCheckLoads = 4;
+__device__ __forceinline__ bool sequence_pages_valid(const detail::KVCacheParams& p, const int32_t* pages,
+                                                     int32_t hi) {
+  const int32_t tid = int32_t(threadIdx.x), threads = int32_t(blockDim.x);
+  const int32_t n = hi > 0 ? (hi - 1) / p.page_size + 1 : 0;  // entries [0, n)
+  // Entries before the first 16-byte boundary (a row starts on a 4-byte one), whole vectors, the rest.
+  const int32_t head = min(n, int32_t((16u - (uint32_t(reinterpret_cast<uintptr_t>(pages)) & 15u)) / 4u & 3u));
+  const int32_t vecs = (n - head) / 4, tail0 = head + 4 * vecs;
+  const int4* body = reinterpret_cast<const int4*>(pages + head);
+  // (Tested after the vectors, so that their round trip overlaps the vectors' first batch.)
+  const bool has_head = tid < head, has_tail = tid < n - tail0;
+  const int32_t head_page = has_head ? pages[tid] : 0, tail_page = has_tail ? pages[tail0 + tid] : 0;
+  bool bad = false;
+  for (int32_t i0 = tid; i0 < vecs; i0 += kAppendCheckLoads * threads) {
+    int4 e[kAppendCheckLoads];
+#pragma unroll
+    for (int k = 0; k < kAppendCheckLoads; ++k)
+      e[k] = i0 + k * threads < vecs ? body[i0 + k * threads] : make_int4(0, 0, 0, 0);
+#pragma unroll
+    for (int k = 0; k < kAppendCheckLoads; ++k)
+      if (i0 + k * threads < vecs)
+        bad |= !detail::page_in_pool(e[k].x, p.num_pages) || !detail::page_in_pool(e[k].y, p.num_pages) ||
+               !detail::page_in_pool(e[k].z, p.num_pages) || !detail::page_in_pool(e[k].w, p.num_pages);
+  }
+  bad |= (has_head && !detail::page_in_pool(head_page, p.num_pages)) ||
+         (has_tail && !detail::page_in_pool(tail_page, p.num_pages));
+  return !__syncthreads_or(bad);
+}
+
 // ---------------------------------------------------------------------------------------------
-// Append: k_new/v_new rows (b, t) -> cache key cached(b) + t. Grid (seqlen_new, num_heads_kv, batch).
+// Append: k_new/v_new rows (b, t) -> cache key cached(b) + t. Grid (seqlen_new, num_heads_kv, batch),
+// append_threads(p) threads: a row's copies need at most d / 8 = 32, a CTA's page-table check of a
+// long row more (kAppendThreads), while many short CTAs (a chunk of new tokens) want to fit an SM
+// many at a time.
 // A sequence with a broken index is not appended at all (nor attended to, decode_kernel).
+inline constexpr int kAppendThreads = 256;
+/// Page-table rows up to this many entries are checked by 64 threads in one batch of
+/// kAppendCheckLoads 16-byte loads each (64 x 4 loads x 4 entries).
+inline constexpr int32_t kAppendNarrowMaxPages = 64 * kAppendCheckLoads * 4;
+/// Threads of p's append CTAs (shapes only: max_pages, never cache_seqlens).
+inline int append_threads(const detail::KVCacheParams& p) {
+  return p.paged && p.max_pages > kAppendNarrowMaxPages ? kAppendThreads : 64;
+}
 template <class Elem>
-__global__ void __launch_bounds__(64) append_kernel(const __grid_constant__ DecodeArgs a) {
+__global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_constant__ DecodeArgs a) {
   const detail::KVCacheParams& p = a.p;
   const int32_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const CacheSeq s = cache_seq(p, b);
   const int32_t* pages = p.paged ? p.page_table + int64_t(b) * p.page_table_batch_stride : nullptr;
   uint32_t bad = s.bad;
-  if (!bad && p.paged && !pages_valid(p, pages, 0, s.seqlen_k)) bad |= kBadPageTable;
+  if (!bad && p.paged && !sequence_pages_valid(p, pages, s.seqlen_k)) bad |= kBadPageTable;
   if (bad) {
     if (threadIdx.x == 0) report_async_error(a.async_error, bad);
     return;

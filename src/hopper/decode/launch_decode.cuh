@@ -86,7 +86,7 @@ void launch_append(const detail::KVCacheParams& p, const LaunchContext& ctx) {
   a.async_error = ctx.async_error;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.device.stream);
   decode::append_kernel<typename decode::ElemOf<kBF16>::type>
-      <<<dim3(p.seqlen_new, p.num_heads_kv, p.batch), 64, 0, stream>>>(a);
+      <<<dim3(p.seqlen_new, p.num_heads_kv, p.batch), decode::append_threads(p), 0, stream>>>(a);
   check_cuda(cudaGetLastError(), ctx.fn, "append kernel launch");
 }
 
