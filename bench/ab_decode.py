@@ -20,6 +20,9 @@ Usage (GPU machine, repo root; bench/device_run.sh DAB=1 runs it on OLD / new / 
     ... --append 1      fa4's calls append each sequence's last key (k, v given, cache_seqlens one
                         less): the append kernel's time is counted with the attention's (the same
                         values are written to the same rows every call); cuDNN attends as before
+    ... --graph         fa4's calls replayed from a CUDA graph of 20 calls, timed between events
+                        (launch gaps and kernels that overlap, e.g. a programmatic dependent's
+                        prologue under the append, count as a serving engine sees them)
 """
 import argparse
 import json
@@ -44,6 +47,32 @@ SHAPES = [
 ]
 
 
+GRAPH_CALLS = 20
+
+
+def graph_timer(fn, replays=5):
+    """A timer of `fn` captured GRAPH_CALLS times in one CUDA graph: us per call over `replays`
+    replays between two events."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(GRAPH_CALLS):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def timer():
+        start.record()
+        for _ in range(replays):
+            g.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3 / (replays * GRAPH_CALLS)
+    return timer
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out_json")
@@ -62,6 +91,10 @@ def main():
                     help="flush L2 before every call (not timed) by writing or by reading 256 MB")
     ap.add_argument("--append", type=int, default=0,
                     help="fa4's calls append each sequence's last N keys in place (k, v given)")
+    ap.add_argument("--graph", action="store_true",
+                    help="fa4's calls timed as replays of a CUDA graph of %d calls (GPU time per call between "
+                         "events: launch gaps and overlapping kernels as a serving engine sees them) instead of "
+                         "the sum of their kernels' times; cuDNN's as before (its captured calls failed)" % GRAPH_CALLS)
     args = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape] or SHAPES
     # A variant's num_splits (its spec's "?num_splits=N") is the call's argument, not an override.
@@ -118,21 +151,23 @@ def main():
         if flush:
             for n in names:
                 check_apart(n, fns[n])
+        graphs = {n: graph_timer(fns[n]) for n in libs} if args.graph else {}
         times = {n: [] for n in names}
         for n in schedule(names, args.rounds):
-            times[n].append(sum(timed(fns[n]).values()))
+            times[n].append(graphs[n]() if n in graphs else sum(timed(fns[n]).values()))
         us = {n: round(statistics.median(t), 2) for n, t in times.items()}
-        rows.append({"batch": b, "seqlen_k": sk, "cache_seqlens": used, "appended": app, "l2_flush": args.flush, "heads": h,
+        rows.append({"batch": b, "seqlen_k": sk, "cache_seqlens": used, "appended": app, "l2_flush": args.flush,
+                     "fa4_timing": "graph replay" if args.graph else "kernel sum", "heads": h,
                      "heads_kv": hk, "headdim": d, "page_size": page, "pages_in_order": in_order,
                      "num_splits": {n: splits for n, (_, _, splits) in libs.items()},
                      "us": us, "ratio_vs_cudnn": {n: round(us["cudnn"] / us[n], 3) for n in libs},
                      "max_abs_err_vs_cudnn": err})
-        used_s = ("" if used == sk else f" used {used}") + (f" append {app}" if app else "")
+        used_s = ("" if used == sk else f" used {used}") + (f" append {app}" if app else "") + (" graph" if args.graph else "")
         order = " in order" if in_order else ""
         print(f"b{b} kv{sk}{used_s} {h}/{hk} d{d} page{page}{order}: " + " ".join(f"{n} {us[n]:.2f}" for n in names)
               + " | x cudnn " + " ".join(f"{n} {us['cudnn'] / us[n]:.3f}" for n in libs)
               + " | err " + " ".join(f"{err[n]:.1e}" for n in libs), flush=True)
-        del q, kc, vc, k, v, sdpa, ref, new_kv
+        del q, kc, vc, k, v, sdpa, ref, new_kv, graphs
         torch.cuda.empty_cache()
     with open(args.out_json, "w") as f:
         json.dump(rows, f, indent=1)

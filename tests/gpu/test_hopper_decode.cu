@@ -97,6 +97,30 @@ TEST(HopperDecode, AppendDensePagedBatchIdx) {
   }
 }
 
+// The decode kernel is the append's programmatic dependent (launch_decode.cuh): it starts while the
+// append runs and must wait for every appended row before its first K / V copy. A long append
+// (512 new keys x 8 KV heads x 4 sequences: 16,384 append CTAs, whose last ones still run when the
+// decode's start) into caches that held few keys, so the decode's first blocks are appended rows;
+// the rows to be appended hold other random values beforehand, so a read before the append's write
+// fails the comparison with the reference. Dense and pages of 16, automatic and one split.
+TEST(HopperDecode, AttendsToEveryRowOfALongAppend) {
+  REQUIRE_HOPPER();
+  for (int ps : {0, 16})
+    for (int splits : {0, 1}) {
+      KvCase c;
+      c.batch = 4;
+      c.heads = 32;
+      c.heads_kv = 8;
+      c.page_size = ps;
+      c.capacity = 1024;
+      c.cache_seqlens = {0, 3, 200, 500};
+      c.seqlen_new = 512;
+      c.num_splits = splits;
+      c.seed = 280 + ps + splits;
+      run_case(c);
+    }
+}
+
 TEST(HopperDecode, SeqlenQAndGroupsCausal) {
   REQUIRE_HOPPER();
   // (16 queries of 16 heads per KV head would take the forward kernel on a dense cache:

@@ -22,22 +22,6 @@ namespace fa4::hopper {
 
 namespace {
 constexpr const char* kBwd = "fa4::backward";
-
-/// Launches `kernel` as the programmatic dependent of the kernel before it on `stream`
-/// (arch::launch_dependents / wait_on_prerequisites): it may start while that one finishes, and
-/// waits for it before reading what it wrote. Where the attribute is not supported
-/// (cudaErrorNotSupported), a plain launch; any other refusal is returned.
-template <class... Args>
-cudaError_t launch_programmatic(void (*kernel)(Args...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                                const Args&... args) {
-  cudaError_t e = launch_with_attribute(kernel, grid, block, smem, stream, programmatic_attribute(), args...);
-  if (e == cudaErrorNotSupported) {
-    cudaGetLastError();
-    kernel<<<grid, block, smem, stream>>>(args...);
-    e = cudaGetLastError();
-  }
-  return e;
-}
 }  // namespace
 
 template <int kDType, int kBucketD, int kBucketDV>

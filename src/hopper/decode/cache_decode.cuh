@@ -8,6 +8,7 @@
 
 #include "core/constants.h"
 #include "core/params.h"
+#include "hopper/arch/arch.cuh"
 #include "hopper/decode/args_decode.cuh"
 #include "hopper/shared/device_state.h"
 
@@ -120,6 +121,9 @@ inline int append_threads(const detail::KVCacheParams& p) {
 }
 template <class Elem>
 __global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_constant__ DecodeArgs a) {
+  // The decode launched after it may start now (its launch and prologue overlap this kernel; it
+  // waits for these writes before its first K / V copy: launch_decode).
+  arch::launch_dependents();
   const detail::KVCacheParams& p = a.p;
   const int32_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const CacheSeq s = cache_seq(p, b);

@@ -414,6 +414,10 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
     if (kStages < n_iter) row_next = row_ref(t_lo + kStages);
     __syncthreads();
   }
+  // Launched as the append's programmatic dependent (launch_decode.cuh), the kernel has read only
+  // what the append does not write so far (indices, page table, Q): the cache's rows wait for it.
+  // Other launches skip the wait (a scheduling barrier for the compiler, with nothing to wait for).
+  if (a.after_append) arch::wait_on_prerequisites();
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < n_iter) load_block(s, t_lo + s, runs_in_page ? next_run() : PageRef{0, -1});

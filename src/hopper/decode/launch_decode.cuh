@@ -19,22 +19,24 @@ namespace {
 /// of `c` CTAs along x, asking for a cluster's CTAs to be spread over the GPC's SMs: a batch-1
 /// decode CTA alone on its SM walks its keys faster than two sharing one, and such a launch has SMs
 /// to spare. (Spread and the one-wave rule of decode_cluster_size came in together; their separate
-/// effects were not measured.)
+/// effects were not measured.) `dependent`: also the programmatic dependent of the kernel before it
+/// on the stream (launch_decode: the append).
 struct ClusterLaunch {
-  cudaLaunchAttribute attrs[2]{};
+  cudaLaunchAttribute attrs[3]{};
   cudaLaunchConfig_t cfg{};
-  ClusterLaunch(int32_t c, dim3 grid, int threads, int smem, cudaStream_t stream) {
+  ClusterLaunch(int32_t c, dim3 grid, int threads, int smem, cudaStream_t stream, bool dependent = false) {
     attrs[0].id = cudaLaunchAttributeClusterDimension;
     attrs[0].val.clusterDim.x = unsigned(c);
     attrs[0].val.clusterDim.y = attrs[0].val.clusterDim.z = 1;
     attrs[1].id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
     attrs[1].val.clusterSchedulingPolicyPreference = cudaClusterSchedulingPolicySpread;
+    attrs[2] = programmatic_attribute();
     cfg.gridDim = grid;
     cfg.blockDim = dim3(unsigned(threads));
     cfg.dynamicSmemBytes = size_t(smem);
     cfg.stream = stream;
     cfg.attrs = attrs;
-    cfg.numAttrs = 2;
+    cfg.numAttrs = dependent ? 3 : 2;
   }
   ClusterLaunch(const ClusterLaunch&) = delete;  // cfg points into attrs
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
@@ -78,7 +80,8 @@ DecodeClusterCapacity cluster_capacity_once(Kernel kernel, int device) {
 }  // namespace
 
 /// Appends k_new / v_new in place at cache_seqlens (decode::append_kernel): before the attention,
-/// which reads the appended rows in stream order.
+/// which reads the appended rows after them (in stream order, or as the append's programmatic
+/// dependent: launch_decode).
 template <bool kBF16>
 void launch_append(const detail::KVCacheParams& p, const LaunchContext& ctx) {
   decode::DecodeArgs a{};
@@ -150,12 +153,27 @@ void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, con
     a.lse_partial = reinterpret_cast<float*>(scratch.ptr() + o_bytes);
     a.arrivals = reinterpret_cast<int32_t*>(arrivals.ptr());
   }
-  if (p.seqlen_new > 0) launch_append<kBF16>(p, ctx);  // stream order: the decode below reads them
+  // After an append the decode is its programmatic dependent: its launch, index checks and Q load
+  // overlap the append, and it waits for the append's writes before its first K / V copy
+  // (decode_kernel, arch::wait_on_prerequisites). Where the attribute is refused as unsupported,
+  // a plain launch (stream order).
+  const bool dependent = p.seqlen_new > 0;
+  a.after_append = dependent ? 1 : 0;
+  if (dependent) launch_append<kBF16>(p, ctx);
   if (p.seqlen_q == 0) return;
   const dim3 grid(a.num_splits, p.num_heads_kv * a.row_tiles, p.batch);
   if (a.cluster > 1) {  // the splits of a tile in clusters along x (grid.x = num_splits, a multiple)
-    const ClusterLaunch launch(a.cluster, grid, kThreads, Smem::cluster_bytes(a.cluster), stream);
-    check_cuda(cudaLaunchKernelEx(&launch.cfg, kernel, a), kFn, "decode kernel launch (cluster)");
+    const ClusterLaunch launch(a.cluster, grid, kThreads, Smem::cluster_bytes(a.cluster), stream, dependent);
+    cudaError_t e = cudaLaunchKernelEx(&launch.cfg, kernel, a);
+    if (e == cudaErrorNotSupported && dependent) {
+      cudaGetLastError();
+      const ClusterLaunch plain(a.cluster, grid, kThreads, Smem::cluster_bytes(a.cluster), stream);
+      e = cudaLaunchKernelEx(&plain.cfg, kernel, a);
+    }
+    check_cuda(e, kFn, "decode kernel launch (cluster)");
+  } else if (dependent) {
+    check_cuda(launch_programmatic(kernel, grid, dim3(kThreads), Smem::kAllocBytes, stream, a), kFn,
+               "decode kernel launch");
   } else {
     kernel<<<grid, kThreads, Smem::kAllocBytes, stream>>>(a);
     check_cuda(cudaGetLastError(), kFn, "decode kernel launch");

@@ -57,6 +57,22 @@ inline cudaLaunchAttribute programmatic_attribute() {
   return attr;
 }
 
+/// Launches `kernel` as the programmatic dependent of the kernel before it on `stream`
+/// (arch::launch_dependents / wait_on_prerequisites): it may start while that one finishes, and
+/// waits for it before reading what it wrote. Where the attribute is not supported
+/// (cudaErrorNotSupported), a plain launch; any other refusal is returned.
+template <class... Args>
+cudaError_t launch_programmatic(void (*kernel)(Args...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                const Args&... args) {
+  cudaError_t e = launch_with_attribute(kernel, grid, block, smem, stream, programmatic_attribute(), args...);
+  if (e == cudaErrorNotSupported) {
+    cudaGetLastError();
+    kernel<<<grid, block, smem, stream>>>(args...);
+    e = cudaGetLastError();
+  }
+  return e;
+}
+
 namespace {
 /// Devices (bit per ordinal < 64) on which Kt's kernel has its shared-memory limit raised. Internal
 /// linkage on purpose: a function-local static of a template has vague linkage, and the dynamic
