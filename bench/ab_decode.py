@@ -96,6 +96,8 @@ def main():
                          "events: launch gaps and overlapping kernels as a serving engine sees them) instead of "
                          "the sum of their kernels' times; cuDNN's as before (its captured calls failed)" % GRAPH_CALLS)
     args = ap.parse_args()
+    if args.graph and args.flush != "none":
+        raise SystemExit("--graph replays fa4's calls back to back: no L2 flush between them (drop --flush)")
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape] or SHAPES
     # A variant's num_splits (its spec's "?num_splits=N") is the call's argument, not an override.
     libs = {n: (load(p), e, int(e.pop("num_splits", 0))) for n, p, e in map(parse, args.variants)}

@@ -102,7 +102,8 @@ TEST(HopperDecode, AppendDensePagedBatchIdx) {
 // (512 new keys x 8 KV heads x 4 sequences: 16,384 append CTAs, whose last ones still run when the
 // decode's start) into caches that held few keys, so the decode's first blocks are appended rows;
 // the rows to be appended hold other random values beforehand, so a read before the append's write
-// fails the comparison with the reference. Dense and pages of 16, automatic and one split.
+// fails the comparison with the reference. Dense and pages of 16, automatic and one split. (A race:
+// without the wait a run need not hit it; no run without the wait has been made to show it does.)
 TEST(HopperDecode, AttendsToEveryRowOfALongAppend) {
   REQUIRE_HOPPER();
   for (int ps : {0, 16})
