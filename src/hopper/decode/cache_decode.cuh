@@ -68,6 +68,9 @@ __device__ __forceinline__ bool pages_valid(const detail::KVCacheParams& p, cons
   return !__syncthreads_or(pages_outside_pool(p, pages, lo, hi));
 }
 
+/// 16-byte page-table loads each thread of sequence_pages_valid issues before it tests any.
+inline constexpr int kAppendCheckLoads = 4;
+
 /// True if every page-table entry of keys [0, hi) of a sequence is a page of the pool, for the append
 /// kernel, whose every (token, KV head) CTA checks its sequence's whole range before it writes:
 /// four entries per 16-byte load from the row's first 16-byte boundary on, loaded kAppendCheckLoads
@@ -76,7 +79,6 @@ __device__ __forceinline__ bool pages_valid(const detail::KVCacheParams& p, cons
 /// per round trip). The up to 3 entries before the boundary and after the last whole vector are
 /// loaded by the first threads before the first batch and tested after the last. Called by the
 /// whole CTA (the result is uniform).
-inline constexpr int kAppendCheckLoads = 4;
 __device__ __forceinline__ bool sequence_pages_valid(const detail::KVCacheParams& p, const int32_t* pages,
                                                      int32_t hi) {
   const int32_t tid = int32_t(threadIdx.x), threads = int32_t(blockDim.x);

@@ -163,12 +163,12 @@ void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, con
   if (p.seqlen_q == 0) return;
   const dim3 grid(a.num_splits, p.num_heads_kv * a.row_tiles, p.batch);
   if (a.cluster > 1) {  // the splits of a tile in clusters along x (grid.x = num_splits, a multiple)
-    const ClusterLaunch launch(a.cluster, grid, kThreads, Smem::cluster_bytes(a.cluster), stream, dependent);
+    ClusterLaunch launch(a.cluster, grid, kThreads, Smem::cluster_bytes(a.cluster), stream, dependent);
     cudaError_t e = cudaLaunchKernelEx(&launch.cfg, kernel, a);
-    if (e == cudaErrorNotSupported && dependent) {
+    if (e == cudaErrorNotSupported && dependent) {  // without the programmatic attribute (the last)
       cudaGetLastError();
-      const ClusterLaunch plain(a.cluster, grid, kThreads, Smem::cluster_bytes(a.cluster), stream);
-      e = cudaLaunchKernelEx(&plain.cfg, kernel, a);
+      launch.cfg.numAttrs = 2;
+      e = cudaLaunchKernelEx(&launch.cfg, kernel, a);
     }
     check_cuda(e, kFn, "decode kernel launch (cluster)");
   } else if (dependent) {

@@ -117,8 +117,9 @@ inline constexpr int32_t kDecodeOneTileMinBlocks = 2;
 /// this many key blocks (counted at num_sms / tiles splits, before the split count's cut to a
 /// multiple of 8 and its caps): the kernel loads a block's page-table entries an iteration before
 /// their copies, and a second CTA per SM adds more partials to the merge than it hides. Longer
-/// splits over shuffled pages stream faster two or three to an SM (bench/results/history.md; measured at d128, where 16 -> 128 gained up to 3%;
-/// at d64 +2% at batch 1 and -1.5% at batch 2, KV 32k).
+/// splits over shuffled pages stream faster two or three to an SM (bench/results/history.md;
+/// measured at d128, where 16 -> 128 gained up to 3%; at d64 +2% at batch 1 and -1.5% at batch 2,
+/// KV 32k).
 inline constexpr int32_t kDecodePagedOnePerSmMaxBlocks = 128;
 /// Blocks per split past which a full tile's split count may pass kDecodeMaxAutoSplitsFullTile.
 inline constexpr int32_t kDecodeLongSplitBlocks = 16;
