@@ -324,9 +324,30 @@ TEST(HopperHost, DecodeEightWarps) {
   p.num_heads = 32;
   p.num_heads_kv = 8;  // 8 tiles x 16 splits = 128 CTAs <= 132 SMs
   EXPECT_TRUE(eight(c128));
-  p.seqlen_q = 4;  // 16 rows per KV head: full tiles (chunked prefill, speculative decoding), not
-  EXPECT_FALSE(eight(c128));  // measured in the 8-warp form
+  p.seqlen_q = 4;  // 16 rows per KV head: full tiles (chunked prefill, speculative decoding), 8
+  EXPECT_FALSE(eight(c128));  // tiles: not the one-split rule (decode_full_tiles_one_split)
   EXPECT_TRUE(eight(c128, 1));
+  {
+    // Prefill chunks, 128 queries over 1k keys, d64: 16 heads are 128 narrow tiles (one CTA per
+    // SM, two splits would not fit): one split in the 8-warp form; 8 heads (64 tiles) keep the
+    // 4-warp form's splits; a longer cache (2k keys, 32 blocks) too.
+    const fa4::detail::HopperDecodeConfig c64 = fa4::detail::hopper_decode_config(64, 64);
+    fa4::detail::KVCacheParams q = p;
+    q.seqlen_q = 128;
+    q.num_heads = q.num_heads_kv = 16;
+    q.key_capacity = 1024;
+    const fa4::detail::DecodeTile t = decode_tile(q, c64, sms);
+    ASSERT_EQ(t.rows, fa4::detail::kDecodeNarrowRows);
+    EXPECT_EQ(decode_num_splits(q, c64, sms, t), 1);
+    EXPECT_TRUE(decode_eight_warps(q, c64, sms, t, 1));
+    q.num_heads = q.num_heads_kv = 8;
+    EXPECT_EQ(decode_num_splits(q, c64, sms, t), 4);
+    EXPECT_FALSE(decode_eight_warps(q, c64, sms, t, 4));
+    q.num_heads = q.num_heads_kv = 16;
+    q.key_capacity = 2048;
+    EXPECT_GT(decode_num_splits(q, c64, sms, t), 1);
+    EXPECT_FALSE(decode_eight_warps(q, c64, sms, t, 1));
+  }
   p.seqlen_q = 1;
   p.key_capacity = 1024;  // 16 blocks: 8 splits of 2 (one cluster per tile)
   EXPECT_EQ(decode_num_splits(p, c128, sms), 8);

@@ -72,6 +72,20 @@ inline bool decode_full_tiles(const detail::KVCacheParams& p, const detail::Deco
   return p.seqlen_q > 1 && decode_rows(p) >= t.rows;
 }
 
+/// Whether p's full tiles (decode_full_tiles, narrow) run one split each in the 8-warp form: where
+/// they fill the SMs one CTA each but two splits would not fit (tiles <= num_sms < 2 x tiles) and
+/// the cache holds one 128-key block to kDecodeEightWarpMaxSplitBlocks 64-key blocks. There one
+/// 8-warp CTA per tile (128-key blocks: half the 4-warp walk's chain of per-block latencies, no
+/// combine) measured faster than two 4-warp splits and a combine at d64 and d128, dense and paged,
+/// and equal where tiles are fewer (they keep more splits) (bench/results/history.md).
+inline bool decode_full_tiles_one_split(const detail::KVCacheParams& p, const detail::HopperDecodeConfig& c,
+                                        int32_t num_sms, const detail::DecodeTile& t) {
+  if (c.eight_warp_stages == 0 || t.rows != detail::kDecodeNarrowRows || !decode_full_tiles(p, t)) return false;
+  const int64_t tiles = decode_tiles(p, t.rows), blocks = decode_key_blocks(p, c);
+  return tiles <= num_sms && tiles * 2 > num_sms && blocks >= detail::kDecodeEightWarpKeys / c.block_n &&
+         blocks <= detail::kDecodeEightWarpMaxSplitBlocks;
+}
+
 /// Splits of the keys for p on the decode row c with row tile t: p.num_splits if given, else, when
 /// the (kv head, row tile, sequence) tiles are fewer than half a wave, by the key blocks of the largest sequence
 /// the cache can hold (key_capacity: the host never reads cache_seqlens, so a captured graph
@@ -109,7 +123,7 @@ inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::H
   if (p.num_splits > 0) return p.num_splits;
   const int64_t tiles = decode_tiles(p, t.rows);
   const int64_t wave = int64_t(num_sms) * t.ctas_per_sm;
-  if (tiles <= 0 || tiles * 2 > wave) return 1;
+  if (tiles <= 0 || tiles * 2 > wave || decode_full_tiles_one_split(p, c, num_sms, t)) return 1;
   const int64_t blocks = decode_key_blocks(p, c);
   const bool full = decode_full_tiles(p, t);
   const int64_t per_sm = num_sms / tiles;  // splits with one CTA per SM
@@ -176,9 +190,8 @@ inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::H
 
 /// Whether p's launch on row c runs the narrow tile in its 8-warp form (tuning_decode.h
 /// kDecodeEightWarpKeys: 128-key blocks, two warps per scheduler): where c has that kernel, the
-/// tile t is narrow and not full (decode steps: decode_full_tiles, whose latency chains were not
-/// measured in this form), every CTA of the launch (`splits` per tile) has an SM of its own, and
-/// the cache's capacity gives the splits one to kDecodeEightWarpMaxSplitBlocks / 2 128-key blocks
+/// tile t is narrow and not full (decode steps; full tiles: decode_full_tiles_one_split), every
+/// CTA of the launch (`splits` per tile) has an SM of its own, and the cache's capacity gives the splits one to kDecodeEightWarpMaxSplitBlocks / 2 128-key blocks
 /// each on average; `forced` (override "decode_warps": 0 never, 1 wherever c has it and t is
 /// narrow) for the tests and the A/B. The split count is the 4-warp tile's (decode_num_splits),
 /// which the kernel applies to 128-key blocks: a split's share is ceil(blocks / splits) of them,
@@ -191,9 +204,10 @@ inline bool decode_eight_warps(const detail::KVCacheParams& p, const detail::Hop
                                const detail::DecodeTile& t, int32_t splits, int8_t forced = -1) {
   if (c.eight_warp_stages == 0 || t.rows != detail::kDecodeNarrowRows || forced == 0) return false;
   if (forced == 1) return true;
+  if (decode_full_tiles(p, t)) return splits == 1 && decode_full_tiles_one_split(p, c, num_sms, t);
   const int64_t ctas = int64_t(splits) * decode_tiles(p, t.rows);
   const int64_t blocks = decode_key_blocks(p, c);
-  return !decode_full_tiles(p, t) && ctas <= num_sms &&
+  return ctas <= num_sms &&
          blocks >= int64_t(splits) * (detail::kDecodeEightWarpKeys / c.block_n) &&
          blocks <= int64_t(splits) * detail::kDecodeEightWarpMaxSplitBlocks;
 }
