@@ -190,16 +190,16 @@ inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::H
 
 /// Whether p's launch on row c runs the narrow tile in its 8-warp form (tuning_decode.h
 /// kDecodeEightWarpKeys: 128-key blocks, two warps per scheduler): where c has that kernel, the
-/// tile t is narrow and not full (decode steps; full tiles: decode_full_tiles_one_split), every
-/// CTA of the launch (`splits` per tile) has an SM of its own, and the cache's capacity gives the splits one to kDecodeEightWarpMaxSplitBlocks / 2 128-key blocks
-/// each on average; `forced` (override "decode_warps": 0 never, 1 wherever c has it and t is
-/// narrow) for the tests and the A/B. The split count is the 4-warp tile's (decode_num_splits),
-/// which the kernel applies to 128-key blocks: a split's share is ceil(blocks / splits) of them,
-/// so where that rounds up the last splits get fewer or none (GQA 8/1 KV 32k: 112 splits of
-/// 256 blocks, 3 each, the last 26 empty), and the longest walk takes about half the 4-warp
-/// form's steps. The bounds are where it measured faster than 4 warps at batch 1 (splits of 32
-/// blocks and more were within noise); the figures are in decode/README.md and
-/// bench/results/history.md.
+/// tile t is narrow and not full (decode steps; full tiles: decode_full_tiles_one_split), every CTA
+/// of the launch (`splits` per tile) has an SM of its own, and the cache's capacity gives the
+/// splits one to kDecodeEightWarpMaxSplitBlocks / 2 128-key blocks each on average; `forced`
+/// (override "decode_warps": 0 never, 1 wherever c has it and t is narrow) for the tests and the
+/// A/B. The split count is the 4-warp tile's (decode_num_splits), which the kernel applies to
+/// 128-key blocks: a split's share is ceil(blocks / splits) of them, so where that rounds up the
+/// last splits get fewer or none (GQA 8/1 KV 32k: 112 splits of 256 blocks, 3 each, the last 26
+/// empty), and the longest walk takes about half the 4-warp form's steps. The bounds are where it
+/// measured faster than 4 warps at batch 1 (splits of 32 blocks and more were within noise); the
+/// figures are in decode/README.md and bench/results/history.md.
 inline bool decode_eight_warps(const detail::KVCacheParams& p, const detail::HopperDecodeConfig& c, int32_t num_sms,
                                const detail::DecodeTile& t, int32_t splits, int8_t forced = -1) {
   if (c.eight_warp_stages == 0 || t.rows != detail::kDecodeNarrowRows || forced == 0) return false;
