@@ -402,10 +402,8 @@ inline void check_built(KvProblem& P, std::string* kernel_out = nullptr) {
       TensorView::strided(scratch_lse.ptr, DType::kFP32, {H, rows}, {1, H}, dev), ro, "reference");
   DevBuf<float> ref_o(rows * H * c.dv), ref_l(rows * H), nv_o(rows * H * c.dv), nv_l(rows * H);
   const dim3 grid(Sq, H, B);
-  const size_t smem = (size_t(max_sk + 3) / 4 * 4 + 4) * sizeof(float);
-  fa4::test::reference_attention_kernel<<<grid, fa4::test::kRefThreads, smem>>>(rp, false, ref_o.ptr, ref_l.ptr);
-  fa4::test::reference_attention_kernel<<<grid, fa4::test::kRefThreads, smem>>>(rp, true, nv_o.ptr, nv_l.ptr);
-  CUDA_OK(cudaGetLastError());
+  CUDA_OK(fa4::test::launch_reference(grid, max_sk, rp, false, ref_o.ptr, ref_l.ptr));
+  CUDA_OK(fa4::test::launch_reference(grid, max_sk, rp, true, nv_o.ptr, nv_l.ptr));
   CUDA_OK(cudaDeviceSynchronize());
   const auto r_o = ref_o.download(), r_l = ref_l.download(), n_o = nv_o.download(), n_l = nv_l.download();
 

@@ -235,12 +235,8 @@ void run_case_on(const Case& c, int repeats, Result* first, std::string& kernel)
   DevBuf<float> ref_o(total_q * H * c.dv), ref_l(total_q * H), nv_o(total_q * H * c.dv), nv_l(total_q * H);
   if (max_sq > 0 && batch > 0) {
     const dim3 grid(max_sq, H, batch);
-    // Padded by 16 bytes past the last score: nvcc may read the score row with 16-byte vector
-    // loads whose tail passes its end (compute-sanitizer memcheck flagged it).
-    const size_t smem = (size_t(std::max(max_sk, 1) + 3) / 4 * 4 + 4) * sizeof(float);
-    fa4::test::reference_attention_kernel<<<grid, fa4::test::kRefThreads, smem>>>(p, false, ref_o.ptr, ref_l.ptr);
-    fa4::test::reference_attention_kernel<<<grid, fa4::test::kRefThreads, smem>>>(p, true, nv_o.ptr, nv_l.ptr);
-    CUDA_OK(cudaGetLastError());
+    CUDA_OK(fa4::test::launch_reference(grid, max_sk, p, false, ref_o.ptr, ref_l.ptr));
+    CUDA_OK(fa4::test::launch_reference(grid, max_sk, p, true, nv_o.ptr, nv_l.ptr));
     CUDA_OK(cudaDeviceSynchronize());
   }
   const auto ro = ref_o.download(), rl = ref_l.download(), no = nv_o.download(), nl = nv_l.download();

@@ -21,8 +21,9 @@
 namespace fa4::test {
 
 constexpr int kRefThreads = 128;
-/// Longest key row the shared-memory S buffer holds (48 KB of floats).
-constexpr int kRefMaxSeqlenK = 12288;
+/// Longest key row the shared-memory S buffer holds (160 KB of floats; launch_reference raises the
+/// kernel's dynamic shared-memory limit past the 48 KB default where a row needs it).
+constexpr int kRefMaxSeqlenK = 40960;
 
 __device__ __forceinline__ float ref_load(const void* base, DType t, int64_t i) {
   if (t == DType::kBF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
@@ -50,8 +51,7 @@ __device__ __forceinline__ float block_reduce(float x, bool is_max, float* scrat
 }
 
 /// out: (rows, heads, headdim_v) fp32 with rows = total_q (varlen) or batch*seqlen_q; lse: (rows,
-/// heads) fp32. Launch with grid (max seqlen_q, heads, batch), kRefThreads threads and
-/// seqlen_k * 4 bytes of dynamic shared memory.
+/// heads) fp32. Launched by launch_reference.
 // static: internal linkage, since every GPU test file that checks against it includes this header.
 static __global__ void reference_attention_kernel(const detail::FwdParams p, bool naive16, float* out, float* lse) {
   extern __shared__ float s_row[];
@@ -114,6 +114,21 @@ static __global__ void reference_attention_kernel(const detail::FwdParams p, boo
     out[(orow * p.num_heads + h) * p.headdim_v + d] = o;
   }
   if (threadIdx.x == 0) lse[orow * p.num_heads + h] = l > 0.f ? mm + logf(l) : (l != l ? l : -INFINITY);
+}
+
+/// reference_attention_kernel over grid (max seqlen_q, heads, batch) with a score row of max_sk
+/// (<= kRefMaxSeqlenK) keys in dynamic shared memory, padded by 16 bytes past the last score: nvcc
+/// may read the row with 16-byte vector loads whose tail passes its end (compute-sanitizer memcheck
+/// flagged it). Returns the launch's error.
+static inline cudaError_t launch_reference(dim3 grid, int max_sk, const detail::FwdParams& p, bool naive16,
+                                           float* out, float* lse) {
+  const size_t smem = (size_t(max_sk > 1 ? max_sk : 1) + 3) / 4 * 4 * sizeof(float) + 16;
+  if (cudaError_t e = cudaFuncSetAttribute(reference_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(smem));
+      e != cudaSuccess)
+    return e;
+  reference_attention_kernel<<<grid, kRefThreads, smem>>>(p, naive16, out, lse);
+  return cudaGetLastError();
 }
 
 }  // namespace fa4::test

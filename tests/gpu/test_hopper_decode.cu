@@ -98,23 +98,42 @@ TEST(HopperDecode, AppendDensePagedBatchIdx) {
 }
 
 // The decode kernel is the append's programmatic dependent (launch_decode.cuh): it starts while the
-// append runs and must wait for every appended row before its first K / V copy. A long append
-// (512 new keys x 8 KV heads x 4 sequences: 16,384 append CTAs, whose last ones still run when the
-// decode's start) into caches that held few keys, so the decode's first blocks are appended rows;
-// the rows to be appended hold other random values beforehand, so a read before the append's write
-// fails the comparison with the reference. Dense and pages of 16, automatic and one split. (A race:
-// without the wait a run need not hit it; no run without the wait has been made to show it does.)
+// append runs and must wait for every appended row before its first K / V copy; the rows to be
+// appended hold other random values beforehand, so a copy before the append's write fails the
+// comparison with the reference.
+// * One wave of slow appends: 16 new keys x 8 KV heads = 128 append CTAs (one per SM, room beside
+//   them for the decode's), each of which first checks the 32,768 page-table entries of its
+//   sequence (pages of one key) and only then writes its row; 256 explicit splits (the most) of 2
+//   64-key blocks, so the last split's first copies are of the appended rows.
+// * Many appends: 512 new keys x 8 KV heads x 4 sequences (16,384 append CTAs, whose last ones
+//   still run when the decode's CTAs start) into caches that held few keys; dense, pages of 16, and
+//   pages of one key over up to 7,512 keys; automatic and one split.
+// A race: a library built without the decode's wait passed this test in every run tried (7
+// on an H100), so it shows the long appends attended to, not that the wait is needed.
 TEST(HopperDecode, AttendsToEveryRowOfALongAppend) {
   REQUIRE_HOPPER();
-  for (int ps : {0, 16})
+  {
+    KvCase c;
+    c.batch = 1;
+    c.heads = 32;
+    c.heads_kv = 8;
+    c.page_size = 1;
+    c.capacity = 32768;
+    c.cache_seqlens = {32768 - 16};
+    c.seqlen_new = 16;
+    c.num_splits = 256;
+    c.seed = 279;
+    run_case(c);
+  }
+  for (int ps : {0, 16, 1})
     for (int splits : {0, 1}) {
       KvCase c;
       c.batch = 4;
       c.heads = 32;
       c.heads_kv = 8;
       c.page_size = ps;
-      c.capacity = 1024;
-      c.cache_seqlens = {0, 3, 200, 500};
+      c.capacity = ps == 1 ? 8192 : 1024;
+      c.cache_seqlens = ps == 1 ? std::vector<int>{0, 3, 4000, 7000} : std::vector<int>{0, 3, 200, 500};
       c.seqlen_new = 512;
       c.num_splits = splits;
       c.seed = 280 + ps + splits;
