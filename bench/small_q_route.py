@@ -9,9 +9,10 @@ small_q_on_decode) and the decode's tile rule (decode/launch_decode.h decode_til
 
 Usage (GPU machine, repo root):
     PYTHONPATH=python:bench FA4_LIBRARY=build-dev/src/libfa4.so python3 bench/small_q_route.py OUT.json
+    ... --shape 1,64,1024,32,8,64,0      (batch,seqlen_q,seqlen_k,heads,heads_kv,headdim,causal; repeatable)
 """
+import argparse
 import json
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -39,8 +40,15 @@ SHAPES = [(1, 1, 1024, 32, 8, 128, False), (1, 1, 8192, 32, 8, 128, False), (8, 
 
 
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_json")
+    ap.add_argument("--shape", action="append", default=[],
+                    help="batch,seqlen_q,seqlen_k,heads,heads_kv,headdim,causal (repeatable): these shapes instead")
+    args = ap.parse_args()
+    shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape] or SHAPES
     rows = []
-    for (b, sq, sk, h, hkv, d, causal) in SHAPES:
+    for (b, sq, sk, h, hkv, d, causal) in shapes:
+        causal = bool(causal)
         q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
@@ -62,7 +70,7 @@ def main():
         row["fwd_over_decode"] = round(row["fwd_us"] / row["decode_us"], 3)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    with open(sys.argv[1], "w") as f:
+    with open(args.out_json, "w") as f:
         json.dump({"meta": run_meta(), "rows": rows}, f, indent=1)
 
 

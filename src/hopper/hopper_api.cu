@@ -237,6 +237,19 @@ std::string decode_support(const detail::KVCacheParams& p, std::string* kernel_n
 /// kernel (decode/: pack-GQA row tiles, keys split over CTAs); measured no further.
 constexpr int64_t kSmallQMaxRows = 128;
 
+/// Whether the decode kernel runs p as one 8-warp split per narrow row tile (decode/launch_decode.h
+/// decode_full_tiles_one_split: full tiles that fill the SMs one each but not two, over 2 to 16
+/// 64-key blocks), at an unpadded head dim. There it measured faster than the forward kernel also
+/// above kSmallQMaxRows rows per KV head (prefill chunks of few KV heads: GQA 32/8, 64 queries over
+/// 1k keys; bench/results/history.md), so both routes below keep such calls on the decode kernel.
+bool decode_one_split_wins(const detail::KVCacheParams& p) {
+  const detail::HopperDecodeConfig* dc = detail::hopper_decode_bucket(p.headdim, p.headdim_v);
+  if (!dc || dc->headdim != std::max(p.headdim, p.headdim_v) || !bucket_compiled(dc->headdim, dc->headdim_v))
+    return false;
+  const int32_t sms = std::max(1, device_facts(p.device.index).num_sms);
+  return decode_full_tiles_one_split(p, *dc, sms, decode_tile(p, *dc, sms, detail::kernel_overrides().decode_tile));
+}
+
 /// p as the decode kernel's call: k/v are a full dense cache (no cache_seqlens, no append), when
 /// the selector sends p there (override "small_q" forces either way) and the decode kernel accepts
 /// it (decode_support); else nothing. `name` gets the decode kernel's name.
@@ -265,6 +278,8 @@ constexpr int64_t kSmallQMaxRows = 128;
 /// at d128 and 128 at d64 (the issue's prefill chunk, 128 queries x 1k keys, 8 heads, d64: 9.75
 /// against 12.47 us), the split forward with 96 at d128 and 64 at d256. One row tile per KV head
 /// (decode steps) always stays on the decode kernel (launch_decode.h small_q_split_forward_wins).
+/// Before those rules: row tiles the decode kernel runs as one 8-warp split each stay on it at any
+/// row count (decode_one_split_wins).
 std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& p, std::string* name) {
   const detail::KernelOverrides o = detail::kernel_overrides();
   const int8_t forced = o.small_q_decode;
@@ -274,7 +289,12 @@ std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& 
   // depend on seqlen_q.
   const detail::HopperFwdConfig* fc = detail::hopper_fwd_bucket(p.headdim, p.headdim_v);
   if (!fc || !bucket_compiled(fc->headdim, fc->headdim_v)) return std::nullopt;
-  if (forced < 0) {
+  detail::KVCacheParams kp;
+  static_cast<detail::FwdParams&>(kp) = p;
+  kp.batch_cache = p.batch;
+  kp.key_capacity = p.seqlen_k;
+  kp.total_k = 0;
+  if (forced < 0 && !decode_one_split_wins(kp)) {
     const int64_t rows = decode_rows(p);
     if (rows > kSmallQMaxRows) return std::nullopt;
     // Beyond one row tile the rule below was measured at unpadded widths only (d64, d128, d256).
@@ -295,11 +315,6 @@ std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& 
         return std::nullopt;
     }
   }
-  detail::KVCacheParams kp;
-  static_cast<detail::FwdParams&>(kp) = p;
-  kp.batch_cache = p.batch;
-  kp.key_capacity = p.seqlen_k;
-  kp.total_k = 0;
   if (!decode_support(kp, name).empty()) return std::nullopt;
   return kp;
 }
@@ -340,7 +355,8 @@ std::string forward_kernel_support(const detail::FwdParams& p, std::string* kern
 /// takes any) and a pool of at least one page, no cache_batch_idx, no explicit num_splits (the decode
 /// kernel's), more than 128 query rows per KV head (chunked prefill; there a
 /// forward of the same shape over the whole cache would not take the decode kernel either,
-/// small_q_on_decode; override "small_q" forces either way, fwd then at any row count), and the
+/// small_q_on_decode; override "small_q" forces either way, fwd then at any row count) unless the
+/// decode kernel runs them as one 8-warp split per row tile (decode_one_split_wins), and the
 /// forward kernel takes the layout. The decode kernel's own limits still apply: decode_support
 /// accepts p first, for the append. (H100, bench/decode_tile_ab.py: 1.2-1.8x faster than the decode
 /// kernel at 256-1024 rows per KV head; bench/results/history.md.) The forward plans its tiles and
@@ -362,7 +378,7 @@ bool kvcache_on_forward(const detail::KVCacheParams& p, std::string* name) {
   // too, and its decode checks are kvcache_support's, already passed. Override "small_q" forces
   // either way (fwd: at any row count).
   const int8_t forced = detail::kernel_overrides().small_q_decode;
-  if (forced == 1 || (forced < 0 && decode_rows(p) <= kSmallQMaxRows)) return false;
+  if (forced == 1 || (forced < 0 && (decode_rows(p) <= kSmallQMaxRows || decode_one_split_wins(p)))) return false;
   // Gathered pages from the bucket's gather_min_seqlen_q tokens (launch_fwd.h kvcache_gathers).
   if (gathered && forced < 0 && !kvcache_gathers(*fc, p.page_size, p.seqlen_q)) return false;
   // (Paged: common_support checks k / v's strides as a batched view's; decode_support checked the

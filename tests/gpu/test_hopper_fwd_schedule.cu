@@ -161,7 +161,11 @@ TEST(HopperFwd, SmallQueryForwardsRunOnTheDecodeKernel) {
     c.batch = 1; c.seqlen_q = 4; c.causal = true; c.sink = true; routes.push_back({c, true});
     c.seqlen_q = 128; c.heads = c.heads_kv = 8; c.d = c.dv = 64; routes.push_back({c, true});  // 8 tiles
     c.batch = 32; routes.push_back({c, false});                       // 256 forward tiles: fill the GPU
-    c.batch = 1; c.seqlen_q = 129; routes.push_back({c, false});      // more than 128 rows
+    // More than 128 rows: the forward, unless the decode kernel runs them as one 8-warp split per
+    // row tile (hopper_api.cu decode_one_split_wins: 72 tiles over 16 key blocks; 32 blocks: not).
+    c.batch = 1; c.seqlen_q = 129; routes.push_back({c, true});
+    c.seqlen_k = 2048; routes.push_back({c, false});
+    c.seqlen_k = 1000;
     c.d = c.dv = 128; c.seqlen_q = 16; c.exp2_fraction = 0.5f; routes.push_back({c, false});
     c.exp2_fraction.reset(); c.out_offset = 2; routes.push_back({c, false});  // decode needs 16-byte rows
     c.out_offset = 0; c.softcap = 10.f; c.window_left = 5; c.window_right = 0; routes.push_back({c, true});
@@ -172,9 +176,11 @@ TEST(HopperFwd, SmallQueryForwardsRunOnTheDecodeKernel) {
     f.causal = true; routes.push_back({f, false});  // a causal chunk of one tile per head splits as well
     // Short keys (8 key blocks per forward tile): the forward's plan cuts them finer, and it is
     // taken from about half the SMs' worth of narrow decode tiles x 128 columns
-    // (launch_decode.h small_q_decode_beats_fine_split_forward).
-    Case g; g.seqlen_q = 128; g.seqlen_k = 1024; g.heads = g.heads_kv = 16; g.causal = true;
-    routes.push_back({g, false});  // 128 narrow tiles x 128
+    // (launch_decode.h small_q_decode_beats_fine_split_forward), except where the decode kernel
+    // runs one 8-warp split per tile (decode_one_split_wins: tiles <= SMs < 2 x tiles).
+    Case g; g.seqlen_q = 128; g.seqlen_k = 1024; g.heads = g.heads_kv = 24; g.causal = true;
+    routes.push_back({g, false});  // 192 narrow tiles x 128
+    g.heads = g.heads_kv = 16; routes.push_back({g, true});  // 128 tiles: one split each
     g.heads = g.heads_kv = 8; routes.push_back({g, true});  // 64 x 128
   }
   for (const Route& r : routes) {
