@@ -237,17 +237,25 @@ std::string decode_support(const detail::KVCacheParams& p, std::string* kernel_n
 /// kernel (decode/: pack-GQA row tiles, keys split over CTAs); measured no further.
 constexpr int64_t kSmallQMaxRows = 128;
 
+/// Query rows per KV head up to which decode_one_split_wins may keep a call on the decode kernel
+/// (measured up to 256: GQA 32/8, 64 queries; MHA, 129 queries).
+constexpr int64_t kSmallQOneSplitMaxRows = 256;
+
 /// Whether the decode kernel runs p as one 8-warp split per narrow row tile (decode/launch_decode.h
 /// decode_full_tiles_one_split: full tiles that fill the SMs one each but not two, over 2 to 16
-/// 64-key blocks), at an unpadded head dim. There it measured faster than the forward kernel also
-/// above kSmallQMaxRows rows per KV head (prefill chunks of few KV heads: GQA 32/8, 64 queries over
-/// 1k keys; bench/results/history.md), so both routes below keep such calls on the decode kernel.
+/// 64-key blocks, d64 or d128 unpadded), with up to kSmallQOneSplitMaxRows rows per KV head. There
+/// it measured faster than the forward kernel also above kSmallQMaxRows rows (prefill chunks of few
+/// KV heads, bench/results/history.md), so both routes below keep such calls on the decode kernel.
+/// Shapes first (no lock on the usual forward call), the device's SM count last.
 bool decode_one_split_wins(const detail::KVCacheParams& p) {
+  if (p.seqlen_q <= 1 || decode_rows(p) > kSmallQOneSplitMaxRows) return false;
   const detail::HopperDecodeConfig* dc = detail::hopper_decode_bucket(p.headdim, p.headdim_v);
-  if (!dc || dc->headdim != std::max(p.headdim, p.headdim_v) || !bucket_compiled(dc->headdim, dc->headdim_v))
+  if (!dc || dc->eight_warp_stages == 0 || decode_key_blocks(p, *dc) > detail::kDecodeEightWarpMaxSplitBlocks ||
+      !bucket_compiled(dc->headdim, dc->headdim_v))
     return false;
+  const detail::KernelOverrides o = detail::kernel_overrides();
   const int32_t sms = std::max(1, device_facts(p.device.index).num_sms);
-  return decode_full_tiles_one_split(p, *dc, sms, decode_tile(p, *dc, sms, detail::kernel_overrides().decode_tile));
+  return decode_full_tiles_one_split(p, *dc, sms, decode_tile(p, *dc, sms, o.decode_tile), o.decode_warps);
 }
 
 /// p as the decode kernel's call: k/v are a full dense cache (no cache_seqlens, no append), when
@@ -374,9 +382,10 @@ bool kvcache_on_forward(const detail::KVCacheParams& p, std::string* name) {
                   (paged_load == FwdPagedLoad::kGather && !gathered)))
     return false;
   // Up to 128 rows per KV head (decode steps, speculative decoding, short chunks) the decode kernel
-  // stays, as it did before this route was measured; above them small_q_on_decode would decline
-  // too, and its decode checks are kvcache_support's, already passed. Override "small_q" forces
-  // either way (fwd: at any row count).
+  // stays, as it did before this route was measured, and so do calls it runs as one 8-warp split
+  // per tile (decode_one_split_wins); above them small_q_on_decode would decline too, and its decode
+  // checks are kvcache_support's, already passed. Override "small_q" forces either way (fwd: at
+  // any row count).
   const int8_t forced = detail::kernel_overrides().small_q_decode;
   if (forced == 1 || (forced < 0 && (decode_rows(p) <= kSmallQMaxRows || decode_one_split_wins(p)))) return false;
   // Gathered pages from the bucket's gather_min_seqlen_q tokens (launch_fwd.h kvcache_gathers).

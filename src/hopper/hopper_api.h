@@ -45,7 +45,9 @@ uint64_t bwd_tma_epilogue_calls();
 
 /// The KV-cache selector: "" and the kernel name if p runs on the current device, else the reason.
 /// The decode kernel (decode/) must accept p (its launch also appends k_new / v_new); a call with
-/// more than 128 query rows per KV head (chunked prefill) over a dense cache, or a paged one whose
+/// more than 128 query rows per KV head (chunked prefill; except where the decode kernel runs
+/// the rows as one 8-warp split per tile, hopper_api.cu decode_one_split_wins) over a dense cache,
+/// or a paged one whose
 /// page size is a multiple of the forward's key tile or, on a bucket with a gathering kernel (d64,
 /// d128, d256; from 96, 64 and any query tokens), a power of two from 8 rows (the gathering
 /// kernel, "hopper::fwd_..._gather"), then attends on the forward kernel (fwd/,

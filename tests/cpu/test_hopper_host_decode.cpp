@@ -328,25 +328,61 @@ TEST(HopperHost, DecodeEightWarps) {
   EXPECT_FALSE(eight(c128));  // tiles: not the one-split rule (decode_full_tiles_one_split)
   EXPECT_TRUE(eight(c128, 1));
   {
-    // Prefill chunks, 128 queries over 1k keys, d64: 16 heads are 128 narrow tiles (one CTA per
-    // SM, two splits would not fit): one split in the 8-warp form; 8 heads (64 tiles) keep the
-    // 4-warp form's splits; a longer cache (2k keys, 32 blocks) too.
+    // Prefill chunks (decode_full_tiles_one_split): narrow full tiles that fill the 132 SMs once
+    // but not twice (67..132 tiles), over 2..16 64-key blocks, at the row's own head dim (d64,
+    // d128): one split in the 8-warp form; not with the 4-warp form forced (override decode_warps
+    // 4: its own split count), nor on the wide tile, nor at d256 (no 8-warp kernel).
+    using fa4::hopper::decode_full_tiles_one_split;
     const fa4::detail::HopperDecodeConfig c64 = fa4::detail::hopper_decode_config(64, 64);
     fa4::detail::KVCacheParams q = p;
     q.seqlen_q = 128;
-    q.num_heads = q.num_heads_kv = 16;
+    q.headdim = q.headdim_v = 64;
+    q.num_heads = q.num_heads_kv = 16;  // 8 row tiles per head: 128 tiles
     q.key_capacity = 1024;
     const fa4::detail::DecodeTile t = decode_tile(q, c64, sms);
     ASSERT_EQ(t.rows, fa4::detail::kDecodeNarrowRows);
+    auto one = [&](const fa4::detail::HopperDecodeConfig& c, int8_t warps = -1) {
+      return decode_full_tiles_one_split(q, c, sms, t, warps);
+    };
+    EXPECT_TRUE(one(c64));
     EXPECT_EQ(decode_num_splits(q, c64, sms, t), 1);
     EXPECT_TRUE(decode_eight_warps(q, c64, sms, t, 1));
-    q.num_heads = q.num_heads_kv = 8;
+    EXPECT_FALSE(one(c64, 0));  // the 4-warp form forced: its own splits (2 here)
+    EXPECT_EQ(decode_num_splits(q, c64, sms, t, 0), 2);
+    EXPECT_FALSE(decode_eight_warps(q, c64, sms, t, 2, 0));
+    const fa4::detail::DecodeTile wide = decode_tile(q, c64, sms, 1);
+    ASSERT_EQ(wide.rows, fa4::detail::kDecodeWideRows);
+    EXPECT_FALSE(decode_full_tiles_one_split(q, c64, sms, wide));
+    q.num_heads = q.num_heads_kv = 17;  // 136 tiles: more than the SMs
+    EXPECT_FALSE(one(c64));
+    q.num_heads = q.num_heads_kv = 8;  // 64 tiles: two splits fit; the 4-warp form's 4
+    EXPECT_FALSE(one(c64));
     EXPECT_EQ(decode_num_splits(q, c64, sms, t), 4);
     EXPECT_FALSE(decode_eight_warps(q, c64, sms, t, 4));
+    q.seqlen_q = 136;  // 9 row tiles x 8 heads = 72 tiles
+    EXPECT_TRUE(one(c64));
+    q.seqlen_q = 128;
     q.num_heads = q.num_heads_kv = 16;
-    q.key_capacity = 2048;
+    q.key_capacity = 1025;  // 17 blocks
+    EXPECT_FALSE(one(c64));
+    q.key_capacity = 2048;  // 32 blocks: the 4-warp form's splits
+    EXPECT_FALSE(one(c64));
     EXPECT_GT(decode_num_splits(q, c64, sms, t), 1);
     EXPECT_FALSE(decode_eight_warps(q, c64, sms, t, 1));
+    q.key_capacity = 65;  // 2 blocks: one 128-key block
+    EXPECT_TRUE(one(c64));
+    q.key_capacity = 64;  // 1 block: less than a 128-key block
+    EXPECT_FALSE(one(c64));
+    q.key_capacity = 1024;
+    q.headdim = q.headdim_v = 128;  // d128, the same tiles
+    EXPECT_TRUE(one(c128));
+    q.headdim = q.headdim_v = 96;  // padded onto the d128 row: not measured there
+    EXPECT_FALSE(one(c128));
+    q.headdim = q.headdim_v = 256;
+    EXPECT_FALSE(one(c256));
+    q.headdim = q.headdim_v = 128;
+    q.seqlen_q = 1;  // decode steps: not full tiles
+    EXPECT_FALSE(one(c128));
   }
   p.seqlen_q = 1;
   p.key_capacity = 1024;  // 16 blocks: 8 splits of 2 (one cluster per tile)

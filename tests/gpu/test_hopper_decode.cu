@@ -108,8 +108,8 @@ TEST(HopperDecode, AppendDensePagedBatchIdx) {
 // * Many appends: 512 new keys x 8 KV heads x 4 sequences (16,384 append CTAs, whose last ones
 //   still run when the decode's CTAs start) into caches that held few keys; dense, pages of 16, and
 //   pages of one key over up to 7,512 keys; automatic and one split.
-// A race: a library built without the decode's wait passed this test in every run tried (7
-// on an H100), so it shows the long appends attended to, not that the wait is needed.
+// A race: a library built without the decode's wait passed this test in every run tried
+// (bench/results/history.md), so it shows the long appends attended to, not that the wait is needed.
 TEST(HopperDecode, AttendsToEveryRowOfALongAppend) {
   REQUIRE_HOPPER();
   {

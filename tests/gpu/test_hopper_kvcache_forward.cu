@@ -1,13 +1,13 @@
 // tests/gpu/test_hopper_kvcache_forward.cu — KV-cache calls that the selector runs on the forward
 // kernel (hopper_api.cu kvcache_on_forward: the cache read in place, dense or paged with pages of
 // whole key blocks or, on a bucket with a gathering kernel and from its gather_min_seqlen_q query
-// tokens, of a power of two from 8 rows; more than 128
-// query rows per KV head: chunked prefill): the route (the kernel's name) and decode_case.cuh's checks on the forward kernel — the append (bitwise), out /
-// lse against the reference, rows that see no key, stale cache rows past a sequence's keys
-// holding NaN, broken cache_seqlens or page-table entries skipping the sequence —
-// with its stream-K split automatic, forced on and off (and shown to change the rounding), each case
-// also forced onto the decode kernel; pack-GQA on the gathering kernels; and a captured chunk
-// loop replayed.
+// tokens, of a power of two from 8 rows; more than 128 query rows per KV head: chunked prefill,
+// except the decode kernel's one-split calls, hopper_api.cu decode_one_split_wins): the route (the
+// kernel's name) and decode_case.cuh's checks on the forward kernel — the append (bitwise), out /
+// lse against the reference, rows that see no key, stale cache rows past a sequence's keys holding
+// NaN, broken cache_seqlens or page-table entries skipping the sequence — with its stream-K split
+// automatic, forced on and off (and shown to change the rounding), each case also forced onto the
+// decode kernel; pack-GQA on the gathering kernels; and a captured chunk loop replayed.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -70,6 +70,16 @@ TEST(HopperKVCacheForward, ChunksRunOnTheForwardKernel) {
     KvCase small = c;  // 16 queries: 64 rows per KV head stay on the decode kernel
     small.seqlen_q = 16; small.seqlen_new = 16; small.seed = 36;
     routes.push_back({small, false});
+    // One sequence over a cache of 1,024 keys (16 key blocks): 128 narrow decode tiles, which the
+    // decode kernel runs as one 8-warp split each where they fill the SMs once but not twice
+    // (hopper_api.cu decode_one_split_wins); over 2,048 keys (32 blocks) the forward.
+    int sms = 0;
+    CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    KvCase one = c;
+    one.batch = 1; one.capacity = 1024; one.cache_seqlens = {900}; one.seed = 70;
+    routes.push_back({one, !(sms >= 128 && sms < 256)});
+    one.capacity = 2048; one.cache_seqlens = {1900}; one.seed = 71;
+    routes.push_back({one, true});
     KvCase paged = c;  // a paged cache with pages of whole key blocks (128 keys at d128): the forward too
     paged.page_size = 128; paged.seed = 37;
     routes.push_back({paged, true});

@@ -192,7 +192,7 @@ void run_decode(const detail::KVCacheParams& p, const LaunchContext& ctx) {
   }
   constexpr detail::HopperDecodeConfig c = detail::hopper_decode_config(kHeadDim, kHeadDimV);
   const detail::DecodeTile tile = decode_tile(p, c, ctx.num_sms, ctx.decode_tile);
-  const int32_t splits = decode_num_splits(p, c, ctx.num_sms, tile);
+  const int32_t splits = decode_num_splits(p, c, ctx.num_sms, tile, ctx.decode_warps);
   if constexpr (c.wide_ctas_per_sm > 0) {
     if (tile.rows == detail::kDecodeWideRows)
       return launch_decode<kBF16, kHeadDim, detail::kDecodeWideRows / 16, c.block_n>(p, ctx, tile, splits);

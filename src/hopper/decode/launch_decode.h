@@ -73,14 +73,18 @@ inline bool decode_full_tiles(const detail::KVCacheParams& p, const detail::Deco
 }
 
 /// Whether p's full tiles (decode_full_tiles, narrow) run one split each in the 8-warp form: where
-/// they fill the SMs one CTA each but two splits would not fit (tiles <= num_sms < 2 x tiles) and
-/// the cache holds one 128-key block to kDecodeEightWarpMaxSplitBlocks 64-key blocks. There one
-/// 8-warp CTA per tile (128-key blocks: half the 4-warp walk's chain of per-block latencies, no
-/// combine) measured faster than two 4-warp splits and a combine at d64 and d128, dense and paged,
-/// and equal where tiles are fewer (they keep more splits) (bench/results/history.md).
+/// they fill the SMs one CTA each but two splits would not fit (tiles <= num_sms < 2 x tiles), the
+/// cache holds one 128-key block to kDecodeEightWarpMaxSplitBlocks 64-key blocks, and the head dim
+/// is the row's own (d64, d128: where it was measured). There one 8-warp CTA per tile (128-key
+/// blocks: half the 4-warp walk's chain of per-block latencies, no combine) measured faster than
+/// two 4-warp splits and a combine, dense and paged, and equal where tiles are fewer (they keep
+/// more splits) (bench/results/history.md). `warps_forced` (override "decode_warps") 0, the 4-warp
+/// form, turns the rule off; the split count is then the 4-warp form's own.
 inline bool decode_full_tiles_one_split(const detail::KVCacheParams& p, const detail::HopperDecodeConfig& c,
-                                        int32_t num_sms, const detail::DecodeTile& t) {
-  if (c.eight_warp_stages == 0 || t.rows != detail::kDecodeNarrowRows || !decode_full_tiles(p, t)) return false;
+                                        int32_t num_sms, const detail::DecodeTile& t, int8_t warps_forced = -1) {
+  if (c.eight_warp_stages == 0 || warps_forced == 0 || t.rows != detail::kDecodeNarrowRows ||
+      c.headdim != std::max(p.headdim, p.headdim_v) || !decode_full_tiles(p, t))
+    return false;
   const int64_t tiles = decode_tiles(p, t.rows), blocks = decode_key_blocks(p, c);
   return tiles <= num_sms && tiles * 2 > num_sms && blocks >= detail::kDecodeEightWarpKeys / c.block_n &&
          blocks <= detail::kDecodeEightWarpMaxSplitBlocks;
@@ -104,6 +108,7 @@ inline bool decode_full_tiles_one_split(const detail::KVCacheParams& p, const de
 ///     cluster per tile (decode_cluster_size);
 ///   * else one wave (t.ctas_per_sm per SM), each split with at least kDecodeMinBlocksPerSplit
 ///     blocks, rounded down to a power of two;
+///   * one split where full tiles run in the 8-warp form (decode_full_tiles_one_split);
 ///   * and so wherever the tiles are full (decode_full_tiles), capped at
 ///     kDecodeMaxAutoSplitsFullTile unless the splits keep kDecodeLongSplitBlocks blocks each (the
 ///     cap a power of two too): a full tile's latency chain per block is what a second and third
@@ -117,13 +122,13 @@ inline bool decode_full_tiles_one_split(const detail::KVCacheParams& p, const de
 /// kDecodeMaxAutoSplitsOneTile for a single tile with at least kDecodeOneTileMinBlocks blocks per
 /// split at that count. The measurements behind
 /// each choice (H200, bench/decode_split_sweep.py and bench/kernel_times.py) are in
-/// bench/results/history.md.
+/// bench/results/history.md. `warps_forced`: override "decode_warps" (decode_full_tiles_one_split).
 inline int32_t decode_num_splits(const detail::KVCacheParams& p, const detail::HopperDecodeConfig& c,
-                                 int32_t num_sms, const detail::DecodeTile& t) {
+                                 int32_t num_sms, const detail::DecodeTile& t, int8_t warps_forced = -1) {
   if (p.num_splits > 0) return p.num_splits;
   const int64_t tiles = decode_tiles(p, t.rows);
   const int64_t wave = int64_t(num_sms) * t.ctas_per_sm;
-  if (tiles <= 0 || tiles * 2 > wave || decode_full_tiles_one_split(p, c, num_sms, t)) return 1;
+  if (tiles <= 0 || tiles * 2 > wave || decode_full_tiles_one_split(p, c, num_sms, t, warps_forced)) return 1;
   const int64_t blocks = decode_key_blocks(p, c);
   const bool full = decode_full_tiles(p, t);
   const int64_t per_sm = num_sms / tiles;  // splits with one CTA per SM

@@ -76,7 +76,8 @@ inline constexpr int32_t kDecodeWideManyRows = 128;
 inline constexpr int64_t kDecodeWideManyRowsMinBlockSteps = 96;
 /// The automatic split count of a launch whose tiles are full (seqlen_q > 1 and at least a tile's
 /// rows per KV head: chunked prefill, speculative decoding) fills the wave, with at most this many
-/// splits: each split adds a partial of 16 (or 64) whole rows to the merge.
+/// splits: each split adds a partial of 16 (or 64) whole rows to the merge (one split where they
+/// run in the 8-warp form: launch_decode.h decode_full_tiles_one_split).
 inline constexpr int32_t kDecodeMaxAutoSplitsFullTile = 8;
 /// Small-query route (hopper_api.cu small_q_on_decode) against a forward whose few tiles split
 /// their keys over the idle SMs (stream-K, core/stream_k.h: no mask, or a causal or right-windowed
