@@ -246,14 +246,14 @@ constexpr int64_t kSmallQOneSplitMaxRows = 256;
 /// 64-key blocks, d64 or d128 unpadded), with up to kSmallQOneSplitMaxRows rows per KV head. There
 /// it measured faster than the forward kernel also above kSmallQMaxRows rows (prefill chunks of few
 /// KV heads, bench/results/history.md), so both routes below keep such calls on the decode kernel.
-/// Shapes first (no lock on the usual forward call), the device's SM count last.
-bool decode_one_split_wins(const detail::KVCacheParams& p) {
+/// Shapes first (no lock on the usual forward call), the device's SM count last; `o`: the caller's
+/// overrides (decode_tile, decode_warps), read once per call.
+bool decode_one_split_wins(const detail::KVCacheParams& p, const detail::KernelOverrides& o) {
   if (p.seqlen_q <= 1 || decode_rows(p) > kSmallQOneSplitMaxRows) return false;
   const detail::HopperDecodeConfig* dc = detail::hopper_decode_bucket(p.headdim, p.headdim_v);
   if (!dc || dc->eight_warp_stages == 0 || decode_key_blocks(p, *dc) > detail::kDecodeEightWarpMaxSplitBlocks ||
       !bucket_compiled(dc->headdim, dc->headdim_v))
     return false;
-  const detail::KernelOverrides o = detail::kernel_overrides();
   const int32_t sms = std::max(1, device_facts(p.device.index).num_sms);
   return decode_full_tiles_one_split(p, *dc, sms, decode_tile(p, *dc, sms, o.decode_tile), o.decode_warps);
 }
@@ -302,7 +302,7 @@ std::optional<detail::KVCacheParams> small_q_on_decode(const detail::FwdParams& 
   kp.batch_cache = p.batch;
   kp.key_capacity = p.seqlen_k;
   kp.total_k = 0;
-  if (forced < 0 && !decode_one_split_wins(kp)) {
+  if (forced < 0 && !decode_one_split_wins(kp, o)) {
     const int64_t rows = decode_rows(p);
     if (rows > kSmallQMaxRows) return std::nullopt;
     // Beyond one row tile the rule below was measured at unpadded widths only (d64, d128, d256).
@@ -386,8 +386,9 @@ bool kvcache_on_forward(const detail::KVCacheParams& p, std::string* name) {
   // per tile (decode_one_split_wins); above them small_q_on_decode would decline too, and its decode
   // checks are kvcache_support's, already passed. Override "small_q" forces either way (fwd: at
   // any row count).
-  const int8_t forced = detail::kernel_overrides().small_q_decode;
-  if (forced == 1 || (forced < 0 && (decode_rows(p) <= kSmallQMaxRows || decode_one_split_wins(p)))) return false;
+  const detail::KernelOverrides o = detail::kernel_overrides();
+  const int8_t forced = o.small_q_decode;
+  if (forced == 1 || (forced < 0 && (decode_rows(p) <= kSmallQMaxRows || decode_one_split_wins(p, o)))) return false;
   // Gathered pages from the bucket's gather_min_seqlen_q tokens (launch_fwd.h kvcache_gathers).
   if (gathered && forced < 0 && !kvcache_gathers(*fc, p.page_size, p.seqlen_q)) return false;
   // (Paged: common_support checks k / v's strides as a batched view's; decode_support checked the
