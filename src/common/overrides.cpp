@@ -20,7 +20,7 @@ struct Knob {
 
 std::atomic<int8_t> g_lpt{-1}, g_schedule{-1}, g_epilogue{-1}, g_stream_k{-1}, g_small_q{-1}, g_bwd_walk{-1},
     g_decode_cluster{-1}, g_decode_tile{-1}, g_decode_warps{-1}, g_capture_scratch{-1}, g_pack_gqa{-1};
-std::atomic<int32_t> g_bwd_lpt_band{0}, g_stream_k_min_share{0};
+std::atomic<int32_t> g_bwd_lpt_band{0}, g_stream_k_min_share{0}, g_decode_append_delay_us{0};
 
 const Knob kKnobs[] = {
     {"lpt", "0", "1", &g_lpt},
@@ -44,7 +44,8 @@ struct IntKnob {
 };
 
 const IntKnob kIntKnobs[] = {{"bwd_lpt_band", kMaxBwdLptBand, &g_bwd_lpt_band},
-                             {"stream_k_min_share", kMaxStreamKMinShare, &g_stream_k_min_share}};
+                             {"stream_k_min_share", kMaxStreamKMinShare, &g_stream_k_min_share},
+                             {"decode_append_delay_us", kMaxDecodeAppendDelayUs, &g_decode_append_delay_us}};
 
 }  // namespace
 
@@ -63,6 +64,7 @@ KernelOverrides kernel_overrides() {
   o.decode_warps = g_decode_warps.load(std::memory_order_relaxed);
   o.capture_scratch = g_capture_scratch.load(std::memory_order_relaxed);
   o.pack_gqa = g_pack_gqa.load(std::memory_order_relaxed);
+  o.decode_append_delay_us = g_decode_append_delay_us.load(std::memory_order_relaxed);
   return o;
 }
 
@@ -97,7 +99,7 @@ void set_kernel_override(const char* name, const char* value) {
     return;
   }
   throw Error(ErrorCode::kInvalidArgument, std::string(kFn) + ": unknown override '" + name +
-                                               "' (lpt, schedule, epilogue, stream_k, small_q, bwd_walk, bwd_lpt_band, stream_k_min_share, decode_cluster, decode_tile, decode_warps, capture_scratch, pack_gqa)");
+                                               "' (lpt, schedule, epilogue, stream_k, small_q, bwd_walk, bwd_lpt_band, stream_k_min_share, decode_cluster, decode_tile, decode_warps, decode_append_delay_us, capture_scratch, pack_gqa)");
 }
 
 }  // namespace fa4::detail

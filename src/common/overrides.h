@@ -17,6 +17,8 @@ namespace fa4::detail {
 inline constexpr int32_t kMaxBwdLptBand = 64;
 /// The largest least share (key blocks) "stream_k_min_share" accepts.
 inline constexpr int32_t kMaxStreamKMinShare = 64;
+/// The longest delay (microseconds) "decode_append_delay_us" accepts.
+inline constexpr int32_t kMaxDecodeAppendDelayUs = 1000;
 
 /// -1: the selector decides; 0 / 1: forced off / on.
 struct KernelOverrides {
@@ -58,6 +60,10 @@ struct KernelOverrides {
   /// GQA group wherever the group divides the row tile (1), or one query head each (0); -1: where
   /// measured faster (hopper/fwd/launch_fwd.h fwd_packs_gqa; the other forward kernels never pack)
   int8_t pack_gqa = -1;
+  /// "decode_append_delay_us": every CTA of a KV-cache call's append kernel waits this long (1..1000
+  /// microseconds) between its checks and its writes; 0: none. Only a slow append shows whether the
+  /// decode kernel, its programmatic dependent, waits for it: the test of that wait sets it.
+  int32_t decode_append_delay_us = 0;
 };
 
 /// The current overrides.
@@ -66,8 +72,8 @@ KernelOverrides kernel_overrides();
 /// Sets one override: name "lpt" (value "0" | "1"), "schedule" ("static" | "dynamic"), "epilogue"
 /// ("direct" | "tma"), "stream_k" ("0" | "1"), "small_q" ("fwd" | "decode"), "bwd_walk" ("asc" |
 /// "desc"), "decode_cluster" ("0" | "1"), "decode_tile" ("16" | "64"), "decode_warps" ("4" | "8"),
-/// "capture_scratch" ("graph" | "retained"), "pack_gqa" ("0" | "1"), "bwd_lpt_band" ("1" .. "64") or "stream_k_min_share"
-/// ("1" .. "64"); the value "auto" returns the choice to the selector. Throws
+/// "capture_scratch" ("graph" | "retained"), "pack_gqa" ("0" | "1"), "bwd_lpt_band" ("1" .. "64"), "stream_k_min_share"
+/// ("1" .. "64") or "decode_append_delay_us" ("1" .. "1000"); the value "auto" returns the choice to the selector. Throws
 /// fa4::Error(kInvalidArgument) naming the rule for any other name or value.
 void set_kernel_override(const char* name, const char* value);
 

@@ -638,6 +638,7 @@ void forward_kvcache(const detail::KVCacheParams& p, const char* fn) {
   ctx.decode_cluster = overrides.decode_cluster;
   ctx.decode_tile = overrides.decode_tile;
   ctx.decode_warps = overrides.decode_warps;
+  ctx.decode_append_delay_us = overrides.decode_append_delay_us;
   const CallDevice call_device(p.device.index, fn);
   ctx.async_error = async_error_record(p.device.index);
   if (!on_forward) return dispatch_decode(p, ctx);

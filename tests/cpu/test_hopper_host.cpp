@@ -138,9 +138,11 @@ TEST(HopperHost, BackwardTileOrderIsAPermutation) {
 }
 
 // Every value of `bad` for the integer override `name` is refused with kInvalidArgument, the error
-// naming the knob and its range 1..64, and leaves the knob's value (get()) as it was.
+// naming the knob and its range (1..64 unless `range` says otherwise), and leaves the knob's value
+// (get()) as it was.
 template <class Get>
-void expect_int_override_refused(const char* name, std::initializer_list<const char*> bad, Get get) {
+void expect_int_override_refused(const char* name, std::initializer_list<const char*> bad, Get get,
+                                 const char* range = "1..64") {
   const int32_t before = get();
   for (const char* value : bad) {
     try {
@@ -149,7 +151,7 @@ void expect_int_override_refused(const char* name, std::initializer_list<const c
     } catch (const fa4::Error& e) {
       EXPECT_EQ(e.code(), fa4::ErrorCode::kInvalidArgument);
       EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("1..64"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(range), std::string::npos) << e.what();
     }
     EXPECT_EQ(get(), before) << name << " = '" << value << "'";
   }
@@ -193,6 +195,20 @@ TEST(HopperHost, StreamKMinShareOverride) {
   EXPECT_EQ(kernel_overrides().stream_k_min_share, 2);
   set_kernel_override("stream_k_min_share", "auto");
   EXPECT_EQ(kernel_overrides().stream_k_min_share, 0);
+}
+
+// decode_append_delay_us: 1..1000 microseconds or auto (0: no delay), with the integer knobs' errors.
+TEST(HopperHost, DecodeAppendDelayOverride) {
+  using fa4::detail::kernel_overrides;
+  using fa4::detail::set_kernel_override;
+  EXPECT_EQ(kernel_overrides().decode_append_delay_us, 0);
+  set_kernel_override("decode_append_delay_us", "1000");
+  EXPECT_EQ(kernel_overrides().decode_append_delay_us, 1000);
+  expect_int_override_refused("decode_append_delay_us", {"0", "1001", "-5", "1e3", ""},
+                              [] { return kernel_overrides().decode_append_delay_us; }, "1..1000");
+  EXPECT_EQ(kernel_overrides().decode_append_delay_us, 1000);
+  set_kernel_override("decode_append_delay_us", "auto");
+  EXPECT_EQ(kernel_overrides().decode_append_delay_us, 0);
 }
 
 // The backward's order: masked / varlen problems and deterministic mode longest first in the

@@ -108,8 +108,8 @@ TEST(HopperDecode, AppendDensePagedBatchIdx) {
 // * Many appends: 512 new keys x 8 KV heads x 4 sequences (16,384 append CTAs, whose last ones
 //   still run when the decode's CTAs start) into caches that held few keys; dense, pages of 16, and
 //   pages of one key over up to 7,512 keys; automatic and one split.
-// A race: a library built without the decode's wait passed this test in every run tried
-// (bench/results/history.md), so it shows the long appends attended to, not that the wait is needed.
+// Without the decode's wait these appends are still fast enough to land first in every run tried
+// (bench/results/history.md): WaitsForASlowAppend is the test of the wait.
 TEST(HopperDecode, AttendsToEveryRowOfALongAppend) {
   REQUIRE_HOPPER();
   {
@@ -139,6 +139,50 @@ TEST(HopperDecode, AttendsToEveryRowOfALongAppend) {
       c.seed = 280 + ps + splits;
       run_case(c);
     }
+}
+
+// Every append CTA waits 300 us between its checks and its writes (override
+// decode_append_delay_us), while the decode kernel, its programmatic dependent, is launched at the
+// append's start and has SMs to spare beside its few CTAs: a decode that read the cache before the
+// append's writes were visible would attend to the rows' earlier random values and fail the
+// comparison. Each launch form the append may precede: the 4-warp form over splits merged in
+// global scratch and in one cluster, the 8-warp form's one split, the wide tile, pages of 16 and
+// of one key, and a chunk on the forward kernel (appended first in stream order).
+TEST(HopperDecode, WaitsForASlowAppend) {
+  REQUIRE_HOPPER();
+  const fa4::test::ScopedOverride slow("decode_append_delay_us", "300");
+  struct Form {
+    const char* name;
+    int seqlen_q, heads, heads_kv, page_size, splits;
+    const char* cluster;  // the overrides decode_cluster, decode_tile, decode_warps and small_q
+    const char* tile;
+    const char* warps;
+    const char* small_q;
+  };
+  const Form forms[] = {
+      {"4-warp, 4 splits in global scratch", 1, 32, 8, 0, 4, "0", "16", "4", "auto"},
+      {"4-warp, 4 splits in one cluster", 1, 32, 8, 0, 4, "1", "16", "4", "auto"},
+      {"8-warp, one split", 16, 32, 8, 0, 1, "auto", "16", "8", "decode"},
+      {"wide tile, pages of 16", 64, 8, 1, 16, 0, "auto", "64", "auto", "decode"},
+      {"pages of one key", 4, 16, 2, 1, 0, "auto", "auto", "auto", "decode"},
+      {"forward kernel", 128, 8, 2, 0, 0, "auto", "auto", "auto", "fwd"}};
+  for (const Form& f : forms) {
+    SCOPED_TRACE(f.name);
+    const fa4::test::ScopedOverride cluster("decode_cluster", f.cluster), tile("decode_tile", f.tile),
+        warps("decode_warps", f.warps), route("small_q", f.small_q);
+    KvCase c;
+    c.batch = 2;
+    c.seqlen_q = f.seqlen_q;
+    c.heads = f.heads;
+    c.heads_kv = f.heads_kv;
+    c.page_size = f.page_size;
+    c.capacity = 1024;
+    c.cache_seqlens = {1000, 500};
+    c.seqlen_new = 8;
+    c.num_splits = f.splits;
+    c.seed = 290 + f.seqlen_q + f.page_size;
+    run_case(c);
+  }
 }
 
 TEST(HopperDecode, SeqlenQAndGroupsCausal) {

@@ -145,6 +145,18 @@ __device__ __forceinline__ int32_t fetch_add_acq_rel(int32_t* p, int32_t v) {
 __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 __device__ __forceinline__ void wait_on_prerequisites() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
+/// The global nanosecond timer (%globaltimer; its resolution is about a microsecond).
+__device__ __forceinline__ uint64_t global_time_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+/// Keeps the calling thread busy for at least `ns` nanoseconds (for tests that need a slow kernel).
+__device__ __forceinline__ void spin_for_ns(uint32_t ns) {
+  const uint64_t start = global_time_ns();
+  while (global_time_ns() - start < ns) __nanosleep(1000);
+}
+
 /// setmaxnreg: must be executed by every thread of a warpgroup, with the same constant.
 template <uint32_t kRegs>
 __device__ __forceinline__ void warpgroup_reg_alloc() {

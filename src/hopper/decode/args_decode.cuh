@@ -24,6 +24,7 @@ struct DecodeArgs {
   int32_t group;          ///< num_heads / num_heads_kv
   int32_t row_tiles;      ///< ceil(seqlen_q * group / the tile's rows)
   int32_t after_append;   ///< 1: launched as the append kernel's programmatic dependent (its wait: decode_kernel)
+  uint32_t append_delay_ns;  ///< append kernel: nanoseconds each CTA waits before its writes (a test's override)
 };
 
 /// The element type of the call's tensors (bf16, else fp16), and two floats rounded to a pair of it.

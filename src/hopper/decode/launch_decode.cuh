@@ -20,7 +20,7 @@ namespace {
 /// decode CTA alone on its SM walks its keys faster than two sharing one, and such a launch has SMs
 /// to spare. (Spread and the one-wave rule of decode_cluster_size came in together; their separate
 /// effects were not measured.) `dependent`: also the programmatic dependent of the kernel before it
-/// on the stream (launch_decode: the append).
+/// on the stream (launch_decode: the append), as the last attribute (launch_programmatic_ex).
 struct ClusterLaunch {
   cudaLaunchAttribute attrs[3]{};
   cudaLaunchConfig_t cfg{};
@@ -87,6 +87,7 @@ void launch_append(const detail::KVCacheParams& p, const LaunchContext& ctx) {
   decode::DecodeArgs a{};
   a.p = p;
   a.async_error = ctx.async_error;
+  a.append_delay_ns = uint32_t(ctx.decode_append_delay_us) * 1000u;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.device.stream);
   decode::append_kernel<typename decode::ElemOf<kBF16>::type>
       <<<dim3(p.seqlen_new, p.num_heads_kv, p.batch), decode::append_threads(p), 0, stream>>>(a);
@@ -164,13 +165,8 @@ void launch_decode(const detail::KVCacheParams& p, const LaunchContext& ctx, con
   const dim3 grid(a.num_splits, p.num_heads_kv * a.row_tiles, p.batch);
   if (a.cluster > 1) {  // the splits of a tile in clusters along x (grid.x = num_splits, a multiple)
     ClusterLaunch launch(a.cluster, grid, kThreads, Smem::cluster_bytes(a.cluster), stream, dependent);
-    cudaError_t e = cudaLaunchKernelEx(&launch.cfg, kernel, a);
-    if (e == cudaErrorNotSupported && dependent) {  // without the programmatic attribute (the last)
-      cudaGetLastError();
-      launch.cfg.numAttrs = 2;
-      e = cudaLaunchKernelEx(&launch.cfg, kernel, a);
-    }
-    check_cuda(e, kFn, "decode kernel launch (cluster)");
+    check_cuda(dependent ? launch_programmatic_ex(launch.cfg, kernel, a) : cudaLaunchKernelEx(&launch.cfg, kernel, a),
+               kFn, "decode kernel launch (cluster)");
   } else if (dependent) {
     check_cuda(launch_programmatic(kernel, grid, dim3(kThreads), Smem::kAllocBytes, stream, a), kFn,
                "decode kernel launch");

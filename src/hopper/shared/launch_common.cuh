@@ -57,20 +57,36 @@ inline cudaLaunchAttribute programmatic_attribute() {
   return attr;
 }
 
-/// Launches `kernel` as the programmatic dependent of the kernel before it on `stream`
-/// (arch::launch_dependents / wait_on_prerequisites): it may start while that one finishes, and
-/// waits for it before reading what it wrote. Where the attribute is not supported
-/// (cudaErrorNotSupported), a plain launch; any other refusal is returned.
+/// cudaLaunchKernelEx of `kernel` with `cfg`, whose last attribute (of cfg.numAttrs >= 1) is
+/// programmatic_attribute(): the kernel may start while the one before it on the stream finishes,
+/// and waits for it before reading what it wrote (arch::launch_dependents / wait_on_prerequisites).
+/// Where the driver refuses that attribute as unsupported (cudaErrorNotSupported), the launch is
+/// repeated without it (stream order); any other refusal is returned, not cleared.
+template <class... Args>
+cudaError_t launch_programmatic_ex(const cudaLaunchConfig_t& cfg, void (*kernel)(Args...), const Args&... args) {
+  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+  if (e == cudaErrorNotSupported) {
+    cudaGetLastError();
+    cudaLaunchConfig_t plain = cfg;
+    --plain.numAttrs;
+    e = cudaLaunchKernelEx(&plain, kernel, args...);
+  }
+  return e;
+}
+
+/// launch_programmatic_ex of a plain launch (no other attribute).
 template <class... Args>
 cudaError_t launch_programmatic(void (*kernel)(Args...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                                 const Args&... args) {
-  cudaError_t e = launch_with_attribute(kernel, grid, block, smem, stream, programmatic_attribute(), args...);
-  if (e == cudaErrorNotSupported) {
-    cudaGetLastError();
-    kernel<<<grid, block, smem, stream>>>(args...);
-    e = cudaGetLastError();
-  }
-  return e;
+  cudaLaunchAttribute attr = programmatic_attribute();
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return launch_programmatic_ex(cfg, kernel, args...);
 }
 
 namespace {

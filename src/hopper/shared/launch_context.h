@@ -79,6 +79,9 @@ struct LaunchContext {
   /// Decode: the narrow tile's 4-warp (0) or 8-warp (1) form, or the selector's (-1,
   /// decode/launch_decode.h decode_eight_warps): override "decode_warps", for the tests and the A/B.
   int8_t decode_warps = -1;
+  /// Decode: microseconds every append CTA waits before its writes (override
+  /// "decode_append_delay_us", for the test of the decode's wait for the append); 0: none.
+  int32_t decode_append_delay_us = 0;
   /// Varlen and KV-cache calls: the device's asynchronous error record (device_state.h); else nullptr.
   uint8_t* async_error = nullptr;
   /// The API call a launch names in CUDA errors (fa4::forward, fa4::forward_with_kvcache; a
