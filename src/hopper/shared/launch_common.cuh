@@ -23,18 +23,26 @@ inline void check_cuda(cudaError_t e, const char* fn, const char* what) {
   }
 }
 
-/// cudaLaunchKernelEx of `kernel` with one launch attribute (cooperative, programmatic stream
-/// serialization, ...). Returns CUDA's error as it is (not cleared).
-template <class... Args>
-cudaError_t launch_with_attribute(void (*kernel)(Args...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                                  cudaLaunchAttribute attr, const Args&... args) {
+/// The launch configuration of a grid x block launch with `smem` bytes of dynamic shared memory on
+/// `stream`, with the one launch attribute *attr (which must outlive the launch).
+inline cudaLaunchConfig_t one_attribute_config(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                               cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cfg.attrs = &attr;
+  cfg.attrs = attr;
   cfg.numAttrs = 1;
+  return cfg;
+}
+
+/// cudaLaunchKernelEx of `kernel` with one launch attribute (cooperative, programmatic stream
+/// serialization, ...). Returns CUDA's error as it is (not cleared).
+template <class... Args>
+cudaError_t launch_with_attribute(void (*kernel)(Args...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                  cudaLaunchAttribute attr, const Args&... args) {
+  const cudaLaunchConfig_t cfg = one_attribute_config(grid, block, smem, stream, &attr);
   return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
@@ -79,13 +87,7 @@ template <class... Args>
 cudaError_t launch_programmatic(void (*kernel)(Args...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                                 const Args&... args) {
   cudaLaunchAttribute attr = programmatic_attribute();
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  const cudaLaunchConfig_t cfg = one_attribute_config(grid, block, smem, stream, &attr);
   return launch_programmatic_ex(cfg, kernel, args...);
 }
 
