@@ -4,7 +4,8 @@
 // kernel of small-query forwards by itself; tests and benchmarks force them through these
 // process-wide overrides, set once through fa4_internal_set_override (declared below, exported
 // from libfa4 but not part of the public headers). Reading them on the call path is a few relaxed
-// atomic loads: no environment lookup.
+// atomic loads: no environment lookup. One of them is a test hook, not a kernel choice:
+// decode_append_delay_us slows the append kernel so a test can show that the decode waits for it.
 #pragma once
 
 #include <cstdint>

@@ -51,50 +51,62 @@ __device__ __forceinline__ int64_t cache_row_offset(const detail::KVCacheParams&
 }
 
 // ---------------------------------------------------------------------------------------------
-/// 16-byte page-table loads each thread of pages_outside_pool issues before it tests any.
-inline constexpr int kPageCheckLoads = 4;
-
 /// True if one of this thread's share of the page-table entries of keys [lo, hi) of a sequence is
-/// not a page of the pool. The CTA's threads stride over the entries four per 16-byte load, from
-/// the range's first 16-byte boundary on, kPageCheckLoads loads per thread in flight before any is
-/// tested: a long range of small pages (128k keys of pages of one key is 512 KB of entries) is
-/// bound by round trips, which 4-byte loads one at a time would make 16 times as many. The up to 3
-/// entries before the boundary and after the last whole vector are loaded by the first threads
-/// before the first batch and tested after the last (their round trip overlaps the batch's).
+/// not a page of the pool (the CTA's threads stride over the entries, one 4-byte load each). The
+/// decode kernel's split ranges use this form: sequence_pages_valid's 16-byte loads, tried there
+/// too, made short paged calls 0.5 to 2 us slower (bench/results/history.md).
 __device__ __forceinline__ bool pages_outside_pool(const detail::KVCacheParams& p, const int32_t* pages, int32_t lo,
                                                    int32_t hi) {
-  if (hi <= lo) return false;
-  const int32_t tid = int32_t(threadIdx.x), threads = int32_t(blockDim.x);
-  const int32_t e0 = lo / p.page_size, n = (hi - 1) / p.page_size + 1 - e0;  // entries [e0, e0 + n)
-  const int32_t* row = pages + e0;
-  // Entries before the first 16-byte boundary (a row starts on a 4-byte one), whole vectors, the rest.
-  const int32_t head = min(n, int32_t((16u - (uint32_t(reinterpret_cast<uintptr_t>(row)) & 15u)) / 4u & 3u));
-  const int32_t vecs = (n - head) / 4, tail0 = head + 4 * vecs;
-  const int4* body = reinterpret_cast<const int4*>(row + head);
-  const bool has_head = tid < head, has_tail = tid < n - tail0;
-  const int32_t head_page = has_head ? row[tid] : 0, tail_page = has_tail ? row[tail0 + tid] : 0;
   bool bad = false;
-  for (int32_t i0 = tid; i0 < vecs; i0 += kPageCheckLoads * threads) {
-    int4 e[kPageCheckLoads];
+  if (hi > lo)
+    for (int32_t i = lo / p.page_size + int32_t(threadIdx.x); i <= (hi - 1) / p.page_size; i += int32_t(blockDim.x))
+      bad |= !detail::page_in_pool(pages[i], p.num_pages);
+  return bad;
+}
+
+/// True if every page-table entry of keys [lo, hi) of a sequence is a page of the pool. Called by
+/// the whole CTA (the result is uniform).
+__device__ __forceinline__ bool pages_valid(const detail::KVCacheParams& p, const int32_t* pages, int32_t lo, int32_t hi) {
+  return !__syncthreads_or(pages_outside_pool(p, pages, lo, hi));
+}
+
+/// 16-byte page-table loads each thread of sequence_pages_valid issues before it tests any.
+inline constexpr int kAppendCheckLoads = 4;
+
+/// True if every page-table entry of keys [0, hi) of a sequence is a page of the pool, for the append
+/// kernel, whose every (token, KV head) CTA checks its sequence's whole range before it writes:
+/// four entries per 16-byte load from the row's first 16-byte boundary on, loaded kAppendCheckLoads
+/// at a time per thread before any is tested (a long range of small pages, 128k keys of pages of
+/// one key, is 512 KB of entries, which 64 threads reading one 4-byte entry at a time fetch 256 B
+/// per round trip). The up to 3 entries before the boundary and after the last whole vector are
+/// loaded by the first threads before the first batch and tested after the last. Called by the
+/// whole CTA (the result is uniform).
+__device__ __forceinline__ bool sequence_pages_valid(const detail::KVCacheParams& p, const int32_t* pages,
+                                                     int32_t hi) {
+  const int32_t tid = int32_t(threadIdx.x), threads = int32_t(blockDim.x);
+  const int32_t n = hi > 0 ? (hi - 1) / p.page_size + 1 : 0;  // entries [0, n)
+  // Entries before the first 16-byte boundary (a row starts on a 4-byte one), whole vectors, the rest.
+  const int32_t head = min(n, int32_t((16u - (uint32_t(reinterpret_cast<uintptr_t>(pages)) & 15u)) / 4u & 3u));
+  const int32_t vecs = (n - head) / 4, tail0 = head + 4 * vecs;
+  const int4* body = reinterpret_cast<const int4*>(pages + head);
+  // (Tested after the vectors, so that their round trip overlaps the vectors' first batch.)
+  const bool has_head = tid < head, has_tail = tid < n - tail0;
+  const int32_t head_page = has_head ? pages[tid] : 0, tail_page = has_tail ? pages[tail0 + tid] : 0;
+  bool bad = false;
+  for (int32_t i0 = tid; i0 < vecs; i0 += kAppendCheckLoads * threads) {
+    int4 e[kAppendCheckLoads];
 #pragma unroll
-    for (int k = 0; k < kPageCheckLoads; ++k)
+    for (int k = 0; k < kAppendCheckLoads; ++k)
       e[k] = i0 + k * threads < vecs ? body[i0 + k * threads] : make_int4(0, 0, 0, 0);
 #pragma unroll
-    for (int k = 0; k < kPageCheckLoads; ++k)
+    for (int k = 0; k < kAppendCheckLoads; ++k)
       if (i0 + k * threads < vecs)
         bad |= !detail::page_in_pool(e[k].x, p.num_pages) || !detail::page_in_pool(e[k].y, p.num_pages) ||
                !detail::page_in_pool(e[k].z, p.num_pages) || !detail::page_in_pool(e[k].w, p.num_pages);
   }
-  return bad || (has_head && !detail::page_in_pool(head_page, p.num_pages)) ||
+  bad |= (has_head && !detail::page_in_pool(head_page, p.num_pages)) ||
          (has_tail && !detail::page_in_pool(tail_page, p.num_pages));
-}
-
-/// True if every page-table entry of keys [lo, hi) of a sequence is a page of the pool. Called by
-/// the whole CTA (the result is uniform). The append kernel, whose every (token, KV head) CTA
-/// checks its sequence's whole range [0, seqlen_k) before it writes, and the decode kernel's
-/// splits with few entries use it.
-__device__ __forceinline__ bool pages_valid(const detail::KVCacheParams& p, const int32_t* pages, int32_t lo, int32_t hi) {
-  return !__syncthreads_or(pages_outside_pool(p, pages, lo, hi));
+  return !__syncthreads_or(bad);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -105,8 +117,8 @@ __device__ __forceinline__ bool pages_valid(const detail::KVCacheParams& p, cons
 // A sequence with a broken index is not appended at all (nor attended to, decode_kernel).
 inline constexpr int kAppendThreads = 256;
 /// Page-table rows up to this many entries are checked by 64 threads in one batch of
-/// kPageCheckLoads 16-byte loads each (64 x 4 loads x 4 entries).
-inline constexpr int32_t kAppendNarrowMaxPages = 64 * kPageCheckLoads * 4;
+/// kAppendCheckLoads 16-byte loads each (64 x 4 loads x 4 entries).
+inline constexpr int32_t kAppendNarrowMaxPages = 64 * kAppendCheckLoads * 4;
 /// Threads of p's append CTAs (shapes only: max_pages, never cache_seqlens).
 inline int append_threads(const detail::KVCacheParams& p) {
   return p.paged && p.max_pages > kAppendNarrowMaxPages ? kAppendThreads : 64;
@@ -121,7 +133,7 @@ __global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_con
   const CacheSeq s = cache_seq(p, b);
   const int32_t* pages = p.paged ? p.page_table + int64_t(b) * p.page_table_batch_stride : nullptr;
   uint32_t bad = s.bad;
-  if (!bad && p.paged && !pages_valid(p, pages, 0, s.seqlen_k)) bad |= kBadPageTable;
+  if (!bad && p.paged && !sequence_pages_valid(p, pages, s.seqlen_k)) bad |= kBadPageTable;
   if (bad) {
     if (threadIdx.x == 0) report_async_error(a.async_error, bad);
     return;

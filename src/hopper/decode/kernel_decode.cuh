@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(32 * kDecodeCtaWarps<kBlockN, 16 * kRowWarps>)
   const int32_t split_last = min(int32_t(seq_keys.last), int32_t(seq_keys.first) + blk_hi * kBlockN);
   const int32_t* pages = p.paged ? p.page_table + int64_t(b) * p.page_table_batch_stride : nullptr;
   // Page-table entries the split checks: its keys' and, in split 0, those before the first visible
-  // key. Up to 8 entries per thread they are checked before the first copy (the loads also bring the
+  // key. Up to 8 loads per thread they are checked before the first copy (the loads also bring the
   // lines the copies' runs read next); more are checked as the copies read them (below).
   const int32_t check_lo = split == 0 ? 0 : split_first;
   const int32_t check_entries = split_last > check_lo ? (split_last - 1) / p.page_size - check_lo / p.page_size + 1 : 0;

@@ -1,12 +1,14 @@
 // src/hopper/shared/launch_common.cuh — host helpers every Hopper launch (fwd/, bwd/, decode/) uses: a
 // CUDA error as fa4::Error, the once-per-device shared-memory limit, a launch with one launch
-// attribute, and the aligned-pair test of the direct 16-bit stores. No CuTe here (the TMA views are in tma_view.cuh): the decode
+// attribute, the programmatic dependent launch with its fallback, and the aligned-pair test of the
+// direct 16-bit stores. No CuTe here (the TMA views are in tma_view.cuh): the decode
 // instantiations, which use none, compile in a fraction of the time without its headers.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cassert>
 #include <cstdint>
 #include <string>
 
@@ -72,6 +74,7 @@ inline cudaLaunchAttribute programmatic_attribute() {
 /// repeated without it (stream order); any other refusal is returned, not cleared.
 template <class... Args>
 cudaError_t launch_programmatic_ex(const cudaLaunchConfig_t& cfg, void (*kernel)(Args...), const Args&... args) {
+  assert(cfg.numAttrs >= 1 && cfg.attrs[cfg.numAttrs - 1].id == cudaLaunchAttributeProgrammaticStreamSerialization);
   cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
   if (e == cudaErrorNotSupported) {
     cudaGetLastError();
