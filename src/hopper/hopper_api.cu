@@ -242,10 +242,11 @@ constexpr int64_t kSmallQMaxRows = 128;
 constexpr int64_t kSmallQOneSplitMaxRows = 256;
 
 /// Whether the decode kernel runs p as one 8-warp split per narrow row tile (decode/launch_decode.h
-/// decode_full_tiles_one_split: full tiles that fill the SMs one each but not two, over 2 to 16
-/// 64-key blocks, d64 or d128 unpadded), with up to kSmallQOneSplitMaxRows rows per KV head. There
-/// it measured faster than the forward kernel also above kSmallQMaxRows rows (prefill chunks of few
-/// KV heads, bench/results/history.md), so both routes below keep such calls on the decode kernel.
+/// decode_full_tiles_one_split: full tiles that fit the SMs one each and fill more than half of them
+/// at d64, a quarter at d128, over 2 to 16 64-key blocks, d64 or d128 unpadded), with up to
+/// kSmallQOneSplitMaxRows rows per KV head. There it measured faster than the forward kernel also
+/// above kSmallQMaxRows rows (prefill chunks of few KV heads, with tiles filling more than half the
+/// SMs; bench/results/history.md), so both routes below keep such calls on the decode kernel.
 /// Shapes first (no lock on the usual forward call), the device's SM count last; `o`: the caller's
 /// overrides (decode_tile, decode_warps), read once per call.
 bool decode_one_split_wins(const detail::KVCacheParams& p, const detail::KernelOverrides& o) {

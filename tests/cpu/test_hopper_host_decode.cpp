@@ -383,6 +383,30 @@ TEST(HopperHost, DecodeEightWarps) {
     q.headdim = q.headdim_v = 128;
     q.seqlen_q = 1;  // decode steps: not full tiles
     EXPECT_FALSE(one(c128));
+    // d128 from more than a quarter of the SMs, d64 from more than half
+    // (decode_one_split_sms_per_tile): GQA 32/8, 4 queries (16 rows per KV head) over 1k keys.
+    fa4::detail::KVCacheParams r = q;
+    r.seqlen_q = 4;
+    r.num_heads = 32;
+    r.num_heads_kv = 8;
+    r.key_capacity = 1024;
+    for (int d : {128, 64}) {
+      const fa4::detail::HopperDecodeConfig& c = d == 128 ? c128 : c64;
+      r.headdim = r.headdim_v = d;
+      for (int batch : {4, 5, 8, 9}) {  // 32, 40, 64, 72 tiles
+        r.batch = batch;
+        const fa4::detail::DecodeTile tr = decode_tile(r, c, sms);
+        ASSERT_EQ(tr.rows, fa4::detail::kDecodeNarrowRows);
+        const bool expected = d == 128 ? batch >= 5 : batch >= 9;
+        EXPECT_EQ(decode_full_tiles_one_split(r, c, sms, tr), expected) << "d" << d << " batch " << batch;
+        if (expected) {
+          EXPECT_EQ(decode_num_splits(r, c, sms, tr), 1) << "d" << d << " batch " << batch;
+          EXPECT_TRUE(decode_eight_warps(r, c, sms, tr, 1)) << "d" << d << " batch " << batch;
+        } else {
+          EXPECT_GT(decode_num_splits(r, c, sms, tr), 1) << "d" << d << " batch " << batch;
+        }
+      }
+    }
   }
   p.seqlen_q = 1;
   p.key_capacity = 1024;  // 16 blocks: 8 splits of 2 (one cluster per tile)

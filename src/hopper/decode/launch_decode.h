@@ -73,12 +73,13 @@ inline bool decode_full_tiles(const detail::KVCacheParams& p, const detail::Deco
 }
 
 /// Whether p's full tiles (decode_full_tiles, narrow) run one split each in the 8-warp form: where
-/// they fill the SMs one CTA each but two splits would not fit (tiles <= num_sms < 2 x tiles), the
-/// cache holds one 128-key block to kDecodeEightWarpMaxSplitBlocks 64-key blocks, and the head dim
-/// is the row's own (d64, d128: where it was measured). There one 8-warp CTA per tile (128-key
-/// blocks: half the 4-warp walk's chain of per-block latencies, no combine) measured faster than
-/// two 4-warp splits and a combine, dense and paged, and equal where tiles are fewer (they keep
-/// more splits) (bench/results/history.md). `warps_forced` (override "decode_warps") 0, the 4-warp
+/// they fit the SMs one CTA each but are more than num_sms / decode_one_split_sms_per_tile (at d64
+/// a half, at d128 a quarter: tuning_decode.h), the cache holds one 128-key block to
+/// kDecodeEightWarpMaxSplitBlocks 64-key blocks, and the head dim is the row's own (d64, d128:
+/// where it was measured). There one 8-warp CTA per tile (128-key blocks: half the 4-warp walk's
+/// chain of per-block latencies, no combine) measured faster than 4-warp splits and a combine,
+/// dense and paged; with fewer tiles (more splits each) as fast or slower
+/// (bench/results/history.md). `warps_forced` (override "decode_warps") 0, the 4-warp
 /// form, turns the rule off; the split count is then the 4-warp form's own.
 inline bool decode_full_tiles_one_split(const detail::KVCacheParams& p, const detail::HopperDecodeConfig& c,
                                         int32_t num_sms, const detail::DecodeTile& t, int8_t warps_forced = -1) {
@@ -86,7 +87,8 @@ inline bool decode_full_tiles_one_split(const detail::KVCacheParams& p, const de
       c.headdim != std::max(p.headdim, p.headdim_v) || !decode_full_tiles(p, t))
     return false;
   const int64_t tiles = decode_tiles(p, t.rows), blocks = decode_key_blocks(p, c);
-  return tiles <= num_sms && tiles * 2 > num_sms && blocks >= detail::kDecodeEightWarpKeys / c.block_n &&
+  return tiles <= num_sms && tiles * detail::decode_one_split_sms_per_tile(c.headdim) > num_sms &&
+         blocks >= detail::kDecodeEightWarpKeys / c.block_n &&
          blocks <= detail::kDecodeEightWarpMaxSplitBlocks;
 }
 

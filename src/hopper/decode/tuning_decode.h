@@ -61,6 +61,13 @@ inline constexpr int32_t kDecodeNarrowRows = 16;
 /// where the 4-warp CTA's finer ring was as fast or up to 1.5% faster.
 inline constexpr int32_t kDecodeEightWarpKeys = 128;
 inline constexpr int32_t kDecodeEightWarpMaxSplitBlocks = 16;
+/// Full narrow tiles run one 8-warp split each from more than num_sms / this many tiles
+/// (launch_decode.h decode_full_tiles_one_split). At d64 from half the SMs: with fewer tiles the
+/// 4-warp form's splits were as fast (GQA 32/8, 4 queries over 1k keys, 64 tiles on 132 SMs: 9.35
+/// us split, 9.53 one 8-warp split). At d128, whose per-block chain is twice as long, from a quarter:
+/// the same at 48 / 64 tiles 14.84 / 15.50 -> 12.88 / 13.02 us, over 512 keys 13.67 -> 9.21, pages
+/// of 16 16.15 -> 14.17 (H100, bench/decode_split_sweep.py, bench/results/history.md).
+constexpr int32_t decode_one_split_sms_per_tile(int32_t headdim) { return headdim >= 128 ? 4 : 2; }
 /// Rows of Q per CTA of the wide tile (one warpgroup's m64 wgmma): its 4 warps share every K/V
 /// copy of a block, which the 16-row tiles of the same rows would each repeat, but a wide CTA has
 /// 4x the rows' work per block and 4x the rows to merge, and a quarter of the CTAs to spread the
