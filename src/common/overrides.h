@@ -73,9 +73,10 @@ KernelOverrides kernel_overrides();
 /// Sets one override: name "lpt" (value "0" | "1"), "schedule" ("static" | "dynamic"), "epilogue"
 /// ("direct" | "tma"), "stream_k" ("0" | "1"), "small_q" ("fwd" | "decode"), "bwd_walk" ("asc" |
 /// "desc"), "decode_cluster" ("0" | "1"), "decode_tile" ("16" | "64"), "decode_warps" ("4" | "8"),
-/// "capture_scratch" ("graph" | "retained"), "pack_gqa" ("0" | "1"), "bwd_lpt_band" ("1" .. "64"), "stream_k_min_share"
-/// ("1" .. "64") or "decode_append_delay_us" ("1" .. "1000"); the value "auto" returns the choice to the selector. Throws
-/// fa4::Error(kInvalidArgument) naming the rule for any other name or value.
+/// "capture_scratch" ("graph" | "retained"), "pack_gqa" ("0" | "1"), "bwd_lpt_band" ("1" .. "64"),
+/// "stream_k_min_share" ("1" .. "64") or "decode_append_delay_us" ("1" .. "1000"); the value "auto"
+/// returns the choice to the selector. Throws fa4::Error(kInvalidArgument) naming the rule for any
+/// other name or value.
 void set_kernel_override(const char* name, const char* value);
 
 }  // namespace fa4::detail
