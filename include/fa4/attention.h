@@ -346,8 +346,8 @@ std::string forward_support(const TensorView& q, const TensorView& k, const Tens
 /// forward_support() for forward_with_kvcache(): "" if it would run (the kernel name in
 /// *kernel_name: "cpu::flash_forward_with_kvcache", "cpu::reference_forward_with_kvcache", the
 /// CUDA decode kernel's, or for a chunk of more than 128 query rows per KV head (except a short one,
-/// up to 256 rows over at most 1,024 keys, whose 16-row tiles number between half the SMs and all
-/// of them: the decode kernel's) over a dense cache,
+/// up to 256 rows over at most 1,024 keys, whose 16-row tiles number between half the SMs (a
+/// quarter at head dim 128) and all of them: the decode kernel's) over a dense cache,
 /// or a paged one whose page size is a multiple of the forward's key tile (128 keys up to head dim
 /// 128 and at 192 x 128, 96 at 192, 80 at 256) or, on the 64, 128 and 256 buckets (head dims up to
 /// 64, 97-128, 193-256; chunks of at least 96, 64 and any query tokens), another power of two from

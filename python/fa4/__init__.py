@@ -290,11 +290,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlen
         num_splits: split-KV count of the CUDA decode kernel; 0 = automatic, at most 256 on CUDA.
             (An explicit count keeps the call on the decode kernel; automatic lets a chunk of more
             than 128 query rows per KV head (except a short one, up to 256 rows over at most 1,024
-            keys, whose 16-row tiles number between half the SMs and all of them) over a dense
-            cache, or a paged one whose page size is a multiple of the forward's key tile (128 keys
-            up to headdim 128 and at 192 x 128, 96 at 192, 80 at 256) or, on the 64, 128 and 256
-            buckets (headdim up to 64, 97-128, 193-256; chunks of at least 96, 64 and any query
-            tokens), a power of two from 8 rows, attend on the forward kernel.)
+            keys, whose 16-row tiles number between half the SMs (a quarter at headdim 128) and
+            all of them) over a dense cache, or a paged one whose page size is a multiple of the
+            forward's key tile (128 keys up to headdim 128 and at 192 x 128, 96 at 192, 80 at 256)
+            or, on the 64, 128 and 256 buckets (headdim up to 64, 97-128, 193-256; chunks of at
+            least 96, 64 and any query tokens), a power of two from 8 rows, attend on the forward
+            kernel.)
             Any count >= 0 gives the CPU's result (it needs no split).
         return_lse: also return lse.
 
